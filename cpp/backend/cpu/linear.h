@@ -1,0 +1,20 @@
+// Linear layers of the CPU backend for every weight encoding. Weights are consumed in their stored encoding and
+// dequantized inside the kernel, a block at a time; nothing is expanded at load. Uses all cores (OpenMP).
+#pragma once
+
+#include <cstdint>
+
+#include "artifact/artifact.h"
+
+namespace ninfer::cpu {
+
+// y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]) for r < rows, o < W.rows(); W is 2-D (use TensorView::matrix
+// for one matrix of a stack). x is [rows, W.cols()] row-major f32, y is [rows, W.rows()]. Accumulates in f32.
+// Weight rows are streamed once per call whatever `rows` is (decode batches share the weight traffic).
+void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias = nullptr);
+
+// The reference dequantization (the obviously-right twin of linear's inner loops).
+void dequantize_row(const TensorView& w, int64_t row, float* out);  // row of a 2-D view, W.cols() values
+void dequantize(const TensorView& w, float* out);                   // every element, numel() values
+
+}  // namespace ninfer::cpu

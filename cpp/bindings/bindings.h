@@ -1,0 +1,10 @@
+// One binding function per component; module.cpp calls them all. Each lives in the file named after it.
+#pragma once
+#include <nanobind/nanobind.h>
+
+namespace ninfer::bindings {
+void bind_errors(nanobind::module_& m);    // errors.cpp: C++ error types -> ninfer.errors classes
+void bind_artifact(nanobind::module_& m);  // artifact.cpp
+void bind_kernels(nanobind::module_& m);   // kernels.cpp: CPU op entry points for tests
+void bind_model(nanobind::module_& m);     // model.cpp
+}  // namespace ninfer::bindings
