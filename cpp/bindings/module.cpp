@@ -5,5 +5,7 @@ NB_MODULE(_engine, m) {
   ninfer::bindings::bind_errors(m);
   ninfer::bindings::bind_artifact(m);
   ninfer::bindings::bind_kernels(m);
+  ninfer::bindings::bind_gdn(m);
   ninfer::bindings::bind_model(m);
+  ninfer::bindings::bind_runtime(m);
 }
