@@ -1,0 +1,239 @@
+# The systemd unit of `ninfer-serve`, in builtins only: the NixOS module, the flake's `lib` output and the
+# offline tests all render it from here, and it evaluates without nixpkgs (so Nix 2.8 can test it).
+#
+#   (import ./unit.nix).mkUnit { executable = "/nix/store/...-ninfer/bin/ninfer-serve"; port = 8080; ... }
+#
+# returns { argv, execStart, environment, serviceConfig, unitConfig, installConfig, text }: the first six feed
+# `systemd.services.ninfer` on NixOS; `text` is the same unit as a `.service` file for any other Linux.
+let
+  inherit (builtins)
+    attrNames
+    concatLists
+    concatStringsSep
+    isBool
+    isList
+    map
+    match
+    replaceStrings
+    toString
+    ;
+
+  optional = cond: value: if cond then [ value ] else [ ];
+  optionalAttrs = cond: attrs: if cond then attrs else { };
+
+  # Names under which the API key is handed over with LoadCredential; `%d` is the credentials directory.
+  credentialName = "api-key";
+
+  # ExecStart is not a shell line: systemd splits on blanks, honours "..." with C escapes, and expands
+  # %-specifiers and $VARIABLES. Arguments made only of these characters need no quoting; any other argument is
+  # double-quoted with \, ", % and $ neutralised so that user-given values reach the program unchanged.
+  plainArgument = "[A-Za-z0-9_./:=,+@-]+";
+  escapeExecArgument =
+    arg:
+    let
+      text = toString arg;
+    in
+    if match plainArgument text != null then
+      text
+    else
+      "\"" + replaceStrings [ "\\" "\"" "%" "$" "\n" "\t" ] [ "\\\\" "\\\"" "%%" "$$" "\\n" "\\t" ] text + "\"";
+
+  # Environment= takes "KEY=value" words; % is still a specifier there ($ is not expanded).
+  escapeEnvironmentAssignment =
+    name: value:
+    "\"" + replaceStrings [ "\\" "\"" "%" "\n" ] [ "\\\\" "\\\"" "%%" "\\n" ] "${name}=${value}" + "\"";
+
+  # The same value rendering NixOS uses for unit options: booleans as true/false, lists as repeated keys.
+  renderValue = value: if isBool value then (if value then "true" else "false") else toString value;
+  renderSection =
+    name: attrs:
+    let
+      lines = concatLists (
+        map (
+          key:
+          let
+            value = attrs.${key};
+          in
+          map (item: "${key}=${renderValue item}") (if isList value then value else [ value ])
+        ) (attrNames attrs)
+      );
+    in
+    "[${name}]\n" + concatStringsSep "\n" lines + "\n";
+
+  # Sandboxing measured on an H200 (driver 580) to keep CUDA working while scoring about 3 in
+  # `systemd-analyze security`; see ../docs/deployment.md. Every relaxation carries its reason.
+  hardening = {
+    NoNewPrivileges = true;
+    CapabilityBoundingSet = "";
+    AmbientCapabilities = "";
+    UMask = "0077";
+
+    # The GPU is reached through device nodes: PrivateDevices=true would hide /dev/nvidia*. The device cgroup
+    # still allows only the NVIDIA control, UVM and capability nodes (plus the frontend node of older drivers).
+    PrivateDevices = false;
+    DevicePolicy = "closed";
+    DeviceAllow = [
+      "char-nvidiactl rw"
+      "char-nvidia-frontend rw"
+      "char-nvidia-uvm rw"
+      "char-nvidia-caps rw"
+    ];
+
+    ProtectSystem = "strict";
+    ProtectHome = true;
+    PrivateTmp = true;
+    # Other processes stay invisible, but ProcSubset=pid is NOT set: CUDA reads /proc/driver/nvidia at init.
+    ProtectProc = "invisible";
+    ProtectKernelTunables = true;
+    ProtectKernelModules = true;
+    ProtectKernelLogs = true;
+    ProtectControlGroups = true;
+    ProtectClock = true;
+    ProtectHostname = true;
+
+    RestrictAddressFamilies = "AF_UNIX AF_INET AF_INET6";
+    RestrictNamespaces = true;
+    RestrictRealtime = true;
+    RestrictSUIDSGID = true;
+    LockPersonality = true;
+    # ninfer-serve never imports torch (PyTorch's CPU oneDNN kernels are what need writable+executable memory);
+    # CUDA, PTX JIT and NVRTC work with this on.
+    MemoryDenyWriteExecute = true;
+    SystemCallArchitectures = "native";
+    SystemCallFilter = [
+      "@system-service"
+      "@resources"
+      "~@privileged"
+    ];
+  };
+
+  mkUnit =
+    {
+      # Absolute path of the ninfer-serve executable.
+      executable,
+      host ? "127.0.0.1",
+      port ? 8080,
+      # One artifact served directly (the positional MODEL) ...
+      model ? null,
+      # ... or the router's JSON config (several models); at most one of the two.
+      configFile ? null,
+      logLevel ? "info",
+      # A file readable by root; systemd hands a copy to the service (LoadCredential), so neither the dynamic
+      # user nor the Nix store ever needs read access to the original.
+      apiKeyFile ? null,
+      webui ? false,
+      webuiDir ? null,
+      extraFlags ? [ ],
+      # CUDA device index; null leaves every GPU visible.
+      gpu ? null,
+      environment ? { },
+      # null runs the service under a DynamicUser.
+      user ? null,
+      group ? null,
+      stateDirectory ? "ninfer",
+      cacheDirectory ? "ninfer",
+      description ? "ninfer inference server",
+    }:
+    let
+      stateDir = "/var/lib/${stateDirectory}";
+      cacheDir = "/var/cache/${cacheDirectory}";
+
+      argv =
+        [ executable ]
+        ++ optional (model != null) (toString model)
+        ++ [
+          "--host"
+          host
+          "--port"
+          (toString port)
+          "--log-level"
+          logLevel
+        ]
+        ++ optional (configFile != null) "--config"
+        ++ optional (configFile != null) (toString configFile)
+        ++ optional webui "--webui"
+        ++ optional (webuiDir != null) "--webui-dir"
+        ++ optional (webuiDir != null) (toString webuiDir)
+        ++ map toString extraFlags;
+
+      # The key file path is a systemd specifier, so it is appended unescaped.
+      credentialArguments = optional (apiKeyFile != null) "--api-key-file %d/${credentialName}";
+
+      execStart = concatStringsSep " " (map escapeExecArgument argv ++ credentialArguments);
+
+      # Every cache (CUDA's PTX JIT cache, Triton, the embedded default model import) goes under CacheDirectory:
+      # with ProtectSystem=strict nothing else is writable.
+      serviceEnvironment =
+        {
+          HOME = stateDir;
+          XDG_CACHE_HOME = cacheDir;
+          CUDA_CACHE_PATH = "${cacheDir}/cuda";
+          TRITON_CACHE_DIR = "${cacheDir}/triton";
+        }
+        # PCI bus order makes the index match nvidia-smi's numbering.
+        // optionalAttrs (gpu != null) {
+          CUDA_DEVICE_ORDER = "PCI_BUS_ID";
+          CUDA_VISIBLE_DEVICES = toString gpu;
+        }
+        // environment;
+
+      serviceConfig =
+        {
+          Type = "exec";
+          ExecStart = execStart;
+          Restart = "on-failure";
+          RestartSec = 5;
+          StateDirectory = stateDirectory;
+          StateDirectoryMode = "0700";
+          CacheDirectory = cacheDirectory;
+          CacheDirectoryMode = "0700";
+          WorkingDirectory = stateDir;
+        }
+        // (
+          if user == null then
+            { DynamicUser = true; }
+          else
+            {
+              User = user;
+              Group = if group == null then user else group;
+            }
+        )
+        // optionalAttrs (apiKeyFile != null) { LoadCredential = "${credentialName}:${toString apiKeyFile}"; }
+        // hardening;
+
+      unitConfig = {
+        Description = description;
+        After = "network.target";
+      };
+      installConfig.WantedBy = "multi-user.target";
+
+      environmentLines = map (name: escapeEnvironmentAssignment name serviceEnvironment.${name}) (
+        attrNames serviceEnvironment
+      );
+      text = concatStringsSep "\n" [
+        (renderSection "Unit" unitConfig)
+        (renderSection "Service" (serviceConfig // { Environment = environmentLines; }))
+        (renderSection "Install" installConfig)
+      ];
+    in
+    assert (model == null || configFile == null) || throw "ninfer unit: give either model or configFile, not both";
+    {
+      inherit
+        argv
+        execStart
+        serviceConfig
+        unitConfig
+        installConfig
+        text
+        ;
+      environment = serviceEnvironment;
+    };
+in
+{
+  inherit
+    mkUnit
+    hardening
+    escapeExecArgument
+    credentialName
+    ;
+}
