@@ -107,6 +107,23 @@ let
     ];
   };
 
+  # A `.service` file from the pieces NixOS also takes (environment goes to Environment= lines).
+  renderUnitFile =
+    {
+      unitConfig,
+      serviceConfig,
+      environment,
+      installConfig,
+    }:
+    let
+      environmentLines = map (name: escapeEnvironmentAssignment name environment.${name}) (attrNames environment);
+    in
+    concatStringsSep "\n" [
+      (renderSection "Unit" unitConfig)
+      (renderSection "Service" (serviceConfig // { Environment = environmentLines; }))
+      (renderSection "Install" installConfig)
+    ];
+
   mkUnit =
     {
       # Absolute path of the ninfer-serve executable.
@@ -207,14 +224,10 @@ let
       };
       installConfig.WantedBy = "multi-user.target";
 
-      environmentLines = map (name: escapeEnvironmentAssignment name serviceEnvironment.${name}) (
-        attrNames serviceEnvironment
-      );
-      text = concatStringsSep "\n" [
-        (renderSection "Unit" unitConfig)
-        (renderSection "Service" (serviceConfig // { Environment = environmentLines; }))
-        (renderSection "Install" installConfig)
-      ];
+      text = renderUnitFile {
+        inherit unitConfig serviceConfig installConfig;
+        environment = serviceEnvironment;
+      };
     in
     assert (model == null || configFile == null) || throw "ninfer unit: give either model or configFile, not both";
     {
@@ -232,6 +245,7 @@ in
 {
   inherit
     mkUnit
+    renderUnitFile
     hardening
     escapeExecArgument
     credentialName

@@ -1,0 +1,270 @@
+# NixOS module: services.ninfer runs `ninfer-serve` as a hardened systemd service.
+# The unit itself (command line, environment, sandboxing) is rendered by ./unit.nix, shared with the flake's
+# `lib.mkUnit` for other Linux systems; this file maps options onto it and adds users, firewall and assertions.
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+let
+  inherit (lib)
+    mkEnableOption
+    mkIf
+    mkMerge
+    mkOption
+    mkPackageOption
+    types
+    ;
+
+  cfg = config.services.ninfer;
+  unit = import ./unit.nix;
+  json = pkgs.formats.json { };
+
+  # Flags the module sets itself from options; passing them again through extraFlags would contradict them.
+  managedFlags = {
+    "--host" = "host";
+    "--port" = "port";
+    "--config" = "models / settings";
+    "--api-key-file" = "apiKeyFile";
+    "--log-level" = "logLevel";
+    "--webui" = "webui.enable";
+    "--webui-dir" = "webui.directory";
+  };
+  flagName = flag: builtins.head (builtins.split "=" flag);
+  misusedFlags = builtins.filter (flag: managedFlags ? ${flagName flag}) cfg.extraFlags;
+
+  modelOptions = {
+    options = {
+      path = mkOption {
+        type = types.str;
+        example = "/var/lib/models/qwen3.5-27b.ninfer";
+        description = "The `.ninfer` artifact of this model (a path outside the Nix store is read in place).";
+      };
+      engine = mkOption {
+        type = types.attrsOf json.type;
+        default = { };
+        example = {
+          max_context = 65536;
+          kv_dtype = "fp8";
+          max_concurrency = 4;
+        };
+        description = "Engine presets of this model, written next to `path` in its entry of the router config.";
+      };
+    };
+  };
+
+  # The router config: the named models plus the free-form top-level settings (TTL, aliases, ...).
+  routerConfig = cfg.settings // {
+    models = builtins.mapAttrs (_: model: { inherit (model) path; } // model.engine) cfg.models;
+  };
+  usesRouterConfig = cfg.models != { };
+  configFile = json.generate "ninfer-serve.json" routerConfig;
+
+  isLoopback = host: host == "localhost" || lib.hasPrefix "127." host || host == "::1";
+
+  rendered = unit.mkUnit {
+    executable = "${cfg.package}/bin/ninfer-serve";
+    inherit (cfg)
+      host
+      port
+      model
+      logLevel
+      apiKeyFile
+      extraFlags
+      gpu
+      environment
+      user
+      group
+      stateDirectory
+      cacheDirectory
+      ;
+    configFile = if usesRouterConfig then configFile else null;
+    webui = cfg.webui.enable;
+    webuiDir = cfg.webui.directory;
+  };
+in
+{
+  options.services.ninfer = {
+    enable = mkEnableOption "the ninfer inference server";
+
+    package = mkPackageOption pkgs "ninfer" { };
+
+    host = mkOption {
+      type = types.str;
+      default = "127.0.0.1";
+      description = "Address to listen on. Use `0.0.0.0` or `::` (with openFirewall) to serve the network.";
+    };
+
+    port = mkOption {
+      type = types.port;
+      default = 8080;
+      description = "TCP port to listen on.";
+    };
+
+    openFirewall = mkOption {
+      type = types.bool;
+      default = false;
+      description = "Open `port` in the firewall.";
+    };
+
+    model = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "/var/lib/models/qwen3.5-9b.ninfer";
+      description = ''
+        One `.ninfer` artifact to serve. With neither `model` nor `models`, ninfer-serve serves its embedded
+        default model, imported into the cache directory on first start.
+      '';
+    };
+
+    models = mkOption {
+      type = types.attrsOf (types.submodule modelOptions);
+      default = { };
+      description = "Several models, by name; the router loads one at a time on demand.";
+    };
+
+    settings = mkOption {
+      type = types.attrsOf json.type;
+      default = { };
+      example = {
+        ttl = 600;
+      };
+      description = "Free-form top-level router settings, written to the config file with `models`.";
+    };
+
+    extraFlags = mkOption {
+      type = types.listOf types.str;
+      default = [ ];
+      example = [
+        "--max-concurrency"
+        "4"
+        "--kv-dtype"
+        "fp8"
+      ];
+      description = "Further command-line options of ninfer-serve (escaped for systemd).";
+    };
+
+    apiKeyFile = mkOption {
+      type = types.nullOr (types.strMatching "/.*");
+      default = null;
+      example = "/run/secrets/ninfer-api-keys";
+      description = ''
+        File with the accepted API keys, one per line. It is passed with systemd's LoadCredential (read by
+        root at start, never copied into the Nix store), so give its path as a string.
+      '';
+    };
+
+    environment = mkOption {
+      type = types.attrsOf types.str;
+      default = { };
+      description = "Extra environment variables of the service (they override the module's own).";
+    };
+
+    user = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      description = "User to run as (created by the module); null runs the service under a DynamicUser.";
+    };
+
+    group = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      description = "Group to run as (created by the module); null means the user's own group.";
+    };
+
+    stateDirectory = mkOption {
+      type = types.strMatching "[A-Za-z0-9._-]+";
+      default = "ninfer";
+      description = "Name of the state directory under /var/lib (HOME and working directory of the service).";
+    };
+
+    cacheDirectory = mkOption {
+      type = types.strMatching "[A-Za-z0-9._-]+";
+      default = "ninfer";
+      description = "Name of the cache directory under /var/cache (CUDA, Triton and model-import caches).";
+    };
+
+    gpu = mkOption {
+      type = types.nullOr types.ints.unsigned;
+      default = null;
+      example = 0;
+      description = "Index of the GPU to use (CUDA_VISIBLE_DEVICES, in nvidia-smi order); null shows all.";
+    };
+
+    webui = {
+      enable = mkEnableOption "the web UI at `/` and the dashboard at `/dashboard`";
+      directory = mkOption {
+        type = types.nullOr types.path;
+        default = null;
+        description = "Serve this web UI bundle instead of the built-in one (ninfer-serve --webui-dir).";
+      };
+    };
+
+    logLevel = mkOption {
+      type = types.enum [
+        "debug"
+        "info"
+        "warning"
+        "error"
+        "critical"
+      ];
+      default = "info";
+      description = "Log level of ninfer-serve.";
+    };
+  };
+
+  config = mkIf cfg.enable (mkMerge [
+    {
+      assertions = [
+        {
+          assertion = cfg.model == null || cfg.models == { };
+          message = "services.ninfer: set either `model` (one artifact) or `models` (the router), not both.";
+        }
+        {
+          assertion = cfg.settings == { } || cfg.models != { };
+          message = "services.ninfer: `settings` configure the router; they need `models`.";
+        }
+        {
+          assertion = !(cfg.openFirewall && isLoopback cfg.host);
+          message = "services.ninfer: openFirewall is set but host ${cfg.host} only listens on loopback.";
+        }
+        {
+          assertion = cfg.user != null || cfg.group == null;
+          message = "services.ninfer: `group` needs `user` (without a user the service runs as a DynamicUser).";
+        }
+        {
+          assertion = cfg.apiKeyFile == null || !(lib.hasPrefix builtins.storeDir cfg.apiKeyFile);
+          message = "services.ninfer: apiKeyFile is in the world-readable Nix store; keep secrets outside it.";
+        }
+        {
+          assertion = misusedFlags == [ ];
+          message =
+            "services.ninfer: extraFlags contains "
+            + lib.concatStringsSep ", " misusedFlags
+            + "; use the module's options ("
+            + lib.concatStringsSep ", " (map (f: managedFlags.${flagName f}) misusedFlags)
+            + ") instead.";
+        }
+      ];
+
+      systemd.services.ninfer = {
+        description = rendered.unitConfig.Description;
+        after = [ rendered.unitConfig.After ];
+        wantedBy = [ rendered.installConfig.WantedBy ];
+        inherit (rendered) environment serviceConfig;
+      };
+
+      networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.port;
+    }
+
+    (mkIf (cfg.user != null) {
+      users.users.${cfg.user} = {
+        isSystemUser = true;
+        group = if cfg.group == null then cfg.user else cfg.group;
+        home = "/var/lib/${cfg.stateDirectory}";
+      };
+      users.groups.${if cfg.group == null then cfg.user else cfg.group} = { };
+    })
+  ]);
+}
