@@ -6,19 +6,34 @@
 
 namespace ninfer {
 
-#define NINFER_ERROR(Name, Base)   \
-  class Name : public Base {       \
-   public:                         \
-    using Base::Base;              \
-  };
-
-NINFER_ERROR(NinferError, std::runtime_error)
-NINFER_ERROR(ArtifactError, NinferError)    // unreadable / corrupt / wrong version / missing tensor
-NINFER_ERROR(EngineError, NinferError)      // a request or option the engine refuses
-NINFER_ERROR(EngineBusyError, EngineError)  // admission queue full
-NINFER_ERROR(CapacityError, EngineError)    // can never fit: prompt > max_context, reservation > pool
-NINFER_ERROR(OutOfMemoryError, EngineError) // weights/caches/workspace do not fit
-
-#undef NINFER_ERROR
+class NinferError : public std::runtime_error {
+ public:
+  using runtime_error::runtime_error;
+};
+// Unreadable / corrupt / wrong version / missing tensor.
+class ArtifactError : public NinferError {
+ public:
+  using NinferError::NinferError;
+};
+// A request or option the engine refuses.
+class EngineError : public NinferError {
+ public:
+  using NinferError::NinferError;
+};
+// The admission queue is full.
+class EngineBusyError : public EngineError {
+ public:
+  using EngineError::EngineError;
+};
+// Can never fit: prompt longer than max_context, reservation larger than the pool.
+class CapacityError : public EngineError {
+ public:
+  using EngineError::EngineError;
+};
+// Weights, caches or workspace do not fit.
+class OutOfMemoryError : public EngineError {
+ public:
+  using EngineError::EngineError;
+};
 
 }  // namespace ninfer
