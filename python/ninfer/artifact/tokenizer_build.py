@@ -79,6 +79,7 @@ def _bpe_tokenizer_json(
     normalizer: dict | None,
     pre_tokenizers: list[dict],
     ignore_merges: bool,
+    post_processor: dict | None = None,
 ) -> str:
     spec = {
         "version": "1.0",
@@ -87,8 +88,8 @@ def _bpe_tokenizer_json(
         "added_tokens": added,
         "normalizer": normalizer,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": pre_tokenizers},
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
-                           "use_regex": False},
+        "post_processor": post_processor or {"type": "ByteLevel", "add_prefix_space": False,
+                                             "trim_offsets": False, "use_regex": False},
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
         "model": {
             "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
@@ -186,11 +187,13 @@ def gguf_tokenizer_json(
     tokens: list[str],
     merges: Iterable[str],
     token_types: list[int] | None,
+    prepend_id: int | None = None,
 ) -> str:
     """tokenizer.json for a GGUF `gpt2` (byte-level BPE) vocabulary.
 
     `tokens` are already in the byte-to-unicode alphabet, `merges` are "left right" strings, control tokens
-    become special added tokens and user-defined tokens plain added tokens.
+    become special added tokens and user-defined tokens plain added tokens. `prepend_id` (the BOS, when the GGUF
+    says `add_bos_token`) is put in front of every encoded text by the post-processor.
     """
     if model != "gpt2":
         raise ConversionError(
@@ -213,5 +216,15 @@ def gguf_tokenizer_json(
         for i, kind in enumerate(token_types or [])
         if kind in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED)
     ]
-    return _bpe_tokenizer_json(vocab, pairs, added, normalizer=None,
-                               pre_tokenizers=_GGUF_PRE_TOKENIZERS[pre_name], ignore_merges=False)
+    post_processor = None
+    if prepend_id is not None:
+        first = {"SpecialToken": {"id": tokens[prepend_id], "type_id": 0}}
+        post_processor = {
+            "type": "TemplateProcessing",
+            "single": [first, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [first, {"Sequence": {"id": "A", "type_id": 0}}, first, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {tokens[prepend_id]: {"id": tokens[prepend_id], "ids": [prepend_id],
+                                                    "tokens": [tokens[prepend_id]]}},
+        }
+    return _bpe_tokenizer_json(vocab, pairs, added, normalizer=None, pre_tokenizers=_GGUF_PRE_TOKENIZERS[pre_name],
+                               ignore_merges=False, post_processor=post_processor)

@@ -1,0 +1,163 @@
+"""`ninfer convert`: turn a Hugging Face safetensors folder or a GGUF file into a `.ninfer` artifact.
+
+The source readers (`hf.py`, `gguf.py`) each return a `Source`: the normalised model config
+(docs/artifact-format.md), the tensors under their logical names with a loader per tensor, and what the source
+knows of its frontend (tokenizer, chat template, generation defaults). This module picks the reader, fills in what
+the source lacks (the real Qwen3.5 tokenizer, the project's chat templates), plans every tensor's encoding with the
+recipe and streams the tensors one at a time through the artifact writer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ninfer.artifact.recipes import Recipe, load_recipe
+from ninfer.artifact.writer import ArtifactWriter, TensorPlan
+from ninfer.errors import ConversionError, UnsupportedArchitectureError
+from ninfer.frontend.templates import QWEN_FAMILY_TEMPLATES, TEMPLATE_NAMES, load_chat_template
+
+log = logging.getLogger(__name__)
+
+QWEN35_FAMILY = ("qwen3_5", "qwen3_5_moe")
+PLAIN_DECODERS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = (*QWEN35_FAMILY, *PLAIN_DECODERS)
+# <|im_end|> and <|endoftext|> of the Qwen3.5 tokenizer: a chat turn ends at either.
+QWEN35_EOS = (248046, 248044)
+QWEN35_PAD = 248044
+# `--template auto` (the default): the checkpoint's own template, else this per family.
+AUTO_TEMPLATE = "auto"
+DEFAULT_QWEN35_TEMPLATE = "qwen3_5"
+DEFAULT_PLAIN_TEMPLATE = "chatml"
+
+
+@dataclass(frozen=True)
+class SourceTensor:
+    """One logical tensor of a source; `load()` returns it as a float32 array of `shape` (read on demand)."""
+
+    name: str
+    shape: tuple[int, ...]
+    load: Callable[[], np.ndarray]
+
+
+@dataclass
+class Source:
+    """What a source reader found: everything the artifact needs except what the driver adds."""
+
+    kind: str  # "hf" | "gguf"
+    path: Path
+    architecture: str  # the source's own name for it (model_type or general.architecture)
+    config: dict  # normalised, see docs/artifact-format.md
+    tensors: list[SourceTensor]
+    tokenizer_json: str | None = None
+    chat_template: str | None = None
+    generation_defaults: dict = field(default_factory=dict)
+    preprocessing: dict = field(default_factory=dict)
+    special_tokens: dict = field(default_factory=dict)  # bos, eos (list), pad
+
+
+def decoder_config(**fields: object) -> dict:
+    """A normalised model config: the given fields over the defaults of a plain (non-hybrid, dense) decoder."""
+    config: dict = {
+        "norm_offset": False, "attn_output_gate": False, "qk_norm": False, "qkv_bias": False,
+        "linear_attention": None, "moe": None, "mtp": None, "bos_token_id": None, "eos_token_ids": [],
+    }
+    config.update(fields)
+    required = ("arch", "vocab_size", "hidden_size", "num_layers", "layer_types", "num_heads", "num_kv_heads",
+                "head_dim", "intermediate_size", "rms_norm_eps", "rope", "tie_word_embeddings",
+                "max_position_embeddings")
+    missing = [key for key in required if key not in config]
+    if missing:
+        raise ConversionError(f"internal: normalised config lacks {', '.join(missing)}")
+    return config
+
+
+def unsupported_architecture(path: Path, what: str, name: str) -> UnsupportedArchitectureError:
+    return UnsupportedArchitectureError(
+        f"{path}: {what} {name!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def open_source(src: Path) -> Source:
+    """Read a source's metadata (no weights yet): a HF folder or a .gguf file."""
+    src = Path(src)
+    if src.is_dir():
+        from ninfer.artifact.hf import open_hf_folder
+
+        return open_hf_folder(src)
+    if src.is_file() and src.suffix.lower() == ".gguf":
+        from ninfer.artifact.gguf import open_gguf_file
+
+        return open_gguf_file(src)
+    if not src.exists():
+        raise ConversionError(f"{src}: no such file or folder")
+    raise ConversionError(f"{src}: not a Hugging Face model folder or a .gguf file")
+
+
+def choose_chat_templates(source: Source, template: str) -> dict[str, str]:
+    """The artifact's chat templates: `default` plus, when a project template replaces it, the checkpoint's own."""
+    if template != AUTO_TEMPLATE and template not in TEMPLATE_NAMES:
+        raise ConversionError(f"unknown chat template {template!r}; choose {AUTO_TEMPLATE} or one of "
+                              f"{', '.join(TEMPLATE_NAMES)}")
+    if template == AUTO_TEMPLATE:
+        if source.chat_template:
+            return {"default": source.chat_template}
+        qwen = source.config["arch"] in QWEN35_FAMILY
+        template = DEFAULT_QWEN35_TEMPLATE if qwen else DEFAULT_PLAIN_TEMPLATE
+    if template in QWEN_FAMILY_TEMPLATES and source.config["arch"] not in QWEN35_FAMILY:
+        raise ConversionError(f"chat template {template} is for the Qwen3.5 family, not {source.config['arch']}")
+    templates = {"default": load_chat_template(template)}
+    if source.chat_template:
+        templates["checkpoint"] = source.chat_template
+    return templates
+
+
+def build_frontend(source: Source, template: str) -> dict:
+    tokenizer_json = source.tokenizer_json
+    if tokenizer_json is None and source.config["arch"] in QWEN35_FAMILY:
+        from ninfer.artifact.tokenizer_build import qwen35_tokenizer_json
+
+        tokenizer_json = qwen35_tokenizer_json()
+    if tokenizer_json is None:
+        log.warning("%s has no tokenizer: the artifact will take and give token ids only", source.path)
+    return {
+        "tokenizer_json": tokenizer_json,
+        "chat_templates": choose_chat_templates(source, template),
+        "generation_defaults": source.generation_defaults,
+        "preprocessing": source.preprocessing,
+        "special_tokens": source.special_tokens,
+    }
+
+
+def plan_tensors(tensors: list[SourceTensor], recipe: Recipe) -> list[TensorPlan]:
+    plans = []
+    for tensor in tensors:
+        encoding, group_size = recipe.plan(tensor.name, tensor.shape)
+        plans.append(TensorPlan(tensor.name, tuple(tensor.shape), encoding, group_size))
+    return plans
+
+
+def convert(src: str | Path, out: str | Path, recipe: str = "bf16", template: str = AUTO_TEMPLATE,
+            progress: bool = True) -> Path:
+    """Convert `src` into the artifact `out`; returns `out`. Nothing appears under `out` unless it completes."""
+    recipe_obj = load_recipe(recipe)
+    source = open_source(Path(src))
+    names = [t.name for t in source.tensors]
+    if len(set(names)) != len(names):
+        raise ConversionError(f"{source.path}: two source tensors map to the same logical name")
+    frontend = build_frontend(source, template)
+    plans = plan_tensors(source.tensors, recipe_obj)
+    origin = {"kind": source.kind, "path": str(source.path), "architecture": source.architecture}
+    with ArtifactWriter(out, config=source.config, tensors=plans, frontend=frontend,
+                        recipe=recipe_obj.to_json(), source=origin, progress=progress) as writer:
+        for tensor in source.tensors:
+            values = tensor.load()
+            if values.shape != tensor.shape:
+                raise ConversionError(f"{source.path}: tensor {tensor.name} loaded as {list(values.shape)}, "
+                                      f"expected {list(tensor.shape)}")
+            writer.write(tensor.name, values)
+    return Path(out)

@@ -1,0 +1,154 @@
+"""GGUF file (arch `llama` or `qwen2`) -> `Source`, through the PyPI `gguf` package.
+
+Each tensor is dequantized to float32 by `gguf.quants.dequantize` when the writer asks for it, then re-encoded per
+the recipe. Q/K of GGUF `llama` are kept exactly as stored: llama.cpp's converter permutes their rows so that RoPE
+rotates adjacent pairs (2j, 2j+1), so the artifact says `rope.pairing = "interleaved"` instead of undoing the
+permutation. (`qwen2` GGUFs are not permuted: llama.cpp runs them with NeoX pairing, `"half"`.)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ninfer.artifact.convert import Source, SourceTensor, decoder_config, unsupported_architecture
+from ninfer.artifact.tokenizer_build import gguf_tokenizer_json
+from ninfer.errors import ConversionError
+
+_ROPE_PAIRING = {"llama": "interleaved", "qwen2": "half"}
+_TOP_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
+_BLOCK_NAMES = {
+    "attn_norm.weight": "input_norm",
+    "ffn_norm.weight": "post_attn_norm",
+    "attn_q.weight": "attn.q_proj",
+    "attn_k.weight": "attn.k_proj",
+    "attn_v.weight": "attn.v_proj",
+    "attn_output.weight": "attn.o_proj",
+    "attn_q.bias": "attn.q_bias",
+    "attn_k.bias": "attn.k_bias",
+    "attn_v.bias": "attn.v_bias",
+    "ffn_gate.weight": "mlp.gate",
+    "ffn_up.weight": "mlp.up",
+    "ffn_down.weight": "mlp.down",
+}
+_BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def _field(reader, key: str, default: object = None) -> object:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _required(reader, path: Path, key: str) -> object:
+    value = _field(reader, key)
+    if value is None:
+        raise ConversionError(f"{path}: GGUF metadata lacks {key}")
+    return value
+
+
+def _logical_name(name: str) -> str | None:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    match = _BLOCK.fullmatch(name)
+    if match and match.group(2) in _BLOCK_NAMES:
+        return f"layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}"
+    return None
+
+
+def _loader(tensor) -> callable:
+    from gguf import quants
+
+    def load() -> np.ndarray:
+        return np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+
+    return load
+
+
+def _tensors(reader, path: Path) -> list[SourceTensor]:
+    tensors, unknown = [], []
+    for tensor in reader.tensors:
+        logical = _logical_name(tensor.name)
+        if logical is None:
+            unknown.append(tensor.name)
+            continue
+        # GGUF lists dimensions fastest-first; the row-major shape is the reverse.
+        shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+        tensors.append(SourceTensor(logical, shape, _loader(tensor)))
+    if unknown:
+        raise ConversionError(f"{path}: GGUF tensors this converter does not know: {', '.join(unknown[:5])}")
+    return tensors
+
+
+def _tokenizer(reader, path: Path) -> str:
+    model = str(_required(reader, path, "tokenizer.ggml.model"))
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", False)) and bos is not None
+    return gguf_tokenizer_json(
+        model=model,
+        prepend_id=int(bos) if add_bos else None,
+        pre=_field(reader, "tokenizer.ggml.pre"),
+        tokens=list(_required(reader, path, "tokenizer.ggml.tokens")),
+        merges=list(_field(reader, "tokenizer.ggml.merges", [])),
+        token_types=list(_field(reader, "tokenizer.ggml.token_type", [])),
+    )
+
+
+def open_gguf_file(path: Path) -> Source:
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise ConversionError(f"{path}: not a readable GGUF file: {exc}") from exc
+    arch = str(_required(reader, path, "general.architecture"))
+    if arch not in _ROPE_PAIRING:
+        raise unsupported_architecture(path, "GGUF architecture", arch)
+
+    tensors = _tensors(reader, path)
+    names = {t.name for t in tensors}
+    heads = int(_required(reader, path, f"{arch}.attention.head_count"))
+    hidden = int(_required(reader, path, f"{arch}.embedding_length"))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
+    num_layers = int(_required(reader, path, f"{arch}.block_count"))
+    embed = next(t for t in tensors if t.name == "embed") if "embed" in names else None
+    if embed is None:
+        raise ConversionError(f"{path}: GGUF has no token_embd.weight")
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    pad = _field(reader, "tokenizer.ggml.padding_token_id")
+    eos_ids = [] if eos is None else [int(eos)]
+    bos_id = None if bos is None else int(bos)
+    config = decoder_config(
+        arch=arch,
+        vocab_size=embed.shape[0],
+        hidden_size=hidden,
+        num_layers=num_layers,
+        layer_types=["full_attention"] * num_layers,
+        num_heads=heads,
+        num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        intermediate_size=int(_required(reader, path, f"{arch}.feed_forward_length")),
+        rms_norm_eps=float(_required(reader, path, f"{arch}.attention.layer_norm_rms_epsilon")),
+        qkv_bias="layers.0.attn.q_bias" in names,
+        rope={"theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+              "rotary_dim": int(_field(reader, f"{arch}.rope.dimension_count", head_dim)),
+              "pairing": _ROPE_PAIRING[arch], "mrope_section": None},
+        tie_word_embeddings="lm_head" not in names,
+        max_position_embeddings=int(_field(reader, f"{arch}.context_length", 4096)),
+        bos_token_id=bos_id,
+        eos_token_ids=eos_ids,
+    )
+    if _field(reader, f"{arch}.rope.scaling.type") not in (None, "none"):
+        raise ConversionError(f"{path}: RoPE scaling is not supported yet")
+    return Source(
+        kind="gguf",
+        path=path.resolve(),
+        architecture=arch,
+        config=config,
+        tensors=tensors,
+        tokenizer_json=_tokenizer(reader, path),
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        special_tokens={"bos": bos_id, "eos": eos_ids, "pad": None if pad is None else int(pad)},
+    )

@@ -1,0 +1,334 @@
+"""Hugging Face safetensors folder -> `Source` (config normalisation and checkpoint-name mapping).
+
+Supported: qwen3_5 / qwen3_5_moe (VLM layout `model.language_model.*` + `lm_head` + `mtp.*` + `model.visual.*`,
+or the text-only layout `model.*`), llama, qwen2, qwen3. Tensors are read one at a time through safetensors'
+lazy `safe_open`; nothing else of the model is held in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ninfer.artifact.convert import (
+    PLAIN_DECODERS,
+    QWEN35_EOS,
+    QWEN35_FAMILY,
+    QWEN35_PAD,
+    Source,
+    SourceTensor,
+    decoder_config,
+    unsupported_architecture,
+)
+from ninfer.errors import ConversionError
+
+# model_type of text-only Qwen3.5 checkpoints (what Qwen3_5ForCausalLM saves) -> the family's arch name.
+_QWEN35_TEXT_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+# Sampling fields of generation_config.json carried into frontend.generation_defaults.
+_GENERATION_KEYS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                    "presence_penalty", "frequency_penalty")
+_IGNORED = re.compile(r"(.*\.)?rotary_emb\.inv_freq$")  # a buffer older llama checkpoints saved
+
+# Per-layer checkpoint names (after `layers.{i}.`) -> logical names (after `layers.{i}.`).
+_LAYER_NAMES = {
+    "input_layernorm.weight": "input_norm",
+    "post_attention_layernorm.weight": "post_attn_norm",
+    **{f"self_attn.{p}_proj.weight": f"attn.{p}_proj" for p in "qkvo"},
+    **{f"self_attn.{p}_proj.bias": f"attn.{p}_bias" for p in "qkv"},
+    "self_attn.q_norm.weight": "attn.q_norm",
+    "self_attn.k_norm.weight": "attn.k_norm",
+    "linear_attn.in_proj_qkv.weight": "gdn.in_qkv",
+    "linear_attn.in_proj_z.weight": "gdn.in_z",
+    "linear_attn.in_proj_b.weight": "gdn.in_b",
+    "linear_attn.in_proj_a.weight": "gdn.in_a",
+    "linear_attn.out_proj.weight": "gdn.out_proj",
+    "linear_attn.conv1d.weight": "gdn.conv",  # [C, 1, K] -> [C, K]
+    "linear_attn.A_log": "gdn.A_log",
+    "linear_attn.dt_bias": "gdn.dt_bias",
+    "linear_attn.norm.weight": "gdn.norm",
+    "mlp.gate_proj.weight": "mlp.gate",
+    "mlp.up_proj.weight": "mlp.up",
+    "mlp.down_proj.weight": "mlp.down",
+    "mlp.gate.weight": "moe.router",
+    "mlp.experts.down_proj": "moe.experts_down",
+    "mlp.shared_expert.gate_proj.weight": "moe.shared_gate",
+    "mlp.shared_expert.up_proj.weight": "moe.shared_up",
+    "mlp.shared_expert.down_proj.weight": "moe.shared_down",
+    "mlp.shared_expert_gate.weight": "moe.shared_expert_gate",
+}
+_FUSED_EXPERTS = "mlp.experts.gate_up_proj"  # [E, 2I, H]: rows 0..I-1 gate, I..2I-1 up
+_TOP_NAMES = {"embed_tokens.weight": "embed", "norm.weight": "final_norm"}
+_MTP_TOP_NAMES = {
+    "fc.weight": "mtp.fc",
+    "pre_fc_norm_embedding.weight": "mtp.pre_fc_norm_embedding",
+    "pre_fc_norm_hidden.weight": "mtp.pre_fc_norm_hidden",
+    "norm.weight": "mtp.norm",
+}
+_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConversionError(f"{path}: cannot read it as JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConversionError(f"{path}: expected a JSON object")
+    return value
+
+
+class _SafetensorsIndex:
+    """Which file holds each checkpoint tensor, and its shape; reads tensors lazily, one at a time."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        self._safe_open = safe_open
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ConversionError(f"{folder}: no *.safetensors files (a Hugging Face model folder has them)")
+        self.file_of: dict[str, Path] = {}
+        self.shape_of: dict[str, tuple[int, ...]] = {}
+        for file in files:
+            try:
+                with safe_open(file, framework="pt") as f:
+                    for name in f.keys():
+                        self.file_of[name] = file
+                        self.shape_of[name] = tuple(f.get_slice(name).get_shape())
+            except Exception as exc:  # safetensors raises its own error types for a damaged header
+                raise ConversionError(f"{file}: not a readable safetensors file: {exc}") from exc
+
+    def loader(self, name: str, transform: Callable[[np.ndarray], np.ndarray] | None = None,
+               rows: slice | None = None) -> Callable[[], np.ndarray]:
+        """A function reading tensor `name` (optionally only `rows` of its second axis) as float32."""
+        import torch
+
+        def load() -> np.ndarray:
+            with self._safe_open(self.file_of[name], framework="pt") as f:
+                tensor = f.get_slice(name)[:, rows] if rows is not None else f.get_tensor(name)
+            values = tensor.to(torch.float32).numpy()
+            return transform(values) if transform is not None else values
+
+        return load
+
+
+def _split_layer(name: str) -> tuple[int, str] | None:
+    match = _LAYER.fullmatch(name)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
+def _layer_tensors(index: _SafetensorsIndex, ckpt: str, prefix: str, rest: str) -> list[SourceTensor]:
+    shape = index.shape_of[ckpt]
+    if rest == _FUSED_EXPERTS:
+        half = shape[1] // 2
+        return [
+            SourceTensor(f"{prefix}moe.experts_gate", (shape[0], half, shape[2]),
+                         index.loader(ckpt, rows=slice(0, half))),
+            SourceTensor(f"{prefix}moe.experts_up", (shape[0], half, shape[2]),
+                         index.loader(ckpt, rows=slice(half, 2 * half))),
+        ]
+    logical = _LAYER_NAMES.get(rest)
+    if logical is None:
+        return []
+    if logical == "gdn.conv":
+        channels, kernel = shape[0], shape[-1]
+        return [SourceTensor(prefix + logical, (channels, kernel),
+                             index.loader(ckpt, lambda a: a.reshape(channels, kernel)))]
+    return [SourceTensor(prefix + logical, shape, index.loader(ckpt))]
+
+
+def _map_tensor(index: _SafetensorsIndex, ckpt: str, text_prefix: str) -> list[SourceTensor]:
+    """The logical tensor(s) of one checkpoint tensor; [] when the name is not one the converter knows."""
+    if ckpt == "lm_head.weight":
+        return [SourceTensor("lm_head", index.shape_of[ckpt], index.loader(ckpt))]
+    if ckpt.startswith("model.visual."):
+        return [SourceTensor("visual." + ckpt[len("model.visual."):], index.shape_of[ckpt], index.loader(ckpt))]
+    if ckpt.startswith("mtp."):
+        rest = ckpt[len("mtp."):]
+        if rest in _MTP_TOP_NAMES:
+            return [SourceTensor(_MTP_TOP_NAMES[rest], index.shape_of[ckpt], index.loader(ckpt))]
+        layer = _split_layer(rest)
+        return _layer_tensors(index, ckpt, f"mtp.layers.{layer[0]}.", layer[1]) if layer else []
+    if not ckpt.startswith(text_prefix):
+        return []
+    rest = ckpt[len(text_prefix):]
+    if rest in _TOP_NAMES:
+        return [SourceTensor(_TOP_NAMES[rest], index.shape_of[ckpt], index.loader(ckpt))]
+    layer = _split_layer(rest)
+    return _layer_tensors(index, ckpt, f"layers.{layer[0]}.", layer[1]) if layer else []
+
+
+def _map_all(index: _SafetensorsIndex, folder: Path, text_prefix: str) -> list[SourceTensor]:
+    tensors, unknown = [], []
+    for ckpt in index.file_of:
+        mapped = _map_tensor(index, ckpt, text_prefix)
+        if mapped:
+            tensors.extend(mapped)
+        elif not _IGNORED.fullmatch(ckpt):
+            unknown.append(ckpt)
+    if unknown:
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise ConversionError(f"{folder}: tensors this converter does not know: {', '.join(unknown[:5])}{more}")
+    return tensors
+
+
+def _rope(text: dict, path: Path, head_dim: int, default_partial: float, mrope: bool) -> dict:
+    params = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ConversionError(f"{path}: RoPE type {rope_type!r} is not supported yet (only 'default')")
+    # HF's generic default theta when a config gives none.
+    theta = params.get("rope_theta", text.get("rope_theta", 10000.0))
+    partial = params.get("partial_rotary_factor", text.get("partial_rotary_factor", default_partial))
+    return {"theta": float(theta), "rotary_dim": int(head_dim * partial), "pairing": "half",
+            "mrope_section": list(params["mrope_section"]) if mrope and params.get("mrope_section") else None}
+
+
+def _as_list(value: object) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _mtp_layers(tensors: list[SourceTensor]) -> int:
+    return len({t.name.split(".")[2] for t in tensors if t.name.startswith("mtp.layers.")})
+
+
+def _qwen35_config(arch: str, text: dict, tie: bool, tensors: list[SourceTensor], path: Path) -> dict:
+    num_layers = int(text["num_hidden_layers"])
+    interval = int(text.get("full_attention_interval", 4))
+    layer_types = text.get("layer_types") or [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+    ]
+    head_dim = int(text.get("head_dim", 256))
+    moe = None
+    if arch == "qwen3_5_moe":
+        moe = {"num_experts": int(text["num_experts"]), "top_k": int(text["num_experts_per_tok"]),
+               "intermediate_size": int(text["moe_intermediate_size"]),
+               "shared_intermediate_size": int(text["shared_expert_intermediate_size"])}
+    mtp_layers = _mtp_layers(tensors)
+    return decoder_config(
+        arch=arch,
+        vocab_size=int(text["vocab_size"]),
+        hidden_size=int(text["hidden_size"]),
+        num_layers=num_layers,
+        layer_types=list(layer_types),
+        num_heads=int(text["num_attention_heads"]),
+        num_kv_heads=int(text["num_key_value_heads"]),
+        head_dim=head_dim,
+        intermediate_size=int(text["intermediate_size"]) if moe is None else None,
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        norm_offset=True,
+        attn_output_gate=True,
+        qk_norm=True,
+        qkv_bias=False,
+        rope=_rope(text, path, head_dim, 0.25, mrope=True),
+        tie_word_embeddings=tie,
+        max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
+        linear_attention={
+            "num_key_heads": int(text["linear_num_key_heads"]),
+            "num_value_heads": int(text["linear_num_value_heads"]),
+            "key_head_dim": int(text["linear_key_head_dim"]),
+            "value_head_dim": int(text["linear_value_head_dim"]),
+            "conv_kernel": int(text.get("linear_conv_kernel_dim", 4)),
+        },
+        moe=moe,
+        mtp={"num_layers": mtp_layers} if mtp_layers else None,
+    )
+
+
+def _plain_config(arch: str, text: dict, tie: bool, tensors: list[SourceTensor], path: Path) -> dict:
+    heads = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    num_layers = int(text["num_hidden_layers"])
+    names = {t.name for t in tensors}
+    return decoder_config(
+        arch=arch,
+        vocab_size=int(text["vocab_size"]),
+        hidden_size=int(text["hidden_size"]),
+        num_layers=num_layers,
+        layer_types=["full_attention"] * num_layers,
+        num_heads=heads,
+        num_kv_heads=int(text.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        intermediate_size=int(text["intermediate_size"]),
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        qk_norm="layers.0.attn.q_norm" in names,
+        qkv_bias="layers.0.attn.q_bias" in names,
+        rope=_rope(text, path, head_dim, 1.0, mrope=False),
+        tie_word_embeddings=tie,
+        max_position_embeddings=int(text.get("max_position_embeddings", 4096)),
+    )
+
+
+def _chat_template(folder: Path) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = (_read_json(folder / "tokenizer_config.json") or {}).get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def open_hf_folder(folder: Path) -> Source:
+    config = _read_json(folder / "config.json")
+    if config is None:
+        raise ConversionError(f"{folder}: no config.json (expected a Hugging Face model folder)")
+    model_type = str(config.get("model_type", "<missing model_type>"))
+    if model_type in QWEN35_FAMILY:
+        arch, text, text_prefix = model_type, config.get("text_config") or {}, "model.language_model."
+    elif model_type in _QWEN35_TEXT_TYPES:
+        arch, text, text_prefix = _QWEN35_TEXT_TYPES[model_type], config, "model."
+    elif model_type in PLAIN_DECODERS:
+        arch, text, text_prefix = model_type, config, "model."
+    else:
+        raise unsupported_architecture(folder, "model_type", model_type)
+
+    index = _SafetensorsIndex(folder)
+    tensors = _map_all(index, folder, text_prefix)
+    tie = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    tie = tie or "lm_head.weight" not in index.file_of
+    if tie:  # a tied head is the embedding; a copy in the checkpoint would only waste space
+        tensors = [t for t in tensors if t.name != "lm_head"]
+    try:
+        build = _qwen35_config if arch in QWEN35_FAMILY else _plain_config
+        normalised = build(arch, text, tie, tensors, folder)
+    except KeyError as exc:
+        raise ConversionError(f"{folder}/config.json: missing field {exc.args[0]!r} for {arch}") from exc
+
+    generation = _read_json(folder / "generation_config.json") or {}
+    eos = _as_list(generation.get("eos_token_id", text.get("eos_token_id")))
+    pad = generation.get("pad_token_id", text.get("pad_token_id"))
+    bos = text.get("bos_token_id")
+    if arch in QWEN35_FAMILY:
+        # The Qwen3.5 tokenizer adds no BOS; a chat turn ends at <|im_end|> whatever the config lists.
+        bos, pad = None, QWEN35_PAD if pad is None else pad
+        eos = list(QWEN35_EOS) + [e for e in eos if e not in QWEN35_EOS]
+    normalised.update(bos_token_id=bos, eos_token_ids=eos)
+
+    preprocessing = {}
+    for key, filename in (("image", "preprocessor_config.json"), ("video", "video_preprocessor_config.json")):
+        value = _read_json(folder / filename)
+        if value is not None:
+            preprocessing[key] = value
+    tokenizer = folder / "tokenizer.json"
+    return Source(
+        kind="hf",
+        path=folder.resolve(),
+        architecture=model_type,
+        config=normalised,
+        tensors=tensors,
+        tokenizer_json=tokenizer.read_text(encoding="utf-8") if tokenizer.is_file() else None,
+        chat_template=_chat_template(folder),
+        generation_defaults={k: generation[k] for k in _GENERATION_KEYS if k in generation},
+        preprocessing=preprocessing,
+        special_tokens={"bos": bos, "eos": eos, "pad": pad},
+    )
