@@ -190,9 +190,12 @@ def _valid_name(name: str) -> bool:
 # Truncated JSON (Hermes bodies cut off at the end)
 
 
-def complete_truncated_json(text: str, max_attempts: int = 64) -> tuple[Any, int] | None:
+def complete_truncated_json(
+    text: str, *, keep_open_string: bool = True, max_attempts: int = 64
+) -> tuple[Any, int] | None:
     """Parse a JSON value that may be cut off at the end: close what is open, or cut back to the last element
-    boundary. Returns (value, characters of `text` used) or None. A cut-off string value is kept as it is."""
+    boundary. Returns (value, characters of `text` used) or None. With `keep_open_string` a string cut off at the
+    end is kept as far as it goes; without, it is dropped with its element."""
     closers: list[str] = []
     in_string = escape = False
     boundaries: list[tuple[int, str]] = []  # (cut position, closing text valid there), in text order
@@ -216,7 +219,9 @@ def complete_truncated_json(text: str, max_attempts: int = 64) -> tuple[Any, int
         elif ch == ",":
             boundaries.append((i, "".join(reversed(closers))))
     used = len(text) - 1 if escape else len(text)
-    attempts = [(used, ('"' if in_string else "") + "".join(reversed(closers)))]
+    attempts: list[tuple[int, str]] = []
+    if keep_open_string or not in_string:
+        attempts.append((used, ('"' if in_string else "") + "".join(reversed(closers))))
     attempts += reversed(boundaries[-max_attempts:])
     for cut, closing in attempts:
         try:
@@ -642,6 +647,10 @@ class ToolCallParser:
     def _finish_json_body(self, body: str) -> None:
         recovered = complete_truncated_json(body)
         call = _hermes_call(recovered[0]) if recovered is not None else None
+        # A name cut off mid-string is not a name: it must survive when the open string is dropped.
+        closed_only = complete_truncated_json(body, keep_open_string=False)
+        if call is not None and (closed_only is None or _hermes_name(closed_only[0]) != call[0]):
+            call = None
         if call is None:
             self._issue("truncated", "the text ended inside an unfinished JSON tool call", "".join(self._block_raw))
             return
@@ -661,6 +670,10 @@ def _loads_or_none(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return None
+
+
+def _hermes_name(obj: Any) -> str | None:
+    return obj.get("name") if isinstance(obj, dict) and isinstance(obj.get("name"), str) else None
 
 
 def _hermes_call(obj: Any) -> tuple[str, dict[str, Any]] | None:
