@@ -1,6 +1,132 @@
+// The runtime's Python face: `_engine.Engine` and the plain structs it takes and returns. Only `def` lines; every
+// call that can wait releases the GIL.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
 #include "bindings/bindings.h"
+#include "runtime/engine.h"
+#include "runtime/kv_quant.h"
+#include "runtime/sampler.h"
+
+namespace nb = nanobind;
 
 namespace ninfer::bindings {
-// Filled by the component's owner.
-void bind_runtime(nanobind::module_& m) {}
+namespace {
+
+using Release = nb::call_guard<nb::gil_scoped_release>;
+
+void bind_structs(nb::module_& m) {
+  nb::class_<SamplingParams>(m, "SamplingParams")
+      .def(nb::init<>())
+      .def_rw("temperature", &SamplingParams::temperature)
+      .def_rw("top_k", &SamplingParams::top_k)
+      .def_rw("top_p", &SamplingParams::top_p)
+      .def_rw("min_p", &SamplingParams::min_p)
+      .def_rw("presence_penalty", &SamplingParams::presence_penalty)
+      .def_rw("frequency_penalty", &SamplingParams::frequency_penalty)
+      .def_rw("repetition_penalty", &SamplingParams::repetition_penalty)
+      .def_rw("has_seed", &SamplingParams::has_seed)
+      .def_rw("seed", &SamplingParams::seed)
+      .def_rw("logprobs", &SamplingParams::logprobs)
+      .def_rw("top_logprobs", &SamplingParams::top_logprobs);
+
+  nb::class_<GenerationRequest>(m, "GenerationRequest")
+      .def(nb::init<>())
+      .def_rw("prompt", &GenerationRequest::prompt)
+      .def_rw("sampling", &GenerationRequest::sampling)
+      .def_rw("max_new_tokens", &GenerationRequest::max_new_tokens)
+      .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids);
+
+  nb::class_<EngineOptions>(m, "EngineOptions")
+      .def(nb::init<>())
+      .def_rw("max_context", &EngineOptions::max_context)
+      .def_rw("kv_capacity", &EngineOptions::kv_capacity)
+      .def_rw("max_concurrency", &EngineOptions::max_concurrency)
+      .def_rw("max_queue", &EngineOptions::max_queue)
+      .def_rw("prefill_chunk", &EngineOptions::prefill_chunk)
+      .def_prop_rw("kv_dtype", [](const EngineOptions& o) { return std::string(kv_dtype_name(o.kv_dtype)); },
+                   [](EngineOptions& o, const std::string& name) { o.kv_dtype = parse_kv_dtype(name); })
+      .def_rw("threads", &EngineOptions::threads)
+      .def_rw("verify_checksums", &EngineOptions::verify_checksums);
+
+  nb::class_<Usage>(m, "Usage")
+      .def_ro("prompt_tokens", &Usage::prompt_tokens)
+      .def_ro("cached_tokens", &Usage::cached_tokens)
+      .def_ro("generated_tokens", &Usage::generated_tokens);
+
+  nb::class_<Timings>(m, "Timings")
+      .def_ro("queue_s", &Timings::queue_s)
+      .def_ro("ttft_s", &Timings::ttft_s)
+      .def_ro("prefill_tokens_per_s", &Timings::prefill_tokens_per_s)
+      .def_ro("decode_tokens_per_s", &Timings::decode_tokens_per_s)
+      .def_ro("total_s", &Timings::total_s);
+
+  nb::class_<EngineEvent>(m, "EngineEvent")
+      .def_ro("request_id", &EngineEvent::request_id)
+      .def_ro("tokens", &EngineEvent::tokens)
+      .def_ro("logprobs", &EngineEvent::logprobs)
+      .def_ro("top_logprobs", &EngineEvent::top_logprobs)
+      .def_prop_ro("finish", [](const EngineEvent& e) { return std::string(finish_reason_name(e.finish)); })
+      .def_ro("error_type", &EngineEvent::error_type)
+      .def_ro("error_message", &EngineEvent::error_message)
+      .def_ro("usage", &EngineEvent::usage)
+      .def_ro("timings", &EngineEvent::timings);
+
+  nb::class_<EngineStats>(m, "EngineStats")
+      .def_ro("lanes", &EngineStats::lanes)
+      .def_ro("busy_lanes", &EngineStats::busy_lanes)
+      .def_ro("queued", &EngineStats::queued)
+      .def_ro("kv_capacity_tokens", &EngineStats::kv_capacity_tokens)
+      .def_ro("kv_free_tokens", &EngineStats::kv_free_tokens)
+      .def_ro("free_state_slots", &EngineStats::free_state_slots)
+      .def_ro("requests_finished", &EngineStats::requests_finished)
+      .def_ro("tokens_generated", &EngineStats::tokens_generated)
+      .def_ro("tokens_prefilled", &EngineStats::tokens_prefilled)
+      .def_ro("resident_bytes", &EngineStats::resident_bytes);
+}
+
+// Test entry points: the sampler's distribution and the KV row codecs, checked against numpy references.
+void bind_test_hooks(nb::module_& m) {
+  m.def("sampler_distribution",
+        [](const std::vector<float>& logits, const SamplingParams& p, const std::vector<int32_t>& prompt,
+           const std::vector<int32_t>& generated) {
+          TokenHistory h;
+          h.add_prompt(prompt);
+          for (int32_t t : generated) h.add_generated(t);
+          return Sampler(p).distribution(logits, h);
+        });
+  m.def("sampler_draw", [](const std::vector<float>& logits, const SamplingParams& p, int32_t n) {
+    Sampler s(p);
+    std::vector<int32_t> out;
+    for (int32_t i = 0; i < n; ++i) out.push_back(s.sample(logits, TokenHistory{}).token);
+    return out;
+  });
+  m.def("sampling_params_validate", &sampling_params_validate);
+  m.def("kv_quant_roundtrip", [](const std::vector<float>& row, const std::string& dtype) {
+    return kv_row_roundtrip(row, parse_kv_dtype(dtype));
+  });
+}
+
+}  // namespace
+
+void bind_runtime(nb::module_& m) {
+  bind_structs(m);
+  bind_test_hooks(m);
+  nb::class_<Engine>(m, "Engine")
+      .def(nb::init<const std::string&, const EngineOptions&>(), Release())
+      .def("submit", &Engine::submit, Release())
+      .def("cancel", &Engine::cancel, Release())
+      .def("next_events", &Engine::next_events, nb::arg("timeout_s"), Release())
+      .def("score", &Engine::score, Release())
+      .def("stats", &Engine::stats, Release())
+      .def("close", &Engine::close, Release())
+      .def_prop_ro("vocab_size", [](const Engine& e) { return e.config().vocab_size; })
+      .def_prop_ro("eos_token_ids", [](const Engine& e) { return e.config().eos_token_ids; })
+      .def_prop_ro("arch", [](const Engine& e) { return e.config().arch; })
+      .def_prop_ro("max_context", [](const Engine& e) { return e.options().max_context; })
+      .def_prop_ro("max_concurrency", [](const Engine& e) { return e.options().max_concurrency; });
+}
+
 }  // namespace ninfer::bindings

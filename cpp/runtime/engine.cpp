@@ -1,0 +1,354 @@
+#include "runtime/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "artifact/artifact.h"
+#include "errors.h"
+#include "model/model.h"
+
+namespace ninfer {
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+int64_t pages_for(int64_t tokens) { return (tokens + kKvPageTokens - 1) / kKvPageTokens; }
+
+void validate_options(const EngineOptions& o) {
+  const auto fail = [](const std::string& m) { throw EngineError("invalid engine option: " + m); };
+  if (o.max_concurrency < 1 || o.max_concurrency > 8)
+    fail("max_concurrency = " + std::to_string(o.max_concurrency) + " (must be 1..8)");
+  if (o.max_context < 1) fail("max_context = " + std::to_string(o.max_context) + " (must be >= 1)");
+  if (o.max_queue < 0) fail("max_queue = " + std::to_string(o.max_queue) + " (must be >= 0)");
+  if (o.kv_capacity < 0) fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0, 0 = auto)");
+  if (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens != 0)
+    fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64)");
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "none";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "?";
+}
+
+Engine::Engine(const std::string& path, const EngineOptions& options) : options_(options) {
+  validate_options(options_);
+  ModelOptions mo;
+  mo.max_context = options_.max_context;
+  mo.kv_capacity = options_.kv_capacity;
+  mo.max_sequences = options_.max_concurrency;
+  mo.kv_dtype = options_.kv_dtype;
+  mo.threads = options_.threads;
+  mo.verify_checksums = options_.verify_checksums;
+  model_ = Model::load(Artifact::open(path, options_.verify_checksums), mo);
+  config_ = model_->config();
+  Model* model = model_.get();
+  scheduler_ = std::make_unique<Scheduler>(
+      options_.max_concurrency, options_.prefill_chunk,
+      KvReserver{[model](SequenceCache& c, int64_t n) { return model->reserve(c, n); },
+                 [model](SequenceCache& c) { model->release(c); }});
+  refresh_stats();
+  thread_ = std::thread([this] { run(); });
+}
+
+Engine::~Engine() { close(); }
+
+Job Engine::make_job(GenerationRequest request, bool scoring) {
+  const int64_t n = static_cast<int64_t>(request.prompt.size());
+  if (n == 0) throw EngineError("the prompt is empty");
+  if (scoring && n < 2) throw EngineError("scoring needs at least 2 tokens, got " + std::to_string(n));
+  for (int64_t i = 0; i < n; ++i)
+    if (request.prompt[i] < 0 || request.prompt[i] >= config_.vocab_size)
+      throw EngineError("token id " + std::to_string(request.prompt[i]) + " at position " + std::to_string(i) +
+                        " is outside the vocabulary [0, " + std::to_string(config_.vocab_size) + ")");
+  if (n > options_.max_context)
+    throw CapacityError("the prompt has " + std::to_string(n) + " tokens; max_context is " +
+                        std::to_string(options_.max_context));
+  if (!scoring) {
+    if (request.max_new_tokens < 1)
+      throw EngineError("invalid max_new_tokens = " + std::to_string(request.max_new_tokens) + " (must be >= 1)");
+    sampling_params_validate(request.sampling);
+    for (int32_t t : request.stop_token_ids)
+      if (t < 0 || t >= config_.vocab_size)
+        throw EngineError("stop token id " + std::to_string(t) + " is outside the vocabulary");
+  }
+  Job job;
+  job.reservation = scoring ? n : std::min(n + request.max_new_tokens, options_.max_context);
+  const int64_t capacity = model_->kv_capacity_tokens();
+  if (pages_for(job.reservation) * kKvPageTokens > capacity)
+    throw CapacityError("the request needs " + std::to_string(job.reservation) + " KV tokens (prompt " +
+                        std::to_string(n) + " + max_new_tokens " + std::to_string(request.max_new_tokens) +
+                        ", capped at max_context " + std::to_string(options_.max_context) +
+                        ", in pages of 64) but the KV pool holds " + std::to_string(capacity));
+  job.request = std::move(request);
+  job.submitted = Clock::now();
+  return job;
+}
+
+uint64_t Engine::submit(GenerationRequest request) {
+  std::unique_lock lock(mu_);
+  if (closed_) throw EngineError("the engine is closed");
+  Job job = make_job(std::move(request), false);
+  if (in_flight_ >= options_.max_concurrency + options_.max_queue)
+    throw EngineBusyError("the engine is busy: all " + std::to_string(options_.max_concurrency) + " lanes and " +
+                          std::to_string(options_.max_queue) + " queue places are taken; retry later");
+  job.id = next_id_++;
+  const uint64_t id = job.id;
+  scheduler_->enqueue(std::move(job));
+  ++in_flight_;
+  stats_.queued = scheduler_->num_queued();
+  work_cv_.notify_one();
+  return id;
+}
+
+std::vector<float> Engine::score(std::vector<int32_t> tokens) {
+  std::future<std::vector<float>> result;
+  {
+    std::unique_lock lock(mu_);
+    if (closed_) throw EngineError("the engine is closed");
+    GenerationRequest request;
+    request.prompt = std::move(tokens);
+    Job job = make_job(std::move(request), true);
+    if (in_flight_ >= options_.max_concurrency + options_.max_queue)
+      throw EngineBusyError("the engine is busy: all lanes and queue places are taken; retry later");
+    job.id = next_id_++;
+    job.score_result = std::make_shared<std::promise<std::vector<float>>>();
+    result = job.score_result->get_future();
+    scheduler_->enqueue(std::move(job));
+    ++in_flight_;
+    work_cv_.notify_one();
+  }
+  return result.get();
+}
+
+bool Engine::cancel(uint64_t id) {
+  std::unique_lock lock(mu_);
+  if (scheduler_ && scheduler_->remove_queued(id)) {
+    --in_flight_;
+    stats_.queued = scheduler_->num_queued();
+    EngineEvent ev;
+    ev.request_id = id;
+    ev.finish = FinishReason::Cancelled;
+    events_.push_back(std::move(ev));
+    events_cv_.notify_all();
+    return true;
+  }
+  if (!scheduler_ || scheduler_->lane_of(id) < 0) return false;
+  cancel_requests_.insert(id);
+  work_cv_.notify_one();
+  return true;
+}
+
+std::vector<EngineEvent> Engine::next_events(double timeout_s) {
+  std::unique_lock lock(mu_);
+  events_cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)),
+                      [&] { return !events_.empty() || closed_; });
+  std::vector<EngineEvent> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+  events_.clear();
+  return out;
+}
+
+EngineStats Engine::stats() const {
+  std::unique_lock lock(mu_);
+  EngineStats s = stats_;
+  s.resident_bytes = resident_bytes();
+  return s;
+}
+
+void Engine::close() {
+  {
+    std::unique_lock lock(mu_);
+    if (closed_) return;
+    stopping_ = true;
+    work_cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  std::unique_lock lock(mu_);
+  for (int32_t i = 0; i < scheduler_->num_lanes(); ++i)
+    if (scheduler_->lane(i)) end_lane(i, FinishReason::Cancelled);
+  for (const Job& job : scheduler_->queue()) {
+    if (job.score_result) job.score_result->set_exception(std::make_exception_ptr(EngineError("the engine closed")));
+    EngineEvent ev;
+    ev.request_id = job.id;
+    ev.finish = FinishReason::Cancelled;
+    events_.push_back(std::move(ev));
+  }
+  scheduler_.reset();
+  model_.reset();
+  in_flight_ = 0;
+  closed_ = true;
+  events_cv_.notify_all();
+}
+
+void Engine::run() {
+  while (true) {
+    {
+      std::unique_lock lock(mu_);
+      work_cv_.wait(lock, [&] {
+        return stopping_ || !cancel_requests_.empty() || !scheduler_->idle() || scheduler_->num_queued() > 0;
+      });
+      if (stopping_) return;
+    }
+    step();
+  }
+}
+
+void Engine::publish(EngineEvent event) {
+  events_.push_back(std::move(event));
+  events_cv_.notify_all();
+}
+
+void Engine::refresh_stats() {
+  stats_.lanes = scheduler_->num_lanes();
+  stats_.busy_lanes = scheduler_->num_busy_lanes();
+  stats_.queued = scheduler_->num_queued();
+  stats_.kv_capacity_tokens = model_->kv_capacity_tokens();
+  stats_.kv_free_tokens = model_->kv_free_tokens();
+  stats_.free_state_slots = model_->free_state_slots();
+}
+
+void Engine::apply_cancellations() {
+  for (uint64_t id : cancel_requests_) {
+    const int32_t index = scheduler_->lane_of(id);
+    if (index >= 0) end_lane(index, FinishReason::Cancelled);
+  }
+  cancel_requests_.clear();
+}
+
+// Ends lane `index`: frees it and its KV first, so that whoever sees the final event sees them free.
+void Engine::end_lane(int32_t index, FinishReason reason, const std::string& error_type,
+                      const std::string& error_message) {
+  Lane& lane = *scheduler_->lane(index);
+  const Clock::time_point now = Clock::now();
+  EngineEvent ev;
+  ev.request_id = lane.job.id;
+  ev.finish = reason;
+  ev.error_type = error_type;
+  ev.error_message = error_message;
+  const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
+  ev.usage = {prompt, 0, lane.generated};
+  ev.timings.queue_s = seconds(lane.admitted - lane.job.submitted);
+  ev.timings.total_s = seconds(now - lane.job.submitted);
+  if (lane.generated > 0) {
+    ev.timings.ttft_s = seconds(lane.first_token - lane.job.submitted);
+    ev.timings.prefill_tokens_per_s = prompt / std::max(1e-9, seconds(lane.first_token - lane.admitted));
+    if (lane.generated > 1)
+      ev.timings.decode_tokens_per_s = (lane.generated - 1) / std::max(1e-9, seconds(now - lane.first_token));
+  }
+  if (lane.is_scoring()) {
+    if (reason == FinishReason::Length)
+      lane.job.score_result->set_value(std::move(lane.score_logprobs));
+    else
+      lane.job.score_result->set_exception(std::make_exception_ptr(EngineError(
+          reason == FinishReason::Error ? error_message : std::string("scoring was cancelled"))));
+  }
+  const bool publish_event = !lane.is_scoring();
+  scheduler_->finish(index);
+  --in_flight_;
+  ++stats_.requests_finished;
+  refresh_stats();
+  if (publish_event) publish(std::move(ev));
+}
+
+// Takes the forward's output for one slice: scoring lanes collect logprobs, generating lanes that have computed
+// every known token sample the next one.
+void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row) {
+  Lane& lane = *scheduler_->lane(slice.lane);
+  const int64_t vocab = out.vocab;
+  stats_.tokens_prefilled += slice.end - slice.begin;
+  if (lane.is_scoring()) {
+    const int64_t n = static_cast<int64_t>(lane.tokens.size());
+    for (int64_t p = slice.begin; p < slice.end && p + 1 < n; ++p) {
+      const std::vector<float> lp =
+          log_softmax(std::span<const float>(out.logits.data() + (row + p - slice.begin) * vocab, vocab));
+      lane.score_logprobs.push_back(lp[lane.tokens[p + 1]]);
+    }
+    if (slice.end == n) end_lane(slice.lane, FinishReason::Length);
+    return;
+  }
+  if (slice.end < static_cast<int64_t>(lane.tokens.size())) return;  // more prompt to prefill
+
+  const int64_t last_row = row + (slice.all_logits ? slice.end - slice.begin - 1 : 0);
+  const SampledToken s = lane.sampler->sample(std::span<const float>(out.logits.data() + last_row * vocab, vocab),
+                                              lane.history);
+  if (lane.generated++ == 0) lane.first_token = Clock::now();
+  ++stats_.tokens_generated;
+  lane.history.add_generated(s.token);
+  const GenerationRequest& req = lane.job.request;
+  const bool stop = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), s.token) != req.stop_token_ids.end();
+  if (!stop) {
+    lane.tokens.push_back(s.token);
+    EngineEvent ev;
+    ev.request_id = lane.job.id;
+    ev.tokens = {s.token};
+    if (req.sampling.logprobs || req.sampling.top_logprobs > 0) ev.logprobs = {s.logprob};
+    if (req.sampling.top_logprobs > 0) ev.top_logprobs = {s.top};
+    publish(std::move(ev));
+  }
+  if (stop)
+    end_lane(slice.lane, FinishReason::Stop);
+  else if (lane.generated >= req.max_new_tokens || static_cast<int64_t>(lane.tokens.size()) >= lane.job.reservation)
+    end_lane(slice.lane, FinishReason::Length);
+}
+
+void Engine::fail_step(const std::vector<LaneSlice>& slices, const std::exception& error, const char* type) {
+  for (const LaneSlice& s : slices)
+    if (scheduler_->lane(s.lane)) end_lane(s.lane, FinishReason::Error, type, error.what());
+}
+
+void Engine::step() {
+  StepPlan plan;
+  std::vector<ForwardItem> items;
+  {
+    std::unique_lock lock(mu_);
+    apply_cancellations();
+    scheduler_->admit();
+    refresh_stats();
+    plan = scheduler_->plan();
+    if (plan.slices.empty()) return;
+    for (const LaneSlice& s : plan.slices) {
+      Lane& lane = *scheduler_->lane(s.lane);
+      items.push_back({lane.tokens.data() + s.begin, s.end - s.begin, &lane.cache, s.all_logits});
+    }
+  }
+  // The model runs unlocked: submit, cancel and next_events stay responsive. Only this thread touches lanes'
+  // caches and tokens, and no lane is freed until the lock is retaken.
+  ForwardOutput out;
+  const char* error_type = nullptr;
+  std::string error_message;
+  try {
+    model_->forward(items, out);
+  } catch (const EngineError& e) {
+    error_type = "EngineError";
+    error_message = e.what();
+  } catch (const std::exception& e) {
+    error_type = "NinferError";
+    error_message = e.what();
+  }
+  std::unique_lock lock(mu_);
+  if (error_type) {
+    fail_step(plan.slices, std::runtime_error(error_message), error_type);
+    return;
+  }
+  for (size_t i = 0; i < plan.slices.size(); ++i) absorb(plan.slices[i], out, out.row_offset[i]);
+  refresh_stats();
+}
+
+}  // namespace ninfer

@@ -1,0 +1,96 @@
+// The engine: a model, a scheduler and the thread that runs them. Callers on any thread submit requests, cancel
+// them, and drain events from one thread-safe queue; the scheduler thread alone touches the model.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "model/config.h"
+#include "runtime/cache.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+
+namespace ninfer {
+
+class Model;
+struct ForwardOutput;
+
+struct EngineOptions {
+  int64_t max_context = 4096;    // longest sequence, prompt + generation
+  int64_t kv_capacity = 0;       // tokens in the shared KV pool; 0 = max_context * max_concurrency
+  int32_t max_concurrency = 1;   // lanes, 1..8
+  int32_t max_queue = 16;        // requests that may wait for a lane; one more is refused with EngineBusyError
+  int64_t prefill_chunk = 512;   // tokens per prefill chunk (and the per-step prefill budget), a multiple of 64
+  KvDtype kv_dtype = KvDtype::BF16;
+  int32_t threads = 0;           // 0 = all cores
+  bool verify_checksums = true;
+};
+
+struct EngineStats {
+  int32_t lanes = 0, busy_lanes = 0;
+  int64_t queued = 0;
+  int64_t kv_capacity_tokens = 0, kv_free_tokens = 0;
+  int32_t free_state_slots = 0;
+  int64_t requests_finished = 0, tokens_generated = 0, tokens_prefilled = 0;
+  int64_t resident_bytes = 0;  // the process's resident memory
+};
+
+class Engine {
+ public:
+  Engine(const std::string& path, const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues; throws EngineBusyError (queue full), CapacityError (can never fit) or EngineError.
+  uint64_t submit(GenerationRequest request);
+  // Cancels a queued or running request: its lane and KV are free when its `cancelled` event arrives.
+  // False when the id is unknown or already finished.
+  bool cancel(uint64_t id);
+  // Blocks up to `timeout_s` for at least one event, then returns all that are ready (maybe none).
+  std::vector<EngineEvent> next_events(double timeout_s);
+  // Logprob of tokens[i] given tokens[0..i) for i = 1 .. n - 1 (n - 1 values). Queues like a request.
+  std::vector<float> score(std::vector<int32_t> tokens);
+  EngineStats stats() const;
+  const ModelConfig& config() const { return config_; }
+  const EngineOptions& options() const { return options_; }
+  // Stops the thread, ends every request with `cancelled`, frees the model. Idempotent.
+  void close();
+
+ private:
+  void run();
+  void step();
+  void apply_cancellations();
+  void end_lane(int32_t index, FinishReason reason, const std::string& error_type = {},
+                const std::string& error_message = {});
+  void absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row);
+  void fail_step(const std::vector<LaneSlice>& slices, const std::exception& error, const char* type);
+  void publish(EngineEvent event);
+  void refresh_stats();
+  Job make_job(GenerationRequest request, bool scoring);
+
+  EngineOptions options_;
+  ModelConfig config_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Scheduler> scheduler_;  // touched only under mu_ (admission, cancel) or by the thread
+
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, events_cv_;
+  std::deque<EngineEvent> events_;
+  std::unordered_set<uint64_t> cancel_requests_;  // running ids to end at the next step boundary
+  int64_t in_flight_ = 0;                          // queued + running
+  uint64_t next_id_ = 1;
+  bool stopping_ = false, closed_ = false;
+  EngineStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace ninfer

@@ -1,0 +1,50 @@
+// What a caller asks of the engine and what it gets back: requests, events, usage and timings.
+#pragma once
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler.h"
+
+namespace ninfer {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_new_tokens = 256;
+  std::vector<int32_t> stop_token_ids;  // generation ends when one is sampled; it is counted, not emitted
+};
+
+enum class FinishReason : uint8_t { None, Stop, Length, Cancelled, Error };
+const char* finish_reason_name(FinishReason r);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // reused from a prefix cache (none yet)
+  int64_t generated_tokens = 0;
+};
+
+struct Timings {
+  double queue_s = 0;          // submit -> admitted into a lane
+  double ttft_s = 0;           // submit -> first token sampled
+  double prefill_tokens_per_s = 0;
+  double decode_tokens_per_s = 0;  // tokens after the first over the time after the first
+  double total_s = 0;
+};
+
+// One step's news for one request. `finish` != None marks its last event, which carries usage and timings.
+struct EngineEvent {
+  uint64_t request_id = 0;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;                         // one per token when the request asked for logprobs
+  std::vector<std::vector<TokenLogprob>> top_logprobs;  // one list per token when top_logprobs > 0
+  FinishReason finish = FinishReason::None;
+  std::string error_type, error_message;  // finish == Error: the typed error's class name and message
+  Usage usage;
+  Timings timings;
+};
+
+}  // namespace ninfer

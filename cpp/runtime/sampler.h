@@ -1,0 +1,66 @@
+// The sampler: turns one row of logits into a token, with the request's own RNG stream so that a seeded request
+// gives the same tokens whatever else the engine is running.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace ninfer {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0 = greedy
+  int32_t top_k = 0;                // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off; keeps tokens with p >= min_p * p_max
+  float presence_penalty = 0.0f;    // OpenAI: subtracted once from every token generated so far
+  float frequency_penalty = 0.0f;   // OpenAI: subtracted per occurrence in the generated tokens
+  float repetition_penalty = 1.0f;  // CTRL: divides positive / multiplies negative logits of prompt + generated
+  bool has_seed = false;
+  uint64_t seed = 0;
+  bool logprobs = false;            // return the chosen token's logprob
+  int32_t top_logprobs = 0;         // and this many alternatives (0..20)
+};
+
+// Throws EngineError naming the field and the accepted range for any invalid value.
+void sampling_params_validate(const SamplingParams& params);
+
+using TokenLogprob = std::pair<int32_t, float>;
+
+struct SampledToken {
+  int32_t token = -1;
+  float logprob = 0.0f;             // from the unmodified log-softmax of the logits
+  std::vector<TokenLogprob> top;    // the top_logprobs most likely tokens of that same distribution
+};
+
+// Counts of the tokens a request has seen, which the penalties read.
+struct TokenHistory {
+  std::unordered_map<int32_t, int32_t> generated;  // token -> occurrences in the output so far
+  std::unordered_map<int32_t, int32_t> seen;       // token -> occurrences in prompt + output
+  void add_prompt(std::span<const int32_t> tokens);
+  void add_generated(int32_t token);
+};
+
+class Sampler {
+ public:
+  // Unseeded requests draw their seed from std::random_device: still a private stream.
+  explicit Sampler(const SamplingParams& params);
+
+  SampledToken sample(std::span<const float> logits, const TokenHistory& history);
+
+  // The distribution `sample` draws from (after penalties, temperature, top-k, min-p, top-p), as
+  // probabilities over the whole vocabulary; greedy puts 1 on the argmax. Exposed for the reference test.
+  std::vector<float> distribution(std::span<const float> logits, const TokenHistory& history) const;
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+};
+
+// log-softmax of `logits` (numerically stable, double accumulation).
+std::vector<float> log_softmax(std::span<const float> logits);
+
+}  // namespace ninfer

@@ -1,0 +1,96 @@
+// The scheduler: lanes, the FIFO admission queue and the plan of each step. Backend-neutral: it sees the KV pool
+// only through KvReserver and never includes the model.
+//
+// NOTE (counter model, after vLLM v1): a lane knows `tokens` (prompt + sampled so far) and `computed` (how many of
+// them are in its cache). Each step forwards a slice of the uncomputed tokens; when none are left the lane samples.
+// Prefill, decode, and later resume and MTP verification are the one rule, with no phase flags.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "runtime/cache.h"
+#include "runtime/request.h"
+#include "runtime/sampler.h"
+
+namespace ninfer {
+
+using Clock = std::chrono::steady_clock;
+
+// A request waiting in the queue or running in a lane.
+struct Job {
+  uint64_t id = 0;
+  GenerationRequest request;
+  // Scoring jobs compute per-token logprobs of the prompt instead of generating; the result goes here.
+  std::shared_ptr<std::promise<std::vector<float>>> score_result;
+  int64_t reservation = 0;  // KV tokens reserved at admission: prompt + max_new_tokens, capped at max_context
+  Clock::time_point submitted;
+};
+
+struct Lane {
+  Job job;
+  SequenceCache cache;
+  std::vector<int32_t> tokens;  // prompt, then every sampled token
+  int64_t generated = 0;        // sampled tokens, stop token included
+  std::optional<Sampler> sampler;
+  TokenHistory history;
+  std::vector<float> score_logprobs;  // scoring jobs: logprob of tokens[i + 1], filled chunk by chunk
+  Clock::time_point admitted, first_token;
+
+  int64_t computed() const { return cache.length; }
+  bool is_scoring() const { return job.score_result != nullptr; }
+};
+
+// The pool as the scheduler sees it: reserve all of a job's KV at admission, release it at the end.
+struct KvReserver {
+  std::function<bool(SequenceCache&, int64_t)> reserve;  // false, changing nothing, when it does not fit now
+  std::function<void(SequenceCache&)> release;
+};
+
+// One lane's share of a step: forward tokens[begin, end) of lane `lane`.
+struct LaneSlice {
+  int32_t lane = 0;
+  int64_t begin = 0, end = 0;
+  bool all_logits = false;  // scoring needs a row per token; generation only the last
+};
+
+struct StepPlan {
+  std::vector<LaneSlice> slices;  // decode slices first-come, then prefill chunks; all in ONE forward
+};
+
+class Scheduler {
+ public:
+  Scheduler(int32_t num_lanes, int64_t prefill_chunk, KvReserver kv);
+
+  void enqueue(Job job) { queue_.push_back(std::move(job)); }
+  // Removes a queued job; false when `id` is not queued.
+  bool remove_queued(uint64_t id);
+  // Moves queue heads into free lanes while their reservation fits; FIFO: a head that does not fit waits, and
+  // so does everything behind it. Returns the lanes filled.
+  std::vector<int32_t> admit();
+  StepPlan plan() const;
+  // Frees lane `index` and its KV at once.
+  void finish(int32_t index);
+
+  std::optional<Lane>& lane(int32_t index) { return lanes_[index]; }
+  int32_t lane_of(uint64_t id) const;  // -1 when no lane runs it
+  int32_t num_lanes() const { return static_cast<int32_t>(lanes_.size()); }
+  int32_t num_busy_lanes() const;
+  int64_t num_queued() const { return static_cast<int64_t>(queue_.size()); }
+  bool idle() const { return num_busy_lanes() == 0; }
+  const std::deque<Job>& queue() const { return queue_; }
+
+ private:
+  int64_t prefill_chunk_;
+  KvReserver kv_;
+  std::vector<std::optional<Lane>> lanes_;
+  std::deque<Job> queue_;
+};
+
+}  // namespace ninfer

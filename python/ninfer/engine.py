@@ -1,0 +1,336 @@
+"""The async engine API over `ninfer._engine` (DESIGN.md, "The Python-facing engine API").
+
+The C++ engine runs its own scheduler thread and queues events. One pump thread here drains them (the GIL is
+released while it waits) and hands each to its request's asyncio queue with `call_soon_threadsafe`, so a slow
+consumer only lets its own queue grow and never stalls the engine or other requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+
+from ninfer import _engine, errors
+from ninfer.artifact.reader import read_artifact
+from ninfer.frontend.chat import ChatTemplate, RenderedPrompt
+
+_PUMP_WAIT_S = 0.05
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    backend: str = "auto"  # auto | cpu (the CUDA backend arrives with its issue)
+    max_context: int = 4096
+    kv_capacity: int | None = None  # tokens in the KV pool; None = max_context * max_concurrency
+    max_concurrency: int = 1  # lanes, 1..8
+    max_queue: int = 16  # requests that may wait for a lane
+    kv_dtype: str = "bf16"  # f32 | bf16 | fp8 | int8
+    prefill_chunk: int = 512  # a multiple of 64
+    threads: int = 0  # 0 = all cores
+    verify_checksums: bool = True
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_tokens: Sequence[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_new_tokens: int = 256
+    stop_token_ids: Sequence[int] | None = None  # None: the model's end-of-sequence ids
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_s: float
+    ttft_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class GenerationEvent:
+    """New tokens of one request; the last event has `finish_reason` (stop | length | cancelled), usage, timings."""
+
+    request_id: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    lanes: int
+    busy_lanes: int
+    queued: int
+    kv_capacity_tokens: int
+    kv_free_tokens: int
+    free_state_slots: int
+    requests_finished: int
+    tokens_generated: int
+    tokens_prefilled: int
+    resident_bytes: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    arch: str
+    max_context: int
+    vocab_size: int
+    num_layers: int
+    hidden_size: int
+    modalities: tuple[str, ...]
+    kv_dtype: str
+    max_concurrency: int
+    artifact_bytes: int
+
+
+class Frontend:
+    """What the artifact says about text: tokenizer, chat template, special tokens and generation defaults."""
+
+    def __init__(self, frontend: Mapping[str, Any], eos_token_ids: Sequence[int]) -> None:
+        self.tokenizer = tokenizers.Tokenizer.from_str(frontend["tokenizer_json"])
+        special = frontend.get("special_tokens") or {}
+        self.eos_token_ids: tuple[int, ...] = tuple(special.get("eos") or eos_token_ids)
+        self.bos_token_id: int | None = special.get("bos")
+        self.generation_defaults: dict[str, Any] = dict(frontend.get("generation_defaults") or {})
+        templates = frontend.get("chat_templates") or {}
+        source = templates.get("default")
+        self.chat_template = None if source is None else ChatTemplate(
+            source, bos_token=self._token_text(self.bos_token_id),
+            eos_token=self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None))
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else (self.tokenizer.id_to_token(token_id) or "")
+
+    def encode(self, text: str) -> list[int]:
+        """Text (a rendered prompt, with its special tokens written out) -> ids; no BOS is added."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> RenderedPrompt:
+        """Chat messages -> prompt text through the artifact's template (tools, enable_thinking, ...)."""
+        if self.chat_template is None:
+            raise errors.EngineError("this model has no chat template; send a plain prompt")
+        return self.chat_template.render(messages, **options)
+
+    def sampling_defaults(self) -> SamplingParams:
+        """The artifact's generation defaults as SamplingParams (unknown keys ignored)."""
+        known = SamplingParams.__dataclass_fields__.keys()
+        return SamplingParams(**{k: v for k, v in self.generation_defaults.items() if k in known})
+
+
+class TextStream:
+    """Turns a growing list of token ids into text deltas, holding back an incomplete UTF-8 character."""
+
+    def __init__(self, frontend: Frontend) -> None:
+        self._frontend = frontend
+        self._tokens: list[int] = []
+        self._emitted = 0
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        self._tokens.extend(token_ids)
+        text = self._frontend.decode(self._tokens)
+        if text.endswith("\ufffd"):
+            return ""
+        delta, self._emitted = text[self._emitted:], len(text)
+        return delta
+
+
+def _native_options(options: EngineOptions) -> _engine.EngineOptions:
+    if options.backend not in ("auto", "cpu"):
+        raise errors.EngineError(f"backend {options.backend!r} is not available in this build (use auto or cpu)")
+    native = _engine.EngineOptions()
+    native.max_context = options.max_context
+    native.kv_capacity = options.kv_capacity or 0
+    native.max_concurrency = options.max_concurrency
+    native.max_queue = options.max_queue
+    native.kv_dtype = options.kv_dtype
+    native.prefill_chunk = options.prefill_chunk
+    native.threads = options.threads
+    native.verify_checksums = options.verify_checksums
+    return native
+
+
+def _native_request(request: Request, default_stops: Sequence[int]) -> _engine.GenerationRequest:
+    s = request.sampling
+    sampling = _engine.SamplingParams()
+    sampling.temperature = s.temperature
+    sampling.top_p = s.top_p
+    sampling.top_k = s.top_k
+    sampling.min_p = s.min_p
+    sampling.presence_penalty = s.presence_penalty
+    sampling.frequency_penalty = s.frequency_penalty
+    sampling.repetition_penalty = s.repetition_penalty
+    if s.seed is not None:
+        if not 0 <= s.seed < 2**64:
+            raise errors.EngineError(f"invalid sampling value: seed = {s.seed} (must be in [0, 2^64))")
+        sampling.has_seed, sampling.seed = True, s.seed
+    sampling.logprobs = request.logprobs
+    sampling.top_logprobs = request.top_logprobs
+    native = _engine.GenerationRequest()
+    native.prompt = list(request.prompt_tokens)
+    native.sampling = sampling
+    native.max_new_tokens = request.max_new_tokens
+    stops = default_stops if request.stop_token_ids is None else request.stop_token_ids
+    native.stop_token_ids = list(stops)
+    return native
+
+
+def _event(ev: Any) -> GenerationEvent:
+    finished = ev.finish != "none"
+    return GenerationEvent(
+        request_id=ev.request_id,
+        token_ids=tuple(ev.tokens),
+        logprobs=tuple(ev.logprobs) if ev.logprobs else None,
+        top_logprobs=tuple(tuple(alts) for alts in ev.top_logprobs) if ev.top_logprobs else None,
+        finish_reason=ev.finish if finished else None,
+        usage=Usage(ev.usage.prompt_tokens, ev.usage.cached_tokens, ev.usage.generated_tokens) if finished else None,
+        timings=Timings(ev.timings.queue_s, ev.timings.ttft_s, ev.timings.prefill_tokens_per_s,
+                        ev.timings.decode_tokens_per_s, ev.timings.total_s) if finished else None,
+    )
+
+
+def _error(error_type: str, message: str) -> errors.NinferError:
+    cls = getattr(errors, error_type, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.NinferError)):
+        cls = errors.EngineError
+    return cls(message)
+
+
+_Route = tuple[asyncio.AbstractEventLoop, asyncio.Queue]
+
+
+class Engine:
+    """One loaded model. Create with `await Engine.open(...)` (or `Engine.open_sync`); `close()` frees it."""
+
+    def __init__(self, path: str | Path, options: EngineOptions) -> None:
+        artifact = read_artifact(path)
+        self._native = _engine.Engine(str(path), _native_options(options))
+        self.options = options
+        self.frontend = Frontend(artifact.frontend, self._native.eos_token_ids)
+        config = artifact.config
+        self.info = ModelInfo(
+            path=str(path), arch=config["arch"], max_context=options.max_context, vocab_size=config["vocab_size"],
+            num_layers=config["num_layers"], hidden_size=config["hidden_size"], modalities=("text",),
+            kv_dtype=options.kv_dtype, max_concurrency=options.max_concurrency,
+            artifact_bytes=Path(path).stat().st_size)
+        self._routes: dict[int, _Route] = {}
+        self._lock = threading.Lock()  # submit + route registration is atomic against the pump's dispatch
+        self._closed = False
+        self._pump = threading.Thread(target=self._pump_events, name="ninfer-engine-pump", daemon=True)
+        self._pump.start()
+
+    @classmethod
+    def open_sync(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
+        return cls(path, options or EngineOptions())
+
+    @classmethod
+    async def open(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
+        """Loads in a worker thread so the event loop keeps running."""
+        return await asyncio.to_thread(cls, path, options or EngineOptions())
+
+    def _pump_events(self) -> None:
+        while True:
+            closing = self._closed
+            events = self._native.next_events(_PUMP_WAIT_S)
+            with self._lock:
+                for ev in events:
+                    route = self._routes.get(ev.request_id)
+                    if route is not None:
+                        route[0].call_soon_threadsafe(route[1].put_nowait, ev)
+            if closing and not events:
+                return
+
+    def submit(self, request: Request) -> tuple[int, asyncio.Queue]:
+        """Queues a request from inside a running event loop; returns its id and the queue its events reach."""
+        if self._closed:
+            raise errors.EngineError("the engine is closed")
+        native = _native_request(request, self.frontend.eos_token_ids)
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            request_id = self._native.submit(native)
+            self._routes[request_id] = (asyncio.get_running_loop(), queue)
+        return request_id, queue
+
+    async def generate(self, request: Request) -> AsyncIterator[GenerationEvent]:
+        """Streams the request's events. Leaving the loop early (or being cancelled) cancels the request."""
+        request_id, queue = self.submit(request)
+        finished = False
+        try:
+            while not finished:
+                ev = await queue.get()
+                finished = ev.finish != "none"
+                if ev.finish == "error":
+                    raise _error(ev.error_type, ev.error_message)
+                yield _event(ev)
+        finally:
+            with self._lock:
+                self._routes.pop(request_id, None)
+            if not finished:
+                self.cancel(request_id)
+
+    def cancel(self, request_id: int) -> bool:
+        """Ends a queued or running request; its lane and KV are free by the time its last event arrives."""
+        return bool(self._native.cancel(request_id)) if not self._closed else False
+
+    async def score(self, token_ids: Sequence[int]) -> list[float]:
+        """logprob of token i given tokens[:i], for i = 1 .. n - 1."""
+        return await asyncio.to_thread(self.score_sync, token_ids)
+
+    def score_sync(self, token_ids: Sequence[int]) -> list[float]:
+        if self._closed:
+            raise errors.EngineError("the engine is closed")
+        return list(self._native.score(list(token_ids)))
+
+    def stats(self) -> EngineStats:
+        s = self._native.stats()
+        return EngineStats(s.lanes, s.busy_lanes, s.queued, s.kv_capacity_tokens, s.kv_free_tokens,
+                           s.free_state_slots, s.requests_finished, s.tokens_generated, s.tokens_prefilled,
+                           s.resident_bytes)
+
+    def close(self) -> None:
+        """Ends every request (`cancelled`), stops the threads and frees the model. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._native.close()
+        self._pump.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
