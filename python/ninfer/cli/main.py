@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from ninfer.errors import NinferError
+
 # subcommand -> (module under ninfer.cli, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("convert", "convert a Hugging Face folder or a GGUF file into a .ninfer artifact"),
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     try:
         return int(module.run(args) or 0)
-    except CliError as exc:
+    except (CliError, NinferError) as exc:
         print(f"ninfer: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
