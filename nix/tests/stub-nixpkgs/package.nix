@@ -1,6 +1,9 @@
 # Stand-in for the ninfer package: a store path whose bin/ninfer-serve exists and is executable, so that a rendered
 # unit's ExecStart names a real file for `systemd-analyze verify`. It builds offline with /bin/sh; Debian's nix-bin
 # builds without a sandbox, so the host's coreutils are reachable through PATH.
+{
+  system ? builtins.currentSystem,
+}:
 let
   script = builtins.toFile "ninfer-serve" ''
     #!/bin/sh
@@ -9,7 +12,7 @@ let
 in
 derivation {
   name = "ninfer-stub-0";
-  system = builtins.currentSystem;
+  inherit system;
   builder = "/bin/sh";
   args = [
     "-c"

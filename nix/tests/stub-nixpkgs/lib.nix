@@ -77,20 +77,26 @@ let
 
   # A definition is { value, conds, prio }. Discharging strips the properties on top of its value: mkMerge splits
   # it, mkIf adds a condition (not forced yet: conditions usually read `config`), mkOverride sets the priority.
-  discharge =
-    def:
+  # A shallow discharge leaves an override's content untouched (marked `pending`), so that a definition which
+  # loses on priority is never evaluated, as in the real module system (a losing mkDefault may name a package
+  # that cannot be built here).
+  dischargeWith =
+    shallow: def:
     let
       v = def.value;
       kind = propertyOf v;
     in
-    if kind == "if" then
-      discharge (def // { conds = def.conds ++ [ v.condition ]; value = v.content; })
+    if def.pending or false then
+      (if shallow then [ def ] else dischargeWith false (removeAttrs def [ "pending" ]))
+    else if kind == "if" then
+      dischargeWith shallow (def // { conds = def.conds ++ [ v.condition ]; value = v.content; })
     else if kind == "merge" then
-      concatMap (content: discharge (def // { value = content; })) v.contents
+      concatMap (content: dischargeWith shallow (def // { value = content; })) v.contents
     else if kind == "override" then
-      discharge (def // { prio = v.priority; value = v.content; })
+      dischargeWith shallow (def // { prio = v.priority; value = v.content; pending = true; })
     else
       [ def ];
+  discharge = dischargeWith false;
 
   # The definitions of attribute `name` inside a list of definitions of an attribute set.
   childDefs =
@@ -107,10 +113,11 @@ let
   activeDefs =
     defs:
     let
-      live = filter (def: all (c: c) def.conds) (concatMap discharge defs);
+      holds = def: all (c: c) def.conds;
+      live = filter holds (concatMap (dischargeWith true) defs);
       best = foldl' (p: def: if def.prio < p then def.prio else p) 100000 live;
     in
-    filter (def: def.prio == best) live;
+    filter holds (concatMap discharge (filter (def: def.prio == best) live));
 
   mergeWith =
     loc: type: defs:
@@ -377,7 +384,7 @@ let
       in
       if isOption decl then
         mergeWith here decl.type (
-          defsHere ++ optional (decl ? default) { value = decl.default; conds = [ ]; prio = optionDefaultPriority; }
+          defsHere ++ optional (decl ? default) { value = decl.default; conds = [ ]; prio = optionDefaultPriority; pending = true; }
         )
       else
         evalTree here decl defsHere
