@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -50,6 +51,8 @@ class Artifact {
 
   const std::string& path() const { return path_; }
   const json::Value& manifest() const { return manifest_; }
+  // The manifest's bytes as stored (UTF-8 JSON), for `ninfer inspect` and tools that want the text itself.
+  std::string_view manifest_text() const { return manifest_text_; }
   const json::Value& config() const { return manifest_["config"]; }
 
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
@@ -64,6 +67,7 @@ class Artifact {
   int fd_ = -1;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+  std::string_view manifest_text_;  // into the mapping
   json::Value manifest_;
   std::unordered_map<std::string, TensorView> tensors_;
 };

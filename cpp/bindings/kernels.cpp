@@ -1,6 +1,68 @@
+// CPU kernel entry points for the tests: each looks a tensor up by name and runs the kernel on it.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <optional>
+#include <string>
+
+#include "backend/cpu/linear.h"
+#include "bindings/array_out.h"
+#include "bindings/artifact_handle.h"
 #include "bindings/bindings.h"
 
+namespace nb = nanobind;
+
 namespace ninfer::bindings {
-// Filled by the component's owner.
-void bind_kernels(nanobind::module_& m) {}
+
+namespace {
+
+using Matrix = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Vector = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// The 2-D weight `name`, or matrix `index` of a stacked tensor.
+TensorView weight(const ArtifactHandle& h, const std::string& name, std::optional<int64_t> index) {
+  const TensorView& t = h.get()->tensor(name);
+  return index ? t.matrix(*index) : t;
+}
+
+FloatArray linear(const Matrix& x, const ArtifactHandle& h, const std::string& name,
+                  const std::optional<Vector>& bias, std::optional<int64_t> matrix) {
+  const TensorView w = weight(h, name, matrix);
+  if (w.shape.size() != 2 || int64_t(x.shape(1)) != w.cols() || (bias && int64_t(bias->shape(0)) != w.rows()))
+    throw EngineError("linear: x has " + std::to_string(x.shape(1)) + " columns" +
+                      (bias ? " and bias " + std::to_string(bias->shape(0)) + " values" : std::string()) +
+                      " for weight " + w.name + " of shape [" + std::to_string(w.rows()) + ", " +
+                      std::to_string(w.cols()) + "] (" + std::to_string(w.shape.size()) + "-D)");
+  const int64_t rows = int64_t(x.shape(0));
+  OwnedFloats out = allocate_floats(size_t(rows * w.rows()));
+  {
+    nb::gil_scoped_release release;
+    cpu::linear(x.data(), rows, w, out.data, bias ? bias->data() : nullptr);
+  }
+  return as_array(out, {rows, w.rows()});
+}
+
+FloatArray dequantize_row(const ArtifactHandle& h, const std::string& name, int64_t row) {
+  const TensorView& w = h.get()->tensor(name);
+  const int64_t rows = w.numel() / w.cols();
+  if (row < 0 || row >= rows)
+    throw EngineError("dequantize_row: row " + std::to_string(row) + " of " + name + " outside [0, " +
+                      std::to_string(rows) + ")");
+  OwnedFloats out = allocate_floats(size_t(w.cols()));
+  cpu::dequantize_row(w, row, out.data);
+  return as_array(out, {w.cols()});
+}
+
+}  // namespace
+
+void bind_kernels(nb::module_& m) {
+  nb::module_ k = m.def_submodule("kernels", "CPU kernels, exposed for tests and benchmarks");
+  k.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("bias") = nb::none(),
+        nb::arg("matrix") = nb::none(),
+        "x[rows, cols] @ W.T (+ bias) with W consumed in its stored encoding; `matrix` picks one of a stack.");
+  k.def("dequantize_row", &dequantize_row, nb::arg("artifact"), nb::arg("name"), nb::arg("row"),
+        "Row `row` of the tensor's [R, cols] view, dequantized by the reference decoder.");
+}
+
 }  // namespace ninfer::bindings

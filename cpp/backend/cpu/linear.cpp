@@ -1,0 +1,165 @@
+// NOTE: linear() is a GEMM whose B operand arrives encoded. Each thread owns tiles of kTileRows weight rows;
+// it decodes a tile kChunkCols columns at a time into an L1 buffer (8 KiB) and multiplies that chunk against a
+// block of input rows with a register-blocked f32 micro-kernel. With rows <= the input-row block (every decode
+// step and small batch) each weight byte is read and decoded exactly once per call; longer prefills walk the
+// input rows in L2-sized blocks and decode the weights once per block, which costs little beside the FMAs.
+#include "backend/cpu/linear.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "backend/cpu/linear_decode.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define NINFER_LINEAR_AVX2 1
+#endif
+
+namespace ninfer::cpu {
+
+namespace {
+
+constexpr int64_t kTileRows = 4;      // weight rows decoded and multiplied together (the micro-kernel's width)
+constexpr int64_t kChunkCols = 512;   // columns per decoded chunk: a multiple of every group size and of 16
+constexpr int64_t kMaxRowBlock = 256; // input rows per block, at most
+constexpr int64_t kRowBlockBytes = 256 * 1024;  // input-row block sized to stay in L2 with room to spare
+
+// acc[r * kTileRows + t] += dot(x[r, 0:n], wbuf[t, 0:n]) for r < rows; x rows are `ldx` floats apart, the decoded
+// weight rows kChunkCols apart (zero rows pad a short last tile).
+#ifdef NINFER_LINEAR_AVX2
+
+// The four lane-sums of a, b, c, d as one 4-vector.
+inline __m128 sum_lanes4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// Scalar tail of columns [from, n) for one input row.
+inline __m128 tail_dot(const float* x, const float* wbuf, int64_t from, int64_t n) {
+  float s[kTileRows] = {0, 0, 0, 0};
+  for (int64_t k = from; k < n; ++k)
+    for (int64_t t = 0; t < kTileRows; ++t) s[t] += x[k] * wbuf[t * kChunkCols + k];
+  return _mm_loadu_ps(s);
+}
+
+void tile_dot(const float* x, int64_t ldx, int64_t rows, const float* wbuf, int64_t n, float* acc) {
+  static_assert(kTileRows == 4, "the micro-kernel is written for 4 weight rows");
+  const int64_t n8 = n & ~int64_t(7);
+  const float* w0 = wbuf;
+  const float* w1 = wbuf + kChunkCols;
+  const float* w2 = wbuf + 2 * kChunkCols;
+  const float* w3 = wbuf + 3 * kChunkCols;
+  int64_t r = 0;
+  // Two input rows x four weight rows: 8 accumulators, 6 loads per 8 FMAs.
+  for (; r + 2 <= rows; r += 2) {
+    const float* xa = x + r * ldx;
+    const float* xb = xa + ldx;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t k = 0; k < n8; k += 8) {
+      const __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k);
+      const __m256 v0 = _mm256_load_ps(w0 + k), v1 = _mm256_load_ps(w1 + k);
+      const __m256 v2 = _mm256_load_ps(w2 + k), v3 = _mm256_load_ps(w3 + k);
+      a0 = _mm256_fmadd_ps(va, v0, a0); b0 = _mm256_fmadd_ps(vb, v0, b0);
+      a1 = _mm256_fmadd_ps(va, v1, a1); b1 = _mm256_fmadd_ps(vb, v1, b1);
+      a2 = _mm256_fmadd_ps(va, v2, a2); b2 = _mm256_fmadd_ps(vb, v2, b2);
+      a3 = _mm256_fmadd_ps(va, v3, a3); b3 = _mm256_fmadd_ps(vb, v3, b3);
+    }
+    float* ra = acc + r * kTileRows;
+    float* rb = ra + kTileRows;
+    __m128 sa = _mm_add_ps(sum_lanes4(a0, a1, a2, a3), tail_dot(xa, wbuf, n8, n));
+    __m128 sb = _mm_add_ps(sum_lanes4(b0, b1, b2, b3), tail_dot(xb, wbuf, n8, n));
+    _mm_storeu_ps(ra, _mm_add_ps(_mm_loadu_ps(ra), sa));
+    _mm_storeu_ps(rb, _mm_add_ps(_mm_loadu_ps(rb), sb));
+  }
+  if (r < rows) {  // the odd row (and every decode step): two accumulators per weight row hide FMA latency
+    const float* xa = x + r * ldx;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+    int64_t k = 0;
+    for (; k + 16 <= n8; k += 16) {
+      const __m256 va = _mm256_loadu_ps(xa + k), vc = _mm256_loadu_ps(xa + k + 8);
+      a0 = _mm256_fmadd_ps(va, _mm256_load_ps(w0 + k), a0); c0 = _mm256_fmadd_ps(vc, _mm256_load_ps(w0 + k + 8), c0);
+      a1 = _mm256_fmadd_ps(va, _mm256_load_ps(w1 + k), a1); c1 = _mm256_fmadd_ps(vc, _mm256_load_ps(w1 + k + 8), c1);
+      a2 = _mm256_fmadd_ps(va, _mm256_load_ps(w2 + k), a2); c2 = _mm256_fmadd_ps(vc, _mm256_load_ps(w2 + k + 8), c2);
+      a3 = _mm256_fmadd_ps(va, _mm256_load_ps(w3 + k), a3); c3 = _mm256_fmadd_ps(vc, _mm256_load_ps(w3 + k + 8), c3);
+    }
+    for (; k < n8; k += 8) {
+      const __m256 va = _mm256_loadu_ps(xa + k);
+      a0 = _mm256_fmadd_ps(va, _mm256_load_ps(w0 + k), a0);
+      a1 = _mm256_fmadd_ps(va, _mm256_load_ps(w1 + k), a1);
+      a2 = _mm256_fmadd_ps(va, _mm256_load_ps(w2 + k), a2);
+      a3 = _mm256_fmadd_ps(va, _mm256_load_ps(w3 + k), a3);
+    }
+    const __m128 s = sum_lanes4(_mm256_add_ps(a0, c0), _mm256_add_ps(a1, c1), _mm256_add_ps(a2, c2),
+                                _mm256_add_ps(a3, c3));
+    float* ra = acc + r * kTileRows;
+    _mm_storeu_ps(ra, _mm_add_ps(_mm_loadu_ps(ra), _mm_add_ps(s, tail_dot(xa, wbuf, n8, n))));
+  }
+}
+
+#else
+
+void tile_dot(const float* x, int64_t ldx, int64_t rows, const float* wbuf, int64_t n, float* acc) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < kTileRows; ++t) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < n; ++k) sum += x[r * ldx + k] * wbuf[t * kChunkCols + k];
+      acc[r * kTileRows + t] += sum;
+    }
+}
+
+#endif
+
+int64_t input_row_block(int64_t cols) {
+  const int64_t fit = kRowBlockBytes / (cols * int64_t(sizeof(float)));
+  return std::clamp<int64_t>(fit & ~int64_t(1), 8, kMaxRowBlock);
+}
+
+}  // namespace
+
+void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
+  if (w.shape.size() != 2)
+    throw EngineError("linear: weight " + w.name + " must be a 2-D matrix (take one with TensorView::matrix)");
+  const int64_t out = w.rows(), cols = w.cols();
+  const int64_t tiles = (out + kTileRows - 1) / kTileRows;
+  const int64_t row_block = input_row_block(cols);
+
+#pragma omp parallel
+  {
+    alignas(64) float wbuf[kTileRows * kChunkCols];
+    alignas(64) float acc[kMaxRowBlock * kTileRows];
+    for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
+      const int64_t block_rows = std::min(row_block, rows - r0);
+#pragma omp for schedule(static)
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t o0 = tile * kTileRows;
+        const int64_t tile_rows = std::min(kTileRows, out - o0);
+        std::fill(acc, acc + block_rows * kTileRows, 0.0f);
+        for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) {
+          const int64_t n = std::min(kChunkCols, cols - c0);
+          for (int64_t t = 0; t < kTileRows; ++t) {
+            if (t < tile_rows) decode_span(w, o0 + t, c0, n, wbuf + t * kChunkCols);
+            else std::fill(wbuf + t * kChunkCols, wbuf + t * kChunkCols + n, 0.0f);  // last tile's missing rows
+          }
+          tile_dot(x + r0 * cols + c0, cols, block_rows, wbuf, n, acc);
+        }
+        for (int64_t r = 0; r < block_rows; ++r)
+          for (int64_t t = 0; t < tile_rows; ++t)
+            y[(r0 + r) * out + o0 + t] = acc[r * kTileRows + t] + (bias ? bias[o0 + t] : 0.0f);
+      }
+    }
+  }
+}
+
+void dequantize_row(const TensorView& w, int64_t row, float* out) {
+  decode_span_reference(w, row, 0, w.cols(), out);
+}
+
+void dequantize(const TensorView& w, float* out) {
+  const int64_t rows = w.numel() / w.cols(), cols = w.cols();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) dequantize_row(w, r, out + r * cols);
+}
+
+}  // namespace ninfer::cpu
