@@ -4,7 +4,6 @@ project's own Qwen3.5-family / ChatML templates rendered through it (tool calls 
 import json
 
 import pytest
-
 from ninfer.errors import EngineError
 from ninfer.frontend.chat import ChatTemplate, flatten_content, prompt_opens_reasoning
 from ninfer.frontend.templates import load_chat_template
@@ -42,8 +41,13 @@ def test_generation_prompt_and_options_passed_only_when_given() -> None:
     assert "<|im_start|>user\nHi <b>&<|im_end|>\n<|im_start|>assistant\n<think>\n" in rendered.text
     assert "thinking=undefined preserve=undefined effort=undefined extra=undefined" in rendered.text
     assert rendered.starts_in_reasoning and not rendered.continues_final_message
-    off = probe().render([USER], enable_thinking=False, preserve_thinking=True, reasoning_effort="low",
-                         chat_template_kwargs={"extra": 7})
+    off = probe().render(
+        [USER],
+        enable_thinking=False,
+        preserve_thinking=True,
+        reasoning_effort="low",
+        chat_template_kwargs={"extra": 7},
+    )
     assert "thinking=False preserve=True effort=low extra=7" in off.text
     assert not off.starts_in_reasoning
 
@@ -110,9 +114,17 @@ def test_prompt_opens_reasoning() -> None:
 
 # ---- the project's templates ---------------------------------------------------------------------------------
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string"}, "days": {"type": "integer"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        },
+    },
+}
 
 
 @pytest.mark.parametrize("name", ["qwen3_5", "qwen3_6", "qwen3_8"])
@@ -133,16 +145,23 @@ def test_qwen3_8_reasoning_effort_and_refusal() -> None:
 
 @pytest.mark.parametrize("name", ["qwen3_5", "qwen3_6", "qwen3_8"])
 def test_qwen_history_tool_call_round_trips_through_the_parser(name: str) -> None:
-    call = {"id": "c1", "type": "function",
-            "function": {"name": "get_weather", "arguments": json.dumps({"city": "New York", "days": 3})}}
-    messages = [USER, {"role": "assistant", "content": "Checking.", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": "New York", "days": 3})},
+    }
+    messages = [
+        USER,
+        {"role": "assistant", "content": "Checking.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
     prompt = ChatTemplate(load_chat_template(name)).render(messages, tools=[WEATHER]).text
     assert '"name": "get_weather"' in prompt and "<tool_response>\nsunny\n</tool_response>" in prompt
     turn = prompt.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
     result = parse_tool_calls(turn, [WEATHER])
-    assert [(c.name, json.loads(c.arguments)) for c in result.calls] == [("get_weather", {"city": "New York",
-                                                                                          "days": 3})]
+    assert [(c.name, json.loads(c.arguments)) for c in result.calls] == [
+        ("get_weather", {"city": "New York", "days": 3})
+    ]
     assert result.content.strip().endswith("Checking.") and result.issues == []
 
 
@@ -155,6 +174,11 @@ def test_qwen_continuation_of_a_partial_answer() -> None:
 
 def test_chatml_template() -> None:
     rendered = ChatTemplate(load_chat_template("chatml")).render(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
-    assert rendered.text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                             "<|im_start|>assistant\n")
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+        ]
+    )
+    assert rendered.text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )

@@ -1,5 +1,7 @@
 """Random chunkings of a text, for the streaming-equals-whole-text properties of the frontend parsers."""
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -9,7 +11,7 @@ def chunkings(draw: st.DrawFn, text: str) -> list[str]:
     """`text` cut at random positions (empty pieces included: a token may decode to nothing)."""
     cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=max(1, len(text)))))
     bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def per_character(text: str) -> list[str]:

@@ -2,13 +2,27 @@
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser, ReasoningSplit, split_reasoning
 from test_frontend_chunks import chunkings, per_character
 
-from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser, ReasoningSplit, split_reasoning
-
 # Texts built from tag fragments, so tags, partial tags and near-misses are common.
-FRAGMENTS = ["<think>", "</think>", "<tool_call>", "<function_calls>", "\n", "\n\n", " ", "a", "b", "<", "</",
-             "think", ">", "</thin", "<tool"]
+FRAGMENTS = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "<function_calls>",
+    "\n",
+    "\n\n",
+    " ",
+    "a",
+    "b",
+    "<",
+    "</",
+    "think",
+    ">",
+    "</thin",
+    "<tool",
+]
 TAGGY_TEXT = st.lists(st.sampled_from(FRAGMENTS), max_size=25).map("".join)
 
 
@@ -34,9 +48,13 @@ def test_thinking_off_is_all_content() -> None:
 
 def test_model_opening_its_own_block() -> None:
     text = "\n<think>\nhmm\n</think>\nYes."
-    assert split_reasoning(text, starts_in_reasoning=False) == ReasoningSplit("hmm", "Yes.", reasoning_ended=True)
+    assert split_reasoning(text, starts_in_reasoning=False) == ReasoningSplit(
+        "hmm", "Yes.", reasoning_ended=True
+    )
     # Only at the very start: later a <think> is content.
-    assert split_reasoning("Yes <think>x</think>", starts_in_reasoning=False).content == "Yes <think>x</think>"
+    assert (
+        split_reasoning("Yes <think>x</think>", starts_in_reasoning=False).content == "Yes <think>x</think>"
+    )
 
 
 def test_cut_off_inside_reasoning_keeps_it_all_as_reasoning() -> None:

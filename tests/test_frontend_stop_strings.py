@@ -2,9 +2,8 @@
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_frontend_chunks import chunkings
-
 from ninfer.frontend.stop_strings import StopStringMatcher, find_stop, partial_suffix_len
+from test_frontend_chunks import chunkings
 
 SMALL = st.text(alphabet="abc\n", max_size=40)  # a small alphabet so stops actually occur
 STOPS = st.lists(st.text(alphabet="abc\n", min_size=1, max_size=5), max_size=4)

@@ -5,24 +5,37 @@ The streamed result must equal the whole-text result, for the full generation an
 from functools import cache
 
 import pytest
-from tokenizers import Tokenizer
-
 from ninfer.artifact.tokenizer_build import qwen35_tokenizer_json
 from ninfer.frontend.reasoning import ReasoningParser, split_reasoning
 from ninfer.frontend.stop_strings import StopStringMatcher, find_stop
 from ninfer.frontend.tool_calls import ToolCallParser, ToolParseResult, parse_tool_calls
+from tokenizers import Tokenizer
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
-    "city": {"type": "string"}, "days": {"type": "integer"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        },
+    },
+}
 
 GENERATIONS = [
-    "用户想知道天气 🌦️.\nI should call the tool.\n</think>\n\nLet me check ☀️.\n\n<tool_call>\n<function=get_weather>\n"
-    "<parameter=city>\nSão Paulo 東京\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
-    "Short.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": 2}}"
-    "\n</tool_call>",
+    (
+        "用户想知道天气 🌦️.\nI should call the tool.\n</think>\n\nLet me check ☀️.\n\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nSão Paulo 東京\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+    ),
+    (
+        'Short.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}'
+        "\n</tool_call>"
+    ),
     "Thinking <tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>",
-    "ok\n</think>\n\nRunning it.\n<function_calls>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Lima"
-    "</parameter>\n</invoke>\n</function_calls>\nThe answer follows. END and more",
+    (
+        'ok\n</think>\n\nRunning it.\n<function_calls>\n<invoke name="get_weather">\n<parameter name="city">Lima'
+        "</parameter>\n</invoke>\n</function_calls>\nThe answer follows. END and more"
+    ),
 ]
 STOPS = ["END", "\n\n\n"]
 

@@ -7,8 +7,6 @@ from typing import Any
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from test_frontend_chunks import chunkings, per_character
-
 from ninfer.frontend.tool_calls import (
     MAX_TOOL_NAME_BYTES,
     SNIPPET_CHARS,
@@ -22,11 +20,26 @@ from ninfer.frontend.tool_calls import (
     complete_truncated_json,
     parse_tool_calls,
 )
+from test_frontend_chunks import chunkings, per_character
 
-READ_FILE = {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {
-    "path": {"type": "string"}, "limit": {"type": "integer"}, "ratio": {"type": "number"},
-    "follow": {"type": "boolean"}, "opts": {"type": "object"}, "lines": {"type": "array"},
-    "maybe": {"type": ["integer", "null"]}}}}}
+READ_FILE = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "limit": {"type": "integer"},
+                "ratio": {"type": "number"},
+                "follow": {"type": "boolean"},
+                "opts": {"type": "object"},
+                "lines": {"type": "array"},
+                "maybe": {"type": ["integer", "null"]},
+            },
+        },
+    },
+}
 
 
 def qwen_call(name: str, args: dict[str, str]) -> str:
@@ -48,20 +61,46 @@ def calls_of(result: ToolParseResult) -> list[tuple[str, Any]]:
 
 
 def test_qwen_xml_with_schema_typing() -> None:
-    text = "Let me look.\n\n" + qwen_call("read_file", {
-        "path": "/tmp/a b.txt", "limit": "10", "ratio": "0.5", "follow": "True", "opts": '{"x": [1]}',
-        "lines": "[1, 2]", "maybe": "null"})
+    text = "Let me look.\n\n" + qwen_call(
+        "read_file",
+        {
+            "path": "/tmp/a b.txt",
+            "limit": "10",
+            "ratio": "0.5",
+            "follow": "True",
+            "opts": '{"x": [1]}',
+            "lines": "[1, 2]",
+            "maybe": "null",
+        },
+    )
     result = parse_tool_calls(text, [READ_FILE])
     assert result.content == "Let me look.\n\n"
-    assert calls_of(result) == [("read_file", {"path": "/tmp/a b.txt", "limit": 10, "ratio": 0.5, "follow": True,
-                                               "opts": {"x": [1]}, "lines": [1, 2], "maybe": None})]
+    assert calls_of(result) == [
+        (
+            "read_file",
+            {
+                "path": "/tmp/a b.txt",
+                "limit": 10,
+                "ratio": 0.5,
+                "follow": True,
+                "opts": {"x": [1]},
+                "lines": [1, 2],
+                "maybe": None,
+            },
+        )
+    ]
     assert result.issues == [] and not result.calls[0].truncated and result.calls[0].format == "qwen_xml"
 
 
 def test_values_stay_verbatim_without_a_schema_or_when_they_do_not_parse() -> None:
-    text = qwen_call("read_file", {"limit": "ten", "path": "  spaced\n\nlines  "}) + qwen_call("other", {"n": "5"})
+    text = qwen_call("read_file", {"limit": "ten", "path": "  spaced\n\nlines  "}) + qwen_call(
+        "other", {"n": "5"}
+    )
     result = parse_tool_calls(text, [READ_FILE])
-    assert calls_of(result) == [("read_file", {"limit": "ten", "path": "  spaced\n\nlines  "}), ("other", {"n": "5"})]
+    assert calls_of(result) == [
+        ("read_file", {"limit": "ten", "path": "  spaced\n\nlines  "}),
+        ("other", {"n": "5"}),
+    ]
     assert [i.kind for i in result.issues] == ["unknown_tool"]
 
 
@@ -72,23 +111,37 @@ def test_multiline_value_keeps_inner_newlines_and_markup() -> None:
 
 
 def test_hermes_json_with_object_or_string_arguments() -> None:
-    text = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
-            '<tool_call>{"name": "now", "arguments": "{\\"tz\\": \\"UTC\\"}"}</tool_call>')
+    text = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+        '<tool_call>{"name": "now", "arguments": "{\\"tz\\": \\"UTC\\"}"}</tool_call>'
+    )
     result = parse_tool_calls(text)
     assert calls_of(result) == [("get_weather", {"city": "Paris", "days": 3}), ("now", {"tz": "UTC"})]
     assert {c.format for c in result.calls} == {"hermes_json"}
 
 
 def test_claude_xml_several_invokes_in_one_block() -> None:
-    text = ('I will run two commands.\n<function_calls>\n<invoke name="Bash">\n<parameter name="command">ls -la'
-            '</parameter>\n<parameter name="timeout">5000</parameter>\n</invoke>\n<invoke name="Read">\n'
-            '<parameter name="file_path">/etc/hosts</parameter>\n</invoke>\n</function_calls>\nDone.')
-    tools = [{"name": "Bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"},
-                                                                                 "timeout": {"type": "number"}}}},
-             {"name": "Read", "input_schema": {"properties": {"file_path": {"type": "string"}}}}]
+    text = (
+        'I will run two commands.\n<function_calls>\n<invoke name="Bash">\n<parameter name="command">ls -la'
+        '</parameter>\n<parameter name="timeout">5000</parameter>\n</invoke>\n<invoke name="Read">\n'
+        '<parameter name="file_path">/etc/hosts</parameter>\n</invoke>\n</function_calls>\nDone.'
+    )
+    tools = [
+        {
+            "name": "Bash",
+            "input_schema": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
+            },
+        },
+        {"name": "Read", "input_schema": {"properties": {"file_path": {"type": "string"}}}},
+    ]
     result = parse_tool_calls(text, tools)
     assert result.content == "I will run two commands.\n\nDone."
-    assert calls_of(result) == [("Bash", {"command": "ls -la", "timeout": 5000}), ("Read", {"file_path": "/etc/hosts"})]
+    assert calls_of(result) == [
+        ("Bash", {"command": "ls -la", "timeout": 5000}),
+        ("Read", {"file_path": "/etc/hosts"}),
+    ]
     assert result.issues == []
 
 
@@ -101,15 +154,21 @@ def test_long_tool_names_up_to_the_limit() -> None:
 
 
 def test_block_that_holds_no_call_is_content() -> None:
-    for text in ("a <tool_call> b </tool_call> c", "<tool_call>{not json}</tool_call> tail",
-                 "<function_calls>plain</function_calls>", '<tool_call>{"x": 1}</tool_call>'):
+    for text in (
+        "a <tool_call> b </tool_call> c",
+        "<tool_call>{not json}</tool_call> tail",
+        "<function_calls>plain</function_calls>",
+        '<tool_call>{"x": 1}</tool_call>',
+    ):
         result = parse_tool_calls(text)
         assert (result.content, result.calls) == (text, [])
 
 
 def test_missing_closing_function_and_stray_text_are_tolerated() -> None:
-    text = ("<tool_call>\n<function=a>\n<parameter=x>\n1\n</parameter>\n</tool_call>"
-            "<tool_call>\n<function=b>\nnoise\n<parameter=y>\n2\n</parameter>\n</function>\n</tool_call>after")
+    text = (
+        "<tool_call>\n<function=a>\n<parameter=x>\n1\n</parameter>\n</tool_call>"
+        "<tool_call>\n<function=b>\nnoise\n<parameter=y>\n2\n</parameter>\n</function>\n</tool_call>after"
+    )
     result = parse_tool_calls(text)
     assert calls_of(result) == [("a", {"x": "1"}), ("b", {"y": "2"})]
     assert result.content == "after"
@@ -157,7 +216,7 @@ def test_every_prefix_of_a_call_parses_without_raising(form: str) -> None:
         "qwen": "pre " + qwen_call("read_file", {"path": "/x", "limit": "3", "opts": '{"k": "v"}'}),
         "hermes": 'pre <tool_call>{"name": "read_file", "arguments": {"path": "/x", "limit": 3}}</tool_call>',
         "claude": 'pre <function_calls><invoke name="read_file"><parameter name="path">/x</parameter>'
-                  '<parameter name="limit">3</parameter></invoke></function_calls>',
+        '<parameter name="limit">3</parameter></invoke></function_calls>',
     }
     text = texts[form]
     opener_end = text.index(">", 4) + 1
@@ -203,9 +262,13 @@ def test_coerce_argument() -> None:
     assert coerce_argument("null", {"type": ["object", "null"]}) is None
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3)),
-       st.data())
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+    ),
+    st.data(),
+)
 def test_complete_truncated_json_gives_valid_json_for_every_prefix(value: Any, data: st.DataObject) -> None:
     text = json.dumps(value)
     assert complete_truncated_json(text) == (value, len(text))
@@ -220,15 +283,22 @@ def test_complete_truncated_json_gives_valid_json_for_every_prefix(value: Any, d
 
 NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_-.0123456789", min_size=1, max_size=12)
 TYPED = st.sampled_from(["string", "integer", "number", "boolean", "object", "array", "null"])
-FREE_TEXT = st.one_of(st.text(max_size=12), st.sampled_from(["<", "</", "<tool", "<function", "\n", "<invoke", ">"]))
+FREE_TEXT = st.one_of(
+    st.text(max_size=12), st.sampled_from(["<", "</", "<tool", "<function", "\n", "<invoke", ">"])
+)
 
 
 @cache
 def _value_strategy(json_type: str) -> st.SearchStrategy[Any]:
-    scalars = {"string": st.text(max_size=20), "integer": st.integers(), "boolean": st.booleans(),
-               "number": st.floats(allow_nan=False, allow_infinity=False), "null": st.none(),
-               "object": st.dictionaries(st.text(max_size=4), st.integers(), max_size=3),
-               "array": st.lists(st.integers(), max_size=3)}
+    scalars = {
+        "string": st.text(max_size=20),
+        "integer": st.integers(),
+        "boolean": st.booleans(),
+        "number": st.floats(allow_nan=False, allow_infinity=False),
+        "null": st.none(),
+        "object": st.dictionaries(st.text(max_size=4), st.integers(), max_size=3),
+        "array": st.lists(st.integers(), max_size=3),
+    }
     return scalars[json_type]
 
 
@@ -262,9 +332,11 @@ def conversation(draw: st.DrawFn) -> tuple[str, str, list[tuple[str, dict[str, A
             params = "".join(f'<parameter name="{k}">{raw(v)}</parameter>' for k, v in args.items())
             text.append(f'<function_calls>\n<invoke name="{name}">{params}</invoke>\n</function_calls>')
         calls.append((name, args))
-    schema = [{"type": "function", "function": {"name": n, "parameters": {"properties": p}}} for n, p in tools.items()]
+    schema = [
+        {"type": "function", "function": {"name": n, "parameters": {"properties": p}}}
+        for n, p in tools.items()
+    ]
     return "".join(text), "".join(content), calls, schema
-
 
 
 @settings(max_examples=300, deadline=None)
@@ -297,10 +369,36 @@ def test_any_prefix_never_raises_and_streams_like_the_whole(case: Any, data: st.
 
 ARBITRARY = st.one_of(
     st.text(),
-    st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<function=", "f", ">", "<parameter=", "p",
-                              "</parameter>", "</function>", "\n", "{", "}", '"', ":", "name", "x", " ",
-                              "<function_calls>", '<invoke name="', '">', "</invoke>", '<parameter name="',
-                              "</function_calls>"]), max_size=40).map("".join),
+    st.lists(
+        st.sampled_from(
+            [
+                "<tool_call>",
+                "</tool_call>",
+                "<function=",
+                "f",
+                ">",
+                "<parameter=",
+                "p",
+                "</parameter>",
+                "</function>",
+                "\n",
+                "{",
+                "}",
+                '"',
+                ":",
+                "name",
+                "x",
+                " ",
+                "<function_calls>",
+                '<invoke name="',
+                '">',
+                "</invoke>",
+                '<parameter name="',
+                "</function_calls>",
+            ]
+        ),
+        max_size=40,
+    ).map("".join),
 )
 
 

@@ -68,7 +68,9 @@ def flatten_content(content: Any, *, role: str) -> Any:
         if kind in _TEXT_PART_TYPES and isinstance(part.get("text"), str):
             texts.append(part["text"])
         else:
-            raise EngineError(f"this model takes text only; a {role} message has a content part of type {kind!r}")
+            raise EngineError(
+                f"this model takes text only; a {role} message has a content part of type {kind!r}"
+            )
     return "\n".join(texts)
 
 
@@ -123,7 +125,9 @@ def prompt_opens_reasoning(prompt: str, start_tag: str = THINK_START, end_tag: s
 class ChatTemplate:
     """One compiled chat template plus the special tokens it may refer to."""
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "", text_only: bool = True) -> None:
+    def __init__(
+        self, source: str, *, bos_token: str = "", eos_token: str = "", text_only: bool = True
+    ) -> None:
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:
@@ -152,8 +156,11 @@ class ChatTemplate:
             raise EngineError("continue_final_message needs a final assistant message with text content only")
         continuing = can_continue if continue_final_message is None else continue_final_message
         variables: dict[str, Any] = dict(chat_template_kwargs or {})
-        named = {"enable_thinking": enable_thinking, "preserve_thinking": preserve_thinking,
-                 "reasoning_effort": reasoning_effort}
+        named = {
+            "enable_thinking": enable_thinking,
+            "preserve_thinking": preserve_thinking,
+            "reasoning_effort": reasoning_effort,
+        }
         variables.update({k: v for k, v in named.items() if v is not None})
         variables.update(
             messages=msgs,
@@ -179,4 +186,6 @@ def _cut_after_final_text(prompt: str, final_text: str) -> str:
         pos = prompt.rfind(candidate) if candidate else -1
         if pos >= 0:
             return prompt[: pos + len(candidate)]
-    raise EngineError("the chat template does not reproduce the final assistant message, so it cannot be continued")
+    raise EngineError(
+        "the chat template does not reproduce the final assistant message, so it cannot be continued"
+    )

@@ -168,4 +168,3 @@ class ReasoningParser:
             text = text.lstrip()
             self._reasoning_started = bool(text)
         return text
-

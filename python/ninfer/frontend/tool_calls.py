@@ -124,7 +124,9 @@ def schema_types(schema: Mapping[str, Any] | None) -> frozenset[str]:
     if not isinstance(schema, Mapping):
         return frozenset()
     declared = schema.get("type")
-    types = {declared} if isinstance(declared, str) else set(declared) if isinstance(declared, list) else set()
+    types = (
+        {declared} if isinstance(declared, str) else set(declared) if isinstance(declared, list) else set()
+    )
     for key in ("anyOf", "oneOf"):
         for sub in schema.get(key) or ():
             types |= schema_types(sub)
@@ -248,10 +250,28 @@ class _XmlDialect:
     strip_value_newlines: bool
 
 
-_QWEN = _XmlDialect(QWEN_XML, "<tool_call>", "</tool_call>", "<function=", ">", "</function>", "<parameter=",
-                    "</parameter>", strip_value_newlines=True)
-_CLAUDE = _XmlDialect(CLAUDE_XML, "<function_calls>", "</function_calls>", '<invoke name="', '">', "</invoke>",
-                      '<parameter name="', "</parameter>", strip_value_newlines=False)
+_QWEN = _XmlDialect(
+    QWEN_XML,
+    "<tool_call>",
+    "</tool_call>",
+    "<function=",
+    ">",
+    "</function>",
+    "<parameter=",
+    "</parameter>",
+    strip_value_newlines=True,
+)
+_CLAUDE = _XmlDialect(
+    CLAUDE_XML,
+    "<function_calls>",
+    "</function_calls>",
+    '<invoke name="',
+    '">',
+    "</invoke>",
+    '<parameter name="',
+    "</parameter>",
+    strip_value_newlines=False,
+)
 
 
 class _State(enum.Enum):
@@ -294,7 +314,9 @@ class ToolCallParser:
         self._state = _State.TEXT
         self._dialect = _QWEN
         self._buf = ""
-        self._block_raw: list[str] = []  # text consumed since the block opened, given back if it holds no call
+        self._block_raw: list[
+            str
+        ] = []  # text consumed since the block opened, given back if it holds no call
         self._block_calls = 0
         self._json_searched = 0
         self._call: _Call | None = None
@@ -528,7 +550,7 @@ class ToolCallParser:
             self._state = _State.BLOCK
             return True
         # Tolerated slips: the block closes, or the next call opens, without closing this call.
-        if stripped.startswith(d.block_close) or stripped.startswith(d.invoke_open):
+        if stripped.startswith((d.block_close, d.invoke_open)):
             self._issue("malformed", f"missing {d.invoke_close}")
             self._end_call()
             self._state = _State.BLOCK
@@ -641,7 +663,9 @@ class ToolCallParser:
             self._issue("truncated", "the text ended inside a tool name", d.invoke_open + buf)
         else:
             # The text ended before any call of this block had a complete name: nothing can be recovered.
-            self._issue("truncated", "the text ended inside an unfinished tool call", "".join(self._block_raw) + buf)
+            self._issue(
+                "truncated", "the text ended inside an unfinished tool call", "".join(self._block_raw) + buf
+            )
         self._block_raw = []
 
     def _finish_json_body(self, body: str) -> None:
@@ -652,11 +676,15 @@ class ToolCallParser:
         if call is not None and (closed_only is None or _hermes_name(closed_only[0]) != call[0]):
             call = None
         if call is None:
-            self._issue("truncated", "the text ended inside an unfinished JSON tool call", "".join(self._block_raw))
+            self._issue(
+                "truncated", "the text ended inside an unfinished JSON tool call", "".join(self._block_raw)
+            )
             return
         self._emit_hermes(*call, truncated=True)
         assert recovered is not None
-        self._issue("truncated", "the text ended inside a JSON tool call; it was completed", body[recovered[1] :])
+        self._issue(
+            "truncated", "the text ended inside a JSON tool call; it was completed", body[recovered[1] :]
+        )
 
 
 class _BadName(Exception):
