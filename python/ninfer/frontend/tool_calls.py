@@ -402,7 +402,7 @@ class ToolCallParser:
         if self._block_calls == 0 and self._call is None:
             self._give_block_back()
         else:
-            self._issue("malformed", message, self._buf[:SNIPPET_CHARS])
+            self._issue("malformed", message, self._buf)
             self._state = _State.SKIP_BLOCK
 
     def _start_call(self, name: str, call_format: str) -> None:
