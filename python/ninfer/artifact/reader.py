@@ -115,7 +115,11 @@ def read_artifact(path: str | os.PathLike, verify_checksums: bool = False) -> Ar
     specs = _check_tensors(path, manifest["tensors"], header.data_size)
     info = ArtifactInfo(path, header, manifest, specs)
     if verify_checksums:
-        info.verify_checksums()
+        try:
+            info.verify_checksums()
+        except ArtifactError:
+            info.close()
+            raise
     return info
 
 
