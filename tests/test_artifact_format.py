@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from ninfer.artifact import encodings as enc
 from ninfer.artifact.format import HEADER_SIZE, MAGIC, Header, crc32, manifest_bytes
 from ninfer.artifact.reader import read_artifact
@@ -22,9 +21,13 @@ from ninfer.errors import ArtifactError
 
 SEED = int.from_bytes(os.urandom(4), "little")
 CONFIG = {"arch": "qwen3_5", "vocab_size": 64, "hidden_size": 128, "num_layers": 1}
-FRONTEND = {"tokenizer_json": "{\"model\": \"" + "x" * 5000 + "\"}", "chat_templates": {"default": "{{ x }}"},
-            "generation_defaults": {"temperature": 0.6}, "preprocessing": {},
-            "special_tokens": {"bos": None, "eos": [1], "pad": 1}}
+FRONTEND = {
+    "tokenizer_json": '{"model": "' + "x" * 5000 + '"}',
+    "chat_templates": {"default": "{{ x }}"},
+    "generation_defaults": {"temperature": 0.6},
+    "preprocessing": {},
+    "special_tokens": {"bos": None, "eos": [1], "pad": 1},
+}
 RECIPE = {"name": "test", "rules": []}
 SOURCE = {"kind": "synthetic", "path": "-", "architecture": "test"}
 
@@ -48,8 +51,9 @@ def write_artifact(path: Path, plans: list[TensorPlan] = PLANS, order_seed: int 
     values = {plan.name: random_values(plan.shape, i) for i, plan in enumerate(plans)}
     order = list(values)
     random.Random(order_seed).shuffle(order)  # tensors may arrive in any order
-    with ArtifactWriter(path, config=CONFIG, tensors=plans, frontend=FRONTEND, recipe=RECIPE, source=SOURCE,
-                        progress=False) as writer:
+    with ArtifactWriter(
+        path, config=CONFIG, tensors=plans, frontend=FRONTEND, recipe=RECIPE, source=SOURCE, progress=False
+    ) as writer:
         for name in order:
             writer.write(name, values[name])
     return values
@@ -67,7 +71,12 @@ def test_round_trip_of_every_encoding(tmp_path: Path):
     values = write_artifact(path, order_seed=SEED)
     info = read_artifact(path, verify_checksums=True)
     assert (info.version, info.config, info.frontend, info.recipe, info.source) == (
-        3, CONFIG, FRONTEND, RECIPE, SOURCE)
+        3,
+        CONFIG,
+        FRONTEND,
+        RECIPE,
+        SOURCE,
+    )
     assert [t["name"] for t in info.tensors] == [p.name for p in PLANS]
     for plan in PLANS:
         stored = info.tensor_bytes(plan.name)
@@ -86,15 +95,16 @@ def test_layout_invariants(artifact: Path):
     header = Header.unpack(raw)
     assert header.magic == MAGIC and header.version == 3 and header.manifest_offset == HEADER_SIZE
     assert header.data_offset % 4096 == 0 and len(raw) == header.data_offset + header.data_size
-    assert raw[HEADER_SIZE + header.manifest_size:header.data_offset] == bytes(
-        header.data_offset - HEADER_SIZE - header.manifest_size)
-    manifest = json.loads(raw[HEADER_SIZE:HEADER_SIZE + header.manifest_size])
-    assert crc32(raw[HEADER_SIZE:HEADER_SIZE + header.manifest_size]) == header.manifest_crc32
+    assert raw[HEADER_SIZE + header.manifest_size : header.data_offset] == bytes(
+        header.data_offset - HEADER_SIZE - header.manifest_size
+    )
+    manifest = json.loads(raw[HEADER_SIZE : HEADER_SIZE + header.manifest_size])
+    assert crc32(raw[HEADER_SIZE : HEADER_SIZE + header.manifest_size]) == header.manifest_crc32
     for tensor in manifest["tensors"]:
         for blob in tensor["blobs"].values():
             assert blob["offset"] % 64 == 0 and len(blob["crc32"]) == 8
             start = header.data_offset + blob["offset"]
-            assert f"{crc32(raw[start:start + blob['nbytes']]):08x}" == blob["crc32"]
+            assert f"{crc32(raw[start : start + blob['nbytes']]):08x}" == blob["crc32"]
 
 
 def test_write_encoded_round_trip(tmp_path: Path):
@@ -102,8 +112,9 @@ def test_write_encoded_round_trip(tmp_path: Path):
     plans = [TensorPlan("w", (4, 64), "int4", 32), TensorPlan("n", (64,), "bf16")]
     blobs = enc.encode(random_values((4, 64), 1), "int4", 32)
     norm = enc.f32_to_bf16_bits(random_values((64,), 2))
-    with ArtifactWriter(path, config=CONFIG, tensors=plans, frontend={}, recipe=RECIPE, source=SOURCE,
-                        progress=False) as writer:
+    with ArtifactWriter(
+        path, config=CONFIG, tensors=plans, frontend={}, recipe=RECIPE, source=SOURCE, progress=False
+    ) as writer:
         writer.write_encoded("w", blobs)
         writer.write_encoded("n", {"data": norm.tobytes()})
     info = read_artifact(path, verify_checksums=True)
@@ -113,28 +124,51 @@ def test_write_encoded_round_trip(tmp_path: Path):
 
 def test_writer_refuses_mismatched_input(tmp_path: Path):
     plans = [TensorPlan("w", (4, 64), "int4", 32)]
-    with ArtifactWriter(tmp_path / "a.ninfer", config={}, tensors=plans, frontend={}, recipe={}, source={},
-                        progress=False) as writer:
+    with ArtifactWriter(
+        tmp_path / "a.ninfer", config={}, tensors=plans, frontend={}, recipe={}, source={}, progress=False
+    ) as writer:
         with pytest.raises(ArtifactError, match="shape"):
             writer.write("w", np.zeros((4, 32), np.float32))
         with pytest.raises(ArtifactError, match="not in the plan"):
             writer.write("v", np.zeros((4, 64), np.float32))
         with pytest.raises(ArtifactError, match="expected uint8"):
-            writer.write_encoded("w", {"q": np.zeros((4, 32), np.int8), "scale": np.zeros((4, 2), np.float16),
-                                       "zero": np.zeros((4, 2), np.uint8)})
+            writer.write_encoded(
+                "w",
+                {
+                    "q": np.zeros((4, 32), np.int8),
+                    "scale": np.zeros((4, 2), np.float16),
+                    "zero": np.zeros((4, 2), np.uint8),
+                },
+            )
         writer.write("w", np.zeros((4, 64), np.float32))
         with pytest.raises(ArtifactError, match="written twice"):
             writer.write("w", np.zeros((4, 64), np.float32))
     with pytest.raises(ArtifactError, match="cannot be written"):
-        ArtifactWriter(tmp_path / "b.ninfer", config={}, tensors=[TensorPlan("w", (4, 40), "nvfp4")], frontend={},
-                       recipe={}, source={}, progress=False)
+        ArtifactWriter(
+            tmp_path / "b.ninfer",
+            config={},
+            tensors=[TensorPlan("w", (4, 40), "nvfp4")],
+            frontend={},
+            recipe={},
+            source={},
+            progress=False,
+        )
 
 
 def test_an_exception_mid_write_leaves_no_file(tmp_path: Path):
     path = tmp_path / "model.ninfer"
-    with pytest.raises(RuntimeError, match="boom"), ArtifactWriter(
-            path, config=CONFIG, tensors=PLANS, frontend=FRONTEND, recipe=RECIPE, source=SOURCE,
-            progress=False) as writer:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        ArtifactWriter(
+            path,
+            config=CONFIG,
+            tensors=PLANS,
+            frontend=FRONTEND,
+            recipe=RECIPE,
+            source=SOURCE,
+            progress=False,
+        ) as writer,
+    ):
         writer.write("embed", random_values((64, 128), 0))
         assert Path(f"{path}.partial").exists() and not path.exists()
         raise RuntimeError("boom")
@@ -143,9 +177,18 @@ def test_an_exception_mid_write_leaves_no_file(tmp_path: Path):
 
 def test_commit_refuses_a_missing_tensor_and_cleans_up(tmp_path: Path):
     path = tmp_path / "model.ninfer"
-    with pytest.raises(ArtifactError, match="never written: layers.0"), ArtifactWriter(
-            path, config=CONFIG, tensors=PLANS[:3], frontend=FRONTEND, recipe=RECIPE, source=SOURCE,
-            progress=False) as writer:
+    with (
+        pytest.raises(ArtifactError, match="never written: layers.0"),
+        ArtifactWriter(
+            path,
+            config=CONFIG,
+            tensors=PLANS[:3],
+            frontend=FRONTEND,
+            recipe=RECIPE,
+            source=SOURCE,
+            progress=False,
+        ) as writer,
+    ):
         writer.write("embed", random_values((64, 128), 0))
         writer.write("final_norm", random_values((128,), 0))
     assert list(tmp_path.iterdir()) == []
@@ -154,15 +197,25 @@ def test_commit_refuses_a_missing_tensor_and_cleans_up(tmp_path: Path):
 def test_a_commit_replaces_an_existing_file_only_when_complete(tmp_path: Path):
     path = tmp_path / "model.ninfer"
     path.write_bytes(b"old")
-    with pytest.raises(RuntimeError), ArtifactWriter(path, config=CONFIG, tensors=PLANS, frontend=FRONTEND,
-                                                     recipe=RECIPE, source=SOURCE, progress=False):
+    with (
+        pytest.raises(RuntimeError),
+        ArtifactWriter(
+            path,
+            config=CONFIG,
+            tensors=PLANS,
+            frontend=FRONTEND,
+            recipe=RECIPE,
+            source=SOURCE,
+            progress=False,
+        ),
+    ):
         raise RuntimeError
     assert path.read_bytes() == b"old"
     write_artifact(path)
     read_artifact(path, verify_checksums=True)
 
 
-# --- refusals ---------------------------------------------------------------------------------------------------
+# --- refusals ----------------------------------------------------------------------------------------------
 
 
 def patch_header(path: Path, **fields) -> None:
@@ -176,12 +229,14 @@ def rewrite_manifest(path: Path, mutate) -> None:
     """Applies `mutate` to the parsed manifest and stores it back with a correct size and CRC."""
     raw = bytearray(path.read_bytes())
     header = Header.unpack(bytes(raw))
-    manifest = json.loads(raw[HEADER_SIZE:HEADER_SIZE + header.manifest_size])
+    manifest = json.loads(raw[HEADER_SIZE : HEADER_SIZE + header.manifest_size])
     mutate(manifest)
     body = manifest_bytes(manifest)
     assert HEADER_SIZE + len(body) <= header.data_offset
-    raw[HEADER_SIZE:header.data_offset] = body + bytes(header.data_offset - HEADER_SIZE - len(body))
-    raw[:HEADER_SIZE] = dataclasses.replace(header, manifest_size=len(body), manifest_crc32=crc32(body)).pack()
+    raw[HEADER_SIZE : header.data_offset] = body + bytes(header.data_offset - HEADER_SIZE - len(body))
+    raw[:HEADER_SIZE] = dataclasses.replace(
+        header, manifest_size=len(body), manifest_crc32=crc32(body)
+    ).pack()
     path.write_bytes(bytes(raw))
 
 
@@ -192,7 +247,7 @@ def blob(manifest: dict, tensor: str, name: str) -> dict:
 def flip_data_byte(path: Path) -> None:
     raw = bytearray(path.read_bytes())
     header = Header.unpack(bytes(raw))
-    manifest = json.loads(raw[HEADER_SIZE:HEADER_SIZE + header.manifest_size])
+    manifest = json.loads(raw[HEADER_SIZE : HEADER_SIZE + header.manifest_size])
     raw[header.data_offset + blob(manifest, "layers.0.mlp.up", "q")["offset"] + 5] ^= 0x10
     path.write_bytes(bytes(raw))
 
@@ -200,12 +255,14 @@ def flip_data_byte(path: Path) -> None:
 def set_field(tensor: str, key: str, value):
     def mutate(manifest: dict) -> None:
         next(t for t in manifest["tensors"] if t["name"] == tensor)[key] = value
+
     return mutate
 
 
 def set_blob(tensor: str, name: str, key: str, value):
     def mutate(manifest: dict) -> None:
         blob(manifest, tensor, name)[key] = value
+
     return mutate
 
 
@@ -217,25 +274,48 @@ CORRUPTIONS = {
     "truncated header": (lambda p: p.write_bytes(p.read_bytes()[:40]), "truncated"),
     "empty file": (lambda p: p.write_bytes(b""), "truncated"),
     "trailing bytes": (lambda p: p.write_bytes(p.read_bytes() + b"x"), "unexpected bytes"),
-    "manifest crc": (lambda p: patch_header(p, manifest_crc32=Header.unpack(p.read_bytes()).manifest_crc32 ^ 1),
-                     "manifest CRC mismatch"),
+    "manifest crc": (
+        lambda p: patch_header(p, manifest_crc32=Header.unpack(p.read_bytes()).manifest_crc32 ^ 1),
+        "manifest CRC mismatch",
+    ),
     "not json": (lambda p: rewrite_manifest_raw(p, b"{not json"), "not valid JSON"),
-    "unknown encoding": (lambda p: rewrite_manifest(p, set_field("embed", "encoding", "int3")),
-                         "tensor 'embed': unknown encoding 'int3'"),
-    "blob size": (lambda p: rewrite_manifest(p, set_blob("layers.0.mlp.up", "scale", "nbytes", 12)),
-                  "blob 'scale': size 12 bytes does not match shape [17, 256] as int8"),
-    "shape vs blob": (lambda p: rewrite_manifest(p, set_field("embed", "shape", [64, 64])),
-                      "blob 'data': size 16384 bytes does not match shape [64, 64]"),
-    "blob outside data": (lambda p: rewrite_manifest(p, set_blob("embed", "data", "offset", 1 << 20)),
-                          "lie outside the"),
+    "unknown encoding": (
+        lambda p: rewrite_manifest(p, set_field("embed", "encoding", "int3")),
+        "tensor 'embed': unknown encoding 'int3'",
+    ),
+    "blob size": (
+        lambda p: rewrite_manifest(p, set_blob("layers.0.mlp.up", "scale", "nbytes", 12)),
+        "blob 'scale': size 12 bytes does not match shape [17, 256] as int8",
+    ),
+    "shape vs blob": (
+        lambda p: rewrite_manifest(p, set_field("embed", "shape", [64, 64])),
+        "blob 'data': size 16384 bytes does not match shape [64, 64]",
+    ),
+    "blob outside data": (
+        lambda p: rewrite_manifest(p, set_blob("embed", "data", "offset", 1 << 20)),
+        "lie outside the",
+    ),
     "overlap": (lambda p: rewrite_manifest(p, set_blob("final_norm", "data", "offset", 0)), "overlap"),
-    "unaligned blob": (lambda p: rewrite_manifest(p, set_blob("final_norm", "data", "offset", 16400)),
-                       "not a multiple of 64"),
-    "missing blob": (lambda p: rewrite_manifest(p, lambda m: m["tensors"][3]["blobs"].pop("zero")), "needs blobs"),
-    "bad group": (lambda p: rewrite_manifest(p, set_field("layers.0.mlp.up", "group_size", 48)),
-                  "group_size 32, 64 or 128"),
-    "duplicate name": (lambda p: rewrite_manifest(p, set_field("final_norm", "name", "embed")), "appears twice"),
-    "bad crc text": (lambda p: rewrite_manifest(p, set_blob("embed", "data", "crc32", "ABCDEF01")), "lowercase hex"),
+    "unaligned blob": (
+        lambda p: rewrite_manifest(p, set_blob("final_norm", "data", "offset", 16400)),
+        "not a multiple of 64",
+    ),
+    "missing blob": (
+        lambda p: rewrite_manifest(p, lambda m: m["tensors"][3]["blobs"].pop("zero")),
+        "needs blobs",
+    ),
+    "bad group": (
+        lambda p: rewrite_manifest(p, set_field("layers.0.mlp.up", "group_size", 48)),
+        "group_size 32, 64 or 128",
+    ),
+    "duplicate name": (
+        lambda p: rewrite_manifest(p, set_field("final_norm", "name", "embed")),
+        "appears twice",
+    ),
+    "bad crc text": (
+        lambda p: rewrite_manifest(p, set_blob("embed", "data", "crc32", "ABCDEF01")),
+        "lowercase hex",
+    ),
     "missing section": (lambda p: rewrite_manifest(p, lambda m: m.pop("config")), "'config'"),
 }
 
@@ -243,8 +323,10 @@ CORRUPTIONS = {
 def rewrite_manifest_raw(path: Path, body: bytes) -> None:
     raw = bytearray(path.read_bytes())
     header = Header.unpack(bytes(raw))
-    raw[HEADER_SIZE:HEADER_SIZE + len(body)] = body
-    raw[:HEADER_SIZE] = dataclasses.replace(header, manifest_size=len(body), manifest_crc32=crc32(body)).pack()
+    raw[HEADER_SIZE : HEADER_SIZE + len(body)] = body
+    raw[:HEADER_SIZE] = dataclasses.replace(
+        header, manifest_size=len(body), manifest_crc32=crc32(body)
+    ).pack()
     path.write_bytes(bytes(raw))
 
 
@@ -281,7 +363,7 @@ def test_unreadable_path():
         read_artifact("/no/such/file.ninfer")
 
 
-# --- ninfer inspect ---------------------------------------------------------------------------------------------
+# --- ninfer inspect ----------------------------------------------------------------------------------------
 
 
 def test_inspect_table(artifact: Path, capsys):

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from ninfer.artifact.format import HEADER_SIZE, Header, crc32, manifest_bytes
 from ninfer.artifact.reader import read_artifact
 from ninfer.artifact.writer import ArtifactWriter, TensorPlan
@@ -34,9 +33,15 @@ FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCh
 def valid_artifact() -> bytes:
     path = WORKDIR / "valid.ninfer"
     rng = np.random.default_rng(0)
-    with ArtifactWriter(path, config={"arch": "llama"}, tensors=PLANS, frontend={"tokenizer_json": "{}"},
-                        recipe={"name": "fuzz", "rules": []}, source={"kind": "synthetic"},
-                        progress=False) as writer:
+    with ArtifactWriter(
+        path,
+        config={"arch": "llama"},
+        tensors=PLANS,
+        frontend={"tokenizer_json": "{}"},
+        recipe={"name": "fuzz", "rules": []},
+        source={"kind": "synthetic"},
+        progress=False,
+    ) as writer:
         for plan in PLANS:
             writer.write(plan.name, rng.standard_normal(plan.shape).astype(np.float32))
     return path.read_bytes()
@@ -68,7 +73,7 @@ def test_flipped_bytes(flips):
 @given(st.integers(0, 1 << 20))
 def test_truncated(length):
     data = valid_artifact()
-    opens_or_refuses(data[:length % len(data)])
+    opens_or_refuses(data[: length % len(data)])
 
 
 @FUZZ
@@ -76,8 +81,8 @@ def test_truncated(length):
 def test_spliced(source, target, length):
     data = bytearray(valid_artifact())
     source, target = source % len(data), target % len(data)
-    piece = data[source:source + length]
-    data[target:target + len(piece)] = piece
+    piece = data[source : source + length]
+    data[target : target + len(piece)] = piece
     opens_or_refuses(bytes(data))
 
 
@@ -90,9 +95,15 @@ def test_inserted_bytes(junk, position):
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70) | st.floats(allow_nan=False) | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 70), 1 << 70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
     | st.sampled_from(["int4", "nvfp4", "bf16", "q", "scale", "00000000", 32, 64, 0, -1, 4096, 1 << 64]),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -113,7 +124,7 @@ def paths_in(value, prefix=()):
 def test_mutated_manifest_fields(data):
     raw = valid_artifact()
     header = Header.unpack(raw)
-    manifest = json.loads(raw[HEADER_SIZE:HEADER_SIZE + header.manifest_size])
+    manifest = json.loads(raw[HEADER_SIZE : HEADER_SIZE + header.manifest_size])
     for _ in range(data.draw(st.integers(1, 3))):
         paths = [p for p in paths_in(manifest) if p and not (p[0] == "frontend" and len(p) > 2)]
         path = data.draw(st.sampled_from(paths))
@@ -133,7 +144,7 @@ def test_mutated_manifest_fields(data):
     if len(body) > room:
         return
     new_header = dataclasses.replace(header, manifest_size=len(body), manifest_crc32=crc32(body))
-    opens_or_refuses(new_header.pack() + body + bytes(room - len(body)) + raw[header.data_offset:])
+    opens_or_refuses(new_header.pack() + body + bytes(room - len(body)) + raw[header.data_offset :])
 
 
 def test_the_unmutated_artifact_opens():

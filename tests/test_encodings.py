@@ -1,8 +1,9 @@
-"""Quantizers and reference dequantizers: bit-exact scalar formats, per-encoding error bounds on fresh random inputs,
-and the vectorised decoder against an obviously-right scalar decode of single elements."""
+"""Quantizers and reference dequantizers: bit-exact scalar formats, per-encoding error bounds on fresh random
+inputs, and the vectorised decoder against an obviously-right scalar decode of single elements."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import struct
@@ -10,7 +11,6 @@ import struct
 import numpy as np
 import pytest
 import torch
-
 from ninfer.artifact import encodings as enc
 from ninfer.errors import ArtifactError, ConversionError
 
@@ -27,7 +27,7 @@ def fresh(shape: tuple[int, ...], salt: int = 0) -> np.ndarray:
     return values.astype(np.float32)
 
 
-# --- independent scalar definitions ---------------------------------------------------------------------------
+# --- independent scalar definitions ----------------------------------------------------------------------
 
 
 def e4m3_scalar(code: int) -> float:
@@ -47,8 +47,11 @@ def e2m1_scalar(code: int) -> float:
 
 def nearest_code(value: float, decode, codes: range) -> int:
     """Round to nearest, ties to the even code, saturating: a brute-force search over every finite code."""
-    candidates = [c for c in codes if not math.isnan(decode(c))
-                  and math.copysign(1, decode(c)) == math.copysign(1, value)]
+    candidates = [
+        c
+        for c in codes
+        if not math.isnan(decode(c)) and math.copysign(1, decode(c)) == math.copysign(1, value)
+    ]
     return min(candidates, key=lambda c: (abs(decode(c) - value), c & 1))
 
 
@@ -60,7 +63,7 @@ def f32_scalar(raw: bytes) -> float:
     return struct.unpack("<f", raw)[0]
 
 
-# --- scalar formats ---------------------------------------------------------------------------------------------
+# --- scalar formats --------------------------------------------------------------------------------------
 
 
 def test_e4m3_table_matches_the_scalar_definition():
@@ -72,9 +75,16 @@ def test_e4m3_table_matches_the_scalar_definition():
 def test_e4m3_rounding_matches_brute_force_including_ties():
     rng = np.random.default_rng(SEED)
     finite = [e4m3_scalar(c) for c in range(128) if not math.isnan(e4m3_scalar(c))]
-    midpoints = [(a + b) / 2 for a, b in zip(finite, finite[1:], strict=False)]
-    values = np.concatenate([rng.standard_normal(300) * 50, rng.standard_normal(100) * 0.01,
-                             np.array(midpoints), -np.array(midpoints), [500.0, -1e6, 448.0, 0.0, -0.0]])
+    midpoints = [(a + b) / 2 for a, b in itertools.pairwise(finite)]
+    values = np.concatenate(
+        [
+            rng.standard_normal(300) * 50,
+            rng.standard_normal(100) * 0.01,
+            np.array(midpoints),
+            -np.array(midpoints),
+            [500.0, -1e6, 448.0, 0.0, -0.0],
+        ]
+    )
     values = values.astype(np.float32)
     got = enc.f32_to_e4m3(values)
     for value, code in zip(values, got, strict=True):
@@ -90,7 +100,7 @@ def test_e4m3_agrees_with_torch_in_range():
 
 def test_e2m1_rounding_matches_brute_force_including_ties():
     grid = [0, 0.5, 1, 1.5, 2, 3, 4, 6]
-    midpoints = [(a + b) / 2 for a, b in zip(grid, grid[1:], strict=False)]
+    midpoints = [(a + b) / 2 for a, b in itertools.pairwise(grid)]
     rng = np.random.default_rng(SEED)
     values = np.concatenate([rng.uniform(-8, 8, 300), midpoints, np.negative(midpoints), [7.0, -100.0]])
     values = values.astype(np.float32)
@@ -106,18 +116,21 @@ def test_bf16_rounds_to_nearest_even_like_torch():
     assert np.isnan(enc.bf16_bits_to_f32(nan_bits))[0]
 
 
-# --- layouts ----------------------------------------------------------------------------------------------------
+# --- layouts ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("encoding", "shape", "group", "problem"), [
-    ("int3", (4, 64), None, "unknown encoding"),
-    ("int4", (4, 64), 16, "group_size 32, 64 or 128"),
-    ("int4", (4, 96), 64, "multiple of group_size"),
-    ("nvfp4", (4, 40), None, "multiple of 16"),
-    ("fp8_e4m3", (64,), None, "needs a matrix"),
-    ("bf16", (4, 0), None, "positive integers"),
-    ("bf16", (4, 64), 32, "takes no group_size"),
-])
+@pytest.mark.parametrize(
+    ("encoding", "shape", "group", "problem"),
+    [
+        ("int3", (4, 64), None, "unknown encoding"),
+        ("int4", (4, 64), 16, "group_size 32, 64 or 128"),
+        ("int4", (4, 96), 64, "multiple of group_size"),
+        ("nvfp4", (4, 40), None, "multiple of 16"),
+        ("fp8_e4m3", (64,), None, "needs a matrix"),
+        ("bf16", (4, 0), None, "positive integers"),
+        ("bf16", (4, 64), 32, "takes no group_size"),
+    ],
+)
 def test_impossible_layouts_are_refused(encoding, shape, group, problem):
     assert problem in enc.encoding_problem(encoding, shape, group)
     with pytest.raises(ArtifactError, match=problem):
@@ -127,13 +140,16 @@ def test_impossible_layouts_are_refused(encoding, shape, group, problem):
 def test_blob_specs_sizes():
     specs = enc.blob_specs("int4", (8, 3, 256), 64)
     assert {k: (v.dtype.name, v.shape) for k, v in specs.items()} == {
-        "q": ("uint8", (8, 3, 128)), "scale": ("float16", (8, 3, 4)), "zero": ("uint8", (8, 3, 4))}
+        "q": ("uint8", (8, 3, 128)),
+        "scale": ("float16", (8, 3, 4)),
+        "zero": ("uint8", (8, 3, 4)),
+    }
     assert specs["scale"].nbytes == 8 * 3 * 4 * 2
     nv = enc.blob_specs("nvfp4", (5, 64), None)
     assert (nv["q"].shape, nv["scale"].shape, nv["global_scale"].shape) == ((5, 32), (5, 4), (1,))
 
 
-# --- error bounds -----------------------------------------------------------------------------------------------
+# --- error bounds ----------------------------------------------------------------------------------------
 
 GROUPED_CASES = [("int8", 32), ("int8", 128), ("int4", 32), ("int4", 64), ("int4", 128)]
 
@@ -209,10 +225,17 @@ def test_non_finite_or_unrepresentable_input_is_refused(encoding):
         enc.encode(values, encoding, 32 if encoding in ("int8", "int4") else None)
 
 
-# --- chunking and the scalar decode -----------------------------------------------------------------------------
+# --- chunking and the scalar decode ----------------------------------------------------------------------
 
-ALL_CASES = [("f32", None), ("f16", None), ("bf16", None), ("fp8_e4m3", None), ("int8", 64), ("int4", 32),
-             ("nvfp4", None)]
+ALL_CASES = [
+    ("f32", None),
+    ("f16", None),
+    ("bf16", None),
+    ("fp8_e4m3", None),
+    ("int8", 64),
+    ("int4", 32),
+    ("nvfp4", None),
+]
 
 
 @pytest.mark.parametrize(("encoding", "group"), ALL_CASES)
@@ -225,8 +248,9 @@ def test_row_chunks_do_not_change_the_result(encoding, group, monkeypatch):
         np.testing.assert_array_equal(whole[name], chunked[name])
 
 
-def scalar_decode(raw: dict[str, bytes], encoding: str, shape: tuple[int, ...], group: int | None,
-                  index: tuple[int, ...]) -> float:
+def scalar_decode(
+    raw: dict[str, bytes], encoding: str, shape: tuple[int, ...], group: int | None, index: tuple[int, ...]
+) -> float:
     """One element straight from the blob bytes, following the format table line by line."""
     cols = shape[-1]
     row = 0
@@ -235,13 +259,13 @@ def scalar_decode(raw: dict[str, bytes], encoding: str, shape: tuple[int, ...], 
     col = index[-1]
     flat = row * cols + col
     if encoding == "f32":
-        return f32_scalar(raw["data"][4 * flat:4 * flat + 4])
+        return f32_scalar(raw["data"][4 * flat : 4 * flat + 4])
     if encoding == "f16":
-        return f16_scalar(raw["data"][2 * flat:2 * flat + 2])
+        return f16_scalar(raw["data"][2 * flat : 2 * flat + 2])
     if encoding == "bf16":
-        return f32_scalar(b"\0\0" + raw["data"][2 * flat:2 * flat + 2])
+        return f32_scalar(b"\0\0" + raw["data"][2 * flat : 2 * flat + 2])
     if encoding == "fp8_e4m3":
-        return e4m3_scalar(raw["q"][flat]) * f32_scalar(raw["scale"][4 * row:4 * row + 4])
+        return e4m3_scalar(raw["q"][flat]) * f32_scalar(raw["scale"][4 * row : 4 * row + 4])
     if encoding in ("int8", "int4"):
         if encoding == "int8":
             q = raw["q"][flat]
@@ -249,7 +273,7 @@ def scalar_decode(raw: dict[str, bytes], encoding: str, shape: tuple[int, ...], 
             byte = raw["q"][row * cols // 2 + col // 2]
             q = byte & 0xF if col % 2 == 0 else byte >> 4
         g = row * (cols // group) + col // group
-        return (q - raw["zero"][g]) * f16_scalar(raw["scale"][2 * g:2 * g + 2])
+        return (q - raw["zero"][g]) * f16_scalar(raw["scale"][2 * g : 2 * g + 2])
     byte = raw["q"][row * cols // 2 + col // 2]
     code = byte & 0xF if col % 2 == 0 else byte >> 4
     block = raw["scale"][row * (cols // 16) + col // 16]

@@ -7,12 +7,11 @@ import logging
 from pathlib import Path
 
 import pytest
-
 from ninfer.artifact.encodings import encoding_problem
 from ninfer.artifact.recipes import BUILTIN_RECIPES, load_recipe
 from ninfer.errors import RecipeError
 
-H, V, E, I = 5120, 248320, 256, 512
+H, V, E, MOE_I = 5120, 248320, 256, 512
 # (name, shape) of a Qwen3.5 MoE model's tensors, one of each kind.
 TENSORS = {
     "embed": (V, H),
@@ -30,8 +29,8 @@ TENSORS = {
     "layers.3.attn.q_proj": (12288, H),
     "layers.3.attn.q_norm": (256,),
     "layers.3.moe.router": (E, H),
-    "layers.3.moe.experts_gate": (E, I, H),
-    "layers.3.moe.experts_down": (E, H, I),
+    "layers.3.moe.experts_gate": (E, MOE_I, H),
+    "layers.3.moe.experts_down": (E, H, MOE_I),
     "layers.3.moe.shared_expert_gate": (1, H),
     "mtp.fc": (H, 2 * H),
     "mtp.layers.0.moe.router": (E, H),
@@ -41,15 +40,32 @@ TENSORS = {
 
 EXPECTED = {
     "bf16": {"embed": ("bf16", None), "layers.3.moe.experts_gate": ("bf16", None), "mtp.fc": ("bf16", None)},
-    "fp8": {"embed": ("bf16", None), "lm_head": ("fp8_e4m3", None), "layers.0.gdn.in_a": ("fp8_e4m3", None),
-            "layers.3.moe.router": ("bf16", None), "layers.3.moe.experts_down": ("fp8_e4m3", None)},
-    "groupwise-int": {"embed": ("int8", 64), "lm_head": ("int8", 64), "layers.0.gdn.in_qkv": ("int4", 128),
-                      "layers.0.gdn.in_a": ("bf16", None), "layers.0.gdn.in_b": ("bf16", None),
-                      "layers.3.moe.router": ("bf16", None), "layers.3.moe.shared_expert_gate": ("bf16", None),
-                      "mtp.layers.0.moe.router": ("bf16", None), "layers.3.moe.experts_down": ("int4", 128),
-                      "mtp.fc": ("int4", 128)},
-    "nvfp4": {"embed": ("bf16", None), "lm_head": ("fp8_e4m3", None), "layers.3.attn.q_proj": ("nvfp4", None),
-              "layers.3.moe.router": ("bf16", None), "layers.3.moe.experts_gate": ("nvfp4", None)},
+    "fp8": {
+        "embed": ("bf16", None),
+        "lm_head": ("fp8_e4m3", None),
+        "layers.0.gdn.in_a": ("fp8_e4m3", None),
+        "layers.3.moe.router": ("bf16", None),
+        "layers.3.moe.experts_down": ("fp8_e4m3", None),
+    },
+    "groupwise-int": {
+        "embed": ("int8", 64),
+        "lm_head": ("int8", 64),
+        "layers.0.gdn.in_qkv": ("int4", 128),
+        "layers.0.gdn.in_a": ("bf16", None),
+        "layers.0.gdn.in_b": ("bf16", None),
+        "layers.3.moe.router": ("bf16", None),
+        "layers.3.moe.shared_expert_gate": ("bf16", None),
+        "mtp.layers.0.moe.router": ("bf16", None),
+        "layers.3.moe.experts_down": ("int4", 128),
+        "mtp.fc": ("int4", 128),
+    },
+    "nvfp4": {
+        "embed": ("bf16", None),
+        "lm_head": ("fp8_e4m3", None),
+        "layers.3.attn.q_proj": ("nvfp4", None),
+        "layers.3.moe.router": ("bf16", None),
+        "layers.3.moe.experts_gate": ("nvfp4", None),
+    },
 }
 
 
@@ -101,11 +117,20 @@ def write_recipe(tmp_path: Path, spec) -> str:
 
 
 def test_json_recipe_rules_come_first_then_the_base(tmp_path: Path):
-    recipe = load_recipe(write_recipe(tmp_path, {"name": "mix", "base": "fp8", "rules": [
-        {"pattern": "layers.*.mlp.*", "encoding": "int8", "group_size": 64},
-        {"pattern": "layers.1?.*", "encoding": "bf16"},
-        {"pattern": "layers.*.mlp.up", "encoding": "nvfp4"},
-    ]}))
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path,
+            {
+                "name": "mix",
+                "base": "fp8",
+                "rules": [
+                    {"pattern": "layers.*.mlp.*", "encoding": "int8", "group_size": 64},
+                    {"pattern": "layers.1?.*", "encoding": "bf16"},
+                    {"pattern": "layers.*.mlp.up", "encoding": "nvfp4"},
+                ],
+            },
+        )
+    )
     assert recipe.name == "mix"
     assert recipe.plan("layers.3.mlp.up", (H, 17408)) == ("int8", 64)  # first match wins
     assert recipe.plan("layers.12.attn.o_proj", (H, H)) == ("bf16", None)
@@ -121,19 +146,29 @@ def test_json_recipe_defaults(tmp_path: Path):
     assert recipe.plan("layers.3.mlp.up", (H, 17408)) == ("bf16", None)  # base bf16
 
 
-@pytest.mark.parametrize(("spec", "problem"), [
-    ({"rules": [{"pattern": "a", "encoding": "fp8_e4m3"}, {"pattern": "*.mlp.*", "encoding": "int3"}]},
-     "rule 1 (pattern '*.mlp.*'): unknown encoding 'int3'"),
-    ({"rules": [{"pattern": "*.mlp.*", "encoding": "int4", "group_size": 48}]},
-     "rule 0 (pattern '*.mlp.*'): group_size must be 32, 64 or 128, not 48"),
-    ({"rules": [{"pattern": "x", "encoding": "int4", "group_size": 64.0}]}, "group_size must be"),
-    ({"rules": [{"pattern": "x", "encoding": "fp8_e4m3", "group_size": 64}]}, "applies only to int8/int4"),
-    ({"rules": [{"pattern": "x", "encoding": "bf16", "ndims": 1}]}, "unknown key(s) ['ndims']"),
-    ({"rules": [{"encoding": "bf16"}]}, "rule 0: expected an object with a string 'pattern'"),
-    ({"base": "fp4"}, "base 'fp4' is not a built-in"),
-    ({"rule": []}, "unknown key(s) ['rule']"),
-    ([1, 2], "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        (
+            {"rules": [{"pattern": "a", "encoding": "fp8_e4m3"}, {"pattern": "*.mlp.*", "encoding": "int3"}]},
+            "rule 1 (pattern '*.mlp.*'): unknown encoding 'int3'",
+        ),
+        (
+            {"rules": [{"pattern": "*.mlp.*", "encoding": "int4", "group_size": 48}]},
+            "rule 0 (pattern '*.mlp.*'): group_size must be 32, 64 or 128, not 48",
+        ),
+        ({"rules": [{"pattern": "x", "encoding": "int4", "group_size": 64.0}]}, "group_size must be"),
+        (
+            {"rules": [{"pattern": "x", "encoding": "fp8_e4m3", "group_size": 64}]},
+            "applies only to int8/int4",
+        ),
+        ({"rules": [{"pattern": "x", "encoding": "bf16", "ndims": 1}]}, "unknown key(s) ['ndims']"),
+        ({"rules": [{"encoding": "bf16"}]}, "rule 0: expected an object with a string 'pattern'"),
+        ({"base": "fp4"}, "base 'fp4' is not a built-in"),
+        ({"rule": []}, "unknown key(s) ['rule']"),
+        ([1, 2], "expected a JSON object"),
+    ],
+)
 def test_bad_json_recipes_name_the_file_and_rule(tmp_path: Path, spec, problem: str):
     path = write_recipe(tmp_path, spec)
     with pytest.raises(RecipeError) as refusal:

@@ -1,9 +1,9 @@
 """Weight encodings of the `.ninfer` v3 format: blob layouts, quantizers and reference dequantizers (numpy).
 
-A tensor of shape `[..., rows, cols]` is viewed as a `[R, cols]` matrix (R = product of the leading axes); every
-encoding is row-local except nvfp4's one per-tensor global scale, so the quantizers work on row chunks and keep
-their temporaries small enough for a 248320 x 5120 embedding. `decode` is the reference dequantizer: the C++
-kernels and the tests compare against it.
+A tensor of shape `[..., rows, cols]` is viewed as a `[R, cols]` matrix (R = product of the leading axes);
+every encoding is row-local except nvfp4's one per-tensor global scale, so the quantizers work on row chunks
+and keep their temporaries small enough for a 248320 x 5120 embedding. `decode` is the reference dequantizer:
+the C++ kernels and the tests compare against it.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ _F32 = np.dtype(np.float32)
 _PLAIN_DTYPES = {"f32": _F32, "f16": _F16, "bf16": np.dtype(np.uint16)}
 
 
-# --- scalar formats -------------------------------------------------------------------------------------------
+# --- scalar formats --------------------------------------------------------------------------------------
 
 
 def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
@@ -144,7 +144,7 @@ def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
     return out
 
 
-# --- layouts --------------------------------------------------------------------------------------------------
+# --- layouts ---------------------------------------------------------------------------------------------
 
 
 def _is_int(value: object) -> bool:
@@ -192,7 +192,11 @@ def blob_specs(encoding: str, shape: Sequence[int], group_size: int | None) -> d
     if encoding in GROUPED_ENCODINGS:
         q_cols = cols if encoding == "int8" else cols // 2
         groups = lead + (cols // group_size,)
-        return {"q": BlobSpec(_U8, lead + (q_cols,)), "scale": BlobSpec(_F16, groups), "zero": BlobSpec(_U8, groups)}
+        return {
+            "q": BlobSpec(_U8, lead + (q_cols,)),
+            "scale": BlobSpec(_F16, groups),
+            "zero": BlobSpec(_U8, groups),
+        }
     return {  # nvfp4
         "q": BlobSpec(_U8, lead + (cols // 2,)),
         "scale": BlobSpec(_U8, lead + (cols // NVFP4_BLOCK,)),
@@ -200,13 +204,15 @@ def blob_specs(encoding: str, shape: Sequence[int], group_size: int | None) -> d
     }
 
 
-# --- quantizers (one [rows, cols] float32 chunk each) ---------------------------------------------------------
+# --- quantizers (one [rows, cols] float32 chunk each) ----------------------------------------------------
 
 
 def _require_finite(statistic: np.ndarray | np.floating, encoding: str) -> None:
     if not np.all(np.isfinite(statistic)):
-        raise ConversionError(f"cannot encode as {encoding}: the tensor holds non-finite values or its range "
-                              "overflows the scale format")
+        raise ConversionError(
+            f"cannot encode as {encoding}: the tensor holds non-finite values or its range "
+            "overflows the scale format"
+        )
 
 
 def _safe_divisor(scale: np.ndarray) -> np.ndarray:
@@ -259,8 +265,9 @@ def _encode_nvfp4(chunk: np.ndarray, global_scale: np.float32) -> dict[str, np.n
     return {"q": pack_nibbles(codes), "scale": block_scale}
 
 
-def _encode_chunk(chunk: np.ndarray, encoding: str, group_size: int | None,
-                  global_scale: np.float32) -> dict[str, np.ndarray]:
+def _encode_chunk(
+    chunk: np.ndarray, encoding: str, group_size: int | None, global_scale: np.float32
+) -> dict[str, np.ndarray]:
     if encoding == "f32":
         return {"data": chunk}
     if encoding == "f16":
@@ -283,14 +290,18 @@ def _row_view(values: np.ndarray) -> np.ndarray:
 
 
 def _nvfp4_global_scale(rows: np.ndarray, chunk_rows: int) -> np.float32:
-    amax = max(float(np.abs(np.asarray(rows[i:i + chunk_rows], np.float32)).max())
-               for i in range(0, rows.shape[0], chunk_rows))
+    amax = max(
+        float(np.abs(np.asarray(rows[i : i + chunk_rows], np.float32)).max())
+        for i in range(0, rows.shape[0], chunk_rows)
+    )
     _require_finite(np.float32(amax), "nvfp4")
     return np.float32(np.float32(amax) / np.float32(E4M3_MAX * E2M1_MAX))
 
 
-def encode_chunks(values: np.ndarray, encoding: str, group_size: int | None) -> Iterator[dict[str, np.ndarray]]:
-    """The tensor's blobs, a block of rows at a time: concatenating the pieces of each blob (in order, flattened)
+def encode_chunks(
+    values: np.ndarray, encoding: str, group_size: int | None
+) -> Iterator[dict[str, np.ndarray]]:
+    """The tensor's blobs, a block of rows at a time: concatenating each blob's pieces (in order, flattened)
     gives that blob. Per-tensor blobs (nvfp4's global_scale) come once, with the first piece."""
     values = np.asarray(values)
     _require_possible(encoding, values.shape, group_size)
@@ -303,7 +314,7 @@ def encode_chunks(values: np.ndarray, encoding: str, group_size: int | None) -> 
         global_scale = _nvfp4_global_scale(rows, chunk_rows)
 
     def encode_rows(start: int) -> dict[str, np.ndarray]:
-        chunk = np.asarray(rows[start:start + chunk_rows], dtype=np.float32)
+        chunk = np.asarray(rows[start : start + chunk_rows], dtype=np.float32)
         pieces = _encode_chunk(chunk, encoding, group_size, global_scale)
         if encoding == "nvfp4" and start == 0:
             pieces["global_scale"] = np.array([global_scale], dtype=np.float32)
@@ -334,14 +345,18 @@ def encode(values: np.ndarray, encoding: str, group_size: int | None) -> dict[st
     for chunk in encode_chunks(values, encoding, group_size):
         for name, piece in chunk.items():
             pieces[name].append(piece.reshape(-1))
-    return {name: np.concatenate(pieces[name]).astype(spec.dtype, copy=False).reshape(spec.shape)
-            for name, spec in specs.items()}
+    return {
+        name: np.concatenate(pieces[name]).astype(spec.dtype, copy=False).reshape(spec.shape)
+        for name, spec in specs.items()
+    }
 
 
-# --- reference dequantizers -----------------------------------------------------------------------------------
+# --- reference dequantizers ------------------------------------------------------------------------------
 
 
-def decode(blobs: dict[str, np.ndarray], encoding: str, shape: Sequence[int], group_size: int | None) -> np.ndarray:
+def decode(
+    blobs: dict[str, np.ndarray], encoding: str, shape: Sequence[int], group_size: int | None
+) -> np.ndarray:
     """float32 values of a stored tensor: the definition each kernel is checked against."""
     specs = blob_specs(encoding, shape, group_size)
     arrays = {}
@@ -363,6 +378,8 @@ def decode(blobs: dict[str, np.ndarray], encoding: str, shape: Sequence[int], gr
         scale = arrays["scale"].astype(np.float32)[..., None]
         return ((grouped - zero) * scale).reshape(shape)
     # nvfp4
-    values = e2m1_to_f32(unpack_nibbles(arrays["q"])).reshape(shape[:-1] + (shape[-1] // NVFP4_BLOCK, NVFP4_BLOCK))
+    values = e2m1_to_f32(unpack_nibbles(arrays["q"])).reshape(
+        shape[:-1] + (shape[-1] // NVFP4_BLOCK, NVFP4_BLOCK)
+    )
     block = e4m3_to_f32(arrays["scale"])[..., None]
     return ((values * block) * arrays["global_scale"][0]).reshape(shape)

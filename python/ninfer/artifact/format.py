@@ -27,7 +27,7 @@ assert _HEADER.size == HEADER_SIZE
 
 @dataclass(frozen=True)
 class Header:
-    """The 64-byte header, field for field. Unpacking does not validate: the reader does, with the file name."""
+    """The 64-byte header, field for field. Unpacking does not validate (the reader does, naming the file)."""
 
     magic: bytes
     version: int

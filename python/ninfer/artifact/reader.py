@@ -1,8 +1,10 @@
 """Pure-Python `.ninfer` v3 reader: validates the header and manifest (docs/artifact-format.md, "What a reader
-refuses") and maps blobs on demand. Used by `ninfer inspect` and by the Python frontend (tokenizer, templates)."""
+refuses") and maps blobs on demand. Used by `ninfer inspect` and the frontend (tokenizer, templates)."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import math
 import mmap
@@ -10,12 +12,20 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from ninfer.artifact.encodings import ENCODINGS, GROUPED_ENCODINGS, BlobSpec, blob_specs, encoding_problem
-from ninfer.artifact.format import BLOB_ALIGNMENT, DATA_ALIGNMENT, HEADER_SIZE, MAGIC, MANIFEST_OFFSET, VERSION, Header
+from ninfer.artifact.format import (
+    BLOB_ALIGNMENT,
+    DATA_ALIGNMENT,
+    HEADER_SIZE,
+    MAGIC,
+    MANIFEST_OFFSET,
+    VERSION,
+    Header,
+)
 from ninfer.errors import ArtifactError
 
 _CRC_HEX = re.compile(r"[0-9a-f]{8}")
@@ -25,8 +35,9 @@ _CRC_STEP = 1 << 26  # checksum big blobs a slice at a time
 class ArtifactInfo:
     """A validated artifact: the manifest's sections, and its blobs mapped read-only on request."""
 
-    def __init__(self, path: Path, header: Header, manifest: dict,
-                 blob_specs_by_tensor: dict[str, dict[str, BlobSpec]]) -> None:
+    def __init__(
+        self, path: Path, header: Header, manifest: dict, blob_specs_by_tensor: dict[str, dict[str, BlobSpec]]
+    ) -> None:
         self.path = path
         self.version: int = header.version
         self.config: dict = manifest["config"]
@@ -47,17 +58,22 @@ class ArtifactInfo:
         if entry is None:
             raise ArtifactError(f"{self.path}: tensor {name!r} is missing")
         if expected_shape is not None and tuple(entry["shape"]) != tuple(expected_shape):
-            raise ArtifactError(f"{self.path}: tensor {name!r} has shape {entry['shape']}, "
-                                f"expected {list(expected_shape)}")
+            raise ArtifactError(
+                f"{self.path}: tensor {name!r} has shape {entry['shape']}, expected {list(expected_shape)}"
+            )
         return entry
 
     def tensor_bytes(self, name: str) -> dict[str, np.ndarray]:
-        """The tensor's blobs as read-only arrays over the mapping (dtype and shape per encoding; bf16 as uint16)."""
+        """The tensor's blobs as read-only arrays over the mapping (per encoding; bf16 as uint16)."""
         entry = self.tensor(name)
         mapping = self._mapping()
         return {
-            blob_name: np.frombuffer(mapping, dtype=spec.dtype, count=math.prod(spec.shape),
-                                     offset=self.data_offset + entry["blobs"][blob_name]["offset"]).reshape(spec.shape)
+            blob_name: np.frombuffer(
+                mapping,
+                dtype=spec.dtype,
+                count=math.prod(spec.shape),
+                offset=self.data_offset + entry["blobs"][blob_name]["offset"],
+            ).reshape(spec.shape)
             for blob_name, spec in self._specs[name].items()
         }
 
@@ -69,11 +85,13 @@ class ArtifactInfo:
                     start = self.data_offset + blob["offset"]
                     crc = 0
                     for at in range(start, start + blob["nbytes"], _CRC_STEP):
-                        with view[at:min(at + _CRC_STEP, start + blob["nbytes"])] as piece:
+                        with view[at : min(at + _CRC_STEP, start + blob["nbytes"])] as piece:
                             crc = zlib.crc32(piece, crc)
                     if f"{crc:08x}" != blob["crc32"]:
-                        raise ArtifactError(f"{self.path}: checksum mismatch in tensor {entry['name']!r} blob "
-                                            f"{blob_name!r} (manifest {blob['crc32']}, data {crc:08x})")
+                        raise ArtifactError(
+                            f"{self.path}: checksum mismatch in tensor {entry['name']!r} blob "
+                            f"{blob_name!r} (manifest {blob['crc32']}, data {crc:08x})"
+                        )
 
     def _mapping(self) -> mmap.mmap:
         if self._map is None:
@@ -84,13 +102,11 @@ class ArtifactInfo:
     def close(self) -> None:
         """Unmaps the file; arrays still alive from tensor_bytes keep the mapping until they are dropped."""
         if self._map is not None:
-            try:
+            with contextlib.suppress(BufferError):
                 self._map.close()
-            except BufferError:
-                pass
             self._map = None
 
-    def __enter__(self) -> ArtifactInfo:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -109,8 +125,10 @@ def read_artifact(path: str | os.PathLike, verify_checksums: bool = False) -> Ar
     except OSError as exc:
         raise ArtifactError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     if zlib.crc32(raw_manifest) != header.manifest_crc32:
-        raise ArtifactError(f"{path}: manifest CRC mismatch (header {header.manifest_crc32:08x}, "
-                            f"manifest {zlib.crc32(raw_manifest):08x}): the file is corrupt")
+        raise ArtifactError(
+            f"{path}: manifest CRC mismatch (header {header.manifest_crc32:08x}, "
+            f"manifest {zlib.crc32(raw_manifest):08x}): the file is corrupt"
+        )
     manifest = _parse_manifest(path, raw_manifest)
     specs = _check_tensors(path, manifest["tensors"], header.data_size)
     info = ArtifactInfo(path, header, manifest, specs)
@@ -130,15 +148,21 @@ def _read_header(path: Path, raw: bytes, size: int) -> Header:
     if header.magic != MAGIC:
         raise ArtifactError(f"{path}: wrong magic {header.magic!r}: not a .ninfer artifact")
     if header.version != VERSION:
-        raise ArtifactError(f"{path}: format version {header.version}, this reader reads version {VERSION} "
-                            "(convert the model again, or upgrade an older artifact)")
+        raise ArtifactError(
+            f"{path}: format version {header.version}, this reader reads version {VERSION} "
+            "(convert the model again, or upgrade an older artifact)"
+        )
     if header.flags != 0:
         raise ArtifactError(f"{path}: unknown header flags {header.flags:#x}")
     if header.manifest_offset != MANIFEST_OFFSET:
-        raise ArtifactError(f"{path}: manifest_offset is {header.manifest_offset}, expected {MANIFEST_OFFSET}")
+        raise ArtifactError(
+            f"{path}: manifest_offset is {header.manifest_offset}, expected {MANIFEST_OFFSET}"
+        )
     if header.data_offset % DATA_ALIGNMENT or header.data_offset < MANIFEST_OFFSET + header.manifest_size:
-        raise ArtifactError(f"{path}: data_offset {header.data_offset} is not a multiple of {DATA_ALIGNMENT} "
-                            f"after the {header.manifest_size}-byte manifest")
+        raise ArtifactError(
+            f"{path}: data_offset {header.data_offset} is not a multiple of {DATA_ALIGNMENT} "
+            f"after the {header.manifest_size}-byte manifest"
+        )
     expected = header.data_offset + header.data_size
     if size < expected:
         raise ArtifactError(f"{path}: truncated: {size} bytes, the header says {expected}")
@@ -155,8 +179,10 @@ def _parse_manifest(path: Path, raw: bytes) -> dict:
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{path}: the manifest is not a JSON object")
     if manifest.get("format") != "ninfer" or manifest.get("version") != VERSION:
-        raise ArtifactError(f"{path}: the manifest says format {manifest.get('format')!r} version "
-                            f"{manifest.get('version')!r}, expected 'ninfer' version {VERSION}")
+        raise ArtifactError(
+            f"{path}: the manifest says format {manifest.get('format')!r} version "
+            f"{manifest.get('version')!r}, expected 'ninfer' version {VERSION}"
+        )
     for section in ("config", "frontend", "recipe", "source"):
         if not isinstance(manifest.get(section), dict):
             raise ArtifactError(f"{path}: manifest section {section!r} is missing or not an object")
@@ -193,26 +219,37 @@ def _check_tensors(path: Path, tensors: list, data_size: int) -> dict[str, dict[
         blobs = entry.get("blobs")
         if not isinstance(blobs, dict) or set(blobs) != set(specs[name]):
             found = sorted(blobs) if isinstance(blobs, dict) else blobs
-            raise ArtifactError(f"{where}: {encoding} needs blobs {sorted(specs[name])}, the manifest has {found}")
+            raise ArtifactError(
+                f"{where}: {encoding} needs blobs {sorted(specs[name])}, the manifest has {found}"
+            )
         for blob_name, spec in specs[name].items():
             blob = blobs[blob_name]
             label = f"{where} blob {blob_name!r}"
-            if not isinstance(blob, dict) or not _is_count(blob.get("offset")) or not _is_count(blob.get("nbytes")):
+            if (
+                not isinstance(blob, dict)
+                or not _is_count(blob.get("offset"))
+                or not _is_count(blob.get("nbytes"))
+            ):
                 raise ArtifactError(f"{label}: offset and nbytes must be non-negative integers")
             if not isinstance(blob.get("crc32"), str) or not _CRC_HEX.fullmatch(blob["crc32"]):
-                raise ArtifactError(f"{label}: crc32 must be 8 lowercase hex digits, not {blob.get('crc32')!r}")
+                raise ArtifactError(
+                    f"{label}: crc32 must be 8 lowercase hex digits, not {blob.get('crc32')!r}"
+                )
             offset, nbytes = blob["offset"], blob["nbytes"]
             if nbytes != spec.nbytes:
-                raise ArtifactError(f"{label}: size {nbytes} bytes does not match shape {shape} as {encoding} "
-                                    f"({spec.nbytes} bytes)")
+                raise ArtifactError(
+                    f"{label}: size {nbytes} bytes does not match shape {shape} as {encoding} "
+                    f"({spec.nbytes} bytes)"
+                )
             if offset % BLOB_ALIGNMENT:
                 raise ArtifactError(f"{label}: offset {offset} is not a multiple of {BLOB_ALIGNMENT}")
             if offset + nbytes > data_size:
-                raise ArtifactError(f"{label}: bytes {offset}..{offset + nbytes} lie outside the "
-                                    f"{data_size}-byte data region")
+                raise ArtifactError(
+                    f"{label}: bytes {offset}..{offset + nbytes} lie outside the {data_size}-byte data region"
+                )
             extents.append((offset, offset + nbytes, f"{name}/{blob_name}"))
     extents.sort()
-    for (_, end, first), (start, _, second) in zip(extents, extents[1:]):
+    for (_, end, first), (start, _, second) in itertools.pairwise(extents):
         if start < end:
             raise ArtifactError(f"{path}: blobs {first} and {second} overlap")
     return specs

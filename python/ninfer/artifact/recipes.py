@@ -1,4 +1,4 @@
-"""Conversion recipes: which encoding each logical tensor gets (docs/artifacts.md explains every built-in choice).
+"""Conversion recipes: which encoding each logical tensor gets (docs/artifacts.md explains the built-ins).
 
 A recipe is an ordered list of rules; the first whose fnmatch pattern (and rank, when given) matches a logical
 tensor name decides. A JSON recipe file's rules come before those of its base (a built-in, `bf16` by default).
@@ -53,15 +53,23 @@ class Recipe:
             return FALLBACK_ENCODING, None
         group_size = rule.group_size
         if rule.encoding in GROUPED_ENCODINGS and group_size is None and shape:
-            group_size = next((g for g in sorted(GROUP_SIZES, reverse=True) if shape[-1] % g == 0), GROUP_SIZES[0])
+            group_size = next(
+                (g for g in sorted(GROUP_SIZES, reverse=True) if shape[-1] % g == 0), GROUP_SIZES[0]
+            )
         problem = encoding_problem(rule.encoding, shape, group_size)
         if problem is None:
             return rule.encoding, group_size
         # Once per rule and kind of problem: a 64-layer model would otherwise repeat it 64 times.
         if (rule.pattern, problem) not in self._warned:
             self._warned.add((rule.pattern, problem))
-            log.warning("recipe %s: %s (first seen on %s %s); storing such tensors as %s", self.name, problem,
-                        name, list(shape), FALLBACK_ENCODING)
+            log.warning(
+                "recipe %s: %s (first seen on %s %s); storing such tensors as %s",
+                self.name,
+                problem,
+                name,
+                list(shape),
+                FALLBACK_ENCODING,
+            )
         return FALLBACK_ENCODING, None
 
     def to_json(self) -> dict:
@@ -111,8 +119,9 @@ def load_recipe(name_or_path: str) -> Recipe:
         return Recipe(name_or_path, BUILTIN_RECIPES[name_or_path])
     path = Path(name_or_path)
     if not path.is_file():
-        raise RecipeError(f"unknown recipe {name_or_path!r}: not a built-in ({', '.join(BUILTIN_RECIPES)}) "
-                          "and no such file")
+        raise RecipeError(
+            f"unknown recipe {name_or_path!r}: not a built-in ({', '.join(BUILTIN_RECIPES)}) and no such file"
+        )
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:

@@ -1,4 +1,4 @@
-"""Streaming `.ninfer` v3 writer: the whole layout is fixed from the plan, tensors arrive in any order, and the
+"""Streaming `.ninfer` v3 writer: the layout is fixed from the plan, tensors arrive in any order, and the
 file appears under its final name only once it is complete (written to `<path>.partial`, fsynced, renamed)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import numpy as np
 from tqdm import tqdm
@@ -50,37 +51,67 @@ class _PlacedBlob:
 
 
 class ArtifactWriter:
-    """Writes one artifact. Use as a context manager: commit on success, abort (no file left) on an exception."""
+    """Writes one artifact. As a context manager: commit on success, abort (no file left) on an exception."""
 
-    def __init__(self, path: str | os.PathLike, *, config: dict, tensors: list[TensorPlan], frontend: dict,
-                 recipe: dict, source: dict, progress: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        config: dict,
+        tensors: list[TensorPlan],
+        frontend: dict,
+        recipe: dict,
+        source: dict,
+        progress: bool = True,
+    ) -> None:
         self.path = Path(path)
         self._partial = Path(f"{self.path}.partial")
         self._plans: dict[str, TensorPlan] = {}
         self._blobs: dict[str, dict[str, _PlacedBlob]] = {}
         self._written: set[str] = set()
         data_size = self._place(tensors)
-        self._manifest = {"format": "ninfer", "version": VERSION, "config": config,
-                          "tensors": [self._tensor_entry(plan.name) for plan in tensors],
-                          "frontend": frontend, "recipe": recipe, "source": source}
+        self._manifest = {
+            "format": "ninfer",
+            "version": VERSION,
+            "config": config,
+            "tensors": [self._tensor_entry(plan.name) for plan in tensors],
+            "frontend": frontend,
+            "recipe": recipe,
+            "source": source,
+        }
         try:
             manifest_size = len(manifest_bytes(self._manifest))
         except (TypeError, ValueError) as exc:
             raise ArtifactError(f"{self.path}: the manifest is not JSON-serialisable: {exc}") from exc
-        self._header = Header(MAGIC, VERSION, 0, MANIFEST_OFFSET, manifest_size,
-                              align_up(MANIFEST_OFFSET + manifest_size, DATA_ALIGNMENT), data_size, 0)
+        self._header = Header(
+            MAGIC,
+            VERSION,
+            0,
+            MANIFEST_OFFSET,
+            manifest_size,
+            align_up(MANIFEST_OFFSET + manifest_size, DATA_ALIGNMENT),
+            data_size,
+            0,
+        )
         self._file = open(self._partial, "w+b")  # noqa: SIM115 -- held until commit/abort
         self._file.truncate(self._header.data_offset + data_size)
-        self._progress = tqdm(total=data_size, unit="B", unit_scale=True, unit_divisor=1024,
-                              desc=self.path.name, disable=not progress)
+        self._progress = tqdm(
+            total=data_size,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=self.path.name,
+            disable=not progress,
+        )
 
     def _place(self, tensors: list[TensorPlan]) -> int:
         """Assigns every blob its 64-byte aligned offset, in plan order; returns the data size."""
         end = 0
         for plan in tensors:
             try:
-                plan = TensorPlan(plan.name, tuple(operator.index(d) for d in plan.shape), plan.encoding,
-                                  plan.group_size)
+                plan = TensorPlan(
+                    plan.name, tuple(operator.index(d) for d in plan.shape), plan.encoding, plan.group_size
+                )
             except TypeError as exc:
                 raise ArtifactError(f"{self.path}: tensor {plan.name!r} has a non-integer shape") from exc
             if plan.name in self._plans:
@@ -103,13 +134,16 @@ class ArtifactWriter:
         if plan.encoding in GROUPED_ENCODINGS:
             entry["group_size"] = plan.group_size
         entry["blobs"] = {
-            blob_name: {"offset": blob.offset, "nbytes": blob.spec.nbytes,
-                        "crc32": crc32_hex(blob.crc) if name in self._written else CRC_PLACEHOLDER}
+            blob_name: {
+                "offset": blob.offset,
+                "nbytes": blob.spec.nbytes,
+                "crc32": crc32_hex(blob.crc) if name in self._written else CRC_PLACEHOLDER,
+            }
             for blob_name, blob in self._blobs[name].items()
         }
         return entry
 
-    # --- tensors ----------------------------------------------------------------------------------------------
+    # --- tensors ------------------------------------------------------------------------------------------
 
     def _claim(self, name: str) -> dict[str, _PlacedBlob]:
         if name not in self._plans:
@@ -120,8 +154,9 @@ class ArtifactWriter:
 
     def _append(self, name: str, blob_name: str, blob: _PlacedBlob, data: bytes | memoryview) -> None:
         if blob.written + len(data) > blob.spec.nbytes:
-            raise ArtifactError(f"{self.path}: tensor {name!r} blob {blob_name!r} overflows its "
-                                f"{blob.spec.nbytes} bytes")
+            raise ArtifactError(
+                f"{self.path}: tensor {name!r} blob {blob_name!r} overflows its {blob.spec.nbytes} bytes"
+            )
         self._file.seek(self._header.data_offset + blob.offset + blob.written)
         self._file.write(data)
         blob.crc = zlib.crc32(data, blob.crc)
@@ -131,8 +166,10 @@ class ArtifactWriter:
     def _finish(self, name: str, blobs: dict[str, _PlacedBlob]) -> None:
         for blob_name, blob in blobs.items():
             if blob.written != blob.spec.nbytes:
-                raise ArtifactError(f"{self.path}: tensor {name!r} blob {blob_name!r} got {blob.written} bytes, "
-                                    f"expected {blob.spec.nbytes}")
+                raise ArtifactError(
+                    f"{self.path}: tensor {name!r} blob {blob_name!r} got {blob.written} bytes, "
+                    f"expected {blob.spec.nbytes}"
+                )
         self._written.add(name)
 
     def write(self, name: str, values: np.ndarray) -> None:
@@ -141,8 +178,9 @@ class ArtifactWriter:
         plan = self._plans[name]
         values = np.asarray(values)
         if values.shape != plan.shape:
-            raise ArtifactError(f"{self.path}: tensor {name!r} has shape {list(values.shape)}, "
-                                f"planned {list(plan.shape)}")
+            raise ArtifactError(
+                f"{self.path}: tensor {name!r} has shape {list(values.shape)}, planned {list(plan.shape)}"
+            )
         for pieces in encode_chunks(values, plan.encoding, plan.group_size):
             for blob_name, piece in pieces.items():
                 piece = np.ascontiguousarray(piece, dtype=blobs[blob_name].spec.dtype)
@@ -150,28 +188,33 @@ class ArtifactWriter:
         self._finish(name, blobs)
 
     def write_encoded(self, name: str, blobs: dict[str, np.ndarray | bytes]) -> None:
-        """Writes already-encoded blobs (e.g. synthetic benchmark weights); each must match its spec exactly."""
+        """Writes pre-encoded blobs (e.g. synthetic benchmark weights); each must match its spec exactly."""
         placed = self._claim(name)
         if set(blobs) != set(placed):
-            raise ArtifactError(f"{self.path}: tensor {name!r} needs blobs {sorted(placed)}, got {sorted(blobs)}")
+            raise ArtifactError(
+                f"{self.path}: tensor {name!r} needs blobs {sorted(placed)}, got {sorted(blobs)}"
+            )
         for blob_name, blob in placed.items():
             data = blobs[blob_name]
             if isinstance(data, np.ndarray):
                 if data.dtype != blob.spec.dtype or data.shape != blob.spec.shape:
                     raise ArtifactError(
                         f"{self.path}: tensor {name!r} blob {blob_name!r} is {data.dtype}{list(data.shape)}, "
-                        f"expected {blob.spec.dtype}{list(blob.spec.shape)}")
+                        f"expected {blob.spec.dtype}{list(blob.spec.shape)}"
+                    )
                 data = memoryview(np.ascontiguousarray(data)).cast("B")
             self._append(name, blob_name, blob, data)
         self._finish(name, placed)
 
-    # --- completion -------------------------------------------------------------------------------------------
+    # --- completion ---------------------------------------------------------------------------------------
 
     def commit(self) -> None:
         missing = [name for name in self._plans if name not in self._written]
         if missing:
-            raise ArtifactError(f"{self.path}: {len(missing)} planned tensor(s) never written: "
-                                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+            raise ArtifactError(
+                f"{self.path}: {len(missing)} planned tensor(s) never written: "
+                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+            )
         self._manifest["tensors"] = [self._tensor_entry(name) for name in self._plans]
         manifest = manifest_bytes(self._manifest)
         # The checksums have the placeholders' width, so the manifest keeps the size the layout was built on.
@@ -194,11 +237,12 @@ class ArtifactWriter:
         self._progress.close()
         self._file.close()
 
-    def __enter__(self) -> ArtifactWriter:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             try:
                 self.commit()
