@@ -40,18 +40,19 @@ def _run(argv: list[str], cwd: Path = REPO) -> str:
     return result.stdout
 
 
-def eval_json(expression: str, *, build: bool = False) -> Any:
-    """Evaluate a Nix expression (paths relative to the repo root) strictly and return it as JSON.
-
-    `build` allows reading files of derivations (import from derivation), building them offline first.
-    """
-    mode = ["--read-write-mode"] if build else []
-    return json.loads(_run(["nix-instantiate", "--eval", "--strict", "--json", *mode, "--expr", expression]))
+def eval_json(expression: str) -> Any:
+    """Evaluate a Nix expression (paths relative to the repo root) strictly and return it as JSON."""
+    return json.loads(_run(["nix-instantiate", *FLAKE_FEATURES, "--eval", "--strict", "--json", "--read-write-mode", "--expr", expression]))
 
 
 def build(expression: str) -> Path:
     """Build a derivation offline and return its output path."""
     return Path(_run(["nix-build", "--no-out-link", "--expr", expression]).strip())
+
+
+def realise(derivation: str) -> Path:
+    """Build a .drv offline and return its output path."""
+    return Path(_run(["nix-store", "--realise", derivation]).strip())
 
 
 def parse(path: Path) -> None:
@@ -64,6 +65,7 @@ def nix(args: list[str], cwd: Path) -> str:
 
 def copy_flake(destination: Path) -> Path:
     """A copy of the flake without the rest of the working tree (a `path:` flake copies the whole folder)."""
+    destination.mkdir(parents=True)
     for name in FLAKE_PATHS:
         source = REPO / name
         if source.is_dir():

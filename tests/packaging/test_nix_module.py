@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
-from nixeval import REPO, NixError, eval_json, needs_nix, nixos_eval, parse
+from nixeval import REPO, NixError, eval_json, needs_nix, nixos_eval, parse, realise
 
 pytestmark = needs_nix
 
@@ -109,28 +110,30 @@ def test_module_single_model_with_defaults():
     assert result["firewall"] == [] and result["users"] == {"users": {}, "groups": {}}
 
 
+# The .drv that writes the router config (ExecStart depends on it through its string context).
+ROUTER_CONFIG_DERIVATION = """
+let
+  pkgs = import ./nix/tests/stub-nixpkgs {{ }} // {{ ninfer = import ./nix/tests/stub-nixpkgs/package.nix {{ }}; }};
+  system = import ./nix/tests/stub-nixpkgs/nixos.nix {{
+    inherit pkgs;
+    modules = [ ./nix/module.nix {{ services.ninfer = {{ {body} }}; }} ];
+  }};
+  drvs = builtins.attrNames (builtins.getContext system.config.systemd.services.ninfer.serviceConfig.ExecStart);
+in builtins.head (builtins.filter (d: builtins.match ".*-ninfer-serve[.]json[.]drv" d != null) drvs)
+"""
+
+
 def test_module_router_config_is_written_to_the_store():
-    result = nixos_eval(
-        """enable = true; host = "0.0.0.0"; port = 9000; openFirewall = true;
-           models.big = { path = "/m/big.ninfer"; engine = { max_context = 65536; kv_dtype = "fp8"; }; };
-           models.small.path = "/m/small.ninfer";
-           settings.ttl = 600;"""
-    )
+    body = """enable = true; host = "0.0.0.0"; port = 9000; openFirewall = true;
+              models.big = { path = "/m/big.ninfer"; engine = { max_context = 65536; kv_dtype = "fp8"; }; };
+              models.small.path = "/m/small.ninfer";
+              settings.ttl = 600;"""
+    result = nixos_eval(body)
     assert result["failedAssertions"] == []
     exec_start = result["service"]["serviceConfig"]["ExecStart"]
     config_path = re.search(r"--config (/nix/store/\S+-ninfer-serve\.json)", exec_start).group(1)
-    written = eval_json(
-        f"""let
-              pkgs = import ./nix/tests/stub-nixpkgs {{ }} // {{ ninfer = import ./nix/tests/stub-nixpkgs/package.nix {{ }}; }};
-              system = import ./nix/tests/stub-nixpkgs/nixos.nix {{ inherit pkgs; modules = [ ./nix/module.nix {{
-                services.ninfer = {{ enable = true; models.big = {{ path = "/m/big.ninfer";
-                  engine = {{ max_context = 65536; kv_dtype = "fp8"; }}; }};
-                  models.small.path = "/m/small.ninfer"; settings.ttl = 600; host = "0.0.0.0"; port = 9000; }};
-              }} ]; }};
-              execStart = system.config.systemd.services.ninfer.serviceConfig.ExecStart;
-            in builtins.readFile (builtins.head (builtins.match ".*--config ([^ ]+).*" execStart))""",
-        build=True,
-    )
+    realise(eval_json(ROUTER_CONFIG_DERIVATION.format(body=body)))
+    written = Path(config_path).read_text()
     assert json.loads(written) == {
         "ttl": 600,
         "models": {
