@@ -247,7 +247,5 @@ in
     mkUnit
     renderUnitFile
     hardening
-    escapeExecArgument
-    credentialName
     ;
 }
