@@ -119,7 +119,9 @@ class Frontend:
     """What the artifact says about text: tokenizer, chat template, special tokens and generation defaults."""
 
     def __init__(self, frontend: Mapping[str, Any], eos_token_ids: Sequence[int]) -> None:
-        self.tokenizer = tokenizers.Tokenizer.from_str(frontend["tokenizer_json"])
+        source = frontend.get("tokenizer_json")
+        # Artifacts converted from a checkpoint without a tokenizer take and give token ids only.
+        self.tokenizer = None if source is None else tokenizers.Tokenizer.from_str(source)
         special = frontend.get("special_tokens") or {}
         self.eos_token_ids: tuple[int, ...] = tuple(special.get("eos") or eos_token_ids)
         self.bos_token_id: int | None = special.get("bos")
@@ -131,14 +133,21 @@ class Frontend:
             eos_token=self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None))
 
     def _token_text(self, token_id: int | None) -> str:
-        return "" if token_id is None else (self.tokenizer.id_to_token(token_id) or "")
+        if token_id is None or self.tokenizer is None:
+            return ""
+        return self.tokenizer.id_to_token(token_id) or ""
+
+    def _require_tokenizer(self) -> tokenizers.Tokenizer:
+        if self.tokenizer is None:
+            raise errors.EngineError("this model's artifact has no tokenizer: send token ids")
+        return self.tokenizer
 
     def encode(self, text: str) -> list[int]:
         """Text (a rendered prompt, with its special tokens written out) -> ids; no BOS is added."""
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self._require_tokenizer().encode(text, add_special_tokens=False).ids
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return self._require_tokenizer().decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> RenderedPrompt:
         """Chat messages -> prompt text through the artifact's template (tools, enable_thinking, ...)."""
