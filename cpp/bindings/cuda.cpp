@@ -1,0 +1,176 @@
+// `_engine.cuda`: the CUDA kernels exposed for their parity tests (against the CPU twins) and the kernel
+// benchmarks. `built` says whether this extension has the CUDA backend; device_count() whether a GPU is usable.
+#include "bindings/bindings.h"
+
+#ifdef NINFER_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/gdn_decode.h"
+#include "backend/cuda/gemv.h"
+#include "bindings/array_out.h"
+#include "bindings/artifact_handle.h"
+#endif
+
+namespace nb = nanobind;
+
+namespace ninfer::bindings {
+
+#ifdef NINFER_HAVE_CUDA
+namespace {
+
+using InFloats = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for the caller, just no GPU
+    return 0;
+  }
+  return count;
+}
+
+cuda::DeviceBuffer to_device(const InFloats& a) {
+  cuda::DeviceBuffer buffer(a.size() * sizeof(float));
+  buffer.upload(a.data(), a.size() * sizeof(float));
+  return buffer;
+}
+
+FloatArray to_host(const cuda::DeviceBuffer& buffer, const std::vector<int64_t>& shape) {
+  size_t count = 1;
+  for (int64_t d : shape) count *= size_t(d);
+  OwnedFloats out = allocate_floats(count);
+  buffer.download(out.data, count * sizeof(float));
+  return as_array(out, shape);
+}
+
+// y = x W^T on the GPU for x [rows, cols]; the output buffer is poisoned (NaN bytes) first.
+FloatArray linear(const InFloats& x, const ArtifactHandle& handle, const std::string& name) {
+  const TensorView& host = handle.get()->tensor(name);
+  if (x.ndim() != 2 || x.shape(1) != size_t(host.cols())) {
+    throw EngineError("cuda.linear: x must be [rows, " + std::to_string(host.cols()) + "]");
+  }
+  const int rows = int(x.shape(0));
+  cuda::DeviceWeight weight = cuda::upload_weight(host);
+  cuda::DeviceBuffer x_device = to_device(x);
+  cuda::DeviceBuffer y_device(size_t(rows) * size_t(host.rows()) * sizeof(float));
+  NINFER_CUDA_CHECK(cudaMemset(y_device.get(), 0xff, y_device.bytes()));
+  {
+    nb::gil_scoped_release release;
+    cuda::gemv(x_device.as<float>(), rows, weight.view, y_device.as<float>(), nullptr);
+    NINFER_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  return to_host(y_device, {rows, host.rows()});
+}
+
+// One decode step of the gated delta rule for a batch: q, k [B, Hk, Dk], v [B, Hv, Dv], g, beta [B, Hv],
+// states [B, Hv, Dk, Dv]. Returns (out [B, Hv, Dv], new states).
+std::tuple<FloatArray, FloatArray> gdn_decode(const InFloats& q, const InFloats& k, const InFloats& v,
+                                              const InFloats& g, const InFloats& beta, const InFloats& states) {
+  if (q.ndim() != 3 || v.ndim() != 3 || states.ndim() != 4) {
+    throw EngineError("cuda.gdn_decode: expected q/k [B,Hk,Dk], v [B,Hv,Dv], states [B,Hv,Dk,Dv]");
+  }
+  cuda::GdnDecodeArgs args;
+  args.batch = int32_t(q.shape(0));
+  args.num_key_heads = int32_t(q.shape(1));
+  args.key_head_dim = int32_t(q.shape(2));
+  args.num_value_heads = int32_t(v.shape(1));
+  args.value_head_dim = int32_t(v.shape(2));
+  cuda::DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v), dg = to_device(g),
+                     dbeta = to_device(beta), dstates = to_device(states);
+  cuda::DeviceBuffer dout(size_t(args.batch) * args.num_value_heads * args.value_head_dim * sizeof(float));
+  NINFER_CUDA_CHECK(cudaMemset(dout.get(), 0xff, dout.bytes()));
+  const size_t state_floats = size_t(args.num_value_heads) * args.key_head_dim * args.value_head_dim;
+  std::vector<float*> pointers(args.batch);
+  for (int b = 0; b < args.batch; ++b) pointers[b] = dstates.as<float>() + b * state_floats;
+  cuda::DeviceBuffer dpointers(pointers.size() * sizeof(float*));
+  dpointers.upload(pointers.data(), dpointers.bytes());
+  args.q = dq.as<float>();
+  args.k = dk.as<float>();
+  args.v = dv.as<float>();
+  args.g = dg.as<float>();
+  args.beta = dbeta.as<float>();
+  args.states = dpointers.as<float* const>();
+  args.out = dout.as<float>();
+  {
+    nb::gil_scoped_release release;
+    cuda::gdn_decode(args, nullptr);
+    NINFER_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  return {to_host(dout, {args.batch, args.num_value_heads, args.value_head_dim}),
+          to_host(dstates, {args.batch, args.num_value_heads, args.key_head_dim, args.value_head_dim})};
+}
+
+// Median time of the decode GEMV over `copies` device copies of the weight used in turn (so that the set is
+// larger than L2 and every call streams from device memory). Returns (median microseconds, weight bytes per call).
+std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std::string& name, int rows, int copies,
+                                        int iterations) {
+  const TensorView& host = handle.get()->tensor(name);
+  std::vector<cuda::DeviceWeight> weights;
+  for (int c = 0; c < copies; ++c) weights.push_back(cuda::upload_weight(host));
+  const double bytes = double(cuda::data_bytes(host) + cuda::scale_bytes(host) + cuda::zero_bytes(host));
+  std::vector<float> x_host(size_t(rows) * size_t(host.cols()));
+  for (size_t i = 0; i < x_host.size(); ++i) x_host[i] = float((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+  cuda::DeviceBuffer x(x_host.size() * sizeof(float));
+  x.upload(x_host.data(), x.bytes());
+  cuda::DeviceBuffer y(size_t(rows) * size_t(host.rows()) * sizeof(float));
+  std::vector<float> times;
+  {
+    nb::gil_scoped_release release;
+    cudaEvent_t start, stop;
+    NINFER_CUDA_CHECK(cudaEventCreate(&start));
+    NINFER_CUDA_CHECK(cudaEventCreate(&stop));
+    for (int c = 0; c < copies; ++c) cuda::gemv(x.as<float>(), rows, weights[c].view, y.as<float>(), nullptr);
+    NINFER_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int it = 0; it < iterations; ++it) {
+      const cuda::DeviceWeight& w = weights[it % copies];
+      NINFER_CUDA_CHECK(cudaEventRecord(start));
+      cuda::gemv(x.as<float>(), rows, w.view, y.as<float>(), nullptr);
+      NINFER_CUDA_CHECK(cudaEventRecord(stop));
+      NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      times.push_back(ms * 1000.0f);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  std::sort(times.begin(), times.end());
+  return {double(times[times.size() / 2]), bytes};
+}
+
+std::string device_name() {
+  cudaDeviceProp props{};
+  NINFER_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
+  return props.name;
+}
+
+}  // namespace
+#endif
+
+void bind_cuda(nb::module_& m) {
+  nb::module_ sub = m.def_submodule("cuda", "CUDA kernels, exposed for parity tests and benchmarks");
+#ifdef NINFER_HAVE_CUDA
+  sub.attr("built") = true;
+  sub.def("device_count", &device_count, "Usable CUDA devices (0 without a driver or GPU).");
+  sub.def("device_name", &device_name);
+  sub.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"),
+          "x @ W.T on the GPU with the decode GEMV (1..8 rows), W in its stored encoding.");
+  sub.def("gdn_decode", &gdn_decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
+          nb::arg("states"), "One gated-delta-rule decode step for a batch of sequences.");
+  sub.def("bench_linear", &bench_linear, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"),
+          nb::arg("copies") = 4, nb::arg("iterations") = 50);
+#else
+  sub.attr("built") = false;
+#endif
+}
+
+}  // namespace ninfer::bindings
