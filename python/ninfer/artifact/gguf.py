@@ -9,6 +9,7 @@ permutation. (`qwen2` GGUFs are not permuted: llama.cpp runs them with NeoX pair
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,7 @@ def _logical_name(name: str) -> str | None:
     return None
 
 
-def _loader(tensor) -> callable:
+def _loader(tensor) -> Callable[[], np.ndarray]:
     from gguf import quants
 
     def load() -> np.ndarray:
