@@ -1,6 +1,255 @@
+// ninfer._engine.Model: the model and its caches for tests and tools (prefill / decode / batched forward /
+// MTP / scoring). The runtime drives the C++ Model directly; this is the thin Python view of it.
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "bindings/array_out.h"
 #include "bindings/bindings.h"
+#include "model/model.h"
+
+namespace nb = nanobind;
 
 namespace ninfer::bindings {
-// Filled by the component's owner.
-void bind_model(nanobind::module_& m) {}
+
+namespace {
+
+using TokenArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using HiddenArray = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// Shared by the Python Model and its sequences, so a sequence outliving its Model still returns its pages.
+struct ModelState {
+  std::shared_ptr<const Artifact> artifact;
+  std::unique_ptr<Model> model;
+  std::mutex mutex;  // one pass at a time; Python threads may share a Model
+  ForwardOutput last;
+};
+
+struct PySequence {
+  std::shared_ptr<ModelState> owner;
+  SequenceCache cache;
+  ~PySequence() {
+    if (owner) {
+      std::lock_guard lock(owner->mutex);
+      owner->model->release(cache);
+    }
+  }
+};
+
+// Grows the sequence's reservation for `n` more tokens or raises CapacityError with the numbers.
+void reserve_or_raise(Model& model, SequenceCache& cache, int64_t n) {
+  if (!model.reserve(cache, cache.length + n))
+    throw CapacityError("the KV pool cannot hold " + std::to_string(cache.length + n) + " tokens for this sequence (" +
+                        std::to_string(model.kv_free_tokens()) + " free tokens, " +
+                        std::to_string(model.free_state_slots()) + " free state slots)");
+}
+
+FloatArray rows_of(const std::vector<float>& values, int64_t first_row, int64_t rows, int64_t width) {
+  OwnedFloats out = allocate_floats(size_t(rows * width));
+  std::copy_n(values.data() + first_row * width, rows * width, out.data);
+  return as_array(out, {rows, width});
+}
+
+class PyModel {
+ public:
+  explicit PyModel(std::shared_ptr<ModelState> s) : s_(std::move(s)) {}
+
+  static PyModel open(const std::string& path, int64_t max_context, int64_t kv_capacity, int32_t max_sequences,
+                      const std::string& kv_dtype, int32_t threads, int32_t gdn_chunk, bool verify_checksums) {
+    ModelOptions o;
+    o.max_context = max_context;
+    o.kv_capacity = kv_capacity;
+    o.max_sequences = max_sequences;
+    o.kv_dtype = parse_kv_dtype(kv_dtype);
+    o.threads = threads;
+    o.gdn_chunk = gdn_chunk;
+    o.verify_checksums = verify_checksums;
+    auto state = std::make_shared<ModelState>();
+    {
+      nb::gil_scoped_release release;
+      state->artifact = Artifact::open(path, verify_checksums);
+      state->model = Model::load(state->artifact, o);
+    }
+    return PyModel(state);
+  }
+
+  nb::object config() const {
+    nb::object json = nb::module_::import_("json");
+    std::string_view text = s_->artifact->manifest_text();
+    return json.attr("loads")(nb::str(text.data(), text.size()))["config"];
+  }
+
+  PySequence* new_sequence() { return new PySequence{s_, {}}; }
+
+  FloatArray prefill(PySequence& seq, TokenArray tokens, bool all_logits) {
+    const int64_t n = int64_t(tokens.shape(0));
+    if (n == 0) throw EngineError("prefill needs at least one token");
+    run({{tokens.data(), n, &seq, all_logits}});
+    return rows_of(s_->last.logits, 0, int64_t(s_->last.logits.size()) / s_->last.vocab, s_->last.vocab);
+  }
+
+  FloatArray decode(PySequence& seq, int32_t token) {
+    run({{&token, 1, &seq, false}});
+    return rows_of(s_->last.logits, 0, 1, s_->last.vocab);
+  }
+
+  std::vector<FloatArray> forward_batch(const std::vector<std::pair<PySequence*, TokenArray>>& items, bool all_logits) {
+    std::vector<Item> batch;
+    for (const auto& [seq, tokens] : items) batch.push_back({tokens.data(), int64_t(tokens.shape(0)), seq, all_logits});
+    run(batch);
+    std::vector<FloatArray> out;
+    const ForwardOutput& o = s_->last;
+    const int64_t total = int64_t(o.logits.size()) / o.vocab;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t end = i + 1 < batch.size() ? o.row_offset[i + 1] : total;
+      out.push_back(rows_of(o.logits, o.row_offset[i], end - o.row_offset[i], o.vocab));
+    }
+    return out;
+  }
+
+  FloatArray hidden() const {
+    const ForwardOutput& o = s_->last;
+    return rows_of(o.hidden, 0, o.hidden_size ? int64_t(o.hidden.size()) / o.hidden_size : 0, o.hidden_size);
+  }
+
+  FloatArray mtp_logits(PySequence& seq, HiddenArray hidden, TokenArray next_tokens, int64_t start) {
+    const int64_t n = int64_t(next_tokens.shape(0)), h = s_->model->config().hidden_size;
+    if (int64_t(hidden.shape(0)) != n || int64_t(hidden.shape(1)) != h)
+      throw EngineError("mtp_logits: hidden must be [" + std::to_string(n) + ", " + std::to_string(h) + "]");
+    std::vector<float> logits;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard lock(s_->mutex);
+      s_->model->mtp_forward(hidden.data(), next_tokens.data(), n, start, seq.cache, logits);
+    }
+    return rows_of(logits, 0, n, s_->model->config().vocab_size);
+  }
+
+  // Per-token log-probabilities of tokens[1:] given their prefixes, in a temporary sequence, 64 rows of logits at
+  // a time (a long text never holds [n, vocab] logits); log-softmax in f64.
+  nb::ndarray<nb::numpy, double> score(TokenArray tokens) {
+    const int64_t n = int64_t(tokens.shape(0));
+    double* result = new double[size_t(std::max<int64_t>(n - 1, 1))];
+    nb::capsule owner(result, [](void* p) noexcept { delete[] static_cast<double*>(p); });
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard lock(s_->mutex);
+      Model& model = *s_->model;
+      SequenceCache cache;
+      struct Releaser {
+        Model& m;
+        SequenceCache& c;
+        ~Releaser() { m.release(c); }
+      } releaser{model, cache};
+      if (n > 1) reserve_or_raise(model, cache, n - 1);
+      ForwardOutput out;
+      for (int64_t begin = 0; begin < n - 1; begin += kKvPageTokens) {
+        const int64_t len = std::min<int64_t>(kKvPageTokens, n - 1 - begin);
+        const ForwardItem item{tokens.data() + begin, len, &cache, true};
+        model.forward({&item, 1}, out);
+        for (int64_t t = 0; t < len; ++t) result[begin + t] = log_softmax_at(out.logits.data() + t * out.vocab, out.vocab,
+                                                                              tokens.data()[begin + t + 1]);
+      }
+    }
+    size_t shape[1] = {size_t(std::max<int64_t>(n - 1, 0))};
+    return nb::ndarray<nb::numpy, double>(result, 1, shape, owner);
+  }
+
+  void release(PySequence& seq) {
+    std::lock_guard lock(s_->mutex);
+    s_->model->release(seq.cache);
+  }
+
+  int64_t kv_free_tokens() const { return s_->model->kv_free_tokens(); }
+  int64_t kv_capacity_tokens() const { return s_->model->kv_capacity_tokens(); }
+  int32_t free_state_slots() const { return s_->model->free_state_slots(); }
+  bool has_mtp() const { return s_->model->has_mtp(); }
+
+ private:
+  struct Item {
+    const int32_t* tokens;
+    int64_t n;
+    PySequence* seq;
+    bool all_logits;
+  };
+
+  static double log_softmax_at(const float* logits, int64_t vocab, int32_t token) {
+    if (token < 0 || token >= vocab) return NAN;  // forward() already refused such a token as input
+    double max_logit = logits[0];
+    for (int64_t i = 1; i < vocab; ++i) max_logit = std::max(max_logit, double(logits[i]));
+    double sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - max_logit);
+    return double(logits[token]) - max_logit - std::log(sum);
+  }
+
+  // Reserve for every item (nothing changes unless all fit), then one forward pass.
+  void run(const std::vector<Item>& items) {
+    for (const Item& it : items)
+      if (it.seq->owner != s_) throw EngineError("a sequence of another Model");
+    nb::gil_scoped_release release;
+    std::lock_guard lock(s_->mutex);
+    Model& model = *s_->model;
+    std::vector<ForwardItem> batch;
+    for (const Item& it : items) batch.push_back({it.tokens, it.n, &it.seq->cache, it.all_logits});
+    // A refused batch (pool short, bad token id) leaves every sequence as it was: reservations made for it are
+    // given back.
+    std::vector<SequenceCache> before;
+    for (const Item& it : items) before.push_back(it.seq->cache);
+    try {
+      for (const Item& it : items) reserve_or_raise(model, it.seq->cache, it.n);
+      model.forward(batch, s_->last);
+    } catch (...) {
+      for (size_t i = 0; i < items.size(); ++i) shrink_to(model, items[i].seq->cache, before[i]);
+      throw;
+    }
+  }
+
+  // Gives back pages a failed batch reserved beyond what `before` held.
+  static void shrink_to(Model& model, SequenceCache& cache, const SequenceCache& before) {
+    if (cache.pages.size() == before.pages.size() && cache.state_slot == before.state_slot) return;
+    SequenceCache extra;
+    extra.pages.assign(cache.pages.begin() + before.pages.size(), cache.pages.end());
+    if (before.state_slot < 0) extra.state_slot = cache.state_slot;
+    model.release(extra);
+    cache.pages.resize(before.pages.size());
+    cache.state_slot = before.state_slot;
+  }
+
+  std::shared_ptr<ModelState> s_;
+};
+
+}  // namespace
+
+void bind_model(nb::module_& m) {
+  nb::class_<PySequence>(m, "Sequence", "One sequence's caches (KV pages and GDN state slot) in a Model.")
+      .def_prop_ro("length", [](const PySequence& s) { return s.cache.length; })
+      .def_prop_ro("pages", [](const PySequence& s) { return s.cache.pages.size(); })
+      .def_prop_ro("state_slot", [](const PySequence& s) { return s.cache.state_slot; });
+
+  nb::class_<PyModel>(m, "Model", "The CPU model of an artifact with its KV pool and GDN state slots.")
+      .def_static("open", &PyModel::open, nb::arg("path"), nb::arg("max_context") = 4096,
+                  nb::arg("kv_capacity") = 0, nb::arg("max_sequences") = 1, nb::arg("kv_dtype") = "bf16",
+                  nb::arg("threads") = 0, nb::arg("gdn_chunk") = 64, nb::arg("verify_checksums") = true)
+      .def_prop_ro("config", &PyModel::config, "The manifest's model config as a dict.")
+      .def_prop_ro("has_mtp", &PyModel::has_mtp)
+      .def("new_sequence", &PyModel::new_sequence, nb::rv_policy::take_ownership)
+      .def("prefill", &PyModel::prefill, nb::arg("seq"), nb::arg("tokens"), nb::arg("all_logits") = false,
+           "Appends tokens; f32 logits [rows, vocab] (every token's, or the last one's).")
+      .def("decode", &PyModel::decode, nb::arg("seq"), nb::arg("token"), "Appends one token; logits [1, vocab].")
+      .def("forward_batch", &PyModel::forward_batch, nb::arg("items"), nb::arg("all_logits") = false,
+           "One pass over [(seq, tokens), ...]; a list of logits arrays in item order.")
+      .def_prop_ro("hidden", &PyModel::hidden, "Final-normed hidden rows [rows, hidden] of the last pass.")
+      .def("mtp_logits", &PyModel::mtp_logits, nb::arg("seq"), nb::arg("hidden"), nb::arg("next_tokens"),
+           nb::arg("start"), "MTP draft logits [n, vocab] from hidden rows at positions start.. and next tokens.")
+      .def("score", &PyModel::score, nb::arg("tokens"), "log p(tokens[i+1] | tokens[:i+1]) for each i, f64.")
+      .def("release", &PyModel::release, nb::arg("seq"))
+      .def("kv_free_tokens", &PyModel::kv_free_tokens)
+      .def_prop_ro("kv_capacity_tokens", &PyModel::kv_capacity_tokens)
+      .def_prop_ro("free_state_slots", &PyModel::free_state_slots);
+}
+
 }  // namespace ninfer::bindings

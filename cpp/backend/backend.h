@@ -1,0 +1,127 @@
+// The ops the model is built from. The model calls only these; a backend implements them for its memory
+// (host pointers for the CPU backend; device pointers, a stream and graph capture for the CUDA backend).
+// Every op works on a batch of rows at once; per-sequence structure arrives as a SequenceRows table, so no op
+// needs host-side logic per token.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "artifact/artifact.h"
+#include "model/config.h"
+
+namespace ninfer {
+
+class KvPool;
+class StatePool;
+
+// RMSNorm conventions: Plain multiplies by w (llama family, the GDN output norm); Offset by (1 + w) (Qwen3.5).
+enum class NormKind : uint8_t { Plain, Offset };
+
+// One sequence's rows within a batch: rows [row0, row0 + n) hold positions start .. start + n - 1.
+// `pages` are its KV pages (page p holds positions [64p, 64p + 64)); `state_slot` its GDN state slot.
+struct SequenceRows {
+  int64_t row0 = 0, n = 0, start = 0;
+  const int32_t* pages = nullptr;
+  int32_t state_slot = -1;
+};
+
+struct RopeSpec {
+  RopePairing pairing = RopePairing::Half;
+  int32_t rotary_dim = 0;
+  const float* inv_freq = nullptr;  // rotary_dim / 2 frequencies
+};
+
+struct AttentionShape {
+  int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+};
+
+struct GdnShape {
+  int32_t num_key_heads = 0, num_value_heads = 0, key_head_dim = 0, value_head_dim = 0, conv_kernel = 0;
+  int32_t chunk = 64;  // chunk length of the chunked rule, used for sequences with more than one new token
+  int64_t conv_channels() const { return 2LL * num_key_heads * key_head_dim + int64_t(num_value_heads) * value_head_dim; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Called by the model on the thread that runs a pass, before any op (the CPU backend sets its OpenMP threads
+  // there, since OpenMP's thread count is a per-thread setting).
+  virtual void bind_calling_thread() = 0;
+
+  // --- matrices: `w` in its stored encoding (never expanded) ---
+  // y[r] = W x[r] (+ bias) for every row.
+  virtual void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias = nullptr) = 0;
+  // out[i] = row tokens[i] of `table` (any encoding).
+  virtual void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) = 0;
+  // out[i] = x[rows[i]] (rows of `dim` values).
+  virtual void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) = 0;
+
+  // --- elementwise ---
+  virtual void add(float* inout, const float* x, int64_t n) = 0;
+  // out = silu(gate) * up, n values. `out` may alias either input.
+  virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
+  // x[r, :] *= sigmoid(logit[r]) for rows of `dim` values (the shared expert's gate).
+  virtual void scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) = 0;
+  // out[r, j] = x[r * x_stride + j] for j < cols (a column slice made contiguous).
+  virtual void copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) = 0;
+
+  // --- norms ---
+  // RMSNorm of `rows` vectors of `dim` values at `x_stride`, into `out` at `out_stride` (may alias x).
+  virtual void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind,
+                       float eps, float* out, int64_t out_stride) = 0;
+
+  // --- full attention ---
+  // Rotates the first rotary_dim values of each of `heads` heads (head h of row r at x + r*row_stride + h*head_stride)
+  // by the angles of positions[r].
+  virtual void rope(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride,
+                    const int64_t* positions, const RopeSpec& rope) = 0;
+  // Stores the new rows' K and V ([rows, kv_heads * head_dim] each) into the sequences' pages of `layer`.
+  virtual void kv_write(const float* k, const float* v, std::span<const SequenceRows> seqs, KvPool& pool,
+                        int32_t layer) = 0;
+  // Causal softmax attention of each row's query heads (row r at q + r*q_row_stride, head h at + h*q_head_stride)
+  // over its sequence's positions 0 .. its own, GQA (head h reads KV head h / (heads / kv_heads)).
+  // out [rows, heads * head_dim].
+  virtual void attention(const float* q, int64_t q_row_stride, int64_t q_head_stride,
+                         std::span<const SequenceRows> seqs, const KvPool& pool, int32_t layer,
+                         const AttentionShape& shape, float* out) = 0;
+  // x[r, h, :] *= sigmoid(gate[r * gate_row_stride + h * gate_head_stride + :]) for x [rows, heads, dim].
+  virtual void sigmoid_gate(float* x, int64_t rows, int32_t heads, int32_t dim, const float* gate,
+                            int64_t gate_row_stride, int64_t gate_head_stride) = 0;
+
+  // --- mixture of experts ---
+  // Softmax over all experts (f32), top-k, renormalised: ids/weights [rows, top_k].
+  virtual void moe_route(const float* logits, int64_t rows, int32_t experts, int32_t top_k, int32_t* ids,
+                         float* weights) = 0;
+  // out[r] = sum_j weights[r, j] * down_e(silu(gate_e x[r]) * up_e x[r]), e = ids[r, j]. Stacked [E, ., .] weights.
+  virtual void moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
+                           int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
+                           float* out) = 0;
+
+  // --- Gated DeltaNet ---
+  // Causal depthwise conv + SiLU per sequence over mixed [rows, C], with each sequence's conv history in
+  // `states` (linear layer `layer`). weight [C, K] f32.
+  virtual void gdn_conv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
+                        const float* weight, StatePool& states, int32_t layer, float* out) = 0;
+  // Per head: out = x / sqrt(sum(x^2) + 1e-6) * scale; x heads at x + r*x_stride + h*dim, out contiguous.
+  virtual void l2norm_heads(const float* x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride, float scale,
+                            float* out) = 0;
+  // g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); all [rows, heads].
+  virtual void gdn_gates(const float* a, const float* b, int64_t rows, int32_t heads, const float* A_log,
+                         const float* dt_bias, float* g, float* beta) = 0;
+  // The gated delta rule per sequence (chunked for several new tokens, recurrent for one), state in `states`.
+  virtual void gdn_rule(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                        std::span<const SequenceRows> seqs, const GdnShape& shape, StatePool& states, int32_t layer,
+                        float* out) = 0;
+  // out[r, h] = (w * rmsnorm(x[r, h])) * silu(z[r, h]) over heads of `dim` values (plain weight).
+  virtual void gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim,
+                             const float* w, float eps, float* out) = 0;
+};
+
+// The CPU backend; `threads` OpenMP threads for every op (0: all cores).
+std::unique_ptr<Backend> make_cpu_backend(int32_t threads);
+
+}  // namespace ninfer

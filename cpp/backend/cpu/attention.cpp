@@ -1,0 +1,100 @@
+// Paged causal attention of the CPU backend: KV writes into 64-token pages and GQA softmax attention over them.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "runtime/kv_codec.h"
+#include "runtime/kv_pool.h"
+
+namespace ninfer::cpu {
+
+void CpuBackend::kv_write(const float* k, const float* v, std::span<const SequenceRows> seqs, KvPool& pool,
+                          int32_t layer) {
+  const int64_t width = pool.row_elements();
+  dispatch_kv_dtype(pool.dtype(), [&](auto codec) {
+    using Codec = decltype(codec);
+    using E = typename Codec::Element;
+    for (const SequenceRows& s : seqs)
+      for (int64_t t = 0; t < s.n; ++t) {
+        const int64_t pos = s.start + t, page = s.pages[pos / kKvPageTokens], off = pos % kKvPageTokens;
+        E* kd = static_cast<E*>(pool.k_rows(int32_t(page), layer)) + off * width;
+        E* vd = static_cast<E*>(pool.v_rows(int32_t(page), layer)) + off * width;
+        const float* ks = k + (s.row0 + t) * width;
+        const float* vs = v + (s.row0 + t) * width;
+        for (int64_t j = 0; j < width; ++j) {
+          kd[j] = Codec::store(ks[j]);
+          vd[j] = Codec::store(vs[j]);
+        }
+      }
+  });
+}
+
+namespace {
+
+// One query head of one row against positions 0 .. last of its sequence; `scores` holds last + 1 floats.
+template <class Codec>
+void attend_one(const float* q, const SequenceRows& s, int64_t last, int32_t kv_head, const KvPool& pool,
+                int32_t layer, const AttentionShape& shape, float* scores, float* out) {
+  using E = typename Codec::Element;
+  const int64_t width = pool.row_elements(), d = shape.head_dim;
+  float max_score = -INFINITY;
+  for (int64_t j = 0; j <= last; ++j) {
+    const E* kr = static_cast<const E*>(pool.k_rows(s.pages[j / kKvPageTokens], layer)) +
+                  (j % kKvPageTokens) * width + kv_head * d;
+    float dot = 0.0f;
+    for (int64_t i = 0; i < d; ++i) dot += q[i] * Codec::load(kr[i]);
+    scores[j] = dot * shape.scale;
+    max_score = std::max(max_score, scores[j]);
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j <= last; ++j) {
+    scores[j] = std::exp(scores[j] - max_score);
+    sum += scores[j];
+  }
+  const float inv = 1.0f / sum;
+  std::fill_n(out, d, 0.0f);
+  for (int64_t j = 0; j <= last; ++j) {
+    const E* vr = static_cast<const E*>(pool.v_rows(s.pages[j / kKvPageTokens], layer)) +
+                  (j % kKvPageTokens) * width + kv_head * d;
+    const float p = scores[j] * inv;
+    for (int64_t i = 0; i < d; ++i) out[i] += p * Codec::load(vr[i]);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention(const float* q, int64_t q_row_stride, int64_t q_head_stride,
+                           std::span<const SequenceRows> seqs, const KvPool& pool, int32_t layer,
+                           const AttentionShape& shape, float* out) {
+  int64_t rows = 0, longest = 0;
+  for (const SequenceRows& s : seqs) {
+    rows = std::max(rows, s.row0 + s.n);
+    longest = std::max(longest, s.start + s.n);
+  }
+  attn_row_seq_.assign(size_t(rows), -1);
+  for (size_t i = 0; i < seqs.size(); ++i)
+    std::fill_n(attn_row_seq_.begin() + seqs[i].row0, seqs[i].n, int32_t(i));
+  const int threads = omp_get_max_threads();
+  if (attn_scores_.size() < size_t(threads * longest)) attn_scores_.resize(size_t(threads * longest));
+  const int32_t group = shape.num_heads / shape.num_kv_heads;
+  const int64_t work = rows * shape.num_heads;
+
+  dispatch_kv_dtype(pool.dtype(), [&](auto codec) {
+    using Codec = decltype(codec);
+#pragma omp parallel for schedule(dynamic) if (work > 1)
+    for (int64_t w = 0; w < work; ++w) {
+      const int64_t r = w / shape.num_heads;
+      const int32_t h = int32_t(w % shape.num_heads);
+      const int32_t si = attn_row_seq_[size_t(r)];
+      if (si < 0) continue;
+      const SequenceRows& s = seqs[size_t(si)];
+      float* scores = attn_scores_.data() + int64_t(omp_get_thread_num()) * longest;
+      attend_one<Codec>(q + r * q_row_stride + h * q_head_stride, s, s.start + (r - s.row0), h / group, pool, layer,
+                        shape, scores, out + (r * shape.num_heads + h) * shape.head_dim);
+    }
+  });
+}
+
+}  // namespace ninfer::cpu

@@ -1,0 +1,40 @@
+// The blocks of a decoder layer, each over all rows of a pass. Files: attention.cpp, gated_deltanet.cpp,
+// feed_forward.cpp, feed_forward.cpp (with decoder_layer).
+#pragma once
+
+#include <span>
+
+#include "backend/backend.h"
+#include "model/scratch.h"
+#include "model/weights.h"
+
+namespace ninfer {
+
+// What a block needs to know about the pass it runs in.
+struct PassContext {
+  Backend& backend;
+  const ModelConfig& config;
+  KvPool& kv;
+  StatePool* states;             // null for models without linear attention
+  Scratch& scratch;
+  std::span<const SequenceRows> seqs;
+  const int64_t* positions;      // per row
+  int64_t rows;
+  const RopeSpec& rope;
+  int32_t gdn_chunk;
+  NormKind norm_kind() const { return config.norm_offset ? NormKind::Offset : NormKind::Plain; }
+  float eps() const { return float(config.rms_norm_eps); }
+};
+
+// Each writes its block's output [rows, hidden] to `out` from the normed input `x`.
+void attention_block(const PassContext& p, const AttentionWeights& w, const float* x, float* out);
+void gdn_block(const PassContext& p, const GdnWeights& w, const float* x, float* out);
+void feed_forward_block(const PassContext& p, const LayerWeights& w, const float* x, float* out);
+
+// A whole pre-norm decoder layer, updating the residual stream `hidden` [rows, hidden_size] in place.
+void decoder_layer(const PassContext& p, const LayerWeights& w, float* hidden);
+
+// inv_freq of the config's rotary embedding (computed as the reference does).
+std::vector<float> rope_inverse_frequencies(const RopeConfig& rope);
+
+}  // namespace ninfer

@@ -1,0 +1,58 @@
+// The feed-forward block: dense SwiGLU, or the sparse MoE (routed experts + sigmoid-gated shared expert).
+#include "model/blocks.h"
+
+namespace ninfer {
+namespace {
+
+// down(silu(gate x) * up x), using `gate_buf` / `up_buf` as scratch.
+void swiglu_mlp(const PassContext& p, const MlpWeights& w, const float* x, Buf gate_buf, Buf up_buf, float* out) {
+  const int64_t inter = w.gate->rows();
+  float* gate = p.scratch.get(gate_buf, p.rows * inter);
+  float* up = p.scratch.get(up_buf, p.rows * inter);
+  p.backend.linear(x, p.rows, *w.gate, gate);
+  p.backend.linear(x, p.rows, *w.up, up);
+  p.backend.swiglu(gate, up, p.rows * inter, gate);
+  p.backend.linear(gate, p.rows, *w.down, out);
+}
+
+void moe(const PassContext& p, const MoeWeights& w, const float* x, float* out) {
+  const MoeConfig& m = *p.config.moe;
+  const int64_t rows = p.rows, hidden = p.config.hidden_size;
+  Backend& be = p.backend;
+  float* logits = p.scratch.get(Buf::RouterLogits, rows * m.num_experts);
+  float* weights = p.scratch.get(Buf::RouteWeights, rows * m.top_k);
+  int32_t* ids = p.scratch.route_ids(rows * m.top_k);
+  be.linear(x, rows, *w.router, logits);
+  be.moe_route(logits, rows, m.num_experts, m.top_k, ids, weights);
+  be.moe_experts(x, rows, hidden, ids, weights, m.top_k, *w.experts_gate, *w.experts_up, *w.experts_down, out);
+  if (w.shared.gate) {
+    float* shared = p.scratch.get(Buf::SharedOut, rows * hidden);
+    float* gate_logit = p.scratch.get(Buf::SharedLogit, rows);
+    swiglu_mlp(p, w.shared, x, Buf::SharedGate, Buf::SharedUp, shared);
+    be.linear(x, rows, *w.shared_expert_gate, gate_logit);
+    be.scale_rows_by_sigmoid(shared, rows, hidden, gate_logit);
+    be.add(out, shared, rows * hidden);
+  }
+}
+
+}  // namespace
+
+void feed_forward_block(const PassContext& p, const LayerWeights& w, const float* x, float* out) {
+  if (w.is_moe) moe(p, w.moe, x, out);
+  else swiglu_mlp(p, w.mlp, x, Buf::FfnGate, Buf::FfnUp, out);
+}
+
+void decoder_layer(const PassContext& p, const LayerWeights& w, float* hidden) {
+  const int64_t h = p.config.hidden_size;
+  float* normed = p.scratch.get(Buf::Normed, p.rows * h);
+  float* out = p.scratch.get(Buf::BlockOut, p.rows * h);
+  p.backend.rmsnorm(hidden, p.rows, h, h, w.input_norm.data(), p.norm_kind(), p.eps(), normed, h);
+  if (w.kind == LayerKind::FullAttention) attention_block(p, w.attn, normed, out);
+  else gdn_block(p, w.gdn, normed, out);
+  p.backend.add(hidden, out, p.rows * h);
+  p.backend.rmsnorm(hidden, p.rows, h, h, w.post_attn_norm.data(), p.norm_kind(), p.eps(), normed, h);
+  feed_forward_block(p, w, normed, out);
+  p.backend.add(hidden, out, p.rows * h);
+}
+
+}  // namespace ninfer

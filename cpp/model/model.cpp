@@ -1,0 +1,199 @@
+// The model: loads weights and caches from the artifact, checks a batch, and runs the decoder layers over all
+// rows of the batch at once (linear layers batched; attention and the delta rule per sequence).
+#include "model/model.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "backend/backend.h"
+#include "errors.h"
+#include "model/blocks.h"
+#include "runtime/kv_pool.h"
+#include "runtime/state_pool.h"
+
+namespace ninfer {
+namespace {
+
+int64_t pages_for(int64_t tokens) { return (tokens + kKvPageTokens - 1) / kKvPageTokens; }
+
+class DecoderModel final : public Model {
+ public:
+  DecoderModel(std::shared_ptr<const Artifact> artifact, const ModelOptions& options)
+      : artifact_(std::move(artifact)), options_(options),
+        config_(ModelConfig::from_json(artifact_->config(), artifact_->path())),
+        weights_(load_weights(*artifact_, config_)), backend_(make_cpu_backend(options.threads)) {
+    check_options();
+    if (options_.kv_capacity == 0) options_.kv_capacity = options_.max_context * options_.max_sequences;
+    const int32_t kv_layers = config_.num_full_attention_layers() + (weights_.mtp ? 1 : 0);
+    kv_ = std::make_unique<KvPool>(kv_layers, config_.num_kv_heads, config_.head_dim,
+                                   pages_for(options_.kv_capacity), options_.kv_dtype);
+    if (const auto& l = config_.linear_attention; l && config_.num_linear_attention_layers() > 0) {
+      const int64_t channels = 2LL * l->num_key_heads * l->key_head_dim + int64_t(l->num_value_heads) * l->value_head_dim;
+      states_ = std::make_unique<StatePool>(options_.max_sequences, config_.num_linear_attention_layers(),
+                                            channels * (l->conv_kernel - 1),
+                                            int64_t(l->num_value_heads) * l->key_head_dim * l->value_head_dim);
+    }
+    inv_freq_ = rope_inverse_frequencies(config_.rope);
+    rope_ = RopeSpec{config_.rope.pairing, config_.rope.rotary_dim, inv_freq_.data()};
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  const ModelOptions& options() const override { return options_; }
+
+  bool reserve(SequenceCache& cache, int64_t total_tokens) override {
+    if (total_tokens > options_.max_context)
+      throw CapacityError("a sequence of " + std::to_string(total_tokens) + " tokens exceeds max_context " +
+                          std::to_string(options_.max_context));
+    const bool needs_slot = states_ && cache.state_slot < 0;
+    const int64_t more_pages = std::max<int64_t>(0, pages_for(total_tokens) - int64_t(cache.pages.size()));
+    if (more_pages > kv_->free_pages() || (needs_slot && states_->free_slots() == 0)) return false;
+    kv_->acquire(more_pages, cache.pages);
+    if (needs_slot) cache.state_slot = states_->acquire();
+    return true;
+  }
+
+  void release(SequenceCache& cache) override {
+    kv_->release(cache.pages);
+    cache.pages.clear();
+    if (states_) states_->release(cache.state_slot);
+    cache.state_slot = -1;
+    cache.length = 0;
+  }
+
+  int64_t kv_capacity_tokens() const override { return kv_->total_pages() * kKvPageTokens; }
+  int64_t kv_free_tokens() const override { return kv_->free_pages() * kKvPageTokens; }
+  int32_t free_state_slots() const override { return states_ ? states_->free_slots() : 0; }
+
+  void forward(std::span<const ForwardItem> batch, ForwardOutput& out) override {
+    check_batch(batch);
+    backend_->bind_calling_thread();
+    const int64_t h = config_.hidden_size;
+
+    seqs_.clear();
+    int64_t rows = 0, out_rows = 0;
+    out.vocab = config_.vocab_size;
+    out.hidden_size = h;
+    out.row_offset.clear();
+    for (const ForwardItem& item : batch) {
+      seqs_.push_back({rows, item.n_tokens, item.cache->length, item.cache->pages.data(), item.cache->state_slot});
+      out.row_offset.push_back(out_rows);
+      rows += item.n_tokens;
+      out_rows += item.all_logits ? item.n_tokens : (item.n_tokens > 0 ? 1 : 0);
+    }
+    int64_t* positions = scratch_.positions(rows);
+    int64_t* out_index = scratch_.row_index(out_rows);
+    float* hidden = scratch_.get(Buf::Hidden, rows * h);
+    for (size_t i = 0, o = 0; i < batch.size(); ++i) {
+      const SequenceRows& s = seqs_[i];
+      for (int64_t t = 0; t < s.n; ++t) positions[s.row0 + t] = s.start + t;
+      for (int64_t t = batch[i].all_logits ? 0 : s.n - 1; t < s.n; ++t) out_index[o++] = s.row0 + t;
+      backend_->embed(batch[i].tokens, s.n, *weights_.embed, hidden + s.row0 * h);
+    }
+
+    const PassContext pass{*backend_, config_, *kv_, states_.get(), scratch_, seqs_, positions, rows, rope_,
+                           options_.gdn_chunk};
+    for (const LayerWeights& layer : weights_.layers) decoder_layer(pass, layer, hidden);
+
+    out.hidden.resize(size_t(out_rows * h));
+    out.logits.resize(size_t(out_rows * config_.vocab_size));
+    backend_->gather_rows(hidden, h, out_index, out_rows, out.hidden.data());
+    backend_->rmsnorm(out.hidden.data(), out_rows, h, h, weights_.final_norm.data(), pass.norm_kind(), pass.eps(),
+                      out.hidden.data(), h);
+    backend_->linear(out.hidden.data(), out_rows, *weights_.lm_head, out.logits.data());
+    for (const ForwardItem& item : batch) item.cache->length += item.n_tokens;
+  }
+
+  bool has_mtp() const override { return weights_.mtp.has_value(); }
+
+  void mtp_forward(const float* hidden, const int32_t* next_tokens, int64_t n, int64_t start, SequenceCache& cache,
+                   std::vector<float>& logits) override {
+    if (!weights_.mtp) throw EngineError(artifact_->path() + ": this model has no MTP head");
+    if (n <= 0 || start < 0) throw EngineError("mtp_forward needs n > 0 rows at a start position >= 0");
+    if (start + n > int64_t(cache.pages.size()) * kKvPageTokens)
+      throw EngineError("mtp_forward at positions " + std::to_string(start) + ".." + std::to_string(start + n - 1) +
+                        " beyond the sequence's reserved " + std::to_string(cache.pages.size() * kKvPageTokens) +
+                        " tokens");
+    check_tokens(next_tokens, n);
+    backend_->bind_calling_thread();
+    const MtpWeights& m = *weights_.mtp;
+    const int64_t h = config_.hidden_size;
+    const NormKind kind = config_.norm_offset ? NormKind::Offset : NormKind::Plain;
+    const float eps = float(config_.rms_norm_eps);
+
+    // u = fc([norm(embed(next token)) | norm(hidden)])
+    float* embedded = scratch_.get(Buf::MtpEmbed, n * h);
+    float* concat = scratch_.get(Buf::MtpConcat, n * 2 * h);
+    float* u = scratch_.get(Buf::Hidden, n * h);
+    backend_->embed(next_tokens, n, *weights_.embed, embedded);
+    backend_->rmsnorm(embedded, n, h, h, m.pre_fc_norm_embedding.data(), kind, eps, concat, 2 * h);
+    backend_->rmsnorm(hidden, n, h, h, m.pre_fc_norm_hidden.data(), kind, eps, concat + h, 2 * h);
+    backend_->linear(concat, n, *m.fc, u);
+
+    int64_t* positions = scratch_.positions(n);
+    for (int64_t t = 0; t < n; ++t) positions[t] = start + t;
+    seqs_.assign(1, SequenceRows{0, n, start, cache.pages.data(), cache.state_slot});
+    const PassContext pass{*backend_, config_, *kv_, states_.get(), scratch_, seqs_, positions, n, rope_,
+                           options_.gdn_chunk};
+    decoder_layer(pass, m.layer, u);
+
+    float* normed = scratch_.get(Buf::OutRows, n * h);
+    backend_->rmsnorm(u, n, h, h, m.norm.data(), kind, eps, normed, h);
+    logits.resize(size_t(n * config_.vocab_size));
+    backend_->linear(normed, n, *weights_.lm_head, logits.data());
+  }
+
+ private:
+  void check_options() const {
+    const ModelOptions& o = options_;
+    if (o.max_context <= 0) throw EngineError("max_context must be positive, got " + std::to_string(o.max_context));
+    if (o.max_sequences <= 0)
+      throw EngineError("max_sequences must be positive, got " + std::to_string(o.max_sequences));
+    if (o.kv_capacity < 0) throw EngineError("kv_capacity must not be negative");
+    if (o.threads < 0) throw EngineError("threads must be >= 0 (0: all cores)");
+    if (o.gdn_chunk <= 0) throw EngineError("gdn_chunk must be positive, got " + std::to_string(o.gdn_chunk));
+  }
+
+  void check_tokens(const int32_t* tokens, int64_t n) const {
+    for (int64_t i = 0; i < n; ++i)
+      if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+        throw EngineError("token id " + std::to_string(tokens[i]) + " (at index " + std::to_string(i) +
+                          ") is outside the vocabulary of " + std::to_string(config_.vocab_size) +
+                          " tokens [0, " + std::to_string(config_.vocab_size) + ")");
+  }
+
+  // Everything that can be wrong with a batch is found here, before any cache changes.
+  void check_batch(std::span<const ForwardItem> batch) const {
+    std::unordered_set<const SequenceCache*> seen;
+    for (const ForwardItem& item : batch) {
+      if (!item.cache) throw EngineError("forward item without a cache");
+      if (!seen.insert(item.cache).second) throw EngineError("the same sequence appears twice in one batch");
+      if (item.n_tokens < 0) throw EngineError("negative token count");
+      check_tokens(item.tokens, item.n_tokens);
+      const int64_t end = item.cache->length + item.n_tokens;
+      if (end > int64_t(item.cache->pages.size()) * kKvPageTokens)
+        throw EngineError("sequence of " + std::to_string(end) + " tokens has only " +
+                          std::to_string(item.cache->pages.size() * kKvPageTokens) + " reserved (call reserve first)");
+      if (states_ && item.cache->state_slot < 0) throw EngineError("sequence has no state slot (call reserve first)");
+    }
+  }
+
+  std::shared_ptr<const Artifact> artifact_;
+  ModelOptions options_;
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<StatePool> states_;
+  std::vector<float> inv_freq_;
+  RopeSpec rope_;
+  Scratch scratch_;
+  std::vector<SequenceRows> seqs_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load(std::shared_ptr<const Artifact> artifact, const ModelOptions& options) {
+  return std::make_unique<DecoderModel>(std::move(artifact), options);
+}
+
+}  // namespace ninfer

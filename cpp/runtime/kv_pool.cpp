@@ -1,0 +1,40 @@
+#include "runtime/kv_pool.h"
+
+#include "errors.h"
+#include "runtime/kv_codec.h"
+
+namespace ninfer {
+
+KvPool::KvPool(int32_t layers, int32_t kv_heads, int32_t head_dim, int64_t pages, KvDtype dtype)
+    : dtype_(dtype), layers_(layers), row_elements_(int64_t(kv_heads) * head_dim),
+      element_bytes_(int64_t(kv_element_bytes(dtype))), total_pages_(pages) {
+  page_bytes_ = int64_t(layers) * 2 * kKvPageTokens * row_elements_ * element_bytes_;
+  try {
+    storage_.assign(size_t(page_bytes_ * pages), 0);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError("KV pool of " + std::to_string(pages) + " pages (" +
+                           std::to_string(page_bytes_ * pages >> 20) + " MiB) does not fit in memory");
+  }
+  free_.reserve(size_t(pages));
+  for (int64_t p = pages - 1; p >= 0; --p) free_.push_back(int32_t(p));
+}
+
+bool KvPool::acquire(int64_t n, std::vector<int32_t>& out) {
+  if (n > free_pages()) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    out.push_back(free_.back());
+    free_.pop_back();
+  }
+  return true;
+}
+
+void KvPool::release(const std::vector<int32_t>& pages) {
+  for (int32_t p : pages) free_.push_back(p);
+}
+
+void* KvPool::row_ptr(int32_t page, int32_t layer, int kv) {
+  const int64_t block = kKvPageTokens * row_elements_ * element_bytes_;
+  return storage_.data() + page * page_bytes_ + (int64_t(layer) * 2 + kv) * block;
+}
+
+}  // namespace ninfer

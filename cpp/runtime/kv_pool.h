@@ -1,0 +1,44 @@
+// The paged KV pool shared by every sequence: pages of kKvPageTokens tokens, each holding K and V of those tokens
+// for every full-attention layer (the MTP layer counts as one more). A page is one contiguous block, so a page
+// can later be copied to a host tier or shared by several sequences as a unit.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/cache.h"
+
+namespace ninfer {
+
+class KvPool {
+ public:
+  // `layers` KV layers of `kv_heads * head_dim` values per token for K and for V.
+  KvPool(int32_t layers, int32_t kv_heads, int32_t head_dim, int64_t pages, KvDtype dtype);
+
+  KvDtype dtype() const { return dtype_; }
+  int32_t layers() const { return layers_; }
+  int64_t row_elements() const { return row_elements_; }  // kv_heads * head_dim
+  int64_t total_pages() const { return total_pages_; }
+  int64_t free_pages() const { return int64_t(free_.size()); }
+
+  // Takes `n` pages (appended to `out`) or none when fewer are free; returns whether it took them.
+  bool acquire(int64_t n, std::vector<int32_t>& out);
+  void release(const std::vector<int32_t>& pages);
+
+  // Start of the K (or V) row of token `offset` (0..63) of `page` for `layer`; rows of one page and layer are
+  // contiguous, so a page holds kKvPageTokens consecutive rows per (layer, K|V).
+  void* k_rows(int32_t page, int32_t layer) { return row_ptr(page, layer, 0); }
+  void* v_rows(int32_t page, int32_t layer) { return row_ptr(page, layer, 1); }
+  const void* k_rows(int32_t page, int32_t layer) const { return const_cast<KvPool*>(this)->row_ptr(page, layer, 0); }
+  const void* v_rows(int32_t page, int32_t layer) const { return const_cast<KvPool*>(this)->row_ptr(page, layer, 1); }
+
+ private:
+  void* row_ptr(int32_t page, int32_t layer, int kv);
+  KvDtype dtype_;
+  int32_t layers_;
+  int64_t row_elements_, element_bytes_, page_bytes_, total_pages_;
+  std::vector<uint8_t> storage_;
+  std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
+};
+
+}  // namespace ninfer

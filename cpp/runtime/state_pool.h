@@ -1,0 +1,35 @@
+// Gated DeltaNet state slots: per slot and linear-attention layer, the causal-conv history (the last K-1
+// pre-conv inputs, f32) and the recurrent matrix state (f32). Slots can be copied, so snapshots, forks
+// (decision scoring) and MTP rollback are slot copies.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ninfer {
+
+class StatePool {
+ public:
+  StatePool(int32_t slots, int32_t layers, int64_t conv_floats, int64_t recurrent_floats);
+
+  int32_t total_slots() const { return slots_; }
+  int32_t free_slots() const { return int32_t(free_.size()); }
+
+  int32_t acquire();  // a zeroed slot (a fresh sequence's state), or -1 when none is free
+  void release(int32_t slot);
+  void copy(int32_t from, int32_t to);
+  void zero(int32_t slot);
+
+  float* conv(int32_t slot, int32_t layer) { return slot_base(slot) + layer * layer_floats(); }
+  float* recurrent(int32_t slot, int32_t layer) { return conv(slot, layer) + conv_floats_; }
+
+ private:
+  int64_t layer_floats() const { return conv_floats_ + recurrent_floats_; }
+  float* slot_base(int32_t slot) { return storage_.data() + slot * slot_floats_; }
+  int32_t slots_, layers_;
+  int64_t conv_floats_, recurrent_floats_, slot_floats_;
+  std::vector<float> storage_;
+  std::vector<int32_t> free_;
+};
+
+}  // namespace ninfer
