@@ -1,0 +1,324 @@
+"""Structured output (ninfer.serve.structured) against llguidance directly, with the real Qwen3.5 tokenizer.
+
+The engine's per-step mask hook is not in this build yet, so these tests drive `TokenConstraint` the way the engine
+will: ask for a mask, pick a token it allows (from random logits), feed it back. The fast mask (llguidance's trie
+walk) is compared with a slow twin that tries each token on a copy of the parser.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import llguidance
+import numpy as np
+import pytest
+from ninfer.artifact.tokenizer_build import qwen35_tokenizer_json
+from ninfer.engine import Frontend
+from ninfer.errors import EngineError
+from ninfer.serve import structured
+from ninfer.serve.structured import (
+    OutputFormat,
+    TokenConstraint,
+    allowed_token_ids,
+    anthropic_output_format,
+    apply_mask,
+    chat_response_format,
+    compile_grammar,
+    grammar_tokenizer,
+    mask_words,
+    responses_text_format,
+)
+
+QWEN35_VOCAB = 248320  # the model's logits width; the tokenizer has fewer entries
+QWEN35_EOS = [248046, 248044]
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+        "active": {"type": "boolean"},
+    },
+    "required": ["name", "age", "role", "tags", "active"],
+    "additionalProperties": False,
+}
+POINT_LIST = {
+    "type": "object",
+    "properties": {
+        "points": {
+            "type": "array",
+            "maxItems": 4,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "x": {"type": "number", "minimum": -10, "maximum": 10},
+                    "label": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 5}]},
+                },
+                "required": ["x", "label"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["points"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="session")
+def frontend() -> Frontend:
+    return Frontend(
+        {"tokenizer_json": qwen35_tokenizer_json(), "special_tokens": {"eos": QWEN35_EOS}}, QWEN35_EOS
+    )
+
+
+@pytest.fixture(scope="session")
+def llg_tokenizer(frontend: Frontend) -> llguidance.LLTokenizer:
+    return grammar_tokenizer(frontend, QWEN35_VOCAB)
+
+
+def _constraint(frontend, llg_tokenizer, schema, starts_in_reasoning=False) -> TokenConstraint:
+    grammar = compile_grammar(OutputFormat("json_schema", schema), "text.format.schema")
+    return TokenConstraint(grammar, llg_tokenizer, frontend, starts_in_reasoning=starts_in_reasoning)
+
+
+# --- request fields ------------------------------------------------------------------------------------------
+
+
+def test_request_fields_parse_to_one_format():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    chat = chat_response_format(
+        {"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": True}}
+    )
+    assert chat == OutputFormat("json_schema", schema, "t", True)
+    resp = responses_text_format(
+        {"format": {"type": "json_schema", "name": "t", "schema": schema, "strict": True}}
+    )
+    assert resp == chat
+    assert anthropic_output_format({"type": "json_schema", "schema": schema}) == OutputFormat(
+        "json_schema", schema
+    )
+    assert chat_response_format({"type": "json_object"}).schema == {"type": "object"}
+    assert responses_text_format({"format": {"type": "json_object"}}).kind == "json_object"
+    assert chat_response_format({"type": "text"}) is None
+    assert responses_text_format({"format": {"type": "text"}}) is None
+    assert responses_text_format(None) is None and chat_response_format(None) is None
+
+
+@pytest.mark.parametrize(
+    ("parse", "value", "message"),
+    [
+        (chat_response_format, {"type": "xml"}, "response_format.type must be"),
+        (chat_response_format, {"type": "json_schema"}, "response_format.json_schema must be an object"),
+        (
+            chat_response_format,
+            {"type": "json_schema", "json_schema": {"schema": 3}},
+            "schema must be an object",
+        ),
+        (
+            responses_text_format,
+            {"format": {"type": "json_schema", "schema": {}, "strict": "yes"}},
+            "strict must",
+        ),
+        (responses_text_format, {"format": "json"}, "text.format must be an object"),
+        (anthropic_output_format, {"type": "json_schema"}, "output_format.schema must be an object"),
+    ],
+)
+def test_request_field_errors_name_the_field(parse, value, message):
+    with pytest.raises(EngineError, match=message):
+        parse(value)
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, ['"not"']),
+        ({"if": {"type": "string"}, "then": {"maxLength": 3}}, ['"if"', '"then"']),
+        ({"type": "object", "unevaluatedProperties": False}, ['"unevaluatedProperties"']),
+        ({"type": "object", "dependentSchemas": {"a": {}}}, ['"dependentSchemas"']),
+    ],
+)
+def test_unsupported_schema_features_are_named(schema, named):
+    with pytest.raises(EngineError) as info:
+        compile_grammar(OutputFormat("json_schema", schema), "response_format.json_schema.schema")
+    message = str(info.value)
+    assert message.startswith("response_format.json_schema.schema uses JSON Schema features")
+    for key in named:
+        assert key in message
+
+
+def test_invalid_schema_is_refused():
+    with pytest.raises(EngineError, match="Invalid type"):
+        compile_grammar(OutputFormat("json_schema", {"type": "strin"}), "text.format.schema")
+
+
+# --- masks ---------------------------------------------------------------------------------------------------
+
+
+def _reference_mask(constraint: TokenConstraint, token_ids: np.ndarray) -> np.ndarray:
+    """Slow twin: a token is allowed when a copy of the parser accepts it (EOS: when the value is complete)."""
+    matcher = constraint._matcher
+    allowed = []
+    for token in token_ids.tolist():
+        if token in QWEN35_EOS:
+            ok = matcher.is_accepting()
+        else:
+            ok = matcher.deep_copy().try_consume_tokens([token]) == 1
+        allowed.append(ok)
+    return np.array(allowed)
+
+
+def _random_instance(rng: random.Random, schema: dict) -> object:
+    alphabet = 'abcxyz 0é"\\\n{}'
+    if schema is PERSON:
+        return {
+            "name": "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))),
+            "age": rng.randint(0, 150),
+            "role": rng.choice(["admin", "user", "guest"]),
+            "tags": [
+                "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+                for _ in range(rng.randint(0, 3))
+            ],
+            "active": rng.random() < 0.5,
+        }
+    return {
+        "points": [
+            {
+                "x": round(rng.uniform(-10, 10), rng.randint(0, 3)),
+                "label": None
+                if rng.random() < 0.5
+                else "".join(rng.choice("ab ") for _ in range(rng.randint(0, 5))),
+            }
+            for _ in range(rng.randint(0, 4))
+        ]
+    }
+
+
+@pytest.mark.parametrize("schema", [PERSON, POINT_LIST], ids=["person", "points"])
+def test_fast_mask_agrees_with_slow_twin_on_random_prefixes(frontend, llg_tokenizer, schema):
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    np_rng = np.random.default_rng(seed)
+    for _ in range(3):
+        value = _random_instance(rng, schema)
+        jsonschema.validate(value, schema)
+        text = json.dumps(value, indent=rng.choice([None, 1]), ensure_ascii=rng.random() < 0.5)
+        tokens = frontend.encode(text)
+        cut = rng.randint(0, len(tokens))
+        constraint = _constraint(frontend, llg_tokenizer, schema)
+        mask = np.zeros(mask_words(QWEN35_VOCAB), dtype=np.uint32)
+        assert constraint.fill_next_mask(tokens[:cut], mask), f"seed {seed}"
+        assert constraint.error is None, f"seed {seed}: {constraint.error}"
+        fast = allowed_token_ids(mask)
+        assert fast.size > 0
+        # Every allowed token, and a fresh random sample of the rest, checked one by one.
+        sample = np.union1d(fast, np_rng.choice(llg_tokenizer.vocab_size, 3000, replace=False))
+        reference = _reference_mask(constraint, sample)
+        assert np.array_equal(sample[reference], np.intersect1d(sample, fast)), (
+            f"seed {seed}, cut {cut}: {text!r}"
+        )
+        # The token the real text continues with is always allowed.
+        if cut < len(tokens):
+            assert tokens[cut] in set(fast.tolist()), f"seed {seed}"
+
+
+def _decode_with_random_logits(constraint: TokenConstraint, rng: np.random.Generator, max_steps: int = 400):
+    mask = np.zeros(mask_words(QWEN35_VOCAB), dtype=np.uint32)
+    generated: list[int] = []
+    last: list[int] = []
+    for _ in range(max_steps):
+        logits = rng.standard_normal(QWEN35_VOCAB).astype(np.float32)
+        if constraint.fill_next_mask(last, mask):
+            apply_mask(logits, mask)
+        token = int(np.argmax(logits))
+        if token in QWEN35_EOS:
+            return generated, True
+        generated.append(token)
+        last = [token]
+    return generated, False
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [PERSON, POINT_LIST, {"type": "object", "maxProperties": 0}],
+    ids=["person", "points", "empty-object"],
+)
+def test_random_logits_under_the_mask_give_schema_valid_json(frontend, llg_tokenizer, schema):
+    seed = random.randrange(2**32)
+    rng = np.random.default_rng(seed)
+    for _ in range(2):
+        constraint = _constraint(frontend, llg_tokenizer, schema)
+        tokens, ended = _decode_with_random_logits(constraint, rng)
+        text = frontend.decode(tokens)
+        assert ended, f"seed {seed}: no end-of-sequence within the step budget: {text!r}"
+        assert constraint.accepting and constraint.error is None
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_unconstrained_random_logits_do_not_give_json(frontend):
+    """Negative control for the test above: without the mask the same loop produces no JSON."""
+    rng = np.random.default_rng(random.randrange(2**32))
+    tokens = [int(np.argmax(rng.standard_normal(QWEN35_VOCAB))) % 248000 for _ in range(20)]
+    with pytest.raises(ValueError):
+        json.loads(frontend.decode(tokens))
+
+
+def test_reasoning_is_free_and_the_answer_after_it_is_masked(frontend, llg_tokenizer):
+    constraint = _constraint(frontend, llg_tokenizer, PERSON, starts_in_reasoning=True)
+    mask = np.zeros(mask_words(QWEN35_VOCAB), dtype=np.uint32)
+    for token in frontend.encode("The user wants JSON. <tool_call> is not an answer."):
+        assert not constraint.fill_next_mask([token], mask)
+        assert not constraint.active
+    assert not mask.any(), "an unconstrained step leaves the mask untouched"
+    # `</think>`, newlines and the start of the value arrive in one step: the value's tokens are consumed.
+    assert constraint.fill_next_mask(frontend.encode('</think>\n\n{"name": "A"'), mask)
+    assert constraint.active and constraint.error is None
+    allowed = set(allowed_token_ids(mask).tolist())
+    assert frontend.encode(",")[0] in allowed
+    assert frontend.encode("}")[0] not in allowed  # "age", "role", ... are required
+    assert not set(QWEN35_EOS) & allowed
+
+
+def test_whitespace_before_and_inside_the_value_is_bounded(frontend, llg_tokenizer):
+    mask = np.zeros(mask_words(QWEN35_VOCAB), dtype=np.uint32)
+    ok = _constraint(frontend, llg_tokenizer, PERSON)
+    ok.fill_next_mask(frontend.encode('\n\n{\n  "name": "x",\n  "age": 1'), mask)
+    assert ok.error is None
+    runaway = _constraint(frontend, llg_tokenizer, PERSON)
+    runaway.fill_next_mask(frontend.encode("{" + " " * 40), mask)
+    assert runaway.error is not None
+    # A broken state only allows end-of-sequence, so the generation ends instead of going on unconstrained.
+    assert allowed_token_ids(mask).tolist() == sorted(QWEN35_EOS)
+
+
+def test_mask_buffer_is_checked(frontend, llg_tokenizer):
+    constraint = _constraint(frontend, llg_tokenizer, PERSON)
+    for bad in (
+        np.zeros(mask_words(QWEN35_VOCAB), dtype=np.int64),
+        np.zeros(10, dtype=np.uint32),
+        np.zeros(2 * mask_words(QWEN35_VOCAB), dtype=np.uint32)[::2],
+    ):
+        with pytest.raises(ValueError, match="contiguous uint32"):
+            constraint.fill_next_mask([], bad)
+
+
+def test_mask_helpers_agree_with_bit_by_bit_python():
+    rng = np.random.default_rng(random.randrange(2**32))
+    vocab = int(rng.integers(1, 500))
+    mask = rng.integers(0, 2**32, size=mask_words(vocab), dtype=np.uint64).astype(np.uint32)
+    expected = [t for t in range(32 * mask.size) if (int(mask[t // 32]) >> (t % 32)) & 1]
+    assert allowed_token_ids(mask).tolist() == expected
+    logits = rng.standard_normal(vocab).astype(np.float32)
+    masked = logits.copy()
+    apply_mask(masked, mask)
+    for t in range(vocab):
+        assert masked[t] == (logits[t] if t in set(expected) else -np.inf)
+
+
+def test_grammar_tokenizer_is_built_once_per_model(frontend, llg_tokenizer):
+    assert grammar_tokenizer(frontend, QWEN35_VOCAB) is llg_tokenizer
+    assert llg_tokenizer.vocab_size == QWEN35_VOCAB
+    assert structured.GRAMMAR_LIBRARY == "llguidance"
