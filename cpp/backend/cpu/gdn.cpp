@@ -21,6 +21,35 @@ struct HeadRows {
   const float* row(int64_t t) const { return base + t * stride; }
 };
 
+// dst[cols, rows] = src[rows, cols]^T, in 8 x 8 blocks so that both sides are read and written a cache line at a time.
+void transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
+  constexpr int64_t kBlock = 8;
+  for (int64_t i0 = 0; i0 < rows; i0 += kBlock)
+    for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
+      const int64_t i1 = std::min(rows, i0 + kBlock), c1 = std::min(cols, c0 + kBlock);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t i = i0; i < i1; ++i) dst[c * rows + i] = src[i * cols + c];
+    }
+}
+
+// Solves u_i += sum_{m<i} A[i, m] u_m in order (A [L, L] strictly lower, u [L, width] rows in place). Blocks of rows
+// first take the contributions of all finished rows with one matrix product, then resolve among themselves.
+void forward_substitute(const float* A, int64_t L, float* u, int64_t width) {
+  constexpr int64_t kBlock = 16;
+  for (int64_t i0 = 0; i0 < L; i0 += kBlock) {
+    const int64_t i1 = std::min(L, i0 + kBlock);
+    gemm(i1 - i0, width, i0, A + i0 * L, L, u, width, u + i0 * width, width, GemmMode::kAccumulate);
+    for (int64_t i = i0 + 1; i < i1; ++i) {
+      float* ui = u + i * width;
+      for (int64_t m = i0; m < i; ++m) {
+        const float a = A[i * L + m];
+        const float* um = u + m * width;
+        for (int64_t c = 0; c < width; ++c) ui[c] += a * um[c];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void gdn_causal_conv(const float* mixed, int64_t T, int64_t C, const float* weight, int32_t K, float* state,
@@ -122,60 +151,65 @@ void gdn_chunked(const GdnDims& d, int64_t T, const float* q, const float* k, co
     const HeadRows qrows{q + h * Dk, Hk * Dk}, krows{k + h * Dk, Hk * Dk}, vrows{v + j * Dv, Hv * Dv};
     float* S = state + j * Dk * Dv;  // [Dk, Dv]
     // Scratch, reused by every chunk of this head.
-    std::vector<float> kq(2 * C * Dk);   // [k rows; q rows] of the chunk, [2L, Dk]
-    std::vector<float> kt(Dk * C);       // k rows transposed, [Dk, L]
-    std::vector<float> dots(2 * C * C);  // [k.k; q.k] then the decayed, masked coefficients, [2L, L]
+    std::vector<float> kq(2 * C * Dk);     // [k rows; q rows] of the chunk, [2L, Dk]
+    std::vector<float> kt(Dk * C);         // k rows transposed, [Dk, L]
+    std::vector<float> dots(2 * C * C);    // [k.k; q.k], then the coefficients A and P below, [2L, L]
     std::vector<float> reads(2 * C * Dv);  // [S0^T k; S0^T q], [2L, Dv]; the k half becomes u
-    std::vector<double> cum(C);
-    std::vector<float> to_end(C);  // e^{G_{L-1} - G_i}
+    std::vector<double> cum(C);            // G_i
     for (int64_t t0 = 0; t0 < T; t0 += C) {
       const int64_t L = std::min(C, T - t0);
       for (int64_t i = 0; i < L; ++i) {
         std::copy_n(krows.row(t0 + i), Dk, &kq[i * Dk]);
         std::copy_n(qrows.row(t0 + i), Dk, &kq[(L + i) * Dk]);
-        for (int64_t r = 0; r < Dk; ++r) kt[r * L + i] = kq[i * Dk + r];
       }
+      transpose(kq.data(), L, Dk, kt.data());
       // Cumulative decay in double: only differences G_i - G_m are exponentiated, and those must not lose the
       // small terms to the large running sum.
       double acc = 0.0;
       for (int64_t i = 0; i < L; ++i) cum[i] = acc += g[(t0 + i) * Hv + j];
 
-      gemm(2 * L, L, Dk, kq.data(), Dk, kt.data(), L, dots.data(), L, GemmMode::kOverwrite);
+      // k.k and q.k are only needed on and below the diagonal (causal), so the upper halves are skipped.
+      gemm(L, L, Dk, kq.data(), Dk, kt.data(), L, dots.data(), L, GemmMode::kOverwrite, Triangle::kLowerOutput);
+      gemm(L, L, Dk, kq.data() + L * Dk, Dk, kt.data(), L, dots.data() + L * L, L, GemmMode::kOverwrite,
+           Triangle::kLowerOutput);
       gemm(2 * L, Dv, Dk, kq.data(), Dk, S, Dv, reads.data(), Dv, GemmMode::kOverwrite);
 
-      float* A = dots.data();          // A[i, m] = beta_i e^{G_i - G_m} (k_i . k_m), m < i
-      float* P = dots.data() + L * L;  // P[i, m] = e^{G_i - G_m} (q_i . k_m), m <= i
+      float* A = dots.data();          // A[i, m] = -beta_i e^{G_i - G_m} (k_i . k_m) for m < i, else 0
+      float* P = dots.data() + L * L;  // P[i, m] = e^{G_i - G_m} (q_i . k_m) for m <= i, else 0
       float* U = reads.data();         // rows 0..L-1: u
-      float* QS = reads.data() + L * Dv;
+      const float* QS = reads.data() + L * Dv;
       for (int64_t i = 0; i < L; ++i) {
         const float b = beta[(t0 + i) * Hv + j];
-        for (int64_t m = 0; m < L; ++m) {
-          const float decay = m <= i ? std::exp(static_cast<float>(cum[i] - cum[m])) : 0.0f;
-          A[i * L + m] = m < i ? b * decay * A[i * L + m] : 0.0f;
-          P[i * L + m] *= decay;
+        float* Ai = A + i * L;
+        float* Pi = P + i * L;
+        for (int64_t m = 0; m <= i; ++m) {
+          const float decay = std::exp(static_cast<float>(cum[i] - cum[m]));
+          Ai[m] = -b * decay * Ai[m];
+          Pi[m] *= decay;
         }
+        Ai[i] = 0.0f;
+        std::fill(Ai + i + 1, Ai + L, 0.0f);  // above the diagonal: never computed
+        std::fill(Pi + i + 1, Pi + L, 0.0f);
+        // u starts as beta_i (v_i - e^{G_i} S0^T k_i); inter-chunk part of the output, the rest is added below.
         const float gi = std::exp(static_cast<float>(cum[i]));
         const float* vi = vrows.row(t0 + i);
         float* ui = U + i * Dv;
         for (int64_t c = 0; c < Dv; ++c) ui[c] = b * (vi[c] - gi * ui[c]);
-        for (int64_t m = 0; m < i; ++m) {
-          const float a = A[i * L + m];
-          const float* um = U + m * Dv;
-          for (int64_t c = 0; c < Dv; ++c) ui[c] -= a * um[c];
-        }
-        // Inter-chunk part of the output; the intra-chunk part is added below.
         float* oi = out + ((t0 + i) * Hv + j) * Dv;
         for (int64_t c = 0; c < Dv; ++c) oi[c] = gi * QS[i * Dv + c];
       }
-      gemm(L, Dv, L, P, L, U, Dv, out + (t0 * Hv + j) * Dv, Hv * Dv, GemmMode::kAccumulate);
+      forward_substitute(A, L, U, Dv);
+      gemm(L, Dv, L, P, L, U, Dv, out + (t0 * Hv + j) * Dv, Hv * Dv, GemmMode::kAccumulate, Triangle::kLowerA);
 
+      // S = e^{G_{L-1}} S0 + sum_i (e^{G_{L-1} - G_i} k_i) u_i^T, the scaled k rows overwriting the k half of kq.
       const double last = cum[L - 1];
-      for (int64_t i = 0; i < L; ++i) to_end[i] = std::exp(static_cast<float>(last - cum[i]));
-      for (int64_t r = 0; r < Dk; ++r)
-        for (int64_t i = 0; i < L; ++i) kt[r * L + i] *= to_end[i];
+      for (int64_t i = 0; i < L; ++i) {
+        const float to_end = std::exp(static_cast<float>(last - cum[i]));
+        for (int64_t r = 0; r < Dk; ++r) kq[i * Dk + r] *= to_end;
+      }
       const float chunk_decay = std::exp(static_cast<float>(last));
       for (int64_t e = 0; e < Dk * Dv; ++e) S[e] *= chunk_decay;
-      gemm(Dk, Dv, L, kt.data(), L, U, Dv, S, Dv, GemmMode::kAccumulate);
+      gemm_at(Dk, Dv, L, kq.data(), Dk, U, Dv, S, Dv, GemmMode::kAccumulate);
     }
   }
 }

@@ -1,6 +1,7 @@
 // Small single-threaded f32 matrix product for the chunked Gated DeltaNet kernel (private to gdn.cpp).
 // The callers' matrices are a few KiB to 64 KiB, so there is no packing: a register tile of kRows x kCols outputs
-// is accumulated over the whole inner dimension, and the compiler vectorises the fixed-width column loop.
+// is accumulated over the whole inner dimension, and the compiler vectorises the fixed-width column loop
+// (6 x 16 floats = 12 AVX2 accumulators, leaving registers for two rows of b and one broadcast of a).
 #pragma once
 
 #include <algorithm>
@@ -10,48 +11,87 @@ namespace ninfer::cpu {
 
 enum class GemmMode { kOverwrite, kAccumulate };
 
+// Triangular structure the chunk's products have, so that their zero half is not computed:
+// kLowerOutput: only c[i, j] with j <= i is wanted (entries above the diagonal are left unspecified);
+// kLowerA: a[i, p] is zero for p > i (the inner sum of row i stops at p = i).
+enum class Triangle { kNone, kLowerOutput, kLowerA };
+
 namespace gemm_detail {
 
-constexpr int kRows = 4;
-constexpr int kCols = 16;
+constexpr int64_t kRows = 6;
+constexpr int64_t kCols = 16;
 
-// One tile of at most kRows x kCols outputs. Full tiles use the compile-time bounds (fully unrolled, held in
-// registers); edge tiles pass their real extent and run the same loops with runtime bounds.
-template <bool kFull>
-inline void tile(int64_t rows, int64_t cols, int64_t inner, const float* a, int64_t lda, const float* b, int64_t ldb,
-                 float* c, int64_t ldc, GemmMode mode) {
-  const int64_t nr = kFull ? kRows : rows, nc = kFull ? kCols : cols;
-  float acc[kRows][kCols] = {};
+// One tile of kRowsT x cols outputs (cols <= kCols). Full-width tiles use compile-time bounds, so the accumulators
+// live in registers; a narrower last column tile runs the same loops with a runtime bound. kTransA reads a as
+// stored transposed (a[p, r] instead of a[r, p]).
+template <int64_t kRowsT, bool kFullWidth, bool kTransA>
+inline void tile(int64_t cols, int64_t inner, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                 int64_t ldc, GemmMode mode) {
+  const int64_t nc = kFullWidth ? kCols : cols;
+  float acc[kRowsT][kCols] = {};
   for (int64_t p = 0; p < inner; ++p) {
     const float* bp = b + p * ldb;
-    for (int64_t r = 0; r < nr; ++r) {
-      const float ar = a[r * lda + p];
+    for (int64_t r = 0; r < kRowsT; ++r) {
+      const float ar = kTransA ? a[p * lda + r] : a[r * lda + p];
 #pragma omp simd
       for (int64_t x = 0; x < nc; ++x) acc[r][x] += ar * bp[x];
     }
   }
-  for (int64_t r = 0; r < nr; ++r)
+  for (int64_t r = 0; r < kRowsT; ++r)
     for (int64_t x = 0; x < nc; ++x) c[r * ldc + x] = (mode == GemmMode::kAccumulate ? c[r * ldc + x] : 0.0f) + acc[r][x];
+}
+
+template <int64_t kRowsT, bool kTransA>
+inline void row_block(int64_t row0, int64_t N, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
+                      float* c, int64_t ldc, GemmMode mode, Triangle tri) {
+  const int64_t last_row = row0 + kRowsT - 1;
+  const int64_t inner = tri == Triangle::kLowerA ? std::min(K, last_row + 1) : K;
+  const int64_t width = tri == Triangle::kLowerOutput ? std::min(N, last_row + 1) : N;
+  for (int64_t j = 0; j < width; j += kCols) {
+    if (j + kCols <= N)
+      tile<kRowsT, true, kTransA>(kCols, inner, a, lda, b + j, ldb, c + j, ldc, mode);
+    else
+      tile<kRowsT, false, kTransA>(N - j, inner, a, lda, b + j, ldb, c + j, ldc, mode);
+  }
+}
+
+}  // namespace gemm_detail
+
+namespace gemm_detail {
+
+// Row blocks of kRows, then the last M % kRows rows, each count with its own compile-time tile. Row i of a
+// starts at a + i * row_step (row_step is lda, or 1 when a is stored transposed).
+template <bool kTransA>
+inline void gemm_rows(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
+                      float* c, int64_t ldc, GemmMode mode, Triangle tri) {
+  const int64_t row_step = kTransA ? 1 : lda;
+  int64_t i = 0;
+  for (; i + kRows <= M; i += kRows)
+    row_block<kRows, kTransA>(i, N, K, a + i * row_step, lda, b, ldb, c + i * ldc, ldc, mode, tri);
+  const float* ai = a + i * row_step;
+  float* ci = c + i * ldc;
+  switch (M - i) {
+    case 5: row_block<5, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
+    case 4: row_block<4, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
+    case 3: row_block<3, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
+    case 2: row_block<2, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
+    case 1: row_block<1, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
+    default: break;
+  }
 }
 
 }  // namespace gemm_detail
 
 // c[M, N] = (mode == kAccumulate ? c : 0) + a[M, K] b[K, N]; row-major with leading dimensions lda, ldb, ldc.
 inline void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                 int64_t ldc, GemmMode mode) {
-  using namespace gemm_detail;
-  for (int64_t i = 0; i < M; i += kRows) {
-    const int64_t rows = std::min<int64_t>(kRows, M - i);
-    for (int64_t j = 0; j < N; j += kCols) {
-      const int64_t cols = std::min<int64_t>(kCols, N - j);
-      const float* ai = a + i * lda;
-      float* cij = c + i * ldc + j;
-      if (rows == kRows && cols == kCols)
-        tile<true>(rows, cols, K, ai, lda, b + j, ldb, cij, ldc, mode);
-      else
-        tile<false>(rows, cols, K, ai, lda, b + j, ldb, cij, ldc, mode);
-    }
-  }
+                 int64_t ldc, GemmMode mode, Triangle tri = Triangle::kNone) {
+  gemm_detail::gemm_rows<false>(M, N, K, a, lda, b, ldb, c, ldc, mode, tri);
+}
+
+// c[M, N] = (mode == kAccumulate ? c : 0) + a^T b with a stored [K, M] (leading dimension lda), b [K, N].
+inline void gemm_at(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
+                    float* c, int64_t ldc, GemmMode mode) {
+  gemm_detail::gemm_rows<true>(M, N, K, a, lda, b, ldb, c, ldc, mode, Triangle::kNone);
 }
 
 }  // namespace ninfer::cpu
