@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, b
   const int64_t row0 = (int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * kRowsPerWarp;
   if (row0 >= a.out_rows) return;
   const int n_rows = a.out_rows - row0 < kRowsPerWarp ? int(a.out_rows - row0) : kRowsPerWarp;
-  const int64_t row_bytes = a.cols * kValues / 16;  // bytes of one weight row
+  const int64_t row_bytes = a.cols / kValues * 16;  // bytes of one weight row (vector path: cols % kValues == 0)
   const int64_t full_chunks = vector_path ? a.cols / kValues : 0;
 
   // acc: sums before the per-row scale (fp8) or global scale (nvfp4); tail: fully scaled scalar-path sums.
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, b
 template <Encoding E, int R>
 void launch(const GemvArgs& a, cudaStream_t stream) {
   constexpr int kValues = values_per_16_bytes<E>();
-  const int64_t row_bytes = a.cols * kValues / 16;
+  const int64_t row_bytes = a.cols * 16 / kValues;
   // The 16-byte path needs every weight row to start on a 16-byte boundary (blobs are 64-byte aligned).
   const bool vector_path = (a.cols % kValues == 0) && (row_bytes % 16 == 0) &&
                            (reinterpret_cast<uintptr_t>(a.q) % 16 == 0) && (a.cols % 4 == 0) &&

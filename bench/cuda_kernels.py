@@ -1,0 +1,141 @@
+"""Kernel-level benchmark of the CUDA decode GEMV and the gated-delta-rule decode step at Qwen3.5 shapes,
+against the device read bandwidth measured in the same run. Run on the accelerator machine:
+
+    python bench/cuda_kernels.py --out bench/results/cuda_kernels.json
+
+Weights are random codes written straight into a synthetic artifact (speed does not depend on values). Each GEMV
+is timed with CUDA events over several device copies of the weight used in turn, so every call streams from
+device memory rather than L2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from artifact_files import random_codes, write_artifact  # noqa: E402
+
+from ninfer import _engine  # noqa: E402
+
+# Qwen3.5-27B linear weights (out, in) and the lm_head; see reference section 8.
+SHAPES_27B = {
+    "q_proj": (12288, 5120),
+    "o_proj": (5120, 6144),
+    "in_proj_qkv": (10240, 5120),
+    "mlp_gate": (17408, 5120),
+    "mlp_down": (5120, 17408),
+    "lm_head": (248320, 5120),
+}
+ENCODINGS = [("int4", 128), ("fp8_e4m3", None), ("nvfp4", None), ("bf16", None)]
+
+
+def measure_copy_bandwidth() -> float:
+    """Device read bandwidth (bytes read / s) from a large device-to-device copy (read + write counted)."""
+    import torch
+
+    n = 2 * 1024**3
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    src.random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1000)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / float(np.median(times))
+
+
+def bench_gemv(workdir: Path, bandwidth: float) -> list[dict]:
+    rng = np.random.default_rng(0)
+    rows_out = []
+    for encoding, group in ENCODINGS:
+        tensors = {name: random_codes(rng, encoding, shape, group, nan_codes=False) for name, shape in SHAPES_27B.items()}
+        path = write_artifact(workdir / f"gemv-{encoding}.ninfer", tensors)
+        art = _engine.Artifact.open(path, verify_checksums=False)
+        for name, (out, cols) in SHAPES_27B.items():
+            copies = 2 if name == "lm_head" else 8
+            for rows in (1, 2, 4, 8):
+                micros, weight_bytes = _engine.cuda.bench_linear(art, name, rows, copies=copies, iterations=60)
+                moved = weight_bytes + 4 * rows * (cols + out)
+                rows_out.append({
+                    "kernel": "gemv", "encoding": encoding, "group_size": group, "tensor": name, "shape": [out, cols],
+                    "rows": rows, "median_us": micros, "bytes": moved, "gb_per_s": moved / micros / 1e3,
+                    "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth,
+                })
+        art.close()
+        path.unlink()
+    return rows_out
+
+
+def bench_gdn_decode(bandwidth: float) -> list[dict]:
+    import torch  # timing only; the kernel runs through _engine
+
+    rows_out = []
+    hk, hv, dk, dv = 16, 48, 128, 128  # Qwen3.5-27B linear-attention layer
+    rng = np.random.default_rng(1)
+    for batch in (1, 4, 8):
+        q = rng.standard_normal((batch, hk, dk)).astype(np.float32) * 0.05
+        k = rng.standard_normal((batch, hk, dk)).astype(np.float32) * 0.05
+        v = rng.standard_normal((batch, hv, dv)).astype(np.float32)
+        g = -np.abs(rng.standard_normal((batch, hv))).astype(np.float32)
+        beta = np.full((batch, hv), 0.5, np.float32)
+        states = rng.standard_normal((batch, hv, dk, dv)).astype(np.float32)
+        # The binding includes transfers; time it end to end and subtract nothing: an upper bound on the kernel.
+        _engine.cuda.gdn_decode(q, k, v, g, beta, states)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        reps = 20
+        for _ in range(reps):
+            _engine.cuda.gdn_decode(q, k, v, g, beta, states)
+        elapsed = (time.perf_counter() - start) / reps
+        rows_out.append({"kernel": "gdn_decode_with_transfers", "batch": batch, "shape": [hk, hv, dk, dv],
+                         "median_us": elapsed * 1e6, "state_bytes": 2 * states.nbytes})
+    return rows_out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    bandwidth = measure_copy_bandwidth()
+    with tempfile.TemporaryDirectory() as tmp:
+        gemv = bench_gemv(Path(tmp), bandwidth)
+    gdn = bench_gdn_decode(bandwidth)
+    result = {
+        "device": _engine.cuda.device_name(), "host": platform.node(),
+        "commit": commit.stdout.strip() or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "measured_bandwidth_gb_per_s": bandwidth / 1e9, "gemv": gemv, "gdn_decode": gdn,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"device {result['device']}, measured copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print(f"{'encoding':10} {'tensor':12} {'rows':>4} {'us':>9} {'GB/s':>7} {'of BW':>6}")
+    for r in gemv:
+        print(f"{r['encoding']:10} {r['tensor']:12} {r['rows']:>4} {r['median_us']:9.1f} {r['gb_per_s']:7.0f} "
+              f"{r['fraction_of_bandwidth']:6.1%}")
+    for r in gdn:
+        print(f"gdn_decode batch {r['batch']}: {r['median_us']:.1f} us (with host transfers)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""CUDA kernels against their CPU twins on fresh random inputs: the decode GEMV for every weight encoding
+(`_engine.cuda.linear` vs `_engine.kernels.linear`, and both vs a float64 reference) and the gated-delta-rule decode
+step (`_engine.cuda.gdn_decode` vs `_engine.gdn.recurrent`). Outputs are NaN-poisoned by the bindings first."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from artifact_files import encoded, random_codes, shape_of, write_artifact  # noqa: E402
+
+from ninfer import _engine  # noqa: E402
+from ninfer.artifact.encodings import decode  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+# (encoding, group, out, cols): aligned shapes take the 16-byte path; odd ones the scalar path and tails.
+WEIGHTS = [
+    ("f32", None, 7, 37),
+    ("f32", None, 33, 256),
+    ("f16", None, 5, 515),
+    ("bf16", None, 13, 577),
+    ("bf16", None, 70, 1024),
+    ("fp8_e4m3", None, 9, 1031),
+    ("fp8_e4m3", None, 65, 2048),
+    ("int8", 32, 11, 544),
+    ("int8", 128, 66, 1152),
+    ("int4", 32, 13, 576),
+    ("int4", 64, 5, 1088),
+    ("int4", 128, 67, 4096),
+    ("int4", 32, 9, 96),
+    ("nvfp4", None, 7, 48),
+    ("nvfp4", None, 71, 2048),
+]
+
+
+def case_id(case: tuple) -> str:
+    encoding, group, out, cols = case
+    return f"{encoding}{'-g' + str(group) if group else ''}-{out}x{cols}"
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory):
+    rng = np.random.default_rng()
+    tensors = {}
+    for case in WEIGHTS:
+        encoding, group, out, cols = case
+        tensors["codes/" + case_id(case)] = random_codes(rng, encoding, (out, cols), group, nan_codes=False)
+        tensors["real/" + case_id(case)] = encoded(rng.standard_normal((out, cols)).astype(np.float32), encoding,
+                                                    group)
+    path = write_artifact(tmp_path_factory.mktemp("cuda") / "w.ninfer", tensors)
+    art = _engine.Artifact.open(path)
+    reference = {name: decode(blobs, enc, shape_of(enc, blobs), group) for name, (enc, group, blobs) in tensors.items()}
+    yield art, reference
+    art.close()
+
+
+@pytest.mark.parametrize("kind", ["codes", "real"])
+@pytest.mark.parametrize("case", WEIGHTS, ids=case_id)
+def test_gemv_matches_cpu_twin(weights, case, kind: str) -> None:
+    art, reference = weights
+    name = f"{kind}/{case_id(case)}"
+    w64 = reference[name].astype(np.float64)
+    rng = np.random.default_rng()
+    for rows in range(1, 9):
+        x = rng.standard_normal((rows, case[3])).astype(np.float32)
+        gpu = _engine.cuda.linear(x, art, name)
+        cpu = _engine.kernels.linear(x, art, name)
+        exact = x.astype(np.float64) @ w64.T
+        assert np.isfinite(gpu).all(), f"{name} rows={rows}: unwritten or non-finite outputs"
+        # f32 accumulation in different orders: errors scale with sum |x_i w_i| per output.
+        bound = 2e-6 * (np.abs(x).astype(np.float64) @ np.abs(w64).T) * np.sqrt(case[3]) + 1e-30
+        assert (np.abs(gpu - exact) <= bound).all(), f"{name} rows={rows}: max err {np.abs(gpu - exact).max()}"
+        assert (np.abs(gpu - cpu) <= 2 * bound).all(), f"{name} rows={rows}: GPU and CPU twins disagree"
+
+
+def test_gemv_refuses_too_many_rows(weights) -> None:
+    art, _ = weights
+    from ninfer.errors import EngineError
+
+    with pytest.raises(EngineError, match="1..8"):
+        _engine.cuda.linear(np.zeros((9, 37), np.float32), art, "codes/f32-7x37")
+
+
+def _normalised(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+    x = rng.standard_normal(shape)
+    x /= np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+    return (x * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "hk,hv,dk,dv",
+    [(2, 4, 16, 16), (1, 3, 32, 40), (2, 2, 64, 96), (16, 48, 128, 128), (4, 8, 256, 64)],
+)
+def test_gdn_decode_matches_cpu_recurrence(hk: int, hv: int, dk: int, dv: int) -> None:
+    rng = np.random.default_rng()
+    batch, steps = 3, 5
+    states_gpu = rng.standard_normal((batch, hv, dk, dv)).astype(np.float32) * 0.1
+    states_cpu = states_gpu.copy()
+    for _ in range(steps):
+        q = _normalised(rng, (batch, hk, dk), dk**-0.5)
+        k = _normalised(rng, (batch, hk, dk))
+        v = rng.standard_normal((batch, hv, dv)).astype(np.float32)
+        g = -np.exp(rng.standard_normal((batch, hv))).astype(np.float32) * 0.3
+        beta = (1 / (1 + np.exp(-rng.standard_normal((batch, hv))))).astype(np.float32)
+        out_gpu, states_gpu = _engine.cuda.gdn_decode(q, k, v, g, beta, states_gpu)
+        for b in range(batch):
+            out_cpu, new_state = _engine.gdn.recurrent(q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
+                                                       beta[b:b + 1], states_cpu[b])
+            states_cpu[b] = new_state
+            np.testing.assert_allclose(out_gpu[b], out_cpu[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(states_gpu, states_cpu, rtol=1e-4, atol=1e-5)
