@@ -19,6 +19,7 @@ namespace {
 
 using Matrix = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using Vector = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using OutMatrix = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
 // The 2-D weight `name`, or matrix `index` of a stacked tensor.
 TensorView weight(const ArtifactHandle& h, const std::string& name, std::optional<int64_t> index) {
@@ -26,21 +27,26 @@ TensorView weight(const ArtifactHandle& h, const std::string& name, std::optiona
   return index ? t.matrix(*index) : t;
 }
 
-FloatArray linear(const Matrix& x, const ArtifactHandle& h, const std::string& name,
-                  const std::optional<Vector>& bias, std::optional<int64_t> matrix) {
+// y = x @ W.T (+ bias), into `out` when given (tests poison it first), else into a fresh array.
+nb::object linear(const Matrix& x, const ArtifactHandle& h, const std::string& name, const std::optional<Vector>& bias,
+                  std::optional<int64_t> matrix, std::optional<OutMatrix> out) {
   const TensorView w = weight(h, name, matrix);
-  if (w.shape.size() != 2 || int64_t(x.shape(1)) != w.cols() || (bias && int64_t(bias->shape(0)) != w.rows()))
-    throw EngineError("linear: x has " + std::to_string(x.shape(1)) + " columns" +
-                      (bias ? " and bias " + std::to_string(bias->shape(0)) + " values" : std::string()) +
-                      " for weight " + w.name + " of shape [" + std::to_string(w.rows()) + ", " +
-                      std::to_string(w.cols()) + "] (" + std::to_string(w.shape.size()) + "-D)");
   const int64_t rows = int64_t(x.shape(0));
-  OwnedFloats out = allocate_floats(size_t(rows * w.rows()));
+  if (w.shape.size() != 2 || int64_t(x.shape(1)) != w.cols() || (bias && int64_t(bias->shape(0)) != w.rows()) ||
+      (out && (int64_t(out->shape(0)) != rows || int64_t(out->shape(1)) != w.rows())))
+    throw EngineError("linear: x [" + std::to_string(rows) + ", " + std::to_string(x.shape(1)) + "]" +
+                      (bias ? ", bias [" + std::to_string(bias->shape(0)) + "]" : std::string()) +
+                      (out ? ", out [" + std::to_string(out->shape(0)) + ", " + std::to_string(out->shape(1)) + "]"
+                           : std::string()) +
+                      " do not fit weight " + w.name + " of shape [" + std::to_string(w.rows()) + ", " +
+                      std::to_string(w.cols()) + "] (" + std::to_string(w.shape.size()) + "-D)");
+  std::optional<OwnedFloats> fresh;
+  float* y = out ? out->data() : (fresh = allocate_floats(size_t(rows * w.rows())))->data;
   {
     nb::gil_scoped_release release;
-    cpu::linear(x.data(), rows, w, out.data, bias ? bias->data() : nullptr);
+    cpu::linear(x.data(), rows, w, y, bias ? bias->data() : nullptr);
   }
-  return as_array(out, {rows, w.rows()});
+  return out ? nb::cast(*out) : nb::cast(as_array(*fresh, {rows, w.rows()}));
 }
 
 FloatArray dequantize_row(const ArtifactHandle& h, const std::string& name, int64_t row) {
@@ -59,8 +65,9 @@ FloatArray dequantize_row(const ArtifactHandle& h, const std::string& name, int6
 void bind_kernels(nb::module_& m) {
   nb::module_ k = m.def_submodule("kernels", "CPU kernels, exposed for tests and benchmarks");
   k.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("bias") = nb::none(),
-        nb::arg("matrix") = nb::none(),
-        "x[rows, cols] @ W.T (+ bias) with W consumed in its stored encoding; `matrix` picks one of a stack.");
+        nb::arg("matrix") = nb::none(), nb::arg("out") = nb::none(),
+        "x[rows, cols] @ W.T (+ bias) with W consumed in its stored encoding; `matrix` picks one of a stack; "
+        "writes into `out` when given and returns it.");
   k.def("dequantize_row", &dequantize_row, nb::arg("artifact"), nb::arg("name"), nb::arg("row"),
         "Row `row` of the tensor's [R, cols] view, dequantized by the reference decoder.");
 }
