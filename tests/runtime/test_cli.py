@@ -14,7 +14,8 @@ import torch
 
 from ninfer.engine import Engine, EngineOptions
 
-NINFER = [sys.executable, "-m", "ninfer.cli.main"]
+# The installed console script, as users run it (`python -m ninfer.cli.main` would load main.py twice).
+NINFER = [str(Path(sys.executable).parent / "ninfer")]
 
 
 def ninfer(*args: str, cache_home: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
