@@ -34,7 +34,7 @@ from ninfer.errors import EngineError
 from ninfer.frontend.reasoning import ReasoningParser
 
 if TYPE_CHECKING:
-    from ninfer.engine import Frontend
+    from ninfer.engine import Engine, Frontend
 
 GRAMMAR_LIBRARY = "llguidance"
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -131,6 +131,19 @@ def compile_grammar(fmt: OutputFormat, field: str) -> str:
         raise EngineError(f"{field} uses JSON Schema features that structured output cannot enforce: {error}")
     lark = f"start: {_LEADING_WHITESPACE} answer\nanswer: %json {json.dumps(schema)}\n"
     return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def require_structured_output(engine: Engine, fmt: OutputFormat, field: str) -> None:
+    """Refuses a format that cannot be served: a schema the grammar cannot enforce (naming the features), or any
+    format while the engine has no per-step token mask (`Engine.supports_token_constraints`). The engine hook is
+    what turns this into a `TokenConstraint` passed with the request; until it lands, answering without the mask
+    would return text that merely *looks* constrained, so the request is refused instead."""
+    compile_grammar(fmt, field)
+    if not getattr(engine, "supports_token_constraints", False):
+        raise EngineError(
+            f"{field}: structured output needs the engine's per-step token mask, which this build's engine does "
+            "not have yet; send a text format"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,373 @@
+"""Anthropic Messages: `POST /v1/messages` (streamed and not) and `POST /v1/messages/count_tokens`.
+
+A translator over `ninfer.serve.generation`. Messages and their content blocks become chat messages: `text` ->
+content, `thinking` -> `reasoning_content`, `tool_use` -> `tool_calls`, `tool_result` -> a `tool` message; `system`
+goes first. The pipeline's output becomes content blocks in order: `thinking` (with an empty signature: nothing is
+signed here), `text`, and `tool_use` (its `input` parsed from the call's arguments). Streaming is Anthropic's event
+sequence: `message_start`, then per block `content_block_start` / `content_block_delta` (`thinking_delta`,
+`text_delta`, `input_json_delta`) / `content_block_stop`, then `message_delta` (stop reason and usage) and
+`message_stop`. Errors use Anthropic's shape `{type: "error", error: {type, message}}` (ninfer.serve.errors picks it
+by path), also as a mid-stream `error` event.
+
+`thinking: {type: enabled | adaptive}` turns the model's reasoning on, `{type: disabled}` off; without it the
+template's default applies (on for Qwen3.5). `budget_tokens` is accepted but not enforced; `output_config.effort` goes to the template as
+`reasoning_effort`. `tool_choice`
+`any` / `tool` is advisory (the engine cannot force a call) and `none` hides the tools. Usage follows Anthropic:
+`input_tokens` excludes the prompt tokens read from the cache, which are `cache_read_input_tokens`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Annotated, Any
+
+import msgspec
+from litestar import post
+from msgspec import Meta
+
+from ninfer.errors import NinferError
+from ninfer.serve.errors import InvalidRequestError, anthropic_body, describe
+from ninfer.serve.generation import (
+    ChatPrompt,
+    Generation,
+    GenerationParams,
+    GenerationResult,
+    prepare_prompt,
+    start_generation,
+)
+from ninfer.serve.openai_common import new_id, stop_strings
+from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
+from ninfer.serve.sse import sse_frame, sse_response
+from ninfer.serve.state import ModelRouter, ServedModel
+from ninfer.serve.structured import anthropic_output_format, require_structured_output
+
+_STOP_REASONS = {"length": "max_tokens", "cancelled": "end_turn"}
+EFFORTS = ("low", "medium", "high", "xhigh", "max")  # passed to the template as reasoning_effort
+
+
+class AnthropicMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[dict[str, Any]]
+
+
+class CountTokensRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    messages: Annotated[list[AnthropicMessage], Meta(min_length=1)]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # {effort, format}
+    output_format: dict[str, Any] | None = None  # the older place of output_config.format
+
+
+class MessagesRequest(CountTokensRequest, kw_only=True):
+    max_tokens: Annotated[int, Meta(ge=1)]
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+
+# -- request -> chat prompt ------------------------------------------------------------------------------------
+
+
+def _text(blocks: str | list[Any] | None, where: str) -> str:
+    """Text of a string or of text blocks (tool_result content, system)."""
+    if blocks is None or isinstance(blocks, str):
+        return blocks or ""
+    texts = []
+    for block in blocks:
+        if (
+            not isinstance(block, Mapping)
+            or block.get("type") != "text"
+            or not isinstance(block.get("text"), str)
+        ):
+            kind = block.get("type") if isinstance(block, Mapping) else type(block).__name__
+            raise InvalidRequestError(f"{where}: this model takes text only, got a {kind!r} block")
+        texts.append(block["text"])
+    return "\n".join(texts)
+
+
+def _tool_call(block: Mapping[str, Any]) -> dict[str, Any]:
+    name, arguments = block.get("name"), block.get("input", {})
+    if not isinstance(name, str) or not isinstance(arguments, Mapping):
+        raise InvalidRequestError("a tool_use block needs a string name and an object input")
+    return {
+        "id": block.get("id"),
+        "type": "function",
+        "function": {"name": name, "arguments": dict(arguments)},
+    }
+
+
+def _user_messages(content: str | list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+    """A user turn: its tool results become tool messages (first, as they answer the previous turn), its text one
+    user message."""
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    tools, texts = [], []
+    for block in content:
+        if block.get("type") == "tool_result":
+            result = _text(block.get("content"), f"messages[{index}] tool_result")
+            tools.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": result})
+        else:
+            texts.append(block)
+    return tools + ([{"role": "user", "content": _text(texts, f"messages[{index}]")}] if texts else [])
+
+
+def _assistant_message(content: str | list[dict[str, Any]], index: int) -> dict[str, Any]:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    message: dict[str, Any] = {"role": "assistant"}
+    texts, thinking, calls = [], [], []
+    for block in content:
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(block)
+        elif kind == "thinking":
+            thinking.append(str(block.get("thinking", "")))
+        elif kind == "redacted_thinking":
+            continue  # opaque to this server
+        elif kind == "tool_use":
+            calls.append(_tool_call(block))
+        else:
+            raise InvalidRequestError(
+                f"messages[{index}]: assistant content block type {kind!r} is not served"
+            )
+    message["content"] = _text(texts, f"messages[{index}]")
+    if thinking:
+        message["reasoning_content"] = "\n".join(thinking)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
+    messages = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
+    for index, message in enumerate(body.messages):
+        if message.role == "user":
+            messages.extend(_user_messages(message.content, index))
+        elif message.role == "assistant":
+            messages.append(_assistant_message(message.content, index))
+        else:
+            raise InvalidRequestError(
+                f"messages[{index}].role must be user or assistant, not {message.role!r}"
+            )
+    return messages
+
+
+def chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
+    if not body.tools or (body.tool_choice or {}).get("type") == "none":
+        return None
+    result = []
+    for tool in body.tools:
+        if not isinstance(tool.get("name"), str) or tool.get("type") not in (None, "custom"):
+            raise InvalidRequestError(
+                f"only client tools with a name and input_schema are served, got type {tool.get('type')!r}"
+            )
+        function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+        if isinstance(tool.get("description"), str):
+            function["description"] = tool["description"]
+        result.append({"type": "function", "function": function})
+    return result
+
+
+def _enable_thinking(thinking: dict[str, Any] | None) -> bool | None:
+    kind = (thinking or {}).get("type")
+    if kind is None:
+        return None
+    if kind not in ("enabled", "disabled", "adaptive", "between_tools"):
+        raise InvalidRequestError("thinking.type must be enabled, adaptive, between_tools or disabled")
+    return kind != "disabled"
+
+
+def _effort(body: CountTokensRequest) -> str | None:
+    effort = (body.output_config or {}).get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise InvalidRequestError(f"output_config.effort must be one of {', '.join(EFFORTS)}")
+    return effort
+
+
+def chat_prompt(body: CountTokensRequest) -> ChatPrompt:
+    return ChatPrompt(
+        messages=chat_messages(body),
+        tools=chat_tools(body),
+        enable_thinking=_enable_thinking(body.thinking),
+        reasoning_effort=_effort(body),
+    )
+
+
+def output_format(body: CountTokensRequest) -> Any:
+    fmt = (body.output_config or {}).get("format")
+    return anthropic_output_format(fmt if fmt is not None else body.output_format)
+
+
+# -- output ----------------------------------------------------------------------------------------------------
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        value = None
+    # The parser always emits an object; anything else would be its bug, kept visible rather than dropped.
+    return value if isinstance(value, dict) else {"_raw_arguments": arguments}
+
+
+class _Shape:
+    def __init__(self, model_id: str) -> None:
+        self.id = new_id("msg")
+        self.model = model_id
+        self._tool_ids: dict[int, str] = {}
+
+    def tool_id(self, block: Block) -> str:
+        return self._tool_ids.setdefault(block.index, new_id("toolu"))
+
+    def content_block(self, block: Block, *, done: bool) -> dict[str, Any]:
+        text = block.text if done else ""
+        if block.kind == REASONING:
+            return {"type": "thinking", "thinking": text, "signature": ""}
+        if block.kind == TEXT:
+            return {"type": "text", "text": text}
+        return {
+            "type": "tool_use",
+            "id": self.tool_id(block),
+            "name": block.name,
+            "input": _tool_input(block.text) if done else {},
+        }
+
+    def message(
+        self, content: list[dict[str, Any]], result: GenerationResult | None, prompt_tokens: int
+    ) -> dict[str, Any]:
+        usage = _usage(result, prompt_tokens)
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": _stop_reason(result) if result else None,
+            "stop_sequence": result.stop_string if result else None,
+            "usage": usage,
+        }
+
+
+def _stop_reason(result: GenerationResult) -> str:
+    if result.stop_string is not None:
+        return "stop_sequence"
+    if result.tool_calls and result.finish_reason == "stop":
+        return "tool_use"
+    return _STOP_REASONS.get(result.finish_reason, "end_turn")
+
+
+def _usage(result: GenerationResult | None, prompt_tokens: int) -> dict[str, Any]:
+    cached = result.usage.cached_tokens if result else 0
+    return {
+        "input_tokens": prompt_tokens - cached,
+        "output_tokens": result.usage.completion_tokens if result else 0,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+        "output_tokens_details": {"thinking_tokens": result.usage.reasoning_tokens if result else 0},
+    }
+
+
+class _Run:
+    def __init__(self, shape: _Shape, generation: Generation) -> None:
+        self.shape, self.generation = shape, generation
+        self.blocks = OutputBlocks()
+        self.prompt_tokens = len(generation.prompt.token_ids)
+
+    async def run(self) -> dict[str, Any]:
+        async for delta in self.generation.deltas():
+            self.blocks.feed(delta)
+        self.blocks.finish()
+        content = [self.shape.content_block(b, done=True) for b in self.blocks.blocks]
+        return self.shape.message(content, self.generation.result, self.prompt_tokens)
+
+    async def events(self) -> AsyncIterator[bytes]:
+        yield sse_frame(
+            {"type": "message_start", "message": self.shape.message([], None, self.prompt_tokens)},
+            event="message_start",
+        )
+        async for delta in self.generation.deltas():
+            for event in self.blocks.feed(delta):
+                yield self._frame(event)
+        for event in self.blocks.finish():
+            yield self._frame(event)
+        result = self.generation.result
+        assert result is not None
+        usage = _usage(result, self.prompt_tokens)
+        yield sse_frame(
+            {
+                "type": "message_delta",
+                "usage": usage,
+                "delta": {"stop_reason": _stop_reason(result), "stop_sequence": result.stop_string},
+            },
+            event="message_delta",
+        )
+        yield sse_frame({"type": "message_stop"}, event="message_stop")
+
+    def _frame(self, event: BlockStart | BlockDelta | BlockStop) -> bytes:
+        block = event.block
+        if isinstance(event, BlockStart):
+            payload = {
+                "type": "content_block_start",
+                "index": block.index,
+                "content_block": self.shape.content_block(block, done=False),
+            }
+        elif isinstance(event, BlockDelta):
+            if block.kind == REASONING:
+                delta = {"type": "thinking_delta", "thinking": event.text}
+            elif block.kind == TEXT:
+                delta = {"type": "text_delta", "text": event.text}
+            else:
+                delta = {"type": "input_json_delta", "partial_json": event.text}
+            payload = {"type": "content_block_delta", "index": block.index, "delta": delta}
+        else:
+            payload = {"type": "content_block_stop", "index": block.index}
+        return sse_frame(payload, event=payload["type"])
+
+
+def stream_error_frame(exc: NinferError) -> bytes:
+    return sse_frame(anthropic_body(describe(exc)), event="error")
+
+
+# -- routes ----------------------------------------------------------------------------------------------------
+
+
+def _params(body: MessagesRequest) -> GenerationParams:
+    return GenerationParams(
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        stop=stop_strings(body.stop_sequences),
+    )
+
+
+@post("/v1/messages", status_code=200, summary="Anthropic Messages")
+async def create_message(data: MessagesRequest, router: ModelRouter) -> Any:
+    model: ServedModel = router.resolve(data.model)
+    chat = chat_prompt(data)
+    prompt = prepare_prompt(model, chat)
+    fmt = output_format(data)
+    if fmt is not None:
+        require_structured_output(model.engine, fmt, "output_format.schema")
+    generation = await start_generation(model, prompt, _params(data), tools=chat.tools)
+    run = _Run(_Shape(model.model_id), generation)
+    if data.stream:
+        return sse_response(run.events(), on_error=stream_error_frame)
+    return await run.run()
+
+
+@post("/v1/messages/count_tokens", status_code=200, summary="Anthropic token count of a Messages request")
+async def count_tokens(data: CountTokensRequest, router: ModelRouter) -> dict[str, int]:
+    model = router.resolve(data.model)
+    return {"input_tokens": len(prepare_prompt(model, chat_prompt(data)).token_ids)}
+
+
+route_handlers = [create_message, count_tokens]
