@@ -41,42 +41,38 @@ inline void tile(int64_t cols, int64_t inner, const float* a, int64_t lda, const
     for (int64_t x = 0; x < nc; ++x) c[r * ldc + x] = (mode == GemmMode::kAccumulate ? c[r * ldc + x] : 0.0f) + acc[r][x];
 }
 
+// The tile of kRowsT rows from row0 and the column tile from j, honouring the triangle (skipped when all of it lies
+// above the diagonal under kLowerOutput; the inner sum stops at the block's last row under kLowerA).
 template <int64_t kRowsT, bool kTransA>
-inline void row_block(int64_t row0, int64_t N, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
-                      float* c, int64_t ldc, GemmMode mode, Triangle tri) {
+inline void tile_at(int64_t row0, int64_t j, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
+                    int64_t ldb, float* c, int64_t ldc, GemmMode mode, Triangle tri) {
   const int64_t last_row = row0 + kRowsT - 1;
+  if (tri == Triangle::kLowerOutput && j > last_row) return;
   const int64_t inner = tri == Triangle::kLowerA ? std::min(K, last_row + 1) : K;
-  const int64_t width = tri == Triangle::kLowerOutput ? std::min(N, last_row + 1) : N;
-  for (int64_t j = 0; j < width; j += kCols) {
-    if (j + kCols <= N)
-      tile<kRowsT, true, kTransA>(kCols, inner, a, lda, b + j, ldb, c + j, ldc, mode);
-    else
-      tile<kRowsT, false, kTransA>(N - j, inner, a, lda, b + j, ldb, c + j, ldc, mode);
-  }
+  const float* ai = a + row0 * (kTransA ? 1 : lda);
+  float* cij = c + row0 * ldc + j;
+  if (j + kCols <= N)
+    tile<kRowsT, true, kTransA>(kCols, inner, ai, lda, b + j, ldb, cij, ldc, mode);
+  else
+    tile<kRowsT, false, kTransA>(N - j, inner, ai, lda, b + j, ldb, cij, ldc, mode);
 }
 
-}  // namespace gemm_detail
-
-namespace gemm_detail {
-
-// Row blocks of kRows, then the last M % kRows rows, each count with its own compile-time tile. Row i of a
-// starts at a + i * row_step (row_step is lda, or 1 when a is stored transposed).
+// Column tiles outermost, so that the K x kCols panel of b stays in L1 while every row block of a passes over it.
+// Rows go in blocks of kRows, the last M % kRows rows with a tile of their own compile-time height.
 template <bool kTransA>
 inline void gemm_rows(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
                       float* c, int64_t ldc, GemmMode mode, Triangle tri) {
-  const int64_t row_step = kTransA ? 1 : lda;
-  int64_t i = 0;
-  for (; i + kRows <= M; i += kRows)
-    row_block<kRows, kTransA>(i, N, K, a + i * row_step, lda, b, ldb, c + i * ldc, ldc, mode, tri);
-  const float* ai = a + i * row_step;
-  float* ci = c + i * ldc;
-  switch (M - i) {
-    case 5: row_block<5, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
-    case 4: row_block<4, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
-    case 3: row_block<3, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
-    case 2: row_block<2, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
-    case 1: row_block<1, kTransA>(i, N, K, ai, lda, b, ldb, ci, ldc, mode, tri); break;
-    default: break;
+  const int64_t full = M - M % kRows;
+  for (int64_t j = 0; j < N; j += kCols) {
+    for (int64_t i = 0; i < full; i += kRows) tile_at<kRows, kTransA>(i, j, N, K, a, lda, b, ldb, c, ldc, mode, tri);
+    switch (M - full) {
+      case 5: tile_at<5, kTransA>(full, j, N, K, a, lda, b, ldb, c, ldc, mode, tri); break;
+      case 4: tile_at<4, kTransA>(full, j, N, K, a, lda, b, ldb, c, ldc, mode, tri); break;
+      case 3: tile_at<3, kTransA>(full, j, N, K, a, lda, b, ldb, c, ldc, mode, tri); break;
+      case 2: tile_at<2, kTransA>(full, j, N, K, a, lda, b, ldb, c, ldc, mode, tri); break;
+      case 1: tile_at<1, kTransA>(full, j, N, K, a, lda, b, ldb, c, ldc, mode, tri); break;
+      default: break;
+    }
   }
 }
 
