@@ -109,6 +109,31 @@ std::tuple<FloatArray, FloatArray> gdn_decode(const InFloats& q, const InFloats&
           to_host(dstates, {args.batch, args.num_value_heads, args.key_head_dim, args.value_head_dim})};
 }
 
+// Median microseconds of `launch()` over `iterations` calls, timed with CUDA events after one warm-up call.
+template <class Launch>
+double median_kernel_micros(int iterations, Launch launch) {
+  std::vector<float> times;
+  nb::gil_scoped_release release;
+  cudaEvent_t start, stop;
+  NINFER_CUDA_CHECK(cudaEventCreate(&start));
+  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
+  launch(0);
+  NINFER_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int it = 0; it < iterations; ++it) {
+    NINFER_CUDA_CHECK(cudaEventRecord(start));
+    launch(it);
+    NINFER_CUDA_CHECK(cudaEventRecord(stop));
+    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1000.0f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return double(times[times.size() / 2]);
+}
+
 // Median time of the decode GEMV over `copies` device copies of the weight used in turn (so that the set is
 // larger than L2 and every call streams from device memory). Returns (median microseconds, weight bytes per call).
 std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std::string& name, int rows, int copies,
@@ -122,29 +147,39 @@ std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std:
   cuda::DeviceBuffer x(x_host.size() * sizeof(float));
   x.upload(x_host.data(), x.bytes());
   cuda::DeviceBuffer y(size_t(rows) * size_t(host.rows()) * sizeof(float));
-  std::vector<float> times;
-  {
-    nb::gil_scoped_release release;
-    cudaEvent_t start, stop;
-    NINFER_CUDA_CHECK(cudaEventCreate(&start));
-    NINFER_CUDA_CHECK(cudaEventCreate(&stop));
-    for (int c = 0; c < copies; ++c) cuda::gemv(x.as<float>(), rows, weights[c].view, y.as<float>(), nullptr);
-    NINFER_CUDA_CHECK(cudaDeviceSynchronize());
-    for (int it = 0; it < iterations; ++it) {
-      const cuda::DeviceWeight& w = weights[it % copies];
-      NINFER_CUDA_CHECK(cudaEventRecord(start));
-      cuda::gemv(x.as<float>(), rows, w.view, y.as<float>(), nullptr);
-      NINFER_CUDA_CHECK(cudaEventRecord(stop));
-      NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      times.push_back(ms * 1000.0f);
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-  std::sort(times.begin(), times.end());
-  return {double(times[times.size() / 2]), bytes};
+  const double micros = median_kernel_micros(iterations, [&](int it) {
+    cuda::gemv(x.as<float>(), rows, weights[it % copies].view, y.as<float>(), nullptr);
+  });
+  return {micros, bytes};
+}
+
+// Median time of one gated-delta-rule decode step (kernel only) for `batch` sequences; states are distinct
+// per sequence, as in serving. Returns (median microseconds, state bytes read + written).
+std::tuple<double, double> bench_gdn_decode(int batch, int hk, int hv, int dk, int dv, int iterations) {
+  cuda::GdnDecodeArgs args;
+  args.batch = batch;
+  args.num_key_heads = hk;
+  args.num_value_heads = hv;
+  args.key_head_dim = dk;
+  args.value_head_dim = dv;
+  const size_t state_floats = size_t(hv) * dk * dv;
+  cuda::DeviceBuffer q(size_t(batch) * hk * dk * 4), k(q.bytes()), v(size_t(batch) * hv * dv * 4),
+      g(size_t(batch) * hv * 4), beta(g.bytes()), states(batch * state_floats * 4), out(v.bytes());
+  for (cuda::DeviceBuffer* b : {&q, &k, &v, &g, &beta, &states}) NINFER_CUDA_CHECK(cudaMemset(b->get(), 0x3c, b->bytes()));
+  NINFER_CUDA_CHECK(cudaMemset(g.get(), 0xbc, g.bytes()));  // negative log-decay
+  std::vector<float*> pointers(batch);
+  for (int b = 0; b < batch; ++b) pointers[b] = states.as<float>() + b * state_floats;
+  cuda::DeviceBuffer device_pointers(pointers.size() * sizeof(float*));
+  device_pointers.upload(pointers.data(), device_pointers.bytes());
+  args.q = q.as<float>();
+  args.k = k.as<float>();
+  args.v = v.as<float>();
+  args.g = g.as<float>();
+  args.beta = beta.as<float>();
+  args.states = device_pointers.as<float* const>();
+  args.out = out.as<float>();
+  const double micros = median_kernel_micros(iterations, [&](int) { cuda::gdn_decode(args, nullptr); });
+  return {micros, 2.0 * double(states.bytes())};
 }
 
 std::string device_name() {
@@ -167,7 +202,10 @@ void bind_cuda(nb::module_& m) {
   sub.def("gdn_decode", &gdn_decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
           nb::arg("states"), "One gated-delta-rule decode step for a batch of sequences.");
   sub.def("bench_linear", &bench_linear, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"),
-          nb::arg("copies") = 4, nb::arg("iterations") = 50);
+          nb::arg("copies") = 4, nb::arg("iterations") = 50,
+          "(median us, weight bytes) of the decode GEMV, cycling over device copies of the weight.");
+  sub.def("bench_gdn_decode", &bench_gdn_decode, nb::arg("batch"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),
+          nb::arg("dv"), nb::arg("iterations") = 50, "(median us, state bytes moved) of one decode step.");
 #else
   sub.attr("built") = false;
 #endif

@@ -157,13 +157,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, b
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[n][r] = tail[n][r] = 0.0f;
 
+  // Weights of the warp's rows as 16-byte vectors; rows past the end re-read the first row (results unused).
+  const uint4* row_chunks[kRowsPerWarp];
+#pragma unroll
+  for (int n = 0; n < kRowsPerWarp; ++n)
+    row_chunks[n] = reinterpret_cast<const uint4*>(a.q + (row0 + (n < n_rows ? n : 0)) * row_bytes);
+  // Register double buffer: the next chunk's loads are in flight while the current one is decoded, so memory
+  // latency hides behind the dequantization work instead of adding to it.
+  uint4 next[kRowsPerWarp];
+  if (lane < full_chunks) {
+#pragma unroll
+    for (int n = 0; n < kRowsPerWarp; ++n) next[n] = __ldg(row_chunks[n] + lane);
+  }
   for (int64_t chunk = lane; chunk < full_chunks; chunk += 32) {
     const int64_t col0 = chunk * kValues;
     uint4 raw[kRowsPerWarp];
 #pragma unroll
-    for (int n = 0; n < kRowsPerWarp; ++n) {
-      const int64_t row = row0 + (n < n_rows ? n : 0);
-      raw[n] = __ldg(reinterpret_cast<const uint4*>(a.q + row * row_bytes) + chunk);
+    for (int n = 0; n < kRowsPerWarp; ++n) raw[n] = next[n];
+    if (chunk + 32 < full_chunks) {
+#pragma unroll
+      for (int n = 0; n < kRowsPerWarp; ++n) next[n] = __ldg(row_chunks[n] + chunk + 32);
     }
     // Per chunk and row: sum(code * x) over the part sharing one scale, and sum(x) for the zero point.
     float part[kRowsPerWarp][2][R];
