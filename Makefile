@@ -9,7 +9,11 @@ PIP := $(VENV)/bin/pip
 export NINFER_CUDA_ARCHS ?= 90a
 PYTEST_ARGS ?=
 
-.PHONY: all venv build test serve bench gpu-test clean
+# Debian packages the tests use (Nix evaluation and systemd-analyze for the packaging tests). Installed when
+# missing and we are root with apt-get; otherwise those tests skip and name the missing package.
+SYSTEM_PACKAGES := nix-bin systemd
+
+.PHONY: all venv build system-deps test serve bench gpu-test clean
 
 all: build
 
@@ -25,7 +29,15 @@ venv: $(VENV)/.stamp
 build: venv
 	$(PIP) install --quiet --no-build-isolation --no-deps -e .
 
-test: build
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing system packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "note: not root or no apt-get; tests needing$$missing will skip"; fi
+
+test: build system-deps
 	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
 
 gpu-test: build
@@ -34,8 +46,8 @@ gpu-test: build
 serve: build
 	$(VENV)/bin/ninfer $(ARGS)
 
-bench: build
-	$(PY) bench/run.py
+bench:
+	bash bench/gpu_run.sh
 
 clean:
 	rm -rf build $(VENV) .pytest_cache

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the accelerator machine: build the extension with the CUDA backend, run the GPU tests, run the
+# `make bench` on a GPU machine (or one device-tool call): : build the extension with the CUDA backend, run the GPU tests, run the
 # kernel benchmarks. Results land in $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
