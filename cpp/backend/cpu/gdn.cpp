@@ -62,28 +62,23 @@ void gdn_causal_conv(const float* mixed, int64_t T, int64_t C, const float* weig
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t c0 = b * kBlock, c1 = std::min(C, c0 + kBlock), n = c1 - c0;
-    // The block's taps transposed to [K, n] so that the channel loop reads them contiguously.
-    float taps[kBlock * 16];
-    const bool small_kernel = K <= 16;
-    if (small_kernel)
-      for (int64_t c = 0; c < n; ++c)
-        for (int32_t j = 0; j < K; ++j) taps[j * kBlock + c] = weight[(c0 + c) * K + j];
+    // The block's taps transposed to [K, n], so that the channel loop reads them contiguously.
+    std::vector<float> taps(K * n);
+    for (int64_t c = 0; c < n; ++c)
+      for (int32_t j = 0; j < K; ++j) taps[j * n + c] = weight[(c0 + c) * K + j];
     for (int64_t t = 0; t < T; ++t) {
       float* o = out + t * C + c0;
-      if (t >= hist && small_kernel) {  // no history involved: plain strided reads of `mixed`
-        for (int64_t c = 0; c < n; ++c) o[c] = 0.0f;
+      std::fill(o, o + n, 0.0f);
+      if (t >= hist) {  // the window lies inside `mixed`: contiguous rows
         for (int32_t j = 0; j < K; ++j) {
           const float* x = mixed + (t - hist + j) * C + c0;
-          const float* w = taps + j * kBlock;
+          const float* w = &taps[j * n];
 #pragma omp simd
           for (int64_t c = 0; c < n; ++c) o[c] += w[c] * x[c];
         }
-      } else {
-        for (int64_t c = 0; c < n; ++c) {
-          float acc = 0.0f;
-          for (int32_t j = 0; j < K; ++j) acc += weight[(c0 + c) * K + j] * input(t - hist + j, c0 + c);
-          o[c] = acc;
-        }
+      } else {  // the first K-1 tokens also read the history
+        for (int32_t j = 0; j < K; ++j)
+          for (int64_t c = 0; c < n; ++c) o[c] += taps[j * n + c] * input(t - hist + j, c0 + c);
       }
       for (int64_t c = 0; c < n; ++c) o[c] = silu(o[c]);
     }
