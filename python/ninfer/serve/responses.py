@@ -31,8 +31,15 @@ from msgspec import Meta
 from ninfer.errors import NinferError
 from ninfer.frontend.chat import flatten_content
 from ninfer.serve.errors import InvalidRequestError, describe
-from ninfer.serve.generation import ChatPrompt, Generation, GenerationResult, prepare_prompt, start_generation
-from ninfer.serve.openai_common import SamplingFields, generation_params, new_id
+from ninfer.serve.generation import (
+    ChatPrompt,
+    Generation,
+    GenerationParams,
+    GenerationResult,
+    prepare_prompt,
+    start_generation,
+)
+from ninfer.serve.openai_common import new_id
 from ninfer.serve.output_blocks import (
     REASONING,
     TEXT,
@@ -52,7 +59,8 @@ from ninfer.serve.structured import require_structured_output, responses_text_fo
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
-class ResponsesRequest(SamplingFields, kw_only=True):
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
@@ -67,7 +75,14 @@ class ResponsesRequest(SamplingFields, kw_only=True):
     truncation: str | None = None
     include: list[str] | None = None
     background: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None  # extension, as in chat
+    stream: bool = False
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    user: str | None = None
+    # Extensions, as chat accepts them.
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class InputTokensRequest(msgspec.Struct, kw_only=True):
@@ -515,7 +530,13 @@ async def create_response(data: ResponsesRequest, router: ModelRouter, state: St
     model = router.resolve(data.model)
     store = response_store(state)
     fmt = responses_text_format(data.text)
-    params = generation_params(data, max_tokens=data.max_output_tokens)
+    params = GenerationParams(
+        max_tokens=data.max_output_tokens,
+        temperature=data.temperature,
+        top_p=data.top_p,
+        top_k=data.top_k,
+        min_p=data.min_p,
+    )
     items, conversation, chat, prompt = await _prepare(model, data, store)
     if fmt is not None:
         require_structured_output(model.engine, fmt, "text.format.schema")

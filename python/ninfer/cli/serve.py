@@ -1,0 +1,202 @@
+"""`ninfer-serve [MODEL] [options]`: the HTTP server (Litestar on uvicorn). Argument parsing and validation only;
+the app is ninfer.serve.app. With no MODEL it serves the embedded default model (imported once into the cache).
+
+Options that later issues implement (speculative decoding, vision, state offload, memory reservations) are parsed
+and validated now, and refused with a one-line error when given, so scripts and the Nix module fail clearly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from ninfer.cli.generate import KV_DTYPES, resolve_model
+from ninfer.cli.main import CliError
+from ninfer.errors import NinferError
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+SPEC_METHODS = ("none", "mtp", "draft")
+
+# option dest -> the issue that brings it (for the refusal message)
+NOT_YET = {
+    "spec": "speculative decoding",
+    "draft_tokens": "speculative decoding",
+    "lm_head_draft": "speculative decoding",
+    "vision": "vision input",
+    "device_state_slots": "GDN state offload",
+    "host_state_slots": "GDN state offload",
+    "host_kv_mib": "host KV offload",
+    "reserve_gib": "GPU memory planning",
+}
+
+
+def _positive(name: str, minimum: int = 1):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{name} must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _non_negative_float(name: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not value >= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ninfer-serve", description="Serve a .ninfer model over HTTP: OpenAI Chat / "
+                                "Completions / Responses, Anthropic Messages, llama.cpp-style utilities.")
+    p.add_argument("model", nargs="?", help="a .ninfer artifact (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=_positive("--port"), default=8080, help="TCP port (default 8080)")
+    p.add_argument("--alias", metavar="NAME", help="the model name clients see (default: the file name)")
+    p.add_argument("--config", metavar="FILE", help="router JSON config ({\"models\": {NAME: {\"path\": ...}}})")
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--max-context", type=_positive("--max-context"), default=4096, metavar="N",
+                        help="longest sequence, prompt + output (default 4096)")
+    engine.add_argument("--kv-capacity", type=_positive("--kv-capacity"), metavar="TOKENS",
+                        help="tokens in the KV pool (default max-context x max-concurrency)")
+    engine.add_argument("--max-concurrency", type=_positive("--max-concurrency"), default=4, metavar="N",
+                        help="requests generated at once, 1..8 (default 4)")
+    engine.add_argument("--max-queue", type=_positive("--max-queue", 0), default=16, metavar="N",
+                        help="requests that may wait for a lane before the server answers 429 (default 16)")
+    engine.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV cache storage (default bf16)")
+    engine.add_argument("--prefill-chunk", type=_positive("--prefill-chunk", 64), default=512, metavar="N",
+                        help="prompt tokens per prefill step, a multiple of 64 (default 512)")
+    engine.add_argument("--threads", type=_positive("--threads", 0), default=0, metavar="N",
+                        help="CPU threads (default: all cores)")
+    engine.add_argument("--preserve-thinking", action="store_true",
+                        help="keep earlier assistant turns' reasoning in the prompt (templates that support it)")
+    later = p.add_argument_group("options of later releases (validated, refused for now)")
+    later.add_argument("--spec", choices=SPEC_METHODS, help="speculative decoding method")
+    later.add_argument("--draft-tokens", type=_positive("--draft-tokens"), metavar="N")
+    later.add_argument("--lm-head-draft", type=_positive("--lm-head-draft"), metavar="N")
+    later.add_argument("--vision", action="store_true", default=None)
+    later.add_argument("--device-state-slots", type=_positive("--device-state-slots", 0), metavar="N")
+    later.add_argument("--host-state-slots", type=_positive("--host-state-slots", 0), metavar="N")
+    later.add_argument("--host-kv-mib", type=_positive("--host-kv-mib", 0), metavar="MIB")
+    later.add_argument("--reserve-gib", type=_non_negative_float("--reserve-gib"), metavar="GIB")
+    server = p.add_argument_group("server")
+    server.add_argument("--api-key-file", metavar="FILE", help="API keys, one per line; requests need one")
+    server.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    server.add_argument("--webui", action="store_true", help="serve the web UI at /")
+    server.add_argument("--webui-dir", metavar="DIR", help="serve this web UI bundle (a folder with index.html)")
+    return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    for dest, feature in NOT_YET.items():
+        if getattr(args, dest) not in (None, False):
+            flag = "--" + dest.replace("_", "-")
+            raise CliError(f"{flag}: {feature} is not implemented yet in this build")
+    if args.max_concurrency > 8:
+        raise CliError(f"--max-concurrency must be in 1..8, got {args.max_concurrency}")
+    if args.prefill_chunk % 64:
+        raise CliError(f"--prefill-chunk must be a multiple of 64, got {args.prefill_chunk}")
+    if args.kv_capacity is not None and args.kv_capacity < args.max_context:
+        raise CliError(f"--kv-capacity ({args.kv_capacity}) must hold at least one full context "
+                       f"(--max-context {args.max_context})")
+    if args.port > 65535:
+        raise CliError(f"--port must be in 1..65535, got {args.port}")
+    if args.webui_dir is not None and not (Path(args.webui_dir) / "index.html").is_file():
+        raise CliError(f"--webui-dir {args.webui_dir} has no index.html")
+    if args.webui and args.webui_dir is None:
+        raise CliError("--webui: the built-in web UI is not bundled in this build; give --webui-dir DIR")
+    if args.config is not None and args.model is not None:
+        raise CliError("give either MODEL or --config, not both")
+
+
+def _model_from_config(path: str) -> tuple[str, str]:
+    """(name, artifact path) of the one model a router config names."""
+    try:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CliError(f"cannot read --config {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--config {path} is not JSON: {exc}") from exc
+    models = config.get("models") if isinstance(config, dict) else None
+    if not isinstance(models, dict) or not models:
+        raise CliError(f"--config {path} must be an object with a non-empty 'models' object")
+    if len(models) > 1:
+        raise CliError(f"--config {path} names {len(models)} models; serving several models is not implemented "
+                       "yet in this build (give one)")
+    ((name, entry),) = models.items()
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        raise CliError(f"--config {path}: models.{name} needs a 'path'")
+    return name, entry["path"]
+
+
+def _engine_options(args: argparse.Namespace) -> Any:
+    from ninfer.engine import EngineOptions
+
+    return EngineOptions(max_context=args.max_context, kv_capacity=args.kv_capacity,
+                         max_concurrency=args.max_concurrency, max_queue=args.max_queue, kv_dtype=args.kv_dtype,
+                         prefill_chunk=args.prefill_chunk, threads=args.threads)
+
+
+def _app(args: argparse.Namespace, path: Path, model_id: str) -> Any:
+    from ninfer.engine import Engine
+    from ninfer.serve.app import create_app
+    from ninfer.serve.auth import read_api_keys
+    from ninfer.serve.state import ModelRouter, ServedModel
+
+    keys = read_api_keys(args.api_key_file) if args.api_key_file else frozenset()
+    options = _engine_options(args)
+    url = f"http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}"
+
+    # Opened here, before uvicorn starts, so a bad artifact is a one-line error rather than a lifespan traceback.
+    router = ModelRouter(ServedModel(model_id, Engine.open_sync(path, options),
+                                     preserve_thinking=args.preserve_thinking or None))
+
+    async def open_router() -> ModelRouter:
+        print(f"ninfer-serve: serving {model_id} at {url} (OpenAI base URL {url}/v1)", file=sys.stderr,
+              flush=True)
+        return router
+
+    app = create_app(open_router, api_keys=keys, webui_dir=args.webui_dir)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _check(args)
+        if args.config is not None:
+            model_id, model = _model_from_config(args.config)
+        else:
+            model, model_id = args.model, None
+        path = resolve_model(model)
+        model_id = args.alias or model_id or path.name.removesuffix(".ninfer")
+        app = _app(args, path, model_id)
+    except (CliError, NinferError) as exc:
+        print(f"ninfer-serve: error: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

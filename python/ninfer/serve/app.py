@@ -1,0 +1,88 @@
+"""The Litestar app: protocol modules mounted over one ModelRouter, with auth, error mapping and metrics.
+
+    app = create_app(open_router, api_keys=frozenset(), protocols=PROTOCOL_MODULES)
+
+`open_router` is called once in the lifespan (in the worker's event loop) and returns the ModelRouter; the lifespan
+closes it at shutdown. Each protocol module exports `route_handlers`; the ones listed in PROTOCOL_MODULES that are
+importable are mounted (a module another engineer has not landed yet is simply absent). Everything shared is wired
+here, once: the `router` dependency (ninfer.serve.state), the API-key guard (ninfer.serve.auth), the exception
+handler that maps every error to the protocol's body (ninfer.serve.errors), and the request counter for /metrics.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.static_files import create_static_files_router
+
+from ninfer.serve.auth import api_key_guard
+from ninfer.serve.errors import EXCEPTION_HANDLERS
+from ninfer.serve.metrics import RequestCounter
+from ninfer.serve.state import DEPENDENCIES, ModelRouter
+
+PROTOCOL_MODULES = (
+    "ninfer.serve.misc",
+    "ninfer.serve.openai_chat",
+    "ninfer.serve.openai_completions",
+    "ninfer.serve.responses",
+    "ninfer.serve.anthropic",
+)
+
+# Generation bodies can be long conversations with file contents; Litestar's default limit is 10 MB.
+MAX_BODY_BYTES = 64 * 2**20
+
+
+def _route_handlers(modules: Sequence[str]) -> list[Any]:
+    handlers: list[Any] = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # the module exists but something it imports is missing: a real error
+                raise
+            continue
+        handlers.extend(module.route_handlers)
+    return handlers
+
+
+def _metrics_of(scope: Any) -> Any:
+    router = getattr(scope["app"].state, "router", None)
+    return router.metrics if router is not None else None
+
+
+def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: frozenset[str] = frozenset(),
+               protocols: Sequence[str] = PROTOCOL_MODULES, webui_dir: str | None = None,
+               debug: bool = False) -> Litestar:
+    handlers = _route_handlers(protocols)
+    if webui_dir is not None:  # a UI bundle at /, public like any web page (its API calls carry the key)
+        handlers.append(create_static_files_router(path="/", directories=[webui_dir], html_mode=True,
+                                                   opt={"public": True}, include_in_schema=False))
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        app.state.router = await open_router()
+        try:
+            yield
+        finally:
+            app.state.router.close()
+
+    return Litestar(
+        route_handlers=handlers,
+        dependencies=DEPENDENCIES,
+        guards=[api_key_guard],
+        exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[lambda app: RequestCounter(app, _metrics_of)],
+        lifespan=[lifespan],
+        state=State({"api_keys": api_keys}),
+        request_max_body_size=MAX_BODY_BYTES,
+        openapi_config=OpenAPIConfig(title="ninfer", version="1", path="/docs",
+                                     render_plugins=[SwaggerRenderPlugin()]),
+        debug=debug,
+    )

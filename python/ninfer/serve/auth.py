@@ -1,0 +1,62 @@
+"""API keys: `Authorization: Bearer KEY` (OpenAI SDKs) or `x-api-key: KEY` (Anthropic SDKs).
+
+Keys come from a file, one per line (blank lines and `#` comments ignored). Every request to a guarded route must
+carry one of them, compared in constant time against each key so the timing tells nothing about near misses. Routes
+marked `opt={"public": True}` (health checks, which load balancers probe without credentials) are open. With no
+key file the server is open, as llama.cpp is without `--api-key`.
+"""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+from litestar.connection import ASGIConnection
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers.base import BaseRouteHandler
+
+from ninfer.errors import NinferError
+
+
+class ApiKeyFileError(NinferError):
+    """The API key file is missing, unreadable or holds no key."""
+
+
+def read_api_keys(path: str | Path) -> frozenset[str]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ApiKeyFileError(f"cannot read the API key file {path}: {exc}") from exc
+    keys = frozenset(line.strip() for line in lines if line.strip() and not line.strip().startswith("#"))
+    if not keys:
+        raise ApiKeyFileError(f"the API key file {path} holds no key")
+    return keys
+
+
+def presented_key(connection: ASGIConnection) -> str | None:
+    authorization = connection.headers.get("authorization")
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    return connection.headers.get("x-api-key") or None
+
+
+def key_matches(presented: str, keys: frozenset[str]) -> bool:
+    # Compare against every key (no early exit), as bytes so non-ASCII input cannot raise.
+    given = presented.encode("utf-8", "surrogatepass")
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(given, key.encode("utf-8"))
+    return found
+
+
+def api_key_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    keys: frozenset[str] = connection.app.state.api_keys
+    if not keys or handler.opt.get("public"):
+        return
+    presented = presented_key(connection)
+    if presented is None:
+        raise NotAuthorizedException("missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+    if not key_matches(presented, keys):
+        raise NotAuthorizedException("invalid API key")

@@ -1,0 +1,139 @@
+"""Every error the server returns, mapped in one place to a status code and the protocol's own error body.
+
+Handlers never build error responses: they raise. `ninfer.errors` classes come from the engine and the frontend;
+the two below are the server's own refinements of them (the body needs fields the base classes do not carry):
+
+- `InvalidRequestError(message, param=...)`: the request is well-formed JSON but asks for something refused
+  (`n > 1`, an unknown option value). 400.
+- `ContextOverflowError(n_prompt_tokens, n_ctx)`: the prompt leaves no room to generate. 400 with both numbers
+  (llama.cpp's `exceed_context_size_error`, which its web UI reads).
+
+The body's shape depends on the route: Anthropic routes (`/v1/messages...`) answer
+`{"type":"error","error":{"type","message"}}`, every other route OpenAI's `{"error":{"message","type","param","code"}}`.
+`EngineBusyError` is a 429 with `Retry-After`. Anything unexpected is logged and answered as a 500 in the same shape:
+client input must never reach that branch (schemathesis checks it).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from ninfer import errors
+
+log = logging.getLogger("ninfer.serve")
+
+RETRY_AFTER_S = 1
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+class InvalidRequestError(errors.EngineError):
+    """A request the server refuses as asked; `param` names the offending field when there is one."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextOverflowError(errors.CapacityError):
+    """The prompt does not leave room for one generated token."""
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(
+            f"the request has {n_prompt_tokens} prompt tokens, which leaves no room to generate in the "
+            f"context of {n_ctx} tokens"
+        )
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """A protocol-neutral description of one error response."""
+
+    status: int
+    message: str
+    kind: str  # OpenAI `type`: invalid_request_error, authentication_error, ...
+    param: str | None = None
+    code: str | None = None
+    extra: dict[str, Any] | None = None  # more top-level fields of the error object
+    headers: dict[str, str] | None = None
+
+
+# OpenAI error type -> Anthropic error type.
+_ANTHROPIC_TYPES = {
+    "invalid_request_error": "invalid_request_error",
+    "exceed_context_size_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "not_found_error": "not_found_error",
+    "rate_limit_error": "rate_limit_error",
+    "server_error": "api_error",
+    "unavailable_error": "overloaded_error",
+}
+
+_HTTP_KINDS = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def describe(exc: Exception) -> ErrorInfo:
+    """The response an exception deserves. Order matters: subclasses before their bases."""
+    if isinstance(exc, ContextOverflowError):
+        return ErrorInfo(400, str(exc), "exceed_context_size_error", code="context_length_exceeded",
+                         extra={"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx})
+    if isinstance(exc, InvalidRequestError):
+        return ErrorInfo(400, str(exc), "invalid_request_error", param=exc.param)
+    if isinstance(exc, errors.EngineBusyError):
+        return ErrorInfo(429, str(exc), "rate_limit_error", code="engine_busy",
+                         headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, errors.OutOfMemoryError):
+        return ErrorInfo(503, str(exc), "unavailable_error", headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, errors.EngineError):  # bad token id, sampling value, template refusal, capacity
+        return ErrorInfo(400, str(exc), "invalid_request_error")
+    if isinstance(exc, ValidationException):
+        return ErrorInfo(400, _validation_message(exc), "invalid_request_error", param=_validation_param(exc))
+    if isinstance(exc, HTTPException):
+        kind = _HTTP_KINDS.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "server_error")
+        return ErrorInfo(exc.status_code, exc.detail, kind, headers=dict(exc.headers or {}) or None)
+    log.exception("unexpected error while serving a request", exc_info=exc)
+    return ErrorInfo(500, f"internal error: {type(exc).__name__}", "server_error")
+
+
+def _validation_message(exc: ValidationException) -> str:
+    details = exc.extra if isinstance(exc.extra, list) else []
+    parts = [d.get("message", "") for d in details if isinstance(d, dict)]
+    return "; ".join(p for p in parts if p) or exc.detail
+
+
+def _validation_param(exc: ValidationException) -> str | None:
+    details = exc.extra if isinstance(exc.extra, list) else []
+    for d in details:
+        if isinstance(d, dict) and isinstance(d.get("key"), str):
+            return d["key"]
+    return None
+
+
+def openai_body(info: ErrorInfo) -> dict[str, Any]:
+    error = {"message": info.message, "type": info.kind, "param": info.param, "code": info.code or info.kind}
+    error.update(info.extra or {})
+    return {"error": error}
+
+
+def anthropic_body(info: ErrorInfo) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(info.kind, "api_error"), "message": info.message}}
+
+
+def body_for_path(path: str, info: ErrorInfo) -> dict[str, Any]:
+    return anthropic_body(info) if path.startswith(ANTHROPIC_PREFIX) else openai_body(info)
+
+
+def handle_exception(request: Request, exc: Exception) -> Response:
+    """The app's one exception handler."""
+    info = describe(exc)
+    return Response(body_for_path(request.url.path, info), status_code=info.status, headers=info.headers,
+                    media_type=MediaType.JSON)
+
+
+EXCEPTION_HANDLERS = {Exception: handle_exception}

@@ -1,0 +1,376 @@
+"""The protocol-independent generation pipeline that every generation route translates.
+
+    prompt (chat messages or text or token ids) -> tokens -> engine.generate -> text -> stop strings
+        -> reasoning split -> tool-call parsing -> Deltas; then one GenerationResult
+
+API (protocol modules use only this):
+
+    prompt = prepare_prompt(model, ChatPrompt(messages, tools=..., enable_thinking=..., ...))   # or TextPrompt
+        PreparedPrompt(token_ids, text, starts_in_reasoning, is_chat); raises EngineError (400) on template refusal.
+    gen = await start_generation(model, prompt, GenerationParams(max_tokens=..., stop=[...], ...), tools=...)
+        Checks the context (ContextOverflowError), builds the engine Request from the request's sampling values over
+        the artifact's defaults, and submits it: a full queue raises EngineBusyError *here*, before any response
+        is started, so a route can still answer 429.
+    async for delta in gen.deltas():        # Delta(content, reasoning, tool_calls, logprobs), in output order
+        ...
+    gen.result                              # GenerationResult, complete once deltas() is exhausted
+    result = await gen.run()                # non-streaming: drains deltas() and returns the result
+
+Leaving `deltas()` early (or cancelling the task running it) cancels the engine request: close the iterator
+explicitly (`aclose`, or `ninfer.serve.sse`, which does) so the lane is freed at once rather than at garbage
+collection.
+
+Semantics the protocols share:
+- `finish_reason` is `stop` (end-of-sequence token or a stop string; `stop_string` says which), `length`
+  (max_tokens or the context), or `cancelled`. A protocol turns `stop` with tool calls into its own
+  `tool_calls` / `tool_use`.
+- Reasoning is split only for chat prompts (and not when `GenerationParams.split_reasoning` is False); tool calls
+  are parsed only when `tools` is given. A tool call written inside the reasoning ends it and is returned as a call.
+- Stop strings apply to the raw generated text (reasoning included), matched across token boundaries.
+- `usage.reasoning_tokens` counts tokens generated while the reasoning block was open.
+- Logprobs ride on the first delta emitted after the tokens arrive (text can be held back by the stop-string and
+  tag matchers); every generated token up to the end (or the stop string) is reported exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from ninfer.engine import Engine, GenerationEvent, Request, SamplingParams, TextStream, Timings
+from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser
+from ninfer.frontend.stop_strings import StopStringMatcher
+from ninfer.frontend.tool_calls import (
+    ContentDelta,
+    ParseIssue,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallParser,
+)
+from ninfer.serve.errors import ContextOverflowError, InvalidRequestError
+
+
+class ServedModel(Protocol):
+    """What the pipeline needs of a served model (`ninfer.serve.state.ServedModel` is the real one)."""
+
+    engine: Engine
+    preserve_thinking: bool | None
+
+    def record_generation(self, result: GenerationResult) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] | None = None  # given to the template (and to the tool-call parser)
+    add_generation_prompt: bool = True
+    continue_final_message: bool | None = None  # None: continue a final text-only assistant message
+    enable_thinking: bool | None = None  # None: the template's default (on for Qwen3.5)
+    reasoning_effort: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    text: str | None = None
+    token_ids: Sequence[int] | None = None  # exactly one of text / token_ids
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    token_ids: list[int]
+    text: str | None  # None for a prompt given as token ids
+    starts_in_reasoning: bool
+    is_chat: bool
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What a request asks of one generation; None means the artifact's default."""
+
+    max_tokens: int | None = None  # None: up to the end of the context
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    split_reasoning: bool = True
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: tuple[tuple[str, float, list[int]], ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationUsage:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    content: str
+    reasoning: str
+    tool_calls: list[ToolCall]
+    tool_issues: list[ParseIssue]
+    finish_reason: str  # stop | length | cancelled
+    stop_string: str | None
+    usage: GenerationUsage
+    timings: Timings
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) -> PreparedPrompt:
+    """Renders and tokenizes a prompt with the model's own template and tokenizer."""
+    frontend = model.engine.frontend
+    if isinstance(prompt, TextPrompt):
+        if prompt.token_ids is not None:
+            return PreparedPrompt(list(prompt.token_ids), None, False, is_chat=False)
+        return PreparedPrompt(frontend.encode(prompt.text or ""), prompt.text, False, is_chat=False)
+    rendered = frontend.render(
+        prompt.messages,
+        tools=prompt.tools or None,
+        add_generation_prompt=prompt.add_generation_prompt,
+        continue_final_message=prompt.continue_final_message,
+        enable_thinking=prompt.enable_thinking,
+        preserve_thinking=model.preserve_thinking,
+        reasoning_effort=prompt.reasoning_effort,
+        chat_template_kwargs=prompt.chat_template_kwargs,
+    )
+    return PreparedPrompt(frontend.encode(rendered.text), rendered.text, rendered.starts_in_reasoning, is_chat=True)
+
+
+def build_request(model: ServedModel, prompt: PreparedPrompt, params: GenerationParams) -> Request:
+    """The engine Request: sampling values from the request over the artifact's defaults, max tokens capped by
+    the context. Raises ContextOverflowError when the prompt leaves no room."""
+    engine = model.engine
+    n_ctx = engine.info.max_context
+    n_prompt = len(prompt.token_ids)
+    if n_prompt == 0:
+        raise InvalidRequestError("the prompt is empty", param="prompt")
+    if n_prompt >= n_ctx:
+        raise ContextOverflowError(n_prompt, n_ctx)
+    room = n_ctx - n_prompt
+    max_new = room if params.max_tokens is None else min(params.max_tokens, room)
+    if max_new < 1:
+        raise InvalidRequestError(f"max_tokens must be at least 1, got {params.max_tokens}", param="max_tokens")
+    if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
+    defaults = engine.frontend.sampling_defaults()
+    chosen = {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
+    sampling = replace(defaults, **{k: v for k, v in chosen.items() if v is not None})
+    return Request(prompt.token_ids, sampling, max_new_tokens=max_new, logprobs=params.logprobs or params.top_logprobs > 0,
+                   top_logprobs=params.top_logprobs)
+
+
+class Generation:
+    """One running generation. Create with `start_generation`."""
+
+    def __init__(self, model: ServedModel, prompt: PreparedPrompt, request: Request, params: GenerationParams,
+                 tools: Sequence[Mapping[str, Any]] | None) -> None:
+        self.prompt = prompt
+        self._model = model
+        self._engine = model.engine
+        self._request = request
+        self._events = self._engine.generate(request)
+        self._first: asyncio.Future[GenerationEvent] | None = None
+        self._text = TextStream(self._engine.frontend)
+        self._stops = StopStringMatcher(params.stop)
+        splitting = prompt.is_chat and params.split_reasoning
+        self._reasoning = ReasoningParser(starts_in_reasoning=prompt.starts_in_reasoning) if splitting else None
+        self._tools = ToolCallParser(tools) if tools else None
+        self._content: list[str] = []
+        self._reasoning_text: list[str] = []
+        self._logprobs: list[TokenLogprob] = []
+        self._pending_logprobs: list[TokenLogprob] = []
+        self._completion_tokens = 0
+        self._reasoning_tokens = 0
+        self._started = time.perf_counter()
+        self._first_token_at: float | None = None
+        self.result: GenerationResult | None = None
+
+    async def _submit(self) -> None:
+        """Submits now, so admission errors surface to the caller instead of inside the response stream."""
+        self._first = asyncio.ensure_future(anext(self._events))
+        # One loop turn runs the generator up to its first wait, which is after the engine's submit.
+        await asyncio.sleep(0)
+        if self._first.done() and self._first.exception() is not None:
+            raise self._first.exception()
+
+    async def _engine_events(self) -> AsyncIterator[GenerationEvent]:
+        assert self._first is not None, "use start_generation"
+        try:
+            yield await self._first
+            async for event in self._events:
+                yield event
+        finally:
+            if not self._first.done():
+                # The generator is suspended inside the task: cancel it there (its finally cancels the engine
+                # request) and wait, since a running generator cannot be closed from outside.
+                self._first.cancel()
+                await asyncio.gather(self._first, return_exceptions=True)
+            await self._events.aclose()
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        last: GenerationEvent | None = None
+        events = self._engine_events()
+        try:
+            async for event in events:
+                last = event
+                if self._stops.stopped is not None:
+                    continue  # draining after a stop string: the final event still brings usage and timings
+                self._count_tokens(event)
+                for delta in self._step_text(self._text.push(event.token_ids), final=False):
+                    yield delta
+                if self._stops.stopped is not None and event.finish_reason is None:
+                    self._engine.cancel(event.request_id)
+        finally:
+            await events.aclose()
+        for delta in self._step_text("", final=True):
+            yield delta
+        engine_finish = last.finish_reason if last is not None else None
+        finish_reason = "stop" if self._stops.stopped is not None else engine_finish or "cancelled"
+        self.result = self._finish(finish_reason, last)
+        self._model.record_generation(self.result)
+
+    async def run(self) -> GenerationResult:
+        async for _ in self.deltas():
+            pass
+        assert self.result is not None
+        return self.result
+
+    # -- steps ----------------------------------------------------------------------------------------------
+
+    def _count_tokens(self, event: GenerationEvent) -> None:
+        """Counts the event's tokens (as reasoning while the block is open) and keeps their logprobs."""
+        if event.token_ids and self._first_token_at is None:
+            self._first_token_at = time.perf_counter()
+        if self._reasoning is not None and self._reasoning.in_reasoning:
+            self._reasoning_tokens += len(event.token_ids)
+        self._completion_tokens += len(event.token_ids)
+        if event.logprobs is not None:
+            self._pending_logprobs.extend(self._token_logprobs(event))
+
+    def _step_text(self, piece: str, *, final: bool) -> list[Delta]:
+        """Text through stop strings, the reasoning split and the tool-call parser; `final` settles what each
+        stage holds back."""
+        text = self._stops.feed(piece).text if piece else ""
+        if final:
+            text += self._stops.flush()
+        reasoning, content = "", text
+        if self._reasoning is not None:
+            split = self._reasoning.feed(text)
+            if final:
+                tail = self._reasoning.finish()
+                split = ReasoningDelta(split.reasoning + tail.reasoning, split.content + tail.content)
+            reasoning, content = split.reasoning, split.content
+        tool_events: list[ContentDelta | ToolCallDelta] = []
+        if self._tools is not None:
+            tool_events = self._tools.feed(content) if content else []
+            if final:
+                tool_events += self._tools.finish()
+        else:
+            tool_events = [ContentDelta(content)] if content else []
+        return self._deltas(reasoning, tool_events, final)
+
+    def _deltas(self, reasoning: str, events: list[ContentDelta | ToolCallDelta], final: bool) -> list[Delta]:
+        """Groups the step's output into Deltas, in order; pending logprobs ride on the first one."""
+        out: list[Delta] = []
+        if reasoning:
+            self._reasoning_text.append(reasoning)
+            out.append(Delta(reasoning=reasoning))
+        calls: list[ToolCallDelta] = []
+        for event in events:
+            if isinstance(event, ToolCallDelta):
+                calls.append(event)
+                continue
+            if calls:
+                out.append(Delta(tool_calls=tuple(calls)))
+                calls = []
+            if event.text:
+                self._content.append(event.text)
+                out.append(Delta(content=event.text))
+        if calls:
+            out.append(Delta(tool_calls=tuple(calls)))
+        if self._pending_logprobs and (out or final):
+            pending = tuple(self._pending_logprobs)
+            self._logprobs.extend(pending)
+            self._pending_logprobs.clear()
+            out = [replace(out[0], logprobs=pending), *out[1:]] if out else [Delta(logprobs=pending)]
+        return out
+
+    def _token_logprobs(self, event: GenerationEvent) -> list[TokenLogprob]:
+        decode = self._engine.frontend.decode
+        result = []
+        for i, (token_id, logprob) in enumerate(zip(event.token_ids, event.logprobs or (), strict=False)):
+            alternatives = event.top_logprobs[i] if event.top_logprobs is not None else ()
+            top = tuple(_piece(decode, alt_id) + (alt_lp,) for alt_id, alt_lp in alternatives)
+            text, raw = _piece(decode, token_id)
+            result.append(TokenLogprob(text, logprob, raw, tuple((t, lp, b) for t, b, lp in top)))
+        return result
+
+    def _finish(self, finish_reason: str, last: GenerationEvent | None) -> GenerationResult:
+        now = time.perf_counter()
+        engine_usage = last.usage if last is not None else None
+        timings = last.timings if last is not None and last.timings is not None else None
+        if timings is None:  # ended by a stop string: the engine's final event was not waited for
+            ttft = (self._first_token_at or now) - self._started
+            decode_s = now - (self._first_token_at or now)
+            timings = Timings(0.0, ttft, 0.0, (self._completion_tokens - 1) / decode_s if decode_s > 0 else 0.0,
+                              now - self._started)
+        tools = self._tools.result() if self._tools is not None else None
+        usage = GenerationUsage(
+            prompt_tokens=len(self.prompt.token_ids),
+            cached_tokens=engine_usage.cached_tokens if engine_usage is not None else 0,
+            completion_tokens=self._completion_tokens,
+            reasoning_tokens=self._reasoning_tokens,
+        )
+        return GenerationResult(
+            content="".join(self._content), reasoning="".join(self._reasoning_text),
+            tool_calls=tools.calls if tools else [], tool_issues=tools.issues if tools else [],
+            finish_reason=finish_reason, stop_string=self._stops.stopped, usage=usage, timings=timings,
+            logprobs=self._logprobs)
+
+
+def _piece(decode: Any, token_id: int) -> tuple[str, list[int]]:
+    text = decode([token_id], skip_special_tokens=False)
+    return text, list(text.encode("utf-8"))
+
+
+async def start_generation(model: ServedModel, prompt: PreparedPrompt, params: GenerationParams,
+                           tools: Sequence[Mapping[str, Any]] | None = None) -> Generation:
+    """Validates, builds the engine request and submits it (see the module doc)."""
+    request = build_request(model, prompt, params)
+    generation = Generation(model, prompt, request, params, tools)
+    await generation._submit()
+    return generation

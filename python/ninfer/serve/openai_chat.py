@@ -1,0 +1,236 @@
+"""OpenAI Chat Completions: `POST /v1/chat/completions` (and llama.cpp's `/chat/completions`).
+
+A thin translator over `ninfer.serve.generation`: the request becomes a ChatPrompt and GenerationParams, the
+pipeline's Deltas become `chat.completion.chunk`s, its result a `chat.completion`. Reasoning is returned as
+`reasoning_content` (message and delta), as llama.cpp, vLLM and DeepSeek do.
+
+Tool calls: `tool_choice: "none"` hides the tools from the template and does not parse calls. `"required"`, a
+named function and `strict: true` are advisory (the engine cannot force a call): the response's `ninfer.tool_choice`
+says so, and parse diagnostics (a truncated call, an unknown tool) are in `ninfer.tool_parse_issues`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import msgspec
+from litestar import post
+from msgspec import Meta
+
+from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
+from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.generation import (
+    MAX_TOP_LOGPROBS,
+    ChatPrompt,
+    Delta,
+    Generation,
+    GenerationResult,
+    TokenLogprob,
+    prepare_prompt,
+    start_generation,
+)
+from ninfer.serve.openai_common import (
+    MaxTokens,
+    SamplingFields,
+    generation_params,
+    include_usage,
+    new_id,
+    stream_error_frame,
+    timings_json,
+    usage_json,
+)
+from ninfer.serve.sse import sse_frame, sse_response
+from ninfer.serve.state import ModelRouter
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    reasoning_format: str | None = None  # llama.cpp: "none" returns the raw text, reasoning included
+    chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
+
+
+def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
+    if body.reasoning_effort is not None and body.reasoning_effort not in REASONING_EFFORTS:
+        raise InvalidRequestError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}",
+                                  param="reasoning_effort")
+    if body.tool_choice not in (None, "none", "auto", "required") and not isinstance(body.tool_choice, dict):
+        raise InvalidRequestError("tool_choice must be none, auto, required or a named function", param="tool_choice")
+    if body.response_format is not None and body.response_format.get("type") not in (None, "text"):
+        raise InvalidRequestError("response_format json_schema / json_object is not served yet; use text",
+                                  param="response_format")
+    kwargs = dict(body.chat_template_kwargs or {})
+    enable_thinking = kwargs.pop("enable_thinking", None)
+    if body.reasoning_effort == "none":
+        enable_thinking = False
+    return ChatPrompt(
+        messages=[msgspec.to_builtins(m) for m in body.messages],
+        tools=_tools(body),
+        add_generation_prompt=body.add_generation_prompt if body.add_generation_prompt is not None else True,
+        continue_final_message=body.continue_final_message,
+        enable_thinking=enable_thinking if isinstance(enable_thinking, bool) else None,
+        reasoning_effort=body.reasoning_effort if body.reasoning_effort != "none" else None,
+        chat_template_kwargs=kwargs or None,
+    )
+
+
+def _tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    return None if body.tool_choice == "none" or not body.tools else body.tools
+
+
+def _tool_choice_note(body: ChatCompletionRequest) -> dict[str, Any] | None:
+    """What the response says about tool_choice and strict, which the engine cannot enforce."""
+    strict = any(isinstance(t.get("function"), dict) and t["function"].get("strict") for t in body.tools or ())
+    forcing = body.tool_choice == "required" or isinstance(body.tool_choice, dict)
+    if not (strict or forcing):
+        return None
+    return {"requested": body.tool_choice, "strict": strict, "enforced": False,
+            "note": "tool_choice and strict are advisory: the model was asked, not forced"}
+
+
+def _issues_json(issues: list[ParseIssue]) -> list[dict[str, Any]]:
+    return [{"kind": i.kind, "message": i.message, "snippet": i.snippet, "discarded_chars": i.discarded_chars}
+            for i in issues]
+
+
+def _logprob_json(lp: TokenLogprob) -> dict[str, Any]:
+    return {"token": lp.token, "logprob": lp.logprob, "bytes": lp.bytes,
+            "top_logprobs": [{"token": t, "logprob": v, "bytes": b} for t, v, b in lp.top]}
+
+
+def _finish_reason(result: GenerationResult) -> str:
+    if result.tool_calls and result.finish_reason == "stop":
+        return "tool_calls"
+    return result.finish_reason
+
+
+class _Shape:
+    """The ids and fields every chunk and the final object of one completion share."""
+
+    def __init__(self, body: ChatCompletionRequest, model_id: str) -> None:
+        self.id = new_id("chatcmpl")
+        self.created = int(time.time())
+        self.model = model_id
+        self.tool_call_ids: dict[int, str] = {}
+        self.tool_note = _tool_choice_note(body)
+
+    def call_id(self, index: int) -> str:
+        return self.tool_call_ids.setdefault(index, new_id("call"))
+
+    def envelope(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": "ninfer"}
+
+    def extras(self, result: GenerationResult) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.tool_note is not None:
+            extra["tool_choice"] = self.tool_note
+        if result.tool_issues:
+            extra["tool_parse_issues"] = _issues_json(result.tool_issues)
+        return {"ninfer": extra} if extra else {}
+
+
+def _message(shape: _Shape, result: GenerationResult) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.content or None}
+    if result.tool_calls:
+        message["tool_calls"] = [
+            {"id": shape.call_id(i), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(result.tool_calls)]
+    elif message["content"] is None:
+        message["content"] = ""
+    if result.reasoning:
+        message["reasoning_content"] = result.reasoning
+    return message
+
+
+def completion_json(shape: _Shape, result: GenerationResult, logprobs: bool) -> dict[str, Any]:
+    choice = {"index": 0, "message": _message(shape, result), "finish_reason": _finish_reason(result),
+              "logprobs": {"content": [_logprob_json(lp) for lp in result.logprobs]} if logprobs else None}
+    return {**shape.envelope("chat.completion"), "choices": [choice], "usage": usage_json(result.usage),
+            "timings": timings_json(result), **shape.extras(result)}
+
+
+def _tool_call_delta(shape: _Shape, call: ToolCallDelta) -> dict[str, Any]:
+    if call.name is not None:
+        return {"index": call.index, "id": shape.call_id(call.index), "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
+    return {"index": call.index, "function": {"arguments": call.arguments}}
+
+
+def _delta_json(shape: _Shape, delta: Delta) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if delta.reasoning:
+        out["reasoning_content"] = delta.reasoning
+    if delta.content:
+        out["content"] = delta.content
+    if delta.tool_calls:
+        out["tool_calls"] = [_tool_call_delta(shape, c) for c in delta.tool_calls]
+    return out
+
+
+def _chunk(shape: _Shape, delta: dict[str, Any], finish_reason: str | None = None,
+           logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason,
+              "logprobs": {"content": [_logprob_json(lp) for lp in logprobs]} if logprobs is not None else None}
+    return {**shape.envelope("chat.completion.chunk"), "choices": [choice]}
+
+
+async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: bool) -> AsyncIterator[bytes]:
+    yield sse_frame(_chunk(shape, {"role": "assistant", "content": ""}))
+    async for delta in generation.deltas():
+        fields = _delta_json(shape, delta)
+        if fields or (logprobs and delta.logprobs):
+            yield sse_frame(_chunk(shape, fields, logprobs=list(delta.logprobs) if logprobs else None))
+    result = generation.result
+    assert result is not None
+    final = _chunk(shape, {}, _finish_reason(result))
+    final.update(timings=timings_json(result), **shape.extras(result))
+    yield sse_frame(final)
+    if usage:
+        yield sse_frame({**shape.envelope("chat.completion.chunk"), "choices": [], "usage": usage_json(result.usage)})
+    yield sse_frame("[DONE]")
+
+
+@post(["/v1/chat/completions", "/chat/completions"], status_code=200, summary="OpenAI Chat Completions")
+async def chat_completions(data: ChatCompletionRequest, router: ModelRouter) -> Any:
+    model = router.resolve(data.model)
+    want_logprobs = bool(data.logprobs) or bool(data.top_logprobs)
+    max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
+    params = generation_params(data, max_tokens=max_tokens, logprobs=want_logprobs,
+                               top_logprobs=data.top_logprobs or 0,
+                               split_reasoning=data.reasoning_format != "none")
+    chat = _chat_prompt(data)
+    prompt = prepare_prompt(model, chat)
+    generation = await start_generation(model, prompt, params, tools=chat.tools)
+    shape = _Shape(data, model.model_id)
+    if data.stream:
+        return sse_response(_chunks(shape, generation, want_logprobs, include_usage(data)),
+                            on_error=stream_error_frame)
+    return completion_json(shape, await generation.run(), want_logprobs)
+
+
+route_handlers = [chat_completions]

@@ -1,0 +1,108 @@
+"""Wire pieces the OpenAI-style routes share: sampling fields, usage/timings objects, ids, stream error frames.
+
+`SamplingFields` is a msgspec Struct base: a request struct that inherits it gets the sampling fields (OpenAI's
+plus the llama.cpp extensions clients send: top_k, min_p, repeat_penalty) validated by type and range before the
+handler runs, and `generation_params(body, max_tokens=...)` turns them into the pipeline's GenerationParams.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from ninfer.errors import NinferError
+from ninfer.serve.errors import InvalidRequestError, describe, openai_body
+from ninfer.serve.generation import GenerationParams, GenerationResult, GenerationUsage
+from ninfer.serve.sse import sse_frame
+
+# -1 means "until the end of the context" (llama.cpp's web UI sends it).
+MaxTokens = Annotated[int, Meta(ge=-1)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+
+
+class SamplingFields(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Probability | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    min_p: Probability | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None  # llama.cpp's name
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None  # vLLM's name
+    seed: Annotated[int, Meta(ge=0)] | None = None  # the engine refuses >= 2^64
+    stop: str | list[str] | None = None
+    n: Annotated[int, Meta(ge=1)] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    user: str | None = None
+
+
+MAX_STOP_STRINGS = 16
+
+
+def refuse_n(n: int | None) -> None:
+    if n is not None and n > 1:
+        raise InvalidRequestError(f"n = {n}: this server generates one choice per request; send n = 1 and "
+                                  "make parallel requests instead", param="n")
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop")
+    return [s for s in stops if s]
+
+
+def generation_params(body: SamplingFields, *, max_tokens: int | None, logprobs: bool = False,
+                      top_logprobs: int = 0, split_reasoning: bool = True) -> GenerationParams:
+    refuse_n(body.n)
+    return GenerationParams(
+        max_tokens=None if max_tokens is None or max_tokens < 0 else max_tokens,
+        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty,
+        seed=body.seed, stop=stop_strings(body.stop), logprobs=logprobs, top_logprobs=top_logprobs,
+        split_reasoning=split_reasoning)
+
+
+def include_usage(body: SamplingFields) -> bool:
+    return bool((body.stream_options or {}).get("include_usage"))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def usage_json(usage: GenerationUsage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+def timings_json(result: GenerationResult) -> dict[str, Any]:
+    """llama.cpp's `timings` object, which its web UI shows."""
+    t, u = result.timings, result.usage
+    decode_s = max(t.total_s - t.ttft_s, 0.0)
+    return {
+        "prompt_n": u.prompt_tokens - u.cached_tokens,
+        "prompt_ms": (t.ttft_s - t.queue_s) * 1000,
+        "cache_n": u.cached_tokens,
+        "predicted_n": u.completion_tokens,
+        "predicted_ms": decode_s * 1000,
+        "predicted_per_second": (u.completion_tokens - 1) / decode_s if decode_s > 0 else 0.0,
+        "queue_ms": t.queue_s * 1000,
+    }
+
+
+def stream_error_frame(exc: NinferError) -> bytes:
+    """A mid-stream failure as OpenAI streams it: one data frame holding the error object."""
+    return sse_frame(openai_body(describe(exc)))
