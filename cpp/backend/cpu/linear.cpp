@@ -5,6 +5,8 @@
 // input rows in L2-sized blocks and decode the weights once per block, which costs little beside the FMAs.
 #include "backend/cpu/linear.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -125,13 +127,17 @@ void linear(const float* x, int64_t rows, const TensorView& w, float* y, const f
   const int64_t tiles = (out + kTileRows - 1) / kTileRows;
   const int64_t row_block = input_row_block(cols);
 
+  // Dynamic chunks of a few tiles: on a busy machine a descheduled thread then delays the call by one chunk,
+  // not by its whole static share.
+  const int64_t chunk = std::max<int64_t>(1, tiles / (8 * omp_get_max_threads()));
+
 #pragma omp parallel
   {
     alignas(64) float wbuf[kTileRows * kChunkCols];
     alignas(64) float acc[kMaxRowBlock * kTileRows];
     for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
       const int64_t block_rows = std::min(row_block, rows - r0);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, chunk)
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t o0 = tile * kTileRows;
         const int64_t tile_rows = std::min(kTileRows, out - o0);
