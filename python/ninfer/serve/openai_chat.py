@@ -43,6 +43,7 @@ from ninfer.serve.openai_common import (
 )
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ModelRouter
+from ninfer.serve.structured import chat_response_format, require_structured_output
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
@@ -80,9 +81,6 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
                                   param="reasoning_effort")
     if body.tool_choice not in (None, "none", "auto", "required") and not isinstance(body.tool_choice, dict):
         raise InvalidRequestError("tool_choice must be none, auto, required or a named function", param="tool_choice")
-    if body.response_format is not None and body.response_format.get("type") not in (None, "text"):
-        raise InvalidRequestError("response_format json_schema / json_object is not served yet; use text",
-                                  param="response_format")
     kwargs = dict(body.chat_template_kwargs or {})
     enable_thinking = kwargs.pop("enable_thinking", None)
     if body.reasoning_effort == "none":
@@ -224,6 +222,9 @@ async def chat_completions(data: ChatCompletionRequest, router: ModelRouter) -> 
                                top_logprobs=data.top_logprobs or 0,
                                split_reasoning=data.reasoning_format != "none")
     chat = _chat_prompt(data)
+    output_format = chat_response_format(data.response_format)
+    if output_format is not None:
+        require_structured_output(model.engine, output_format, "response_format")
     prompt = prepare_prompt(model, chat)
     generation = await start_generation(model, prompt, params, tools=chat.tools)
     shape = _Shape(data, model.model_id)
