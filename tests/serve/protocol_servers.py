@@ -82,3 +82,14 @@ def qwen35_server(pytestconfig, tiny_qwen3_5) -> Iterator[LiveServer]:
 @pytest.fixture(scope="session")
 def smollm2_server(pytestconfig, smollm2_gguf) -> Iterator[LiveServer]:
     yield from _serve(_artifact(pytestconfig, smollm2_gguf), "smollm2", max_context=2048)
+
+
+def lanes_free_within(server: LiveServer, seconds: float) -> bool:
+    """True once the engine has no busy lane and nothing queued, polled for up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        stats = server.engine.stats()
+        if stats.busy_lanes == 0 and stats.queued == 0:
+            return True
+        time.sleep(0.01)
+    return False

@@ -336,3 +336,18 @@ def test_context_overflow_is_a_400_with_the_numbers(qwen35_server):
             model="m", max_tokens=4, messages=[{"role": "user", "content": "word " * 3000}]
         )
     assert "1024" in info.value.body["error"]["message"]
+
+
+def test_a_disconnected_stream_frees_its_lane(qwen35_server):
+    body = {
+        "model": "m",
+        "max_tokens": 900,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Essay."}],
+    }
+    with httpx.stream("POST", qwen35_server.url + "/v1/messages", json=body, timeout=60) as reply:
+        lines = reply.iter_lines()
+        while "thinking_delta" not in next(lines):
+            pass
+        assert qwen35_server.engine.stats().busy_lanes == 1
+    assert protocol_servers.lanes_free_within(qwen35_server, 1.0)

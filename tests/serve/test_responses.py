@@ -350,3 +350,13 @@ def test_malformed_json_is_a_400(qwen35_server):
         headers={"content-type": "application/json"},
     )
     assert reply.status_code == 400 and "error" in reply.json()
+
+
+def test_a_disconnected_stream_frees_its_lane(qwen35_server):
+    body = {"model": "m", "input": "Write a long essay.", "max_output_tokens": 900, "stream": True}
+    with httpx.stream("POST", qwen35_server.url + "/v1/responses", json=body, timeout=60) as reply:
+        lines = reply.iter_lines()
+        while "response.reasoning_text.delta" not in next(lines):
+            pass
+        assert qwen35_server.engine.stats().busy_lanes == 1
+    assert protocol_servers.lanes_free_within(qwen35_server, 1.0)

@@ -1,0 +1,101 @@
+"""Admission and cancellation on the live tiny-Qwen3.5 server (2 lanes, 16 queue places): many concurrent clients
+get the answers they get alone, a full queue answers 429 with Retry-After, and a client that goes away frees its
+lane (or queue place) within a second."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+import openai
+import protocol_servers
+
+qwen35_server = protocol_servers.qwen35_server  # fixture
+
+LONG = 900  # tokens: longer than any test waits for
+
+
+def _wait_idle(engine, within_s: float) -> float:
+    """Seconds until no lane is busy and nothing is queued; fails after `within_s`."""
+    start = time.monotonic()
+    while True:
+        stats = engine.stats()
+        if stats.busy_lanes == 0 and stats.queued == 0:
+            return time.monotonic() - start
+        assert time.monotonic() - start < within_s, f"still busy after {within_s} s: {stats}"
+        time.sleep(0.01)
+
+
+def _open_stream(client: httpx.Client, url: str, prompt: str) -> httpx.Response:
+    request = client.build_request("POST", f"{url}/v1/completions",
+                                   json={"prompt": prompt, "max_tokens": LONG, "temperature": 0, "stream": True})
+    response = client.send(request, stream=True)
+    assert response.status_code == 200, response.read()
+    return response
+
+
+def test_sixteen_clients_on_two_lanes_get_their_solo_answers(qwen35_server):
+    prompts = [f"Client number {i} says" for i in range(16)]
+    solo_client = openai.OpenAI(base_url=f"{qwen35_server.url}/v1", api_key="k", max_retries=0)
+    alone = [solo_client.completions.create(model="m", prompt=p, temperature=0, max_tokens=8).choices[0].text
+             for p in prompts]
+
+    async def together() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=f"{qwen35_server.url}/v1", api_key="k", max_retries=0)
+        async with client:
+            answers = await asyncio.gather(*(
+                client.completions.create(model="m", prompt=p, temperature=0, max_tokens=8) for p in prompts))
+        return [a.choices[0].text for a in answers]
+
+    assert asyncio.run(together()) == alone
+    _wait_idle(qwen35_server.engine, 1.0)
+
+
+def test_a_full_queue_answers_429_with_retry_after(qwen35_server):
+    engine = qwen35_server.engine
+    places = engine.options.max_concurrency + engine.options.max_queue
+    with httpx.Client(timeout=30) as http, contextlib.ExitStack() as streams:
+        for i in range(places):
+            streams.enter_context(_open_stream(http, qwen35_server.url, f"Filler {i}"))
+        client = openai.OpenAI(base_url=f"{qwen35_server.url}/v1", api_key="k", max_retries=0)
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "one more"}])
+        except openai.RateLimitError as exc:
+            assert int(exc.response.headers["retry-after"]) >= 1
+            assert exc.body["type"] == "rate_limit_error"
+        else:
+            raise AssertionError("the request past the queue was admitted")
+    _wait_idle(engine, 2.0)  # closing the filler streams cancelled every one of them
+
+
+def test_a_disconnect_frees_the_lane_within_a_second(qwen35_server):
+    engine = qwen35_server.engine
+    with httpx.Client(timeout=30) as http:
+        response = _open_stream(http, qwen35_server.url, "Keep talking")
+        lines = response.iter_lines()
+        while '"text":""' in (line := next(lines)) or not line.startswith("data:"):
+            pass  # until a frame with generated text: the request holds a lane
+        assert engine.stats().busy_lanes == 1
+        response.close()
+    assert _wait_idle(engine, 1.0) < 1.0
+
+
+def test_a_queued_request_that_disconnects_leaves_the_queue(qwen35_server):
+    engine = qwen35_server.engine
+    with httpx.Client(timeout=30) as http:
+        holders = [_open_stream(http, qwen35_server.url, f"Holder {i}") for i in range(engine.options.max_concurrency)]
+        queued = _open_stream(http, qwen35_server.url, "Waiting")
+        deadline = time.monotonic() + 5
+        while engine.stats().queued != 1:
+            assert time.monotonic() < deadline, engine.stats()
+            time.sleep(0.01)
+        queued.close()
+        deadline = time.monotonic() + 1
+        while engine.stats().queued != 0:
+            assert time.monotonic() < deadline, "the disconnected request is still queued"
+            time.sleep(0.01)
+        for holder in holders:
+            holder.close()
+    _wait_idle(engine, 1.0)
