@@ -58,7 +58,7 @@ def test_a_full_queue_answers_429_with_retry_after(qwen35_server):
     places = engine.options.max_concurrency + engine.options.max_queue
     with httpx.Client(timeout=30) as http, contextlib.ExitStack() as streams:
         for i in range(places):
-            streams.enter_context(_open_stream(http, qwen35_server.url, f"Filler {i}"))
+            streams.callback(_open_stream(http, qwen35_server.url, f"Filler {i}").close)
         client = openai.OpenAI(base_url=f"{qwen35_server.url}/v1", api_key="k", max_retries=0)
         try:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "one more"}])
