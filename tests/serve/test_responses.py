@@ -326,10 +326,15 @@ def test_truncated_tool_call_still_yields_a_call(smollm2_server):
             },
             400,
             '"not"',
-            None,
+            "text.format.schema",
         ),
-        ({"input": "hi", "text": {"format": {"type": "json_object"}}}, 400, "token mask", None),
-        ({"input": "hi", "text": {"format": {"type": "yaml"}}}, 400, "text.format.type", None),
+        (
+            {"input": "hi", "text": {"format": {"type": "json_object"}}},
+            400,
+            "token mask",
+            "text.format.schema",
+        ),
+        ({"input": "hi", "text": {"format": {"type": "yaml"}}}, 400, "text.format.type", "text.format.type"),
     ],
 )
 def test_refusals_use_the_openai_error_shape(qwen35_server, body, status, message, param):

@@ -32,6 +32,7 @@ import numpy as np
 
 from ninfer.errors import EngineError
 from ninfer.frontend.reasoning import ReasoningParser
+from ninfer.serve.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     from ninfer.engine import Engine, Frontend
@@ -55,7 +56,7 @@ class OutputFormat:
 
 def _require_mapping(value: Any, field: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise EngineError(f"{field} must be an object")
+        raise InvalidRequestError(f"{field} must be an object", param=field)
     return value
 
 
@@ -65,12 +66,15 @@ def _format_from(kind: Any, schema: Any, name: Any, strict: Any, field: str) -> 
     if kind == "json_object":
         return OutputFormat("json_object", JSON_OBJECT_SCHEMA)
     if kind != "json_schema":
-        raise EngineError(f"{field}.type must be 'text', 'json_object' or 'json_schema', not {kind!r}")
+        raise InvalidRequestError(
+            f"{field}.type must be 'text', 'json_object' or 'json_schema', not {kind!r}",
+            param=f"{field}.type",
+        )
     schema = _require_mapping(schema, f"{field}.schema")
     if name is not None and not isinstance(name, str):
-        raise EngineError(f"{field}.name must be a string")
+        raise InvalidRequestError(f"{field}.name must be a string", param=f"{field}.name")
     if strict is not None and not isinstance(strict, bool):
-        raise EngineError(f"{field}.strict must be a boolean")
+        raise InvalidRequestError(f"{field}.strict must be a boolean", param=f"{field}.strict")
     return OutputFormat("json_schema", schema, name, strict)
 
 
@@ -120,15 +124,17 @@ def _with_whitespace_limit(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def compile_grammar(fmt: OutputFormat, field: str) -> str:
-    """The llguidance grammar for `fmt`; EngineError naming the schema features it cannot enforce."""
+    """The llguidance grammar for `fmt`; InvalidRequestError naming the schema features it cannot enforce."""
     schema = _with_whitespace_limit(fmt.schema)
     try:
         # Validated on its own first: its messages name the unsupported keywords without the wrapper's source.
         error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(schema))
     except (ValueError, TypeError) as exc:
-        raise EngineError(f"{field} is not a usable JSON Schema: {exc}") from exc
+        raise InvalidRequestError(f"{field} is not a usable JSON Schema: {exc}", param=field) from exc
     if error:
-        raise EngineError(f"{field} uses JSON Schema features that structured output cannot enforce: {error}")
+        raise InvalidRequestError(
+            f"{field} uses JSON Schema features that structured output cannot enforce: {error}", param=field
+        )
     lark = f"start: {_LEADING_WHITESPACE} answer\nanswer: %json {json.dumps(schema)}\n"
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
@@ -140,9 +146,10 @@ def require_structured_output(engine: Engine, fmt: OutputFormat, field: str) -> 
     would return text that merely *looks* constrained, so the request is refused instead."""
     compile_grammar(fmt, field)
     if not getattr(engine, "supports_token_constraints", False):
-        raise EngineError(
+        raise InvalidRequestError(
             f"{field}: structured output needs the engine's per-step token mask, which this build's engine does "
-            "not have yet; send a text format"
+            "not have yet; send a text format",
+            param=field,
         )
 
 
