@@ -322,3 +322,29 @@ def test_grammar_tokenizer_is_built_once_per_model(frontend, llg_tokenizer):
     assert grammar_tokenizer(frontend, QWEN35_VOCAB) is llg_tokenizer
     assert llg_tokenizer.vocab_size == QWEN35_VOCAB
     assert structured.GRAMMAR_LIBRARY == "llguidance"
+
+
+def test_build_constraint_for_a_real_engine(pytestconfig, tiny_qwen3_5):
+    """The route-side entry point: the engine's own frontend and logits width, the tokenizer index built once."""
+    import asyncio
+
+    from ninfer.engine import Engine, EngineOptions
+    from ninfer.serve.structured import build_constraint
+    from protocol_servers import _artifact
+
+    with Engine.open_sync(_artifact(pytestconfig, tiny_qwen3_5), EngineOptions(max_context=256)) as engine:
+        fmt = OutputFormat("json_schema", PERSON)
+        first = asyncio.run(build_constraint(engine, fmt, "text.format.schema", starts_in_reasoning=True))
+        second = asyncio.run(build_constraint(engine, fmt, "text.format.schema", starts_in_reasoning=False))
+        assert first.vocab_size == second.vocab_size == engine.info.vocab_size
+        assert first._tokenizer is second._tokenizer
+        mask = np.zeros(mask_words(engine.info.vocab_size), dtype=np.uint32)
+        assert not first.fill_next_mask([], mask)  # reasoning first
+        assert second.fill_next_mask([], mask)
+        assert set(allowed_token_ids(mask).tolist()) >= set(engine.frontend.encode("{"))
+        with pytest.raises(EngineError, match='"not"'):
+            asyncio.run(
+                build_constraint(
+                    engine, OutputFormat("json_schema", {"not": {}}), "f", starts_in_reasoning=False
+                )
+            )

@@ -19,6 +19,7 @@ favours whitespace cannot run to max_tokens without writing the value.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import threading
@@ -174,6 +175,16 @@ def grammar_tokenizer(frontend: Frontend, vocab_size: int) -> llguidance.LLToken
                 frontend.tokenizer.to_str(), n_vocab=vocab_size, eos_token=list(frontend.eos_token_ids)
             )
         return per_model[vocab_size]
+
+
+async def build_constraint(
+    engine: Engine, fmt: OutputFormat, field: str, *, starts_in_reasoning: bool
+) -> TokenConstraint:
+    """The request's TokenConstraint, to pass to the engine with its Request once the engine takes one (see
+    `require_structured_output`). The model's tokenizer index is built in a worker thread the first time."""
+    grammar = compile_grammar(fmt, field)
+    tokenizer = await asyncio.to_thread(grammar_tokenizer, engine.frontend, engine.info.vocab_size)
+    return TokenConstraint(grammar, tokenizer, engine.frontend, starts_in_reasoning=starts_in_reasoning)
 
 
 # ---------------------------------------------------------------------------------------------------------------
