@@ -1,0 +1,48 @@
+"""ninfer's `/dashboard`: a static page (webui/dashboard/) over one JSON route, `GET /dashboard/state`, which it polls
+once a second: per-model state, the resident engine's slots, queue, KV and memory, the stream registry, recent
+errors. Tokens/s is computed by the page from successive `tokens_generated` readings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from litestar import Request, get
+from litestar.static_files import create_static_files_router
+
+from ninfer.serve.llamacpp import slot_rows
+from ninfer.serve.router import ModelRouter
+from ninfer.serve.streams import StreamRegistry
+from ninfer.serve.webui_bundle import DASHBOARD_DIR
+
+
+def _model_state(router: ModelRouter, now: float) -> list[dict[str, Any]]:
+    return [{"name": e.name, "status": e.status, "failure": e.failure, "in_flight": e.pins,
+             "ttl_s": router.effective_ttl(e), "idle_s": (now - e.last_used) if e.last_used else None,
+             "load_seconds": e.load_seconds, "path": str(e.spec.path), "max_context": e.spec.options.max_context,
+             "lanes": e.spec.options.max_concurrency, "kv_dtype": e.spec.options.kv_dtype}
+            for e in router.entries]
+
+
+@get("/dashboard/state", summary="What the dashboard shows (polled once a second)")
+async def dashboard_state(router: ModelRouter, request: Request) -> dict[str, Any]:
+    streams: StreamRegistry = request.app.state.streams
+    resident = router.resident
+    return {
+        "time": time.time(),
+        "uptime_s": time.time() - router.started,
+        "resident": resident.name if resident is not None else None,
+        "engine": asdict(router.resident_stats()),
+        "models": _model_state(router, router.now()),
+        "slots": slot_rows(router, resident) if resident is not None else [],
+        "streams": {"count": len(streams), "bytes": streams.total_bytes},
+        "errors": [{"time": t, "model": m, "message": msg} for t, m, msg in router.errors],
+    }
+
+
+dashboard_page = create_static_files_router(path="/dashboard", directories=[DASHBOARD_DIR], html_mode=True,
+                                            opt={"public": True}, include_in_schema=False)
+
+route_handlers = [dashboard_state, dashboard_page]

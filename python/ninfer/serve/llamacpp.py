@@ -1,0 +1,204 @@
+"""llama.cpp's router-mode management surface (what llama-ui calls) and llama-swap's operations routes.
+
+    POST /models/load {model}      -> {success: true} at once; /models/sse reports the load
+    POST /models/unload {model}    -> {success: true}; the model unloads once its in-flight requests finish
+    GET  /models/sse               -> `model_status` events on every load / swap / unload, keepalives every 5 s
+    GET  /props[?model=&autoload=] -> what llama-ui reads (role, default_generation_settings, total_slots, ...)
+    GET  /slots[?model=]           -> one object per configured lane of the model
+    GET  /running, GET /unload     -> llama-swap
+
+`model_rows` gives the `/v1/models` rows with their router `status` (ninfer.serve.misc serves them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+from litestar import Response, get, post
+from litestar.params import Parameter
+
+from ninfer import __version__ as NINFER_VERSION
+from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.router import (
+    FAILED,
+    GATE_EXEMPT,
+    LOADED,
+    LOADING,
+    ModelEntry,
+    ModelRouter,
+    StatusEvent,
+)
+from ninfer.serve.sse import sse_frame, sse_response
+from ninfer.serve.state import ServedModel
+
+KEEPALIVE_S = 5.0
+EXEMPT = {GATE_EXEMPT: True}
+LOAD_STAGES = ["text_model", "spec_model", "mmproj_model"]
+# llama-swap's process states for our statuses
+SWAP_STATES = {LOADED: "ready", LOADING: "starting", FAILED: "stopped"}
+
+
+class ModelRequest(msgspec.Struct, kw_only=True):
+    model: str
+    extra_args: list[str] | None = None
+
+
+def _status(entry: ModelEntry) -> dict[str, Any]:
+    status: dict[str, Any] = {"value": entry.status, "args": []}
+    if entry.failure is not None:
+        status["failed"] = True
+        status["message"] = entry.failure
+    return status
+
+
+def model_rows(router: ModelRouter, loaded_row: Callable[[ServedModel], dict[str, Any]]) -> list[dict[str, Any]]:
+    """One `/v1/models` row per configured model: the loaded one's full row (`loaded_row`), the others from their
+    config; each with llama.cpp's router fields."""
+    if not isinstance(router, ModelRouter):  # state.py's fixed one-model holder (tests/serve fixtures use it)
+        return [loaded_row(m) for m in router.models]
+    rows = []
+    for entry in router.entries:
+        spec = entry.spec
+        row = loaded_row(entry.served) if entry.served is not None else {
+            "id": spec.name, "object": "model", "created": int(router.started), "owned_by": "ninfer",
+            "meta": {"n_ctx": spec.options.max_context, "kv_dtype": spec.options.kv_dtype,
+                     "max_concurrency": spec.options.max_concurrency}}
+        row.update(status=_status(entry), in_cache=spec.path.is_file(), path=str(spec.path),
+                   aliases=list(spec.aliases), tags=[], description=spec.description)
+        rows.append(row)
+    return rows
+
+
+# -- load / unload / status feed -----------------------------------------------------------------------------------
+
+
+@post("/models/load", status_code=200, opt=EXEMPT, summary="Start loading a model (returns at once)")
+async def load_model(data: ModelRequest, router: ModelRouter) -> dict[str, Any]:
+    router.request_load(data.model)
+    return {"success": True}
+
+
+@post("/models/unload", status_code=200, opt=EXEMPT, summary="Unload a model once its requests finish")
+async def unload_model(data: ModelRequest, router: ModelRouter) -> dict[str, Any]:
+    entry = router.lookup(data.model)
+    if not router.request_unload(entry.name):
+        raise InvalidRequestError(f"model {entry.name!r} is not loaded ({entry.status})", param="model")
+    return {"success": True}
+
+
+def status_event_json(event: StatusEvent) -> dict[str, Any]:
+    """llama.cpp's envelope: {model, event, data: {status, progress, exit_code}}."""
+    progress = {"stages": LOAD_STAGES, "current": "text_model", "value": 1.0 if event.status == LOADED else 0.0}
+    data: dict[str, Any] = {"status": event.status, "progress": progress,
+                            "exit_code": 1 if event.status == FAILED else 0}
+    if event.failure is not None:
+        data["message"] = event.failure
+    return {"model": event.model, "event": "model_status", "data": data, "time": event.at}
+
+
+async def _status_frames(router: ModelRouter) -> AsyncIterator[bytes]:
+    queue = router.subscribe()
+    try:
+        # First the current state of every model, so a new reader starts from the truth; then each change.
+        for entry in router.entries:
+            yield sse_frame(status_event_json(StatusEvent(entry.name, entry.status, entry.failure, time.time())),
+                            event="model_status")
+        while True:
+            event = await queue.get()
+            if event is None:
+                return
+            yield sse_frame(status_event_json(event), event="model_status")
+    finally:
+        router.unsubscribe(queue)
+
+
+@get("/models/sse", summary="Live model status events (llama.cpp router mode)")
+async def models_sse(router: ModelRouter) -> Any:
+    return sse_response(_status_frames(router), ping_interval_s=KEEPALIVE_S)
+
+
+# -- props and slots -----------------------------------------------------------------------------------------------
+
+
+def _model_props(router: ModelRouter, entry: ModelEntry) -> dict[str, Any]:
+    spec, served = entry.spec, entry.served
+    params = dict(served.engine.frontend.generation_defaults) if served is not None else {}
+    return {
+        "role": "model",
+        "default_generation_settings": {"n_ctx": spec.options.max_context, "params": params},
+        "total_slots": spec.options.max_concurrency,
+        "model_path": str(spec.path),
+        "model_alias": spec.name,
+        "modalities": {"vision": False, "audio": False, "video": False},
+        "chat_template": "",  # the frontend keeps the compiled template only; the UI just displays it
+        "status": _status(entry),
+    }
+
+
+@get("/props", summary="Server and model properties (the fields llama-ui reads)")
+async def props(router: ModelRouter, model: str | None = None,
+                autoload: bool = Parameter(default=True)) -> dict[str, Any]:
+    common = {"build_info": f"ninfer {NINFER_VERSION}", "ui_settings": {}, "webui_settings": {},
+              "cors_proxy_enabled": False, "agent_mode": False}
+    several = len(router.entries) > 1
+    if several and model is None:
+        return {**common, "role": "router", "model_path": "", "model_alias": "", "total_slots": 0,
+                "default_generation_settings": {"n_ctx": 0, "params": {}},
+                "modalities": {"vision": False, "audio": False, "video": False}}
+    entry = router.lookup(model)
+    if autoload and entry.served is None:
+        lease = await router.acquire(entry.name)
+        await lease.release()
+    return {**common, **_model_props(router, entry)}
+
+
+def slot_rows(router: ModelRouter, entry: ModelEntry) -> list[dict[str, Any]]:
+    n_ctx = entry.spec.options.max_context
+    lanes = entry.spec.options.max_concurrency
+    running = [(call, g) for call in entry.calls for g in call.generations
+               if g.finish_reason is None and g.request_id is not None]
+    busy = router.resident_stats().busy_lanes if entry.served is not None else 0
+    slots = []
+    for lane in range(lanes):
+        call, gen = running[lane] if lane < min(busy, len(running)) else (None, None)
+        slots.append({
+            "id": lane, "n_ctx": n_ctx, "is_processing": gen is not None,
+            "id_task": call.call_id if call is not None else -1,
+            "request_id": gen.request_id if gen is not None else None,
+            "conversation_id": call.conversation_id if call is not None else None,
+            "n_prompt_tokens": gen.n_prompt if gen is not None else 0,
+            "n_decoded": gen.n_decoded if gen is not None else 0,
+            "tokens": gen.n_prompt + gen.n_decoded if gen is not None else 0,
+            "model": entry.name,
+        })
+    return slots
+
+
+@get("/slots", summary="One object per configured lane of the model")
+async def slots(router: ModelRouter, model: str | None = None) -> list[dict[str, Any]]:
+    return slot_rows(router, router.lookup(model))
+
+
+# -- llama-swap ----------------------------------------------------------------------------------------------------
+
+
+@get("/running", summary="llama-swap: the loaded and loading models")
+async def running(router: ModelRouter) -> dict[str, Any]:
+    rows = [{"model": e.name, "name": e.name, "state": SWAP_STATES.get(e.status, "stopped"), "cmd": "", "proxy": "",
+             "ttl": router.effective_ttl(e), "description": e.spec.description}
+            for e in router.entries if e.status in (LOADED, LOADING)]
+    return {"running": rows}
+
+
+@get("/unload", summary="llama-swap: unload everything (in-flight requests finish first)", media_type="text/plain")
+async def unload_all(router: ModelRouter) -> Response[str]:
+    router.request_unload(None)
+    await asyncio.sleep(0)
+    return Response("OK", media_type="text/plain")
+
+
+route_handlers = [load_model, unload_model, models_sse, props, slots, running, unload_all]

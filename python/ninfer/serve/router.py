@@ -1,0 +1,749 @@
+"""The model router: several configured models, one resident engine at a time, swapped on demand.
+
+    config = load_config("models.json", defaults=EngineOptions(...))     # or single_model_config(path, name, ...)
+    router = ModelRouter(config)
+    await router.start()                                 # the 1-second TTL ticker; nothing is loaded, no warm-up
+    async with await router.acquire("qwen") as served:   # loads or swaps as needed, then pins the model
+        ... served.engine ...                            # (HTTP requests get this from ModelGate, below)
+    router.request_load("qwen") / request_unload("qwen") # fire-and-forget; progress goes to router.events
+    router.close()
+
+Lifecycle of a swap (A resident, a request for B arrives): B's ticket waits in FIFO order; new requests for A that
+arrive after it wait too, so B cannot starve. Once A's in-flight requests finish (a request pins its model for as long
+as its response streams), A is closed (`Engine.close` frees all its memory) and B is opened in a worker thread, gated
+on readiness under `health_check_timeout`. A load that fails marks B `failed` with the reason; the requests that
+waited for it get a 503 naming it, the server keeps running, and a later request retries. Requests wait at most
+`load_wait_timeout` for their model (a 503 with Retry-After when that runs out). The router never caps concurrency:
+each engine's own bounded FIFO answers 429 when full.
+
+Every status change is published to `router.events` subscribers (the `/models/sse` feed) in the order it happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import gc
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from litestar.exceptions import HTTPException
+
+from ninfer.engine import Engine, EngineOptions, EngineStats, GenerationEvent, Request
+from ninfer.errors import NinferError
+from ninfer.serve.metrics import ServerMetrics
+from ninfer.serve import state
+from ninfer.serve.state import ServedModel
+
+log = logging.getLogger("ninfer.serve.router")
+
+TICK_S = 1.0
+DEFAULT_HEALTH_CHECK_TIMEOUT_S = 120.0
+DEFAULT_LOAD_WAIT_S = 300.0
+RETRY_AFTER_S = 5
+EVENT_QUEUE_LIMIT = 256  # per SSE subscriber; a reader that falls this far behind is dropped
+
+# Engine keys a model entry may carry, besides the router's own keys below.
+ENGINE_KEYS = {f.name for f in fields(EngineOptions)} - {"verify_checksums"}
+# Options of later issues: accepted by name so configs written for them fail with a clear message.
+NOT_YET_KEYS = {"spec": "speculative decoding", "draft_tokens": "speculative decoding",
+                "lm_head_draft": "speculative decoding", "vision": "vision input",
+                "device_state_slots": "GDN state offload", "host_state_slots": "GDN state offload",
+                "host_kv_mib": "host KV offload", "reserve_gib": "GPU memory planning"}
+MODEL_KEYS = {"path", "aliases", "ttl", "preserve_thinking", "description"}
+GLOBAL_KEYS = {"models", "ttl", "health_check_timeout", "load_wait_timeout"}
+
+
+class RouterConfigError(NinferError):
+    """A router config that cannot be served: the message names the file, the key and what is wrong."""
+
+
+class ModelNotFoundError(HTTPException):
+    status_code = 404
+
+
+class ModelUnavailableError(HTTPException):
+    """The model failed to load, or did not become ready within the wait bound."""
+
+    status_code = 503
+
+
+# -- config ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    path: Path
+    options: EngineOptions
+    aliases: tuple[str, ...] = ()
+    ttl_s: float | None = None  # None: the global TTL; 0: never unload when idle
+    preserve_thinking: bool | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    models: tuple[ModelSpec, ...]
+    ttl_s: float = 0.0  # global idle TTL; 0 = never
+    health_check_timeout_s: float = DEFAULT_HEALTH_CHECK_TIMEOUT_S
+    load_wait_s: float = DEFAULT_LOAD_WAIT_S
+
+
+def _number(value: Any, where: str, *, minimum: float = 0.0, integer: bool = False) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+        raise RouterConfigError(f"{where} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if value < minimum:
+        raise RouterConfigError(f"{where} must be >= {minimum:g}, got {value}")
+    return value
+
+
+def _ttl(value: Any, where: str) -> float | None:
+    # llama-swap writes -1 for "use the global TTL".
+    return None if value == -1 else float(_number(value, where))
+
+
+def _engine_options(entry: Mapping[str, Any], defaults: EngineOptions, where: str) -> EngineOptions:
+    chosen: dict[str, Any] = {}
+    for key in ENGINE_KEYS & entry.keys():
+        value = entry[key]
+        default = getattr(defaults, key)
+        if key == "kv_capacity":
+            chosen[key] = None if value is None else _number(value, f"{where}.{key}", minimum=1, integer=True)
+        elif isinstance(default, str):
+            if not isinstance(value, str):
+                raise RouterConfigError(f"{where}.{key} must be a string, got {value!r}")
+            chosen[key] = value
+        else:
+            chosen[key] = _number(value, f"{where}.{key}", minimum=0, integer=True)
+    options = replace(defaults, **chosen)
+    if not 1 <= options.max_concurrency <= 8:
+        raise RouterConfigError(f"{where}.max_concurrency must be in 1..8, got {options.max_concurrency}")
+    if options.max_context < 1:
+        raise RouterConfigError(f"{where}.max_context must be >= 1, got {options.max_context}")
+    if options.prefill_chunk < 64 or options.prefill_chunk % 64:
+        raise RouterConfigError(f"{where}.prefill_chunk must be a positive multiple of 64, got {options.prefill_chunk}")
+    if options.kv_capacity is not None and options.kv_capacity < options.max_context:
+        raise RouterConfigError(f"{where}.kv_capacity ({options.kv_capacity}) must hold one full context "
+                                f"(max_context {options.max_context})")
+    return options
+
+
+def _model_spec(name: str, entry: Any, defaults: EngineOptions, base: Path, where: str) -> ModelSpec:
+    if not isinstance(entry, Mapping):
+        raise RouterConfigError(f"{where} must be an object with a 'path', got {entry!r}")
+    unknown = entry.keys() - MODEL_KEYS - ENGINE_KEYS - NOT_YET_KEYS.keys()
+    if unknown:
+        raise RouterConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: "
+                                f"{', '.join(sorted(MODEL_KEYS | ENGINE_KEYS))})")
+    for key in NOT_YET_KEYS.keys() & entry.keys():
+        if entry[key] not in (None, False, "none"):
+            raise RouterConfigError(f"{where}.{key}: {NOT_YET_KEYS[key]} is not implemented yet in this build")
+    path = entry.get("path")
+    if not isinstance(path, str) or not path:
+        raise RouterConfigError(f"{where}.path must be the path of a .ninfer artifact")
+    aliases = entry.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise RouterConfigError(f"{where}.aliases must be a list of names")
+    thinking = entry.get("preserve_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise RouterConfigError(f"{where}.preserve_thinking must be true or false")
+    description = entry.get("description", "")
+    if not isinstance(description, str):
+        raise RouterConfigError(f"{where}.description must be a string")
+    return ModelSpec(name=name, path=(base / path) if not Path(path).is_absolute() else Path(path),
+                     options=_engine_options(entry, defaults, where), aliases=tuple(aliases),
+                     ttl_s=_ttl(entry["ttl"], f"{where}.ttl") if "ttl" in entry else None,
+                     preserve_thinking=thinking, description=description)
+
+
+def parse_config(data: Any, *, defaults: EngineOptions, source: str = "config",
+                 base: Path = Path(".")) -> RouterConfig:
+    """Validates a router config (already parsed JSON). Relative model paths are relative to `base`."""
+    if not isinstance(data, Mapping):
+        raise RouterConfigError(f"{source}: the top level must be an object with 'models'")
+    unknown = data.keys() - GLOBAL_KEYS
+    if unknown:
+        raise RouterConfigError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))} "
+                                f"(known: {', '.join(sorted(GLOBAL_KEYS))})")
+    models = data.get("models")
+    if not isinstance(models, Mapping) or not models:
+        raise RouterConfigError(f"{source}: 'models' must be a non-empty object of NAME: {{\"path\": ...}}")
+    specs = tuple(_model_spec(name, entry, defaults, base, f"{source}: models.{name}")
+                  for name, entry in models.items())
+    seen: dict[str, str] = {}
+    for spec in specs:
+        for name in (spec.name, *spec.aliases):
+            if name in seen:
+                raise RouterConfigError(f"{source}: the name {name!r} of model {spec.name!r} is already used by "
+                                        f"model {seen[name]!r}")
+            seen[name] = spec.name
+    return RouterConfig(
+        models=specs,
+        ttl_s=_ttl(data.get("ttl", 0), f"{source}: ttl") or 0.0,
+        health_check_timeout_s=float(_number(data.get("health_check_timeout", DEFAULT_HEALTH_CHECK_TIMEOUT_S),
+                                             f"{source}: health_check_timeout", minimum=0.001)),
+        load_wait_s=float(_number(data.get("load_wait_timeout", DEFAULT_LOAD_WAIT_S),
+                                  f"{source}: load_wait_timeout", minimum=0.001)),
+    )
+
+
+def load_config(path: str | Path, *, defaults: EngineOptions) -> RouterConfig:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RouterConfigError(f"cannot read the router config {path}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise RouterConfigError(f"{path} is not JSON: {exc}") from exc
+    return parse_config(data, defaults=defaults, source=str(path), base=path.parent)
+
+
+def single_model_config(path: str | Path, name: str, options: EngineOptions,
+                        preserve_thinking: bool | None = None) -> RouterConfig:
+    """The one-model case (`ninfer-serve MODEL`): the same router, one entry, never unloaded when idle."""
+    return RouterConfig(models=(ModelSpec(name, Path(path), options, preserve_thinking=preserve_thinking),))
+
+
+# -- lane activity (for /slots and /v1/chat/completions/control) ---------------------------------------------------
+
+
+@dataclass(eq=False)
+class Call:
+    """One HTTP request that pinned a model: what /slots shows and what the control route addresses."""
+
+    call_id: int
+    model: str
+    path: str
+    conversation_id: str | None
+    started: float = field(default_factory=time.time)
+    completion_ids: set[str] = field(default_factory=set)  # response ids the stream registry saw for it
+    generations: list[Activity] = field(default_factory=list)
+
+    def cancel(self) -> int:
+        """Cancels this request's running generations; returns how many were asked to stop."""
+        return sum(g.cancel() for g in self.generations if g.finish_reason is None)
+
+
+@dataclass(eq=False)
+class Activity:
+    """One engine generation, as it progresses."""
+
+    engine: Engine
+    n_prompt: int
+    request_id: int | None = None
+    n_decoded: int = 0
+    finish_reason: str | None = None
+    cancel_requested: bool = False
+
+    def cancel(self) -> bool:
+        self.cancel_requested = True
+        if self.request_id is not None:
+            self.engine.cancel(self.request_id)
+        return True
+
+
+CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("ninfer_current_call", default=None)
+
+
+class TrackedEngine:
+    """The engine as handlers see it: the real one, with each generation's progress recorded on the HTTP call that
+    started it (the `CURRENT_CALL` context, set by ModelGate), so /slots shows tokens and control can cancel it."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @property
+    def wrapped(self) -> Engine:
+        return self._engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(self, request: Request) -> AsyncIterator[GenerationEvent]:
+        call = CURRENT_CALL.get()
+        activity = Activity(self._engine, n_prompt=len(request.prompt_tokens))
+        if call is not None:
+            call.generations.append(activity)
+        events = self._engine.generate(request)
+        try:
+            async for event in events:
+                if activity.request_id is None:
+                    activity.request_id = event.request_id
+                    if activity.cancel_requested and event.finish_reason is None:
+                        self._engine.cancel(event.request_id)
+                activity.n_decoded += len(event.token_ids)
+                activity.finish_reason = event.finish_reason
+                yield event
+        finally:
+            if activity.finish_reason is None:
+                activity.finish_reason = "cancelled"
+            await events.aclose()
+
+
+# -- runtime state -------------------------------------------------------------------------------------------------
+
+UNLOADED, LOADING, LOADED, FAILED = "unloaded", "loading", "loaded", "failed"
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    spec: ModelSpec
+    status: str = UNLOADED
+    failure: str | None = None
+    served: ServedModel | None = None
+    pins: int = 0
+    last_used: float = 0.0
+    loaded_at: float | None = None
+    load_seconds: float | None = None
+    calls: list[Call] = field(default_factory=list)  # in-flight HTTP requests pinning it, oldest first
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """A wish for `entry` to be resident (None: for nothing to be resident, i.e. an unload)."""
+
+    entry: ModelEntry | None
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    model: str
+    status: str
+    failure: str | None
+    at: float
+
+
+class Lease:
+    """A pin on the resident model; `async with` releases it."""
+
+    def __init__(self, router: ModelRouter, entry: ModelEntry) -> None:
+        self._router = router
+        self.entry = entry
+        self._released = False
+
+    @property
+    def served(self) -> ServedModel:
+        assert self.entry.served is not None
+        return self.entry.served
+
+    async def release(self) -> None:
+        if not self._released:
+            self._released = True
+            await self._router._release(self.entry)
+
+    async def __aenter__(self) -> ServedModel:
+        return self.served
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+_ZERO_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+OpenEngine = Callable[[Path, EngineOptions], Awaitable[Engine]]
+
+
+class ModelRouter(state.ModelRouter):
+    """Replaces state.py's one-model holder (a subclass, so handlers typed with that class accept it); it does not
+    call the parent's __init__: everything the parent offers is redefined here."""
+
+    def __init__(self, config: RouterConfig, *, open_engine: OpenEngine = Engine.open,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._open_engine = open_engine
+        self._clock = clock
+        self._entries = {spec.name: ModelEntry(spec) for spec in config.models}
+        self._names = {name: entry for entry in self._entries.values() for name in (entry.name, *entry.spec.aliases)}
+        self._resident: ModelEntry | None = None
+        self._tickets: list[_Ticket] = []
+        self._cond = asyncio.Condition()
+        self._busy: asyncio.Task[None] | None = None  # the one swap or unload in progress
+        self._ticker: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._subscribers: set[asyncio.Queue[StatusEvent | None]] = set()
+        self._call_ids = iter(range(1, 2**62))
+        self.errors: list[tuple[float, str, str]] = []  # recent (time, model, message), for the dashboard
+        self.started = time.time()
+        self.metrics = ServerMetrics(self.resident_stats)
+
+    @classmethod
+    def serving(cls, served: ServedModel, **kwargs: Any) -> ModelRouter:
+        """A one-model router around an engine the caller already opened (resident at once, never unloaded)."""
+        engine = served.engine
+        router = cls(single_model_config(engine.info.path, served.model_id, engine.options,
+                                         served.preserve_thinking), **kwargs)
+        entry = router._entries[served.model_id]
+        served.engine = TrackedEngine(engine)  # type: ignore[assignment]
+        served.metrics = router.metrics
+        entry.served, entry.status, entry.loaded_at = served, LOADED, time.time()
+        router._resident = entry
+        return router
+
+    # -- what handlers and status routes read --------------------------------------------------------------------
+
+    @property
+    def entries(self) -> list[ModelEntry]:
+        return list(self._entries.values())
+
+    @property
+    def models(self) -> list[ServedModel]:
+        """The loaded models (zero or one)."""
+        return [e.served for e in self._entries.values() if e.served is not None]
+
+    @property
+    def resident(self) -> ModelEntry | None:
+        return self._resident
+
+    def resident_stats(self) -> EngineStats:
+        resident = self._resident
+        if resident is None or resident.served is None:
+            return _ZERO_STATS
+        return resident.served.engine.stats()
+
+    def lookup(self, name: str | None) -> ModelEntry:
+        """The entry a request names. No name: the resident model, else the first configured one. With one model
+        every name is that model (as llama.cpp answers any name with its one model)."""
+        if len(self._entries) == 1:
+            return next(iter(self._entries.values()))
+        if name is None or name == "":
+            return self._resident or next(iter(self._entries.values()))
+        entry = self._names.get(name)
+        if entry is None:
+            raise ModelNotFoundError(detail=f"model {name!r} is not served here; known models: "
+                                            f"{', '.join(self._entries)}")
+        return entry
+
+    def resolve(self, name: str | None = None) -> ServedModel:
+        """The loaded model a request names. HTTP requests reach handlers pinned and loaded by ModelGate."""
+        entry = self.lookup(name)
+        if entry.served is None:
+            raise ModelUnavailableError(detail=f"model {entry.name!r} is not loaded ({entry.status})",
+                                        headers={"Retry-After": str(RETRY_AFTER_S)})
+        return entry.served
+
+    def find_call(self, *, completion_id: str | None = None, conversation_id: str | None = None) -> Call | None:
+        for entry in self._entries.values():
+            for call in entry.calls:
+                if completion_id is not None and completion_id in call.completion_ids:
+                    return call
+                if conversation_id is not None and call.conversation_id == conversation_id:
+                    return call
+        return None
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._ticker = asyncio.create_task(self._tick(), name="ninfer-router-ttl")
+
+    def close(self) -> None:
+        """Stops the ticker and closes the resident engine (the app's lifespan calls this at shutdown)."""
+        for task in (self._ticker, self._busy, *self._background):
+            if task is not None:
+                task.cancel()
+        for entry in self._entries.values():
+            if entry.served is not None:
+                entry.served.engine.close()
+                entry.served = None
+                entry.status = UNLOADED
+        for queue in self._subscribers:
+            queue.put_nowait(None)
+
+    async def acquire(self, name: str | None, *, wait_s: float | None = None, call: Call | None = None) -> Lease:
+        """Pins the named model, loading or swapping to it first. Raises ModelNotFoundError, or
+        ModelUnavailableError when it fails to load or is not ready within `wait_s` (default: the config's)."""
+        entry = self.lookup(name)
+        await self._wait_for(_Ticket(entry), self.config.load_wait_s if wait_s is None else wait_s)
+        if call is not None:
+            entry.calls.append(call)
+        return Lease(self, entry)
+
+    def new_call(self, model: str, path: str, conversation_id: str | None) -> Call:
+        return Call(next(self._call_ids), model, path, conversation_id)
+
+    def forget_call(self, entry: ModelEntry, call: Call) -> None:
+        if call in entry.calls:
+            entry.calls.remove(call)
+
+    def request_load(self, name: str | None) -> ModelEntry:
+        """llama.cpp's /models/load: returns at once; the status feed reports the load."""
+        entry = self.lookup(name)
+
+        async def load() -> None:
+            try:
+                lease = await self.acquire(entry.name, wait_s=float("inf"))
+            except ModelUnavailableError:
+                return  # reported as `failed` on the feed
+            await lease.release()
+
+        self._spawn(load())
+        return entry
+
+    def request_unload(self, name: str | None = None) -> list[ModelEntry]:
+        """Unloads the named model (None: whatever is resident) once its in-flight requests finish; returns the
+        entries that will be unloaded (empty when it is not loaded)."""
+        target = self._resident if name is None else self.lookup(name)
+        if target is None or target is not self._resident:
+            return []
+        self._spawn(self._wait_for(_Ticket(None), float("inf")))
+        return [target]
+
+    def subscribe(self) -> asyncio.Queue[StatusEvent | None]:
+        queue: asyncio.Queue[StatusEvent | None] = asyncio.Queue(EVENT_QUEUE_LIMIT)
+        self._subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[StatusEvent | None]) -> None:
+        self._subscribers.discard(queue)
+
+    # -- internals -----------------------------------------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _publish(self, entry: ModelEntry) -> None:
+        event = StatusEvent(entry.name, entry.status, entry.failure, time.time())
+        for queue in list(self._subscribers):
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:  # a stalled reader: end its feed rather than grow without bound
+                self._subscribers.discard(queue)
+
+    def _set_status(self, entry: ModelEntry, status: str, failure: str | None = None) -> None:
+        entry.status, entry.failure = status, failure
+        if failure is not None:
+            self.errors = [*self.errors[-19:], (time.time(), entry.name, failure)]
+        self._publish(entry)
+
+    def _satisfied(self, ticket: _Ticket) -> bool:
+        """A ticket is granted when its wish holds and no older ticket wishes otherwise (FIFO fairness)."""
+        if ticket.entry is None:
+            return self._resident is None
+        if self._resident is not ticket.entry or ticket.entry.status != LOADED:
+            return False
+        for other in self._tickets:
+            if other is ticket:
+                return True
+            if other.entry is not ticket.entry:
+                return False
+        return True
+
+    async def _wait_for(self, ticket: _Ticket, wait_s: float) -> None:
+        deadline = self._clock() + wait_s
+        async with self._cond:
+            self._tickets.append(ticket)
+            try:
+                while True:
+                    if ticket.failure is not None:
+                        raise ModelUnavailableError(detail=ticket.failure, headers={"Retry-After": str(RETRY_AFTER_S)})
+                    if self._satisfied(ticket):
+                        if ticket.entry is not None:
+                            ticket.entry.pins += 1
+                            ticket.entry.last_used = self._clock()
+                        return
+                    self._start_next_swap()
+                    remaining = deadline - self._clock()
+                    if remaining <= 0:
+                        assert ticket.entry is not None  # unload tickets wait without a bound
+                        raise ModelUnavailableError(
+                            detail=f"model {ticket.entry.name!r} was not ready within {wait_s:g} s "
+                                   f"({ticket.entry.status})", headers={"Retry-After": str(RETRY_AFTER_S)})
+                    try:
+                        await asyncio.wait_for(self._cond.wait(), min(remaining, 3600.0))
+                    except TimeoutError:
+                        pass
+            finally:
+                self._tickets.remove(ticket)
+                self._cond.notify_all()
+
+    async def _release(self, entry: ModelEntry) -> None:
+        async with self._cond:
+            entry.pins -= 1
+            entry.last_used = self._clock()
+            self._start_next_swap()
+            self._cond.notify_all()
+
+    def _start_next_swap(self) -> None:
+        """Starts the swap (or unload) the oldest unsatisfied ticket asks for, once the resident model is idle.
+        Called with the condition's lock held."""
+        if self._busy is not None and not self._busy.done():
+            return
+        resident = self._resident
+        if resident is not None and resident.pins > 0:
+            return  # drain first: in-flight requests pin their model
+        for ticket in self._tickets:
+            if ticket.failure is not None or self._satisfied(ticket):
+                continue
+            if ticket.entry is None and resident is None:
+                continue
+            self._busy = asyncio.create_task(self._swap(ticket.entry), name="ninfer-router-swap")
+            return
+
+    async def _swap(self, target: ModelEntry | None) -> None:
+        old = self._resident
+        if old is not None and old is not target:
+            await self._unload(old)
+        if target is None or target is self._resident:
+            await self._finish_op()
+            return
+        self._set_status(target, LOADING)
+        started = self._clock()
+        failure = await self._open(target)
+        async with self._cond:
+            if failure is None:
+                target.load_seconds = self._clock() - started
+                target.loaded_at = time.time()
+                target.last_used = self._clock()
+                self._resident = target
+                self._set_status(target, LOADED)
+            else:
+                log.error("model %s failed to load: %s", target.name, failure)
+                self._set_status(target, FAILED, failure)
+                for ticket in self._tickets:
+                    if ticket.entry is target:
+                        ticket.failure = f"model {target.name!r} failed to load: {failure}"
+            self._cond.notify_all()
+        await self._finish_op()
+
+    async def _finish_op(self) -> None:
+        async with self._cond:
+            self._busy = None
+            self._start_next_swap()
+            self._cond.notify_all()
+
+    async def _open(self, target: ModelEntry) -> str | None:
+        """Opens the target's engine and gates on readiness; returns the failure reason, or None when ready."""
+        spec = target.spec
+        timeout = self.config.health_check_timeout_s
+        opening = asyncio.ensure_future(self._open_engine(spec.path, spec.options))
+        done, _ = await asyncio.wait({opening}, timeout=timeout)
+        if not done:
+            # The load thread cannot be interrupted: close whatever it produces once it finishes.
+            opening.add_done_callback(lambda f: f.exception() is None and f.result().close())
+            return f"not ready within the health-check timeout of {timeout:g} s"
+        try:
+            engine = opening.result()
+        except NinferError as exc:
+            return str(exc)
+        except Exception as exc:  # a load must never take the server down; the reason goes to the status feed
+            log.exception("unexpected error while loading %s", spec.name)
+            return f"{type(exc).__name__}: {exc}"
+        try:
+            engine.stats()  # readiness: the scheduler answers
+        except NinferError as exc:
+            engine.close()
+            return f"not ready: {exc}"
+        served = ServedModel(spec.name, TrackedEngine(engine),  # type: ignore[arg-type]
+                             preserve_thinking=spec.preserve_thinking, metrics=self.metrics)
+        target.served = served
+        return None
+
+    async def _unload(self, entry: ModelEntry) -> None:
+        served = entry.served
+        async with self._cond:
+            self._resident = None
+            entry.served = None
+            entry.loaded_at = None
+        if served is not None:
+            engine = served.engine.wrapped if isinstance(served.engine, TrackedEngine) else served.engine
+            del served
+            await asyncio.to_thread(engine.close)
+            del engine
+            gc.collect()  # nothing of the old model may outlive the swap
+        self._set_status(entry, UNLOADED)
+
+    def now(self) -> float:
+        """The router's monotonic clock (`last_used` is on it)."""
+        return self._clock()
+
+    def effective_ttl(self, entry: ModelEntry) -> float:
+        return self.config.ttl_s if entry.spec.ttl_s is None else entry.spec.ttl_s
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            async with self._cond:
+                entry = self._resident
+                if (entry is None or entry.pins or self._tickets or (self._busy and not self._busy.done())
+                        or entry.status != LOADED):
+                    continue
+                ttl = self.effective_ttl(entry)
+                if ttl > 0 and self._clock() - entry.last_used >= ttl:
+                    log.info("model %s idle for %g s: unloading", entry.name, ttl)
+                    self._busy = asyncio.create_task(self._swap(None), name="ninfer-router-ttl-unload")
+
+
+# -- the HTTP gate -------------------------------------------------------------------------------------------------
+
+GATE_EXEMPT = "router_gate_exempt"  # route opt: this POST route needs no engine (management, streams, tools)
+
+
+def _body_model(body: bytes) -> str | None:
+    try:
+        data = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        return None  # the handler answers malformed JSON with a 400 of its protocol
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) else None
+
+
+class ModelGate:
+    """ASGI middleware: every POST route not marked GATE_EXEMPT is a model request. It reads the body's `model`,
+    acquires it from the router (loading or swapping, waiting with a bound) and holds the pin until the response,
+    streamed or not, has been sent; `CURRENT_CALL` tells the engine wrapper whose generation it runs."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        handler = scope.get("route_handler")
+        if (scope["type"] != "http" or scope.get("method") != "POST" or handler is None
+                or (handler.opt or {}).get(GATE_EXEMPT)):
+            await self._app(scope, receive, send)
+            return
+        router = scope["app"].state.router
+        if not isinstance(router, ModelRouter):  # state.py's fixed one-model holder: nothing to load or pin
+            await self._app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        headers = dict(scope.get("headers") or [])
+        conversation = headers.get(b"x-conversation-id")
+        name = _body_model(body)
+        entry = router.lookup(name)
+        call = router.new_call(entry.name, scope.get("path", ""), conversation.decode("latin-1") if conversation else None)
+        lease = await router.acquire(entry.name, call=call)
+        token = CURRENT_CALL.set(call)
+        try:
+            await self._app(scope, replay, send)
+        finally:
+            CURRENT_CALL.reset(token)
+            router.forget_call(lease.entry, call)
+            await lease.release()

@@ -1,0 +1,298 @@
+"""Resumable conversation streams (llama.cpp's `X-Conversation-Id` protocol, as llama-ui speaks it).
+
+Every streamed chat request that carries `X-Conversation-Id` (llama-ui sends `<conv>` or `<conv>::<model>`) is
+recorded byte for byte under that id by `StreamRecorder`, an ASGI middleware. Such a request is detached
+from its client: when the client goes away (a page reload) the generation keeps running and keeps recording, so a
+reader that comes back loses nothing:
+
+    POST   /v1/streams/lookup {conversation_ids: [...]} -> [{conversation_id, is_done, total_bytes, started_at, ...}]
+    GET    /v1/stream?conv_id=<id>&from=<byte offset>   -> the recorded bytes from the offset, then the live tail
+    DELETE /v1/stream?conv_id=<id>                      -> forget it (a running generation is cancelled)
+    POST   /v1/chat/completions/control {id, action}        -> cancel (`stop`) exactly the addressed generation
+
+Memory is bounded: at most MAX_STREAMS streams and MAX_TOTAL_BYTES bytes; the oldest finished streams are evicted
+first, then the oldest running ones (whose readers then get what is left). A stream larger than MAX_STREAM_BYTES stops
+recording (its live readers still get everything from the generation itself, through the tail).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from litestar import Request, delete, get, post
+from litestar.exceptions import NotFoundException
+from litestar.params import Parameter
+
+from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.router import CURRENT_CALL, GATE_EXEMPT, Call, ModelRouter
+from ninfer.serve.sse import sse_response
+
+MAX_STREAMS = 64
+MAX_TOTAL_BYTES = 64 * 2**20
+MAX_STREAM_BYTES = 16 * 2**20
+RECORDED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+CONTROL_ACTIONS = ("stop", "cancel")
+
+
+@dataclass(eq=False)
+class RecordedStream:
+    key: str  # the X-Conversation-Id value: "<conversation>" or "<conversation>::<model>"
+    model: str
+    created: float = field(default_factory=time.time)
+    completed: float = 0.0
+    data: bytearray = field(default_factory=bytearray)
+    done: bool = False
+    truncated: bool = False
+    call: Call | None = None
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def summary(self) -> dict[str, Any]:
+        """llama-ui's ApiStreamSession."""
+        return {"conversation_id": self.key, "is_done": self.done, "total_bytes": len(self.data),
+                "started_at": int(self.created * 1000), "completed_at": int(self.completed * 1000),
+                "model": self.model}
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def append(self, chunk: bytes, limit: int) -> int:
+        """Records a chunk; returns how many bytes were kept."""
+        if self.truncated or not chunk:
+            return 0
+        if len(self.data) + len(chunk) > limit:
+            self.truncated = True
+            self._wake()
+            return 0
+        self.data += chunk
+        self._wake()
+        return len(chunk)
+
+    def finish(self) -> None:
+        self.done = True
+        self.completed = time.time()
+        self._wake()
+
+    async def read_from(self, offset: int) -> AsyncIterator[bytes]:
+        """The bytes from `offset`, then each new chunk as it is recorded, until the stream ends."""
+        while True:
+            changed = self.changed
+            if offset < len(self.data):
+                chunk = bytes(self.data[offset:])
+                offset += len(chunk)
+                yield chunk
+                continue
+            if self.done or self.truncated:
+                return
+            await changed.wait()
+
+
+class StreamRegistry:
+    def __init__(self, max_streams: int = MAX_STREAMS, max_total_bytes: int = MAX_TOTAL_BYTES,
+                 max_stream_bytes: int = MAX_STREAM_BYTES) -> None:
+        self.max_streams = max_streams
+        self.max_total_bytes = max_total_bytes
+        self.max_stream_bytes = max_stream_bytes
+        self._streams: OrderedDict[str, RecordedStream] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def open(self, key: str, model: str, call: Call | None) -> RecordedStream:
+        """A fresh recording under this X-Conversation-Id (an earlier one under the same key is replaced)."""
+        self.remove(key)
+        stream = RecordedStream(key, model, call=call)
+        self._streams[key] = stream
+        self._evict()
+        return stream
+
+    def append(self, stream: RecordedStream, chunk: bytes) -> None:
+        if self._streams.get(stream.key) is not stream:
+            return  # evicted or deleted while running
+        self._bytes += stream.append(chunk, self.max_stream_bytes)
+        self._evict()
+
+    def find(self, stream_id: str) -> RecordedStream | None:
+        return self._streams.get(stream_id)
+
+    def all(self) -> list[RecordedStream]:
+        return list(self._streams.values())
+
+    def lookup(self, conversation_ids: list[str]) -> list[RecordedStream]:
+        wanted = set(conversation_ids)
+        return [s for s in self._streams.values() if s.key in wanted]
+
+    def remove(self, key: str) -> RecordedStream | None:
+        stream = self._streams.pop(key, None)
+        if stream is not None:
+            self._bytes -= len(stream.data)
+            stream.truncated = True  # readers end
+            stream._wake()
+        return stream
+
+    def _evict(self) -> None:
+        while len(self._streams) > self.max_streams or self._bytes > self.max_total_bytes:
+            finished = [s for s in self._streams.values() if s.done]
+            victim = finished[0] if finished else next(iter(self._streams.values()))
+            self.remove(victim.key)
+
+
+def _header(scope: Any, name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+_COMPLETION_ID = re.compile(rb'"id":"(chatcmpl-[^"]+)"')
+
+
+class StreamRecorder:
+    """ASGI middleware on the chat routes: notes each call's completion id (what control addresses), and records
+    the streams of requests with `X-Conversation-Id`, detached from their client.
+
+    It sits inside ModelGate (so CURRENT_CALL is set): the call it records keeps its model pinned while it runs."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        call = CURRENT_CALL.get()
+        if scope["type"] != "http" or scope.get("path") not in RECORDED_PATHS or call is None:
+            await self._app(scope, receive, send)
+            return
+        conversation = _header(scope, b"x-conversation-id")
+        if conversation is None:
+            await self._app(scope, receive, self._noting_send(call, send))
+            return
+        await self._record(scope, receive, send, call, conversation)
+
+    @staticmethod
+    def _noting_send(call: Call, send: Any) -> Any:
+        async def noting_send(message: Any) -> None:
+            if message["type"] == "http.response.body" and not call.completion_ids:
+                found = _COMPLETION_ID.search(message.get("body", b""))
+                if found:
+                    call.completion_ids.add(found.group(1).decode())
+            await send(message)
+
+        return noting_send
+
+    async def _record(self, scope: Any, receive: Any, send: Any, call: Call, conversation: str) -> None:
+        registry: StreamRegistry = scope["app"].state.streams
+        send = self._noting_send(call, send)
+        stream: RecordedStream | None = None
+        client_gone = asyncio.Event()
+        body_done = False
+
+        async def detached_receive() -> Any:
+            nonlocal body_done
+            if not body_done:
+                message = await receive()
+                if message["type"] == "http.request" and not message.get("more_body", False):
+                    body_done = True
+                return message
+            # After the body, the app would only learn of a disconnect, which must not cancel the generation.
+            await asyncio.Event().wait()
+
+        async def recording_send(message: Any) -> None:
+            nonlocal stream
+            if message["type"] == "http.response.start":
+                headers = dict(message.get("headers") or [])
+                if headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+                    stream = registry.open(conversation, call.model, call)
+            elif message["type"] == "http.response.body" and stream is not None:
+                registry.append(stream, message.get("body", b""))
+            if client_gone.is_set():
+                return
+            try:
+                await send(message)
+            except OSError:  # the client went away (uvicorn raises ClientDisconnected): keep generating
+                client_gone.set()
+
+        try:
+            await self._app(scope, detached_receive, recording_send)
+        finally:
+            if stream is not None:
+                stream.finish()
+
+
+# -- routes --------------------------------------------------------------------------------------------------------
+
+EXEMPT = {GATE_EXEMPT: True}
+
+
+class LookupRequest(msgspec.Struct, kw_only=True):
+    conversation_ids: list[str]
+
+
+class ControlRequest(msgspec.Struct, kw_only=True):
+    id: str  # the completion id streamed back as `id` (chatcmpl-...), or a conversation id
+    action: str = "stop"
+    model: str | None = None
+
+
+def _registry(request: Request) -> StreamRegistry:
+    return request.app.state.streams
+
+
+def _find(request: Request, stream_id: str) -> RecordedStream:
+    stream = _registry(request).find(stream_id)
+    if stream is None:
+        raise NotFoundException(detail=f"no recorded stream {stream_id!r}")
+    return stream
+
+
+@post("/v1/streams/lookup", status_code=200, opt=EXEMPT, summary="Recorded streams of these conversations")
+async def lookup_streams(data: LookupRequest, request: Request) -> list[dict[str, Any]]:
+    return [s.summary() for s in _registry(request).lookup(data.conversation_ids)]
+
+
+@get("/v1/streams", summary="Every recorded stream")
+async def list_streams(request: Request) -> list[dict[str, Any]]:
+    return [s.summary() for s in _registry(request).all()]
+
+
+@get("/v1/stream", summary="Replay a recorded stream from a byte offset, then tail it live")
+async def read_stream(request: Request, conv_id: str, offset: int = Parameter(query="from", default=0, ge=0)) -> Any:
+    stream = _find(request, conv_id)
+    if offset > len(stream.data):
+        raise InvalidRequestError(f"from={offset} is past the {len(stream.data)} bytes recorded", param="from")
+    return sse_response(stream.read_from(offset))
+
+
+@delete("/v1/stream", status_code=200, summary="Forget a recorded stream (cancels its generation if running)")
+async def delete_stream(request: Request, conv_id: str) -> dict[str, Any]:
+    stream = _find(request, conv_id)
+    if not stream.done and stream.call is not None:
+        stream.call.cancel()
+    _registry(request).remove(stream.key)
+    return {"success": True, "conversation_id": stream.key}
+
+
+@post("/v1/chat/completions/control", status_code=200, opt=EXEMPT,
+      summary="Stop exactly the addressed in-flight generation")
+async def control(data: ControlRequest, router: ModelRouter, request: Request) -> dict[str, Any]:
+    if data.action not in CONTROL_ACTIONS:
+        raise InvalidRequestError(f"action {data.action!r} is not supported (supported: "
+                                  f"{', '.join(CONTROL_ACTIONS)}); ending only the reasoning needs a forced-token "
+                                  "engine API this build does not have", param="action")
+    call = router.find_call(completion_id=data.id) or router.find_call(conversation_id=data.id)
+    if call is None:
+        raise NotFoundException(detail=f"no in-flight generation {data.id!r}")
+    return {"success": True, "id": data.id, "cancelled": call.cancel()}
+
+
+route_handlers = [lookup_streams, list_streams, read_stream, delete_stream, control]

@@ -1,0 +1,76 @@
+"""llama.cpp's server-tool surface: `GET /tools` lists the tools the server itself can run, `POST /tools
+{tool, params}` runs one. ninfer returns tool calls to its clients and runs none itself, so the registry starts empty
+and stays so unless a deployment registers a tool in Python (`ToolRegistry.register`); running a tool that is not
+registered is a 404 naming the tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar import Request, get, post
+from litestar.exceptions import NotFoundException
+
+from ninfer.serve.router import GATE_EXEMPT
+
+ToolRunner = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class ServerTool:
+    definition: dict[str, Any]  # OpenAI function-tool definition: {"type": "function", "function": {"name", ...}}
+    run: ToolRunner
+    display_name: str = ""
+    writes: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.definition["function"]["name"]
+
+    def info(self) -> dict[str, Any]:
+        """llama-ui's ServerToolInfo."""
+        return {"tool": self.name, "display_name": self.display_name or self.name, "type": "server",
+                "permissions": {"write": self.writes}, "uses_cwd": False, "definition": self.definition}
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, ServerTool] = {}
+
+    def register(self, tool: ServerTool) -> None:
+        self._tools[tool.name] = tool
+
+    def list(self) -> list[ServerTool]:
+        return list(self._tools.values())
+
+    def get(self, name: str) -> ServerTool:
+        tool = self._tools.get(name)
+        if tool is None:
+            raise NotFoundException(detail=f"no server tool named {name!r}: ninfer returns tool calls to the client "
+                                           "and runs none itself")
+        return tool
+
+
+class ToolCallRequest(msgspec.Struct, kw_only=True):
+    tool: str
+    params: dict[str, Any] = {}
+
+
+def _registry(request: Request) -> ToolRegistry:
+    return request.app.state.tools
+
+
+@get("/tools", summary="The tools the server runs itself (none unless registered)")
+async def list_tools(request: Request) -> list[dict[str, Any]]:
+    return [t.info() for t in _registry(request).list()]
+
+
+@post("/tools", status_code=200, opt={GATE_EXEMPT: True}, summary="Run a registered server tool")
+async def run_tool(data: ToolCallRequest, request: Request) -> dict[str, Any]:
+    return await _registry(request).get(data.tool).run(data.params)
+
+
+route_handlers = [list_tools, run_tool]

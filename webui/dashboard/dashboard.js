@@ -1,0 +1,109 @@
+// ninfer dashboard: polls /dashboard/state once a second and renders it. Tokens/s comes from the change in the
+// engine's tokens_generated counter between two polls (reset when the resident model changes).
+"use strict";
+
+const POLL_MS = 1000;
+let previous = null;
+
+function fmtBytes(n) {
+  if (!n) return "0 B";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  const i = Math.min(units.length - 1, Math.floor(Math.log2(n) / 10));
+  return `${(n / 2 ** (10 * i)).toFixed(i ? 1 : 0)} ${units[i]}`;
+}
+
+function fmtSeconds(s) {
+  if (s === null || s === undefined) return "–";
+  if (s < 90) return `${s.toFixed(0)} s`;
+  if (s < 5400) return `${(s / 60).toFixed(0)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
+function cell(row, text, cls) {
+  const td = row.insertCell();
+  td.textContent = text;
+  if (cls) td.className = cls;
+}
+
+function renderModels(models) {
+  const body = document.querySelector("#models tbody");
+  body.replaceChildren();
+  for (const m of models) {
+    const row = body.insertRow();
+    row.dataset.model = m.name;
+    cell(row, m.name);
+    cell(row, m.failure ? `${m.status}: ${m.failure}` : m.status, `state-${m.status}`);
+    cell(row, String(m.in_flight));
+    cell(row, `${fmtSeconds(m.idle_s)} / ${m.ttl_s ? fmtSeconds(m.ttl_s) : "never"}`);
+    cell(row, String(m.max_context));
+    cell(row, String(m.lanes));
+    cell(row, m.kv_dtype);
+    cell(row, m.load_seconds === null ? "–" : `${m.load_seconds.toFixed(2)} s`);
+  }
+}
+
+function renderSlots(state) {
+  document.getElementById("slots-model").textContent = state.resident ? `(${state.resident})` : "(no model loaded)";
+  const body = document.querySelector("#slots tbody");
+  body.replaceChildren();
+  for (const s of state.slots) {
+    const row = body.insertRow();
+    row.dataset.slot = String(s.id);
+    cell(row, String(s.id));
+    cell(row, s.is_processing ? "busy" : "idle", s.is_processing ? "state-busy" : "state-idle");
+    cell(row, s.id_task >= 0 ? String(s.id_task) : "–");
+    cell(row, s.request_id === null ? "–" : String(s.request_id));
+    cell(row, String(s.n_prompt_tokens));
+    cell(row, String(s.n_decoded));
+    cell(row, `${s.tokens} / ${s.n_ctx}`);
+  }
+}
+
+function renderEngine(state) {
+  const e = state.engine;
+  let tps = 0;
+  if (previous && previous.resident === state.resident && state.time > previous.time) {
+    tps = Math.max(0, e.tokens_generated - previous.engine.tokens_generated) / (state.time - previous.time);
+  }
+  document.getElementById("tps").textContent = tps.toFixed(1);
+  document.getElementById("queue").textContent = String(e.queued);
+  document.getElementById("lanes").textContent = `${e.busy_lanes} / ${e.lanes}`;
+  const used = e.kv_capacity_tokens - e.kv_free_tokens;
+  document.getElementById("kv").textContent = `${used} / ${e.kv_capacity_tokens} tok`;
+  const bar = document.getElementById("kv-bar");
+  bar.value = e.kv_capacity_tokens ? used / e.kv_capacity_tokens : 0;
+  document.getElementById("memory").textContent = fmtBytes(e.resident_bytes);
+  document.getElementById("streams").textContent = `${state.streams.count} (${fmtBytes(state.streams.bytes)})`;
+  document.getElementById("uptime").textContent = `up ${fmtSeconds(state.uptime_s)}`;
+}
+
+function renderErrors(errors) {
+  const list = document.getElementById("errors");
+  list.replaceChildren();
+  for (const err of errors.slice().reverse()) {
+    const li = document.createElement("li");
+    li.textContent = `${new Date(err.time * 1000).toLocaleTimeString()} ${err.model}: ${err.message}`;
+    list.appendChild(li);
+  }
+}
+
+async function poll() {
+  const badge = document.getElementById("connection");
+  try {
+    const response = await fetch("/dashboard/state", { cache: "no-store" });
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const state = await response.json();
+    renderModels(state.models);
+    renderEngine(state);
+    renderSlots(state);
+    renderErrors(state.errors);
+    previous = state;
+    badge.textContent = "live";
+  } catch (err) {
+    badge.textContent = `offline (${err.message})`;
+  } finally {
+    setTimeout(poll, POLL_MS);
+  }
+}
+
+poll();
