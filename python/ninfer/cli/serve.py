@@ -17,6 +17,7 @@ from typing import Any
 from ninfer.cli.generate import KV_DTYPES, resolve_model
 from ninfer.cli.main import CliError
 from ninfer.errors import NinferError
+from ninfer.serve.auth import read_api_keys
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 SPEC_METHODS = ("none", "mtp", "draft")
@@ -151,13 +152,11 @@ def _engine_options(args: argparse.Namespace) -> Any:
                          prefill_chunk=args.prefill_chunk, threads=args.threads)
 
 
-def _app(args: argparse.Namespace, path: Path, model_id: str) -> Any:
+def _app(args: argparse.Namespace, path: Path, model_id: str, keys: frozenset[str]) -> Any:
     from ninfer.engine import Engine
     from ninfer.serve.app import create_app
-    from ninfer.serve.auth import read_api_keys
     from ninfer.serve.state import ModelRouter, ServedModel
 
-    keys = read_api_keys(args.api_key_file) if args.api_key_file else frozenset()
     options = _engine_options(args)
     url = f"http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}"
 
@@ -178,13 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check(args)
+        keys = read_api_keys(args.api_key_file) if args.api_key_file else frozenset()
         if args.config is not None:
             model_id, model = _model_from_config(args.config)
         else:
             model, model_id = args.model, None
         path = resolve_model(model)
         model_id = args.alias or model_id or path.name.removesuffix(".ninfer")
-        app = _app(args, path, model_id)
+        app = _app(args, path, model_id, keys)
     except (CliError, NinferError) as exc:
         print(f"ninfer-serve: error: {exc}", file=sys.stderr)
         return 2

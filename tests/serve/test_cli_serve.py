@@ -1,0 +1,120 @@
+"""`ninfer-serve` itself: option validation through its `main` (refusals are one line, exit status 2, before any
+model is loaded), and a real run as a subprocess with an API key file, checked with both SDKs' auth headers and
+error shapes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import protocol_servers
+import pytest
+from ninfer.cli.serve import main
+
+STARTUP_TIMEOUT_S = 120.0
+KEYS = ("first-key", "sk-second-2f9a")
+
+
+def _serve_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ninfer.cli.serve", *args]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--spec", "mtp"], "--spec: speculative decoding is not implemented yet"),
+    (["--vision"], "--vision: vision input is not implemented yet"),
+    (["--host-kv-mib", "512"], "--host-kv-mib: host KV offload is not implemented yet"),
+    (["--max-concurrency", "9"], "--max-concurrency must be in 1..8"),
+    (["--prefill-chunk", "100"], "--prefill-chunk must be a multiple of 64"),
+    (["--kv-capacity", "100", "--max-context", "4096"], "--kv-capacity (100) must hold at least one full context"),
+    (["--webui"], "--webui: the built-in web UI is not bundled"),
+    (["/no/such/model.ninfer"], "model file not found: /no/such/model.ninfer"),
+])
+def test_refused_options_are_one_line_errors(args, message, capsys):
+    assert main(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"ninfer-serve: error: {message}")
+
+
+@pytest.mark.parametrize("args", [["--draft-tokens", "0"], ["--reserve-gib", "-1"], ["--port", "x"],
+                                  ["--kv-dtype", "q3"]])
+def test_invalid_values_are_usage_errors(args, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2 and "usage: ninfer-serve" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def keyed_server(pytestconfig, tiny_qwen3_5, tmp_path_factory) -> Iterator[str]:
+    artifact = protocol_servers._artifact(pytestconfig, tiny_qwen3_5)
+    key_file = tmp_path_factory.mktemp("keys") / "keys"
+    key_file.write_text(f"# ninfer keys\n{KEYS[0]}\n\n{KEYS[1]}\n", encoding="utf-8")
+    port = _free_port()
+    process = subprocess.Popen(
+        _serve_command(str(artifact), "--port", str(port), "--max-context", "256", "--max-concurrency", "1",
+                       "--threads", "1", "--api-key-file", str(key_file), "--log-level", "warning"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    try:
+        while True:
+            assert process.poll() is None, f"ninfer-serve exited: {process.stderr.read()}"
+            assert time.monotonic() < deadline, "ninfer-serve did not start"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_health_is_public_and_everything_else_needs_a_key(keyed_server):
+    assert httpx.get(f"{keyed_server}/health").status_code == 200
+    missing = httpx.get(f"{keyed_server}/v1/models")
+    assert missing.status_code == 401 and missing.json()["error"]["type"] == "authentication_error"
+    wrong = httpx.get(f"{keyed_server}/v1/models", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["message"] == "invalid API key"
+    not_utf8 = httpx.get(f"{keyed_server}/v1/models", headers={"Authorization": b"Bearer \xff\xfe"})
+    assert not_utf8.status_code == 401
+    for key in KEYS:
+        assert httpx.get(f"{keyed_server}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert httpx.get(f"{keyed_server}/v1/models", headers={"x-api-key": key}).status_code == 200
+    assert httpx.get(f"{keyed_server}/metrics").status_code == 401
+
+
+def test_sdks_authenticate_with_the_key_file(keyed_server):
+    good = openai.OpenAI(base_url=f"{keyed_server}/v1", api_key=KEYS[0], max_retries=0)
+    r = good.completions.create(model="m", prompt="Hi", max_tokens=2, temperature=0)
+    assert r.usage.completion_tokens == 2
+    with pytest.raises(openai.AuthenticationError) as info:
+        openai.OpenAI(base_url=f"{keyed_server}/v1", api_key="bad", max_retries=0).models.list()
+    assert info.value.body["type"] == "authentication_error"
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        anthropic.Anthropic(base_url=keyed_server, api_key="bad", max_retries=0).messages.create(
+            model="m", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    assert info.value.body == {"type": "error", "error": {"type": "authentication_error",
+                                                          "message": "invalid API key"}}
+
+
+def test_key_file_errors_are_one_line(tmp_path: Path, capsys):
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n\n", encoding="utf-8")
+    assert main(["--api-key-file", str(empty), "/no/model.ninfer"]) == 2
+    assert capsys.readouterr().err.strip() == f"ninfer-serve: error: the API key file {empty} holds no key"
+    assert main(["--api-key-file", str(tmp_path / "absent"), "/no/model.ninfer"]) == 2
+    assert "cannot read the API key file" in capsys.readouterr().err
