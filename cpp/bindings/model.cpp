@@ -242,7 +242,7 @@ void bind_model(nb::module_& m) {
       .def("decode", &PyModel::decode, nb::arg("seq"), nb::arg("token"), "Appends one token; logits [1, vocab].")
       .def("forward_batch", &PyModel::forward_batch, nb::arg("items"), nb::arg("all_logits") = false,
            "One pass over [(seq, tokens), ...]; a list of logits arrays in item order.")
-      .def_prop_ro("hidden", &PyModel::hidden, "Final-normed hidden rows [rows, hidden] of the last pass.")
+      .def_prop_ro("hidden", &PyModel::hidden, nb::rv_policy::move, "Final-normed hidden rows [rows, hidden] of the last pass.")
       .def("mtp_logits", &PyModel::mtp_logits, nb::arg("seq"), nb::arg("hidden"), nb::arg("next_tokens"),
            nb::arg("start"), "MTP draft logits [n, vocab] from hidden rows at positions start.. and next tokens.")
       .def("score", &PyModel::score, nb::arg("tokens"), "log p(tokens[i+1] | tokens[:i+1]) for each i, f64.")
