@@ -1,26 +1,28 @@
 #include "artifact/numeric.h"
 
+#include <array>
 #include <cmath>
+#include <limits>
 
 namespace ninfer {
 
+// Bit assembly rather than ldexp: this runs once per weight group inside the reference decoder.
 float f16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1f;
   const uint32_t man = h & 0x3ff;
-  float magnitude;
-  if (exp == 0) {
-    magnitude = std::ldexp(float(man), -24);  // subnormal (or zero)
+  uint32_t bits;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in f32
+    const float magnitude = float(man) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &magnitude, 4);
   } else if (exp == 31) {
-    magnitude = man ? NAN : INFINITY;
+    bits = 0x7f800000u | (man << 13);  // infinity, or NaN keeping its payload
   } else {
-    magnitude = std::ldexp(float(man | 0x400), int(exp) - 25);
+    bits = ((exp + 112) << 23) | (man << 13);  // rebias 15 -> 127
   }
-  uint32_t u;
-  std::memcpy(&u, &magnitude, 4);
-  u |= sign;
+  bits |= sign;
   float f;
-  std::memcpy(&f, &u, 4);
+  std::memcpy(&f, &bits, 4);
   return f;
 }
 
@@ -47,14 +49,27 @@ uint16_t f32_to_f16(float f) {
   return sign | uint16_t(exp << 10) | uint16_t(m & 0x3ff);
 }
 
-float e4m3_to_f32(uint8_t bits) {
-  const float sign = (bits & 0x80) ? -1.0f : 1.0f;
-  const int exp = (bits >> 3) & 0xf;
-  const int man = bits & 0x7;
-  if (exp == 0xf && man == 0x7) return NAN;
-  if (exp == 0) return sign * std::ldexp(float(man), -9);  // subnormal: man/8 * 2^-6
-  return sign * std::ldexp(float(8 + man), exp - 10);      // (1 + man/8) * 2^(exp-7)
+namespace {
+
+// e4m3 has 256 codes: decode through a table computed at compile time from the format's definition.
+constexpr float e4m3_value(int bits) {
+  const int exp = (bits >> 3) & 0xf, man = bits & 0x7;
+  if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  float magnitude = exp == 0 ? float(man) / 512.0f : float(8 + man);  // subnormal: man/8 * 2^-6
+  for (int e = exp; exp != 0 && e < 10; ++e) magnitude /= 2.0f;        // normal: (8 + man) * 2^(exp - 10)
+  for (int e = 10; exp != 0 && e < exp; ++e) magnitude *= 2.0f;
+  return (bits & 0x80) ? -magnitude : magnitude;
 }
+
+constexpr std::array<float, 256> kE4m3Values = [] {
+  std::array<float, 256> table{};
+  for (int i = 0; i < 256; ++i) table[size_t(i)] = e4m3_value(i);
+  return table;
+}();
+
+}  // namespace
+
+float e4m3_to_f32(uint8_t bits) { return kE4m3Values[bits]; }
 
 uint8_t f32_to_e4m3(float f) {
   if (std::isnan(f)) return 0x7f;
