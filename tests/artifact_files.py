@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
 from ninfer.artifact.encodings import encode
 from ninfer.artifact.format import HEADER_SIZE, Header, manifest_bytes
 from ninfer.artifact.writer import ArtifactWriter, TensorPlan

@@ -24,7 +24,6 @@ from artifact_files import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from ninfer import _engine
 from ninfer.artifact.encodings import decode
 from ninfer.artifact.format import Header
@@ -104,7 +103,7 @@ def test_json_manifest_unicode_and_escapes(tmp_path: Path) -> None:
     with _engine.Artifact.open(path) as art:
         assert json.loads(art.manifest_json())["frontend"]["chat_templates"]["default"] == weird
     # \u escapes, surrogate pairs, numbers in every JSON form: the C++ parser must accept what json.dumps writes.
-    text = json.dumps(json.loads((path.read_bytes()[64:64 + read_header(path).manifest_size])), ensure_ascii=True)
+    text = json.dumps(json.loads(path.read_bytes()[64:64 + read_header(path).manifest_size]), ensure_ascii=True)
     text = text.replace('"tensors"', '"n": [0, -0.5, 1e3, 2E-2, -1.25e+2, 123456789012], "tensors"', 1)
     rewrite_manifest(path, text=text.encode())
     with _engine.Artifact.open(path) as art:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from artifact_files import encoded, random_codes, shape_of, write_artifact
-
 from ninfer import _engine
 from ninfer.artifact.encodings import decode
 from ninfer.errors import ArtifactError, EngineError
