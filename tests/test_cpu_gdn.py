@@ -1,15 +1,17 @@
-"""The Gated DeltaNet CPU kernels (`_engine.gdn`, qwen35-architecture.md section 4) on fresh random inputs:
-the causal conv against a direct numpy transcription of section 4.2 (and HF's torch `causal_conv1d_update`), the
-recurrent delta rule against a float64 transcription of the section 4.5 pseudo-code and against HF transformers' own
-torch fallbacks, and the chunked (WY) form against the recurrent one for every length / chunk combination.
+"""The Gated DeltaNet CPU kernels (`_engine.gdn`, qwen35-architecture.md section 4) on fresh random
+inputs: the causal conv against a direct numpy transcription of section 4.2 (and HF's torch
+`causal_conv1d_update`), the recurrent delta rule against a float64 transcription of the section 4.5
+pseudo-code and against HF transformers' own torch fallbacks, and the chunked (WY) form against the recurrent
+one for every length / chunk combination.
 
-The binding fills every fresh output with NaN before the kernel runs, so an element a kernel skips cannot pass.
+The binding fills every fresh output with NaN before the kernel runs: an element a kernel skips cannot pass.
 
-Tolerances: every check is `max|actual - expected| <= RTOL * max|expected|`. The kernels compute in fp32; each output
-is a sum of Dk-long dot products over a state that is itself a decayed sum of per-token updates (|k| = 1,
-beta < 1, so the state stays bounded), so the fp32 rounding error stays within a few hundred ulps of the largest
-value. Observed errors are ~1e-7 to 1e-6 relative; RTOL = 1e-5 leaves headroom while a wrong decay order, a missing
-term or an off-by-one in the chunk boundaries gives errors of order 1e-2 or more.
+Tolerances: every check is `max|actual - expected| <= RTOL * max|expected|`. The kernels compute in fp32; each
+output is a sum of Dk-long dot products over a state that is itself a decayed sum of per-token updates
+(|k| = 1, beta < 1, so the state stays bounded), so the fp32 rounding error stays within a few hundred ulps of
+the largest value. Observed errors are 1e-7 to 1.3e-6 relative; RTOL = 1e-5 leaves headroom, while a wrong
+decay order, a missing term or an off-by-one at a chunk boundary gives errors of order 1e-2 or more (reading
+the state before the update, or grouping heads as j % Hk, gives ~1).
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
-
 from ninfer import _engine
+from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 RTOL = 1e-5
 SEED = int.from_bytes(os.urandom(4), "little")
@@ -45,7 +46,7 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
     assert err <= RTOL, f"{what}: max error {err:.3g} of max|expected| {scale:.3g} exceeds {RTOL}"
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # Causal conv (section 4.2)
 
 
@@ -66,20 +67,23 @@ def conv_inputs(rng: np.random.Generator, T: int, C: int, K: int, history: bool)
 
 
 @pytest.mark.parametrize("history", [False, True], ids=["fresh", "carried"])
-@pytest.mark.parametrize(("T", "C", "K"), [(1, 8, 4), (2, 70, 4), (3, 130, 4), (37, 200, 4), (9, 33, 2), (5, 20, 1)])
+@pytest.mark.parametrize(
+    ("T", "C", "K"), [(1, 8, 4), (2, 70, 4), (3, 130, 4), (37, 200, 4), (9, 33, 2), (5, 20, 1)]
+)
 def test_conv_matches_reference(rng: np.random.Generator, T: int, C: int, K: int, history: bool) -> None:
     mixed, weight, state = conv_inputs(rng, T, C, K, history)
     out, new_state = _engine.gdn.causal_conv(mixed, weight, state)
     ref_out, ref_state = conv_reference(mixed, weight, state)
     assert_close(out, ref_out, "conv output")
-    np.testing.assert_array_equal(new_state, ref_state.astype(np.float32), "conv state is a copy of raw inputs")
+    # The state holds raw inputs, copied: exact.
+    np.testing.assert_array_equal(new_state, ref_state.astype(np.float32))
 
 
 def test_conv_matches_hf_update(rng: np.random.Generator) -> None:
     mixed, weight, state = conv_inputs(rng, 11, 96, 4, history=True)
     hf_state = torch.from_numpy(state.copy())[None]  # [B, C, K-1], updated in place by HF
-    hf_out = hf.causal_conv1d_update(torch.from_numpy(mixed.T.copy())[None], hf_state, torch.from_numpy(weight),
-                                     None, "silu")
+    hf_mixed = torch.from_numpy(mixed.T.copy())[None]  # [B, C, T]
+    hf_out = hf.causal_conv1d_update(hf_mixed, hf_state, torch.from_numpy(weight), None, "silu")
     out, new_state = _engine.gdn.causal_conv(mixed, weight, state)
     assert_close(out, hf_out[0].T.numpy().astype(np.float64), "conv vs HF causal_conv1d_update")
     np.testing.assert_array_equal(new_state, hf_state[0].numpy())
@@ -94,7 +98,7 @@ def test_conv_single_steps_equal_prefill(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(state, prefill_state)
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # Gated delta rule (sections 4.3 - 4.5)
 
 
@@ -164,9 +168,9 @@ def test_delta_rule_matches_section_4_5(rng: np.random.Generator, kernel: str, H
 @pytest.mark.parametrize("kernel", ["recurrent", "chunked"])
 def test_delta_rule_matches_hf(rng: np.random.Generator, kernel: str, hf_name: str, T: int) -> None:
     """HF's torch fallbacks take [B, T, H, D] q/k/v, [B, T, Hv] g/beta and a [B, Hv, Dk, Dv] state; with
-    use_qk_l2norm_in_kernel they L2-normalise q, k themselves, and they always scale q by Dk^-0.5. Given Hk < Hv
-    key heads they repeat_interleave them to Hv (transformers 5.23 does this inside the function) — the same
-    j // (Hv / Hk) grouping the kernels apply by index."""
+    use_qk_l2norm_in_kernel they L2-normalise q, k themselves, and they always scale q by Dk^-0.5. Given
+    Hk < Hv key heads they repeat_interleave them to Hv (transformers 5.23 does this inside the function,
+    as the model's layer passes Hk heads) — the j // (Hv / Hk) grouping the kernels apply by index."""
     Hk, Hv, Dk, Dv = 2, 6, 32, 16
     q_raw, k_raw, v, g, beta, state = delta_rule_inputs(rng, T, Hk, Hv, Dk, Dv)
     batch = [torch.from_numpy(x.copy())[None] for x in (q_raw, k_raw, v, g, beta, state)]
@@ -200,7 +204,9 @@ def test_chunked_equals_recurrent_at_model_size(rng: np.random.Generator) -> Non
     assert_close(new_state, ref_state.astype(np.float64), "chunked state")
 
 
-@pytest.mark.parametrize(("kernel", "split"), [("recurrent", 77), ("chunked", 77), ("chunked", 64), ("chunked", 1)])
+@pytest.mark.parametrize(
+    ("kernel", "split"), [("recurrent", 77), ("chunked", 77), ("chunked", 64), ("chunked", 1)]
+)
 def test_split_calls_equal_one_call(rng: np.random.Generator, kernel: str, split: int) -> None:
     """A prefill cut in two (state carried between the calls) gives the one-call result."""
     q_raw, k_raw, v, g, beta, state = delta_rule_inputs(rng, 200, 2, 4, 16, 24)

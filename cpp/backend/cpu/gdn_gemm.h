@@ -38,7 +38,8 @@ inline void tile(int64_t cols, int64_t inner, const float* a, int64_t lda, const
     }
   }
   for (int64_t r = 0; r < kRowsT; ++r)
-    for (int64_t x = 0; x < nc; ++x) c[r * ldc + x] = (mode == GemmMode::kAccumulate ? c[r * ldc + x] : 0.0f) + acc[r][x];
+    for (int64_t x = 0; x < nc; ++x)
+      c[r * ldc + x] = (mode == GemmMode::kAccumulate ? c[r * ldc + x] : 0.0f) + acc[r][x];
 }
 
 // The tile of kRowsT rows from row0 and the column tile from j, honouring the triangle (skipped when all of it lies
