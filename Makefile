@@ -44,7 +44,8 @@ gpu-test: build
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 serve: build
-	$(VENV)/bin/ninfer $(ARGS)
+	@echo "ninfer-serve: starting on http://$(HOST):$(PORT) (OpenAI base URL http://$(HOST):$(PORT)/v1)"
+	$(VENV)/bin/ninfer-serve --host $(HOST) --port $(PORT) $(ARGS)
 
 bench:
 	bash bench/gpu_run.sh
