@@ -43,6 +43,9 @@ test: build system-deps
 gpu-test: build
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
+# The embedded default model (imported once into ~/.cache/ninfer) unless ARGS names one; HOST/PORT as in the URL.
+HOST ?= 127.0.0.1
+PORT ?= 8080
 serve: build
 	@echo "ninfer-serve: starting on http://$(HOST):$(PORT) (OpenAI base URL http://$(HOST):$(PORT)/v1)"
 	$(VENV)/bin/ninfer-serve --host $(HOST) --port $(PORT) $(ARGS)
