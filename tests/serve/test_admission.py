@@ -99,3 +99,16 @@ def test_a_queued_request_that_disconnects_leaves_the_queue(qwen35_server):
         for holder in holders:
             holder.close()
     _wait_idle(engine, 1.0)
+
+
+def test_a_non_streaming_client_that_leaves_frees_its_lane(qwen35_server):
+    engine = qwen35_server.engine
+    body = {"prompt": "Take your time", "max_tokens": LONG, "temperature": 0}
+    with httpx.Client(timeout=httpx.Timeout(30, read=0.5)) as http:
+        try:
+            http.post(f"{qwen35_server.url}/v1/completions", json=body)
+        except httpx.ReadTimeout:
+            pass  # the client gave up and closes the connection
+        else:
+            raise AssertionError("the long generation answered within the read timeout")
+    assert _wait_idle(engine, 1.0) < 1.0

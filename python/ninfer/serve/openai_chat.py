@@ -16,10 +16,11 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import msgspec
-from litestar import post
+from litestar import Request, post
 from msgspec import Meta
 
 from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
+from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.generation import (
     MAX_TOP_LOGPROBS,
@@ -214,7 +215,7 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
 
 
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, summary="OpenAI Chat Completions")
-async def chat_completions(data: ChatCompletionRequest, router: ModelRouter) -> Any:
+async def chat_completions(data: ChatCompletionRequest, router: ModelRouter, request: Request) -> Any:
     model = router.resolve(data.model)
     want_logprobs = bool(data.logprobs) or bool(data.top_logprobs)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
@@ -231,7 +232,7 @@ async def chat_completions(data: ChatCompletionRequest, router: ModelRouter) -> 
     if data.stream:
         return sse_response(_chunks(shape, generation, want_logprobs, include_usage(data)),
                             on_error=stream_error_frame)
-    return completion_json(shape, await generation.run(), want_logprobs)
+    return completion_json(shape, await run_while_connected(request, generation), want_logprobs)
 
 
 route_handlers = [chat_completions]

@@ -12,9 +12,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from litestar import post
+from litestar import Request, post
 from msgspec import Meta
 
+from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.generation import (
     MAX_TOP_LOGPROBS,
@@ -126,7 +127,7 @@ def completion_json(shape: _Shape, result: GenerationResult, echo: str, logprobs
 
 
 @post(["/v1/completions", "/completions"], status_code=200, summary="OpenAI Completions")
-async def completions(data: CompletionRequest, router: ModelRouter) -> Any:
+async def completions(data: CompletionRequest, router: ModelRouter, request: Request) -> Any:
     _refuse_unsupported(data)
     model = router.resolve(data.model)
     want_logprobs = data.logprobs is not None
@@ -141,7 +142,7 @@ async def completions(data: CompletionRequest, router: ModelRouter) -> Any:
     if data.stream:
         return sse_response(_chunks(shape, generation, echo, want_logprobs, include_usage(data)),
                             on_error=stream_error_frame)
-    return completion_json(shape, await generation.run(), echo, want_logprobs)
+    return completion_json(shape, await run_while_connected(request, generation), echo, want_logprobs)
 
 
 route_handlers = [completions]
