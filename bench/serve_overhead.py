@@ -3,6 +3,9 @@ the whole Litestar/uvicorn/pipeline path) against direct `Engine.generate` calls
 
     .venv/bin/python bench/serve_overhead.py [ARTIFACT] [--tokens 64] [--out bench/results/serve_overhead.json]
 
+Also recorded: CPU time per generated token of the serving process (engine threads included) in both modes; the
+difference is the server's CPU cost per token, which, unlike latencies, does not depend on other load on the machine.
+
 Same artifact, same greedy requests (`/v1/completions`, so no template and one prompt text per client), same engine
 options; the two phases run one after the other so they never share the cores. Per-token time is the mean gap
 between arrivals of generated text after the first; overhead = server - direct. Goal: < 1 ms per streamed token at
@@ -24,7 +27,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
 MAX_CONCURRENCY = 8
@@ -73,6 +75,19 @@ async def _server(url: str, clients: int, tokens: int) -> dict[str, float]:
         return _summary(await asyncio.gather(*(_server_one(client, url, p, tokens) for p in _prompts(clients))))
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measured(pid: int, run) -> dict[str, float]:
+    before = _cpu_s(pid)
+    summary = run()
+    summary["cpu_ms_per_token"] = (_cpu_s(pid) - before) * 1000 / max(summary["tokens"], 1)
+    return summary
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,22 +128,26 @@ def main() -> int:
                                                   threads=args.threads)) as engine:
         asyncio.run(_direct(engine, 1, 4))  # warm-up
         for clients in (1, 8):
-            results[f"direct_{clients}"] = asyncio.run(_direct(engine, clients, args.tokens))
+            results[f"direct_{clients}"] = _measured(
+                os.getpid(), lambda c=clients: asyncio.run(_direct(engine, c, args.tokens)))
     process, url = _start_server(artifact, args.threads)
     try:
         asyncio.run(_server(url, 1, 4))  # warm-up
         for clients in (1, 8):
-            results[f"server_{clients}"] = asyncio.run(_server(url, clients, args.tokens))
+            results[f"server_{clients}"] = _measured(
+                process.pid, lambda c=clients: asyncio.run(_server(url, c, args.tokens)))
     finally:
         process.terminate()
         process.wait(timeout=30)
     for clients in (1, 8):
         d, s = results[f"direct_{clients}"], results[f"server_{clients}"]
         results[f"overhead_{clients}"] = {"ttft_ms": s["ttft_ms"] - d["ttft_ms"],
-                                          "per_token_ms": s["per_token_ms"] - d["per_token_ms"]}
+                                          "per_token_ms": s["per_token_ms"] - d["per_token_ms"],
+                                          "cpu_ms_per_token": s["cpu_ms_per_token"] - d["cpu_ms_per_token"]}
         print(f"{clients} client(s): TTFT {d['ttft_ms']:.1f} -> {s['ttft_ms']:.1f} ms, per token "
               f"{d['per_token_ms']:.2f} -> {s['per_token_ms']:.2f} ms (overhead "
-              f"{results[f'overhead_{clients}']['per_token_ms']:+.2f} ms/token)")
+              f"{results[f'overhead_{clients}']['per_token_ms']:+.2f} ms/token); CPU per token "
+              f"{d['cpu_ms_per_token']:.2f} -> {s['cpu_ms_per_token']:.2f} ms")
     record = {"artifact": artifact.name, "tokens_per_client": args.tokens, "max_concurrency": MAX_CONCURRENCY,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "load_average_1m": os.getloadavg()[0]},
