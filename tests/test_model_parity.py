@@ -1,12 +1,12 @@
 """The C++ CPU model against Hugging Face transformers 5.23 (fp32) on tiny random checkpoints.
 
-Every artifact is the bf16 conversion of a checkpoint whose weights are bf16-representable, so the engine and HF
-run on identical weights and differ only by f32 rounding order. Tolerances are relative to the logit scale
-(max |HF logit|):
+Every artifact is the bf16 conversion of a checkpoint whose weights are bf16-representable, so the engine
+and HF run on identical weights and differ only by f32 rounding order. Tolerances are relative to the logit
+scale (max |HF logit|):
 - KV f32: max |Δlogit| <= 1e-4 * scale (measured ~1e-5 * scale on Qwen3.5, ~5e-7 * scale on llama).
-- KV bf16: keys and values are rounded to 8 significant bits (relative error <= 2^-9 each), which moves attention
-  outputs by up to ~0.4 % of their size; through the remaining layers that is a few 1e-3 of the logit scale, so
-  the bound is 2e-2 * scale (a wrong head, position or page would be off by the whole scale).
+- KV bf16: keys and values are rounded to 8 significant bits (relative error <= 2^-9 each), which moves
+  attention outputs by up to ~0.4 % of their size; through the remaining layers that is a few 1e-3 of the
+  logit scale, so the bound is 2e-2 * scale (a wrong head, position or page would be off by the whole scale).
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def test_prefill_chunk_sizes_agree(artifacts, kind):
     whole = model.prefill(model.new_sequence(), tokens, all_logits=True)
     for chunk in (1, 7, 64):
         seq = model.new_sequence()
-        parts = [model.prefill(seq, tokens[i:i + chunk], all_logits=True) for i in range(0, len(tokens), chunk)]
+        parts = [model.prefill(seq, tokens[i:i + chunk], all_logits=True)
+                 for i in range(0, len(tokens), chunk)]
         assert_close(np.concatenate(parts), whole, 1e-5, f"{kind} chunk {chunk}")
         model.release(seq)
 
@@ -195,7 +196,8 @@ def test_score_matches_hf_log_softmax(artifacts, references, kind):
     ours = model.score(tokens)
     with torch.no_grad():
         logits = references[kind](torch.tensor(tokens[None].astype(np.int64))).logits[0].double()
-    theirs = torch.log_softmax(logits, -1)[torch.arange(len(tokens) - 1), torch.tensor(tokens[1:].astype(np.int64))]
+    targets = torch.tensor(tokens[1:].astype(np.int64))
+    theirs = torch.log_softmax(logits, -1)[torch.arange(len(tokens) - 1), targets]
     assert ours.dtype == np.float64 and ours.shape == (len(tokens) - 1,)
     np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-4 * float(logits.abs().max()), rtol=0)
     assert model.kv_free_tokens() == free_before  # the scoring sequence gave its pages back

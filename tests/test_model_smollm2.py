@@ -2,8 +2,8 @@
 LlamaForCausalLM loaded with the artifact's own (dequantized) weights.
 
 The GGUF keeps llama's q/k rows permuted for interleaved RoPE pairing, and the artifact says `pairing:
-interleaved`; HF rotates halves. Loading HF with the rows un-permuted (pairs (2j, 2j+1) -> (j, j + D/2)) must give
-the same logits, which checks the interleaved pairing against HF's half pairing on a real model.
+interleaved`; HF rotates halves. Loading HF with the rows un-permuted (pairs (2j, 2j+1) -> (j, j + D/2))
+must give the same logits, which checks the interleaved pairing against HF's half pairing on a real model.
 """
 
 from __future__ import annotations
