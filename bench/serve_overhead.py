@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -39,15 +40,21 @@ def _prompts(n: int) -> list[str]:
 
 def _summary(runs: list[tuple[float, list[float]]]) -> dict[str, float]:
     """runs: (ttft_s, arrival times of text after the first) per client."""
-    gaps = [b - a for _, arrivals in runs for a, b in zip(arrivals, arrivals[1:], strict=False)]
-    return {"ttft_ms": statistics.mean(t for t, _ in runs) * 1000,
-            "per_token_ms": statistics.mean(gaps) * 1000 if gaps else float("nan"),
-            "tokens": sum(len(a) for _, a in runs)}
+    gaps = [b - a for _, arrivals in runs for a, b in itertools.pairwise(arrivals)]
+    return {
+        "ttft_ms": statistics.mean(t for t, _ in runs) * 1000,
+        "per_token_ms": statistics.mean(gaps) * 1000 if gaps else float("nan"),
+        "tokens": sum(len(a) for _, a in runs),
+    }
 
 
 async def _direct_one(engine: Engine, prompt: str, tokens: int) -> tuple[float, list[float]]:
-    request = Request(engine.frontend.encode(prompt), SamplingParams(temperature=0.0), max_new_tokens=tokens,
-                      stop_token_ids=[])
+    request = Request(
+        engine.frontend.encode(prompt),
+        SamplingParams(temperature=0.0),
+        max_new_tokens=tokens,
+        stop_token_ids=[],
+    )
     start, arrivals = time.perf_counter(), []
     async for event in engine.generate(request):
         if event.token_ids:
@@ -55,7 +62,9 @@ async def _direct_one(engine: Engine, prompt: str, tokens: int) -> tuple[float, 
     return arrivals[0] - start, arrivals
 
 
-async def _server_one(client: httpx.AsyncClient, url: str, prompt: str, tokens: int) -> tuple[float, list[float]]:
+async def _server_one(
+    client: httpx.AsyncClient, url: str, prompt: str, tokens: int
+) -> tuple[float, list[float]]:
     body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True}
     start, arrivals = time.perf_counter(), []
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
@@ -72,7 +81,9 @@ async def _direct(engine: Engine, clients: int, tokens: int) -> dict[str, float]
 
 async def _server(url: str, clients: int, tokens: int) -> dict[str, float]:
     async with httpx.AsyncClient(timeout=300) as client:
-        return _summary(await asyncio.gather(*(_server_one(client, url, p, tokens) for p in _prompts(clients))))
+        return _summary(
+            await asyncio.gather(*(_server_one(client, url, p, tokens) for p in _prompts(clients)))
+        )
 
 
 def _cpu_s(pid: int) -> float:
@@ -97,9 +108,25 @@ def _free_port() -> int:
 def _start_server(artifact: Path, threads: int) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "ninfer.cli.serve", str(artifact), "--port", str(port), "--max-context",
-         str(MAX_CONTEXT), "--max-concurrency", str(MAX_CONCURRENCY), "--threads", str(threads),
-         "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "ninfer.cli.serve",
+            str(artifact),
+            "--port",
+            str(port),
+            "--max-context",
+            str(MAX_CONTEXT),
+            "--max-concurrency",
+            str(MAX_CONCURRENCY),
+            "--threads",
+            str(threads),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -124,34 +151,50 @@ def main() -> int:
         args.artifact = str(default_model_path())
     artifact = Path(args.artifact)
     results: dict[str, dict] = {}
-    with Engine.open_sync(artifact, EngineOptions(max_context=MAX_CONTEXT, max_concurrency=MAX_CONCURRENCY,
-                                                  threads=args.threads)) as engine:
+    with Engine.open_sync(
+        artifact,
+        EngineOptions(max_context=MAX_CONTEXT, max_concurrency=MAX_CONCURRENCY, threads=args.threads),
+    ) as engine:
         asyncio.run(_direct(engine, 1, 4))  # warm-up
         for clients in (1, 8):
             results[f"direct_{clients}"] = _measured(
-                os.getpid(), lambda c=clients: asyncio.run(_direct(engine, c, args.tokens)))
+                os.getpid(), lambda c=clients: asyncio.run(_direct(engine, c, args.tokens))
+            )
     process, url = _start_server(artifact, args.threads)
     try:
         asyncio.run(_server(url, 1, 4))  # warm-up
         for clients in (1, 8):
             results[f"server_{clients}"] = _measured(
-                process.pid, lambda c=clients: asyncio.run(_server(url, c, args.tokens)))
+                process.pid, lambda c=clients: asyncio.run(_server(url, c, args.tokens))
+            )
     finally:
         process.terminate()
         process.wait(timeout=30)
     for clients in (1, 8):
         d, s = results[f"direct_{clients}"], results[f"server_{clients}"]
-        results[f"overhead_{clients}"] = {"ttft_ms": s["ttft_ms"] - d["ttft_ms"],
-                                          "per_token_ms": s["per_token_ms"] - d["per_token_ms"],
-                                          "cpu_ms_per_token": s["cpu_ms_per_token"] - d["cpu_ms_per_token"]}
-        print(f"{clients} client(s): TTFT {d['ttft_ms']:.1f} -> {s['ttft_ms']:.1f} ms, per token "
-              f"{d['per_token_ms']:.2f} -> {s['per_token_ms']:.2f} ms (overhead "
-              f"{results[f'overhead_{clients}']['per_token_ms']:+.2f} ms/token); CPU per token "
-              f"{d['cpu_ms_per_token']:.2f} -> {s['cpu_ms_per_token']:.2f} ms")
-    record = {"artifact": artifact.name, "tokens_per_client": args.tokens, "max_concurrency": MAX_CONCURRENCY,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "load_average_1m": os.getloadavg()[0]},
-              "goal": "overhead < 1 ms per streamed token at 8 clients", "results": results}
+        results[f"overhead_{clients}"] = {
+            "ttft_ms": s["ttft_ms"] - d["ttft_ms"],
+            "per_token_ms": s["per_token_ms"] - d["per_token_ms"],
+            "cpu_ms_per_token": s["cpu_ms_per_token"] - d["cpu_ms_per_token"],
+        }
+        print(
+            f"{clients} client(s): TTFT {d['ttft_ms']:.1f} -> {s['ttft_ms']:.1f} ms, per token "
+            f"{d['per_token_ms']:.2f} -> {s['per_token_ms']:.2f} ms (overhead "
+            f"{results[f'overhead_{clients}']['per_token_ms']:+.2f} ms/token); CPU per token "
+            f"{d['cpu_ms_per_token']:.2f} -> {s['cpu_ms_per_token']:.2f} ms"
+        )
+    record = {
+        "artifact": artifact.name,
+        "tokens_per_client": args.tokens,
+        "max_concurrency": MAX_CONCURRENCY,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_1m": os.getloadavg()[0],
+        },
+        "goal": "overhead < 1 ms per streamed token at 8 clients",
+        "results": results,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")

@@ -29,8 +29,11 @@ def _wait_idle(engine, within_s: float) -> float:
 
 
 def _open_stream(client: httpx.Client, url: str, prompt: str) -> httpx.Response:
-    request = client.build_request("POST", f"{url}/v1/completions",
-                                   json={"prompt": prompt, "max_tokens": LONG, "temperature": 0, "stream": True})
+    request = client.build_request(
+        "POST",
+        f"{url}/v1/completions",
+        json={"prompt": prompt, "max_tokens": LONG, "temperature": 0, "stream": True},
+    )
     response = client.send(request, stream=True)
     assert response.status_code == 200, response.read()
     return response
@@ -39,14 +42,20 @@ def _open_stream(client: httpx.Client, url: str, prompt: str) -> httpx.Response:
 def test_sixteen_clients_on_two_lanes_get_their_solo_answers(qwen35_server):
     prompts = [f"Client number {i} says" for i in range(16)]
     solo_client = openai.OpenAI(base_url=f"{qwen35_server.url}/v1", api_key="k", max_retries=0)
-    alone = [solo_client.completions.create(model="m", prompt=p, temperature=0, max_tokens=8).choices[0].text
-             for p in prompts]
+    alone = [
+        solo_client.completions.create(model="m", prompt=p, temperature=0, max_tokens=8).choices[0].text
+        for p in prompts
+    ]
 
     async def together() -> list[str]:
         client = openai.AsyncOpenAI(base_url=f"{qwen35_server.url}/v1", api_key="k", max_retries=0)
         async with client:
-            answers = await asyncio.gather(*(
-                client.completions.create(model="m", prompt=p, temperature=0, max_tokens=8) for p in prompts))
+            answers = await asyncio.gather(
+                *(
+                    client.completions.create(model="m", prompt=p, temperature=0, max_tokens=8)
+                    for p in prompts
+                )
+            )
         return [a.choices[0].text for a in answers]
 
     assert asyncio.run(together()) == alone
@@ -85,7 +94,10 @@ def test_a_disconnect_frees_the_lane_within_a_second(qwen35_server):
 def test_a_queued_request_that_disconnects_leaves_the_queue(qwen35_server):
     engine = qwen35_server.engine
     with httpx.Client(timeout=30) as http:
-        holders = [_open_stream(http, qwen35_server.url, f"Holder {i}") for i in range(engine.options.max_concurrency)]
+        holders = [
+            _open_stream(http, qwen35_server.url, f"Holder {i}")
+            for i in range(engine.options.max_concurrency)
+        ]
         queued = _open_stream(http, qwen35_server.url, "Waiting")
         deadline = time.monotonic() + 5
         while engine.stats().queued != 1:

@@ -26,24 +26,31 @@ def _serve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "ninfer.cli.serve", *args]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--spec", "mtp"], "--spec: speculative decoding is not implemented yet"),
-    (["--vision"], "--vision: vision input is not implemented yet"),
-    (["--host-kv-mib", "512"], "--host-kv-mib: host KV offload is not implemented yet"),
-    (["--max-concurrency", "9"], "--max-concurrency must be in 1..8"),
-    (["--prefill-chunk", "100"], "--prefill-chunk must be a multiple of 64"),
-    (["--kv-capacity", "100", "--max-context", "4096"], "--kv-capacity (100) must hold at least one full context"),
-    (["--webui"], "--webui: the built-in web UI is not bundled"),
-    (["/no/such/model.ninfer"], "model file not found: /no/such/model.ninfer"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--spec", "mtp"], "--spec: speculative decoding is not implemented yet"),
+        (["--vision"], "--vision: vision input is not implemented yet"),
+        (["--host-kv-mib", "512"], "--host-kv-mib: host KV offload is not implemented yet"),
+        (["--max-concurrency", "9"], "--max-concurrency must be in 1..8"),
+        (["--prefill-chunk", "100"], "--prefill-chunk must be a multiple of 64"),
+        (
+            ["--kv-capacity", "100", "--max-context", "4096"],
+            "--kv-capacity (100) must hold at least one full context",
+        ),
+        (["--webui"], "--webui: the built-in web UI is not bundled"),
+        (["/no/such/model.ninfer"], "model file not found: /no/such/model.ninfer"),
+    ],
+)
 def test_refused_options_are_one_line_errors(args, message, capsys):
     assert main(args) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"ninfer-serve: error: {message}")
 
 
-@pytest.mark.parametrize("args", [["--draft-tokens", "0"], ["--reserve-gib", "-1"], ["--port", "x"],
-                                  ["--kv-dtype", "q3"]])
+@pytest.mark.parametrize(
+    "args", [["--draft-tokens", "0"], ["--reserve-gib", "-1"], ["--port", "x"], ["--kv-dtype", "q3"]]
+)
 def test_invalid_values_are_usage_errors(args, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)
@@ -63,9 +70,25 @@ def keyed_server(pytestconfig, tiny_qwen3_5, tmp_path_factory) -> Iterator[str]:
     key_file.write_text(f"# ninfer keys\n{KEYS[0]}\n\n{KEYS[1]}\n", encoding="utf-8")
     port = _free_port()
     process = subprocess.Popen(
-        _serve_command(str(artifact), "--port", str(port), "--max-context", "256", "--max-concurrency", "1",
-                       "--threads", "1", "--api-key-file", str(key_file), "--log-level", "warning"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _serve_command(
+            str(artifact),
+            "--port",
+            str(port),
+            "--max-context",
+            "256",
+            "--max-concurrency",
+            "1",
+            "--threads",
+            "1",
+            "--api-key-file",
+            str(key_file),
+            "--log-level",
+            "warning",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     try:
@@ -92,7 +115,10 @@ def test_health_is_public_and_everything_else_needs_a_key(keyed_server):
     not_utf8 = httpx.get(f"{keyed_server}/v1/models", headers={"Authorization": b"Bearer \xff\xfe"})
     assert not_utf8.status_code == 401
     for key in KEYS:
-        assert httpx.get(f"{keyed_server}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert (
+            httpx.get(f"{keyed_server}/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code
+            == 200
+        )
         assert httpx.get(f"{keyed_server}/v1/models", headers={"x-api-key": key}).status_code == 200
     assert httpx.get(f"{keyed_server}/metrics").status_code == 401
 
@@ -106,9 +132,12 @@ def test_sdks_authenticate_with_the_key_file(keyed_server):
     assert info.value.body["type"] == "authentication_error"
     with pytest.raises(anthropic.AuthenticationError) as info:
         anthropic.Anthropic(base_url=keyed_server, api_key="bad", max_retries=0).messages.create(
-            model="m", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
-    assert info.value.body == {"type": "error", "error": {"type": "authentication_error",
-                                                          "message": "invalid API key"}}
+            model="m", max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
+        )
+    assert info.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid API key"},
+    }
 
 
 def test_key_file_errors_are_one_line(tmp_path: Path, capsys):

@@ -36,13 +36,19 @@ def test_no_request_gets_a_server_error(qwen35_server):
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         def no_server_error(case) -> None:
             _cap_lengths(case.body)
             response = case.call(timeout=30)
             assert response.status_code < 500, (
-                f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}")
+                f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
+            )
 
         try:
             no_server_error()

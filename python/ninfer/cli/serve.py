@@ -62,29 +62,68 @@ def _non_negative_float(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ninfer-serve", description="Serve a .ninfer model over HTTP: OpenAI Chat / "
-                                "Completions / Responses, Anthropic Messages, llama.cpp-style utilities.")
-    p.add_argument("model", nargs="?", help="a .ninfer artifact (default: the embedded SmolLM2-135M-Instruct)")
+    p = argparse.ArgumentParser(
+        prog="ninfer-serve",
+        description="Serve a .ninfer model over HTTP: OpenAI Chat / "
+        "Completions / Responses, Anthropic Messages, llama.cpp-style utilities.",
+    )
+    p.add_argument(
+        "model", nargs="?", help="a .ninfer artifact (default: the embedded SmolLM2-135M-Instruct)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_positive("--port"), default=8080, help="TCP port (default 8080)")
     p.add_argument("--alias", metavar="NAME", help="the model name clients see (default: the file name)")
-    p.add_argument("--config", metavar="FILE", help="router JSON config ({\"models\": {NAME: {\"path\": ...}}})")
+    p.add_argument("--config", metavar="FILE", help='router JSON config ({"models": {NAME: {"path": ...}}})')
     engine = p.add_argument_group("engine")
-    engine.add_argument("--max-context", type=_positive("--max-context"), default=4096, metavar="N",
-                        help="longest sequence, prompt + output (default 4096)")
-    engine.add_argument("--kv-capacity", type=_positive("--kv-capacity"), metavar="TOKENS",
-                        help="tokens in the KV pool (default max-context x max-concurrency)")
-    engine.add_argument("--max-concurrency", type=_positive("--max-concurrency"), default=4, metavar="N",
-                        help="requests generated at once, 1..8 (default 4)")
-    engine.add_argument("--max-queue", type=_positive("--max-queue", 0), default=16, metavar="N",
-                        help="requests that may wait for a lane before the server answers 429 (default 16)")
-    engine.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV cache storage (default bf16)")
-    engine.add_argument("--prefill-chunk", type=_positive("--prefill-chunk", 64), default=512, metavar="N",
-                        help="prompt tokens per prefill step, a multiple of 64 (default 512)")
-    engine.add_argument("--threads", type=_positive("--threads", 0), default=0, metavar="N",
-                        help="CPU threads (default: all cores)")
-    engine.add_argument("--preserve-thinking", action="store_true",
-                        help="keep earlier assistant turns' reasoning in the prompt (templates that support it)")
+    engine.add_argument(
+        "--max-context",
+        type=_positive("--max-context"),
+        default=4096,
+        metavar="N",
+        help="longest sequence, prompt + output (default 4096)",
+    )
+    engine.add_argument(
+        "--kv-capacity",
+        type=_positive("--kv-capacity"),
+        metavar="TOKENS",
+        help="tokens in the KV pool (default max-context x max-concurrency)",
+    )
+    engine.add_argument(
+        "--max-concurrency",
+        type=_positive("--max-concurrency"),
+        default=4,
+        metavar="N",
+        help="requests generated at once, 1..8 (default 4)",
+    )
+    engine.add_argument(
+        "--max-queue",
+        type=_positive("--max-queue", 0),
+        default=16,
+        metavar="N",
+        help="requests that may wait for a lane before the server answers 429 (default 16)",
+    )
+    engine.add_argument(
+        "--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV cache storage (default bf16)"
+    )
+    engine.add_argument(
+        "--prefill-chunk",
+        type=_positive("--prefill-chunk", 64),
+        default=512,
+        metavar="N",
+        help="prompt tokens per prefill step, a multiple of 64 (default 512)",
+    )
+    engine.add_argument(
+        "--threads",
+        type=_positive("--threads", 0),
+        default=0,
+        metavar="N",
+        help="CPU threads (default: all cores)",
+    )
+    engine.add_argument(
+        "--preserve-thinking",
+        action="store_true",
+        help="keep earlier assistant turns' reasoning in the prompt (templates that support it)",
+    )
     later = p.add_argument_group("options of later releases (validated, refused for now)")
     later.add_argument("--spec", choices=SPEC_METHODS, help="speculative decoding method")
     later.add_argument("--draft-tokens", type=_positive("--draft-tokens"), metavar="N")
@@ -98,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--api-key-file", metavar="FILE", help="API keys, one per line; requests need one")
     server.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     server.add_argument("--webui", action="store_true", help="serve the web UI at /")
-    server.add_argument("--webui-dir", metavar="DIR", help="serve this web UI bundle (a folder with index.html)")
+    server.add_argument(
+        "--webui-dir", metavar="DIR", help="serve this web UI bundle (a folder with index.html)"
+    )
     return p
 
 
@@ -112,8 +153,10 @@ def _check(args: argparse.Namespace) -> None:
     if args.prefill_chunk % 64:
         raise CliError(f"--prefill-chunk must be a multiple of 64, got {args.prefill_chunk}")
     if args.kv_capacity is not None and args.kv_capacity < args.max_context:
-        raise CliError(f"--kv-capacity ({args.kv_capacity}) must hold at least one full context "
-                       f"(--max-context {args.max_context})")
+        raise CliError(
+            f"--kv-capacity ({args.kv_capacity}) must hold at least one full context "
+            f"(--max-context {args.max_context})"
+        )
     if args.port > 65535:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
     if args.webui_dir is not None and not (Path(args.webui_dir) / "index.html").is_file():
@@ -136,8 +179,10 @@ def _model_from_config(path: str) -> tuple[str, str]:
     if not isinstance(models, dict) or not models:
         raise CliError(f"--config {path} must be an object with a non-empty 'models' object")
     if len(models) > 1:
-        raise CliError(f"--config {path} names {len(models)} models; serving several models is not implemented "
-                       "yet in this build (give one)")
+        raise CliError(
+            f"--config {path} names {len(models)} models; serving several models is not implemented "
+            "yet in this build (give one)"
+        )
     ((name, entry),) = models.items()
     if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
         raise CliError(f"--config {path}: models.{name} needs a 'path'")
@@ -147,9 +192,15 @@ def _model_from_config(path: str) -> tuple[str, str]:
 def _engine_options(args: argparse.Namespace) -> Any:
     from ninfer.engine import EngineOptions
 
-    return EngineOptions(max_context=args.max_context, kv_capacity=args.kv_capacity,
-                         max_concurrency=args.max_concurrency, max_queue=args.max_queue, kv_dtype=args.kv_dtype,
-                         prefill_chunk=args.prefill_chunk, threads=args.threads)
+    return EngineOptions(
+        max_context=args.max_context,
+        kv_capacity=args.kv_capacity,
+        max_concurrency=args.max_concurrency,
+        max_queue=args.max_queue,
+        kv_dtype=args.kv_dtype,
+        prefill_chunk=args.prefill_chunk,
+        threads=args.threads,
+    )
 
 
 def _app(args: argparse.Namespace, path: Path, model_id: str, keys: frozenset[str]) -> Any:
@@ -161,12 +212,18 @@ def _app(args: argparse.Namespace, path: Path, model_id: str, keys: frozenset[st
     url = f"http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}"
 
     # Opened here, before uvicorn starts, so a bad artifact is a one-line error rather than a lifespan traceback.
-    router = ModelRouter(ServedModel(model_id, Engine.open_sync(path, options),
-                                     preserve_thinking=args.preserve_thinking or None))
+    router = ModelRouter(
+        ServedModel(
+            model_id, Engine.open_sync(path, options), preserve_thinking=args.preserve_thinking or None
+        )
+    )
 
     async def open_router() -> ModelRouter:
-        print(f"ninfer-serve: serving {model_id} at {url} (OpenAI base URL {url}/v1)", file=sys.stderr,
-              flush=True)
+        print(
+            f"ninfer-serve: serving {model_id} at {url} (OpenAI base URL {url}/v1)",
+            file=sys.stderr,
+            flush=True,
+        )
         return router
 
     app = create_app(open_router, api_keys=keys, webui_dir=args.webui_dir)
@@ -192,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
+        )
     except KeyboardInterrupt:
         return 130
     return 0

@@ -81,13 +81,19 @@ _HTTP_KINDS = {401: "authentication_error", 404: "not_found_error", 429: "rate_l
 def describe(exc: Exception) -> ErrorInfo:
     """The response an exception deserves. Order matters: subclasses before their bases."""
     if isinstance(exc, ContextOverflowError):
-        return ErrorInfo(400, str(exc), "exceed_context_size_error", code="context_length_exceeded",
-                         extra={"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx})
+        return ErrorInfo(
+            400,
+            str(exc),
+            "exceed_context_size_error",
+            code="context_length_exceeded",
+            extra={"n_prompt_tokens": exc.n_prompt_tokens, "n_ctx": exc.n_ctx},
+        )
     if isinstance(exc, InvalidRequestError):
         return ErrorInfo(400, str(exc), "invalid_request_error", param=exc.param)
     if isinstance(exc, errors.EngineBusyError):
-        return ErrorInfo(429, str(exc), "rate_limit_error", code="engine_busy",
-                         headers={"Retry-After": str(RETRY_AFTER_S)})
+        return ErrorInfo(
+            429, str(exc), "rate_limit_error", code="engine_busy", headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
     if isinstance(exc, errors.OutOfMemoryError):
         return ErrorInfo(503, str(exc), "unavailable_error", headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, errors.EngineError):  # bad token id, sampling value, template refusal, capacity
@@ -95,7 +101,9 @@ def describe(exc: Exception) -> ErrorInfo:
     if isinstance(exc, ValidationException):
         return ErrorInfo(400, _validation_message(exc), "invalid_request_error", param=_validation_param(exc))
     if isinstance(exc, HTTPException):
-        kind = _HTTP_KINDS.get(exc.status_code, "invalid_request_error" if exc.status_code < 500 else "server_error")
+        kind = _HTTP_KINDS.get(
+            exc.status_code, "invalid_request_error" if exc.status_code < 500 else "server_error"
+        )
         return ErrorInfo(exc.status_code, exc.detail, kind, headers=dict(exc.headers or {}) or None)
     log.exception("unexpected error while serving a request", exc_info=exc)
     return ErrorInfo(500, f"internal error: {type(exc).__name__}", "server_error")
@@ -122,7 +130,10 @@ def openai_body(info: ErrorInfo) -> dict[str, Any]:
 
 
 def anthropic_body(info: ErrorInfo) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(info.kind, "api_error"), "message": info.message}}
+    return {
+        "type": "error",
+        "error": {"type": _ANTHROPIC_TYPES.get(info.kind, "api_error"), "message": info.message},
+    }
 
 
 def body_for_path(path: str, info: ErrorInfo) -> dict[str, Any]:
@@ -132,8 +143,12 @@ def body_for_path(path: str, info: ErrorInfo) -> dict[str, Any]:
 def handle_exception(request: Request, exc: Exception) -> Response:
     """The app's one exception handler."""
     info = describe(exc)
-    return Response(body_for_path(request.url.path, info), status_code=info.status, headers=info.headers,
-                    media_type=MediaType.JSON)
+    return Response(
+        body_for_path(request.url.path, info),
+        status_code=info.status,
+        headers=info.headers,
+        media_type=MediaType.JSON,
+    )
 
 
 EXCEPTION_HANDLERS = {Exception: handle_exception}

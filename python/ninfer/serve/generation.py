@@ -167,7 +167,9 @@ def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) -> Prepa
         reasoning_effort=prompt.reasoning_effort,
         chat_template_kwargs=prompt.chat_template_kwargs,
     )
-    return PreparedPrompt(frontend.encode(rendered.text), rendered.text, rendered.starts_in_reasoning, is_chat=True)
+    return PreparedPrompt(
+        frontend.encode(rendered.text), rendered.text, rendered.starts_in_reasoning, is_chat=True
+    )
 
 
 def build_request(model: ServedModel, prompt: PreparedPrompt, params: GenerationParams) -> Request:
@@ -183,21 +185,34 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
     room = n_ctx - n_prompt
     max_new = room if params.max_tokens is None else min(params.max_tokens, room)
     if max_new < 1:
-        raise InvalidRequestError(f"max_tokens must be at least 1, got {params.max_tokens}", param="max_tokens")
+        raise InvalidRequestError(
+            f"max_tokens must be at least 1, got {params.max_tokens}", param="max_tokens"
+        )
     if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
     defaults = engine.frontend.sampling_defaults()
     chosen = {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
     sampling = replace(defaults, **{k: v for k, v in chosen.items() if v is not None})
-    return Request(prompt.token_ids, sampling, max_new_tokens=max_new, logprobs=params.logprobs or params.top_logprobs > 0,
-                   top_logprobs=params.top_logprobs)
+    return Request(
+        prompt.token_ids,
+        sampling,
+        max_new_tokens=max_new,
+        logprobs=params.logprobs or params.top_logprobs > 0,
+        top_logprobs=params.top_logprobs,
+    )
 
 
 class Generation:
     """One running generation. Create with `start_generation`."""
 
-    def __init__(self, model: ServedModel, prompt: PreparedPrompt, request: Request, params: GenerationParams,
-                 tools: Sequence[Mapping[str, Any]] | None) -> None:
+    def __init__(
+        self,
+        model: ServedModel,
+        prompt: PreparedPrompt,
+        request: Request,
+        params: GenerationParams,
+        tools: Sequence[Mapping[str, Any]] | None,
+    ) -> None:
         self.prompt = prompt
         self._model = model
         self._engine = model.engine
@@ -207,7 +222,9 @@ class Generation:
         self._text = TextStream(self._engine.frontend)
         self._stops = StopStringMatcher(params.stop)
         splitting = prompt.is_chat and params.split_reasoning
-        self._reasoning = ReasoningParser(starts_in_reasoning=prompt.starts_in_reasoning) if splitting else None
+        self._reasoning = (
+            ReasoningParser(starts_in_reasoning=prompt.starts_in_reasoning) if splitting else None
+        )
         self._tools = ToolCallParser(tools) if tools else None
         self._content: list[str] = []
         self._reasoning_text: list[str] = []
@@ -346,8 +363,13 @@ class Generation:
         if timings is None:  # ended by a stop string: the engine's final event was not waited for
             ttft = (self._first_token_at or now) - self._started
             decode_s = now - (self._first_token_at or now)
-            timings = Timings(0.0, ttft, 0.0, (self._completion_tokens - 1) / decode_s if decode_s > 0 else 0.0,
-                              now - self._started)
+            timings = Timings(
+                0.0,
+                ttft,
+                0.0,
+                (self._completion_tokens - 1) / decode_s if decode_s > 0 else 0.0,
+                now - self._started,
+            )
         tools = self._tools.result() if self._tools is not None else None
         usage = GenerationUsage(
             prompt_tokens=len(self.prompt.token_ids),
@@ -356,10 +378,16 @@ class Generation:
             reasoning_tokens=self._reasoning_tokens,
         )
         return GenerationResult(
-            content="".join(self._content), reasoning="".join(self._reasoning_text),
-            tool_calls=tools.calls if tools else [], tool_issues=tools.issues if tools else [],
-            finish_reason=finish_reason, stop_string=self._stops.stopped, usage=usage, timings=timings,
-            logprobs=self._logprobs)
+            content="".join(self._content),
+            reasoning="".join(self._reasoning_text),
+            tool_calls=tools.calls if tools else [],
+            tool_issues=tools.issues if tools else [],
+            finish_reason=finish_reason,
+            stop_string=self._stops.stopped,
+            usage=usage,
+            timings=timings,
+            logprobs=self._logprobs,
+        )
 
 
 def _piece(decode: Any, token_id: int) -> tuple[str, list[int]]:
@@ -367,8 +395,12 @@ def _piece(decode: Any, token_id: int) -> tuple[str, list[int]]:
     return text, list(text.encode("utf-8"))
 
 
-async def start_generation(model: ServedModel, prompt: PreparedPrompt, params: GenerationParams,
-                           tools: Sequence[Mapping[str, Any]] | None = None) -> Generation:
+async def start_generation(
+    model: ServedModel,
+    prompt: PreparedPrompt,
+    params: GenerationParams,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> Generation:
     """Validates, builds the engine request and submits it (see the module doc)."""
     request = build_request(model, prompt, params)
     generation = Generation(model, prompt, request, params, tools)

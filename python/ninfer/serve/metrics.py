@@ -34,28 +34,44 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("ninfer_lanes", "Engine lanes (max concurrency)", value=s.lanes)
         yield GaugeMetricFamily("ninfer_lanes_busy", "Lanes running a request", value=s.busy_lanes)
         yield GaugeMetricFamily("ninfer_queue_requests", "Requests waiting for a lane", value=s.queued)
-        yield GaugeMetricFamily("ninfer_kv_capacity_tokens", "Tokens the KV pool holds", value=s.kv_capacity_tokens)
+        yield GaugeMetricFamily(
+            "ninfer_kv_capacity_tokens", "Tokens the KV pool holds", value=s.kv_capacity_tokens
+        )
         yield GaugeMetricFamily("ninfer_kv_free_tokens", "Free tokens in the KV pool", value=s.kv_free_tokens)
-        yield GaugeMetricFamily("ninfer_resident_bytes", "Resident memory of the engine", value=s.resident_bytes)
+        yield GaugeMetricFamily(
+            "ninfer_resident_bytes", "Resident memory of the engine", value=s.resident_bytes
+        )
 
 
 class ServerMetrics:
     def __init__(self, stats: Callable[[], EngineStats]) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("ninfer_requests", "HTTP requests by route and status", ["route", "status"],
-                                registry=r)
-        self.prompt_tokens = Counter("ninfer_prompt_tokens", "Prompt tokens of finished generations", registry=r)
-        self.cached_tokens = Counter("ninfer_cached_prompt_tokens", "Prompt tokens served from the cache",
-                                     registry=r)
+        self.requests = Counter(
+            "ninfer_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "ninfer_prompt_tokens", "Prompt tokens of finished generations", registry=r
+        )
+        self.cached_tokens = Counter(
+            "ninfer_cached_prompt_tokens", "Prompt tokens served from the cache", registry=r
+        )
         self.generated_tokens = Counter("ninfer_generated_tokens", "Generated tokens", registry=r)
-        self.generations = Counter("ninfer_generations", "Finished generations by finish reason", ["finish_reason"],
-                                   registry=r)
-        self.ttft = Histogram("ninfer_time_to_first_token_seconds", "Time to first token, queue included",
-                              buckets=_TTFT_BUCKETS, registry=r)
-        self.token_latency = Histogram("ninfer_time_per_output_token_seconds",
-                                       "Mean time between generated tokens of one generation",
-                                       buckets=_TOKEN_BUCKETS, registry=r)
+        self.generations = Counter(
+            "ninfer_generations", "Finished generations by finish reason", ["finish_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "ninfer_time_to_first_token_seconds",
+            "Time to first token, queue included",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.token_latency = Histogram(
+            "ninfer_time_per_output_token_seconds",
+            "Mean time between generated tokens of one generation",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
         r.register(_EngineCollector(stats))
 
     def render(self) -> bytes:
@@ -85,6 +101,6 @@ class RequestCounter:
         finally:
             metrics = self._metrics_of(scope)
             if metrics is not None:
-                handler = scope.get("route_handler")
-                route = next(iter(handler.paths), "other") if handler is not None else "unmatched"
+                # The matched route's template (bounded label set; one per path a handler is mounted at).
+                route = scope.get("path_template") or "unmatched"
                 metrics.requests.labels(route=route, status=str(status["code"])).inc()

@@ -78,10 +78,13 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
 def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     if body.reasoning_effort is not None and body.reasoning_effort not in REASONING_EFFORTS:
-        raise InvalidRequestError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}",
-                                  param="reasoning_effort")
+        raise InvalidRequestError(
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort"
+        )
     if body.tool_choice not in (None, "none", "auto", "required") and not isinstance(body.tool_choice, dict):
-        raise InvalidRequestError("tool_choice must be none, auto, required or a named function", param="tool_choice")
+        raise InvalidRequestError(
+            "tool_choice must be none, auto, required or a named function", param="tool_choice"
+        )
     kwargs = dict(body.chat_template_kwargs or {})
     enable_thinking = kwargs.pop("enable_thinking", None)
     if body.reasoning_effort == "none":
@@ -103,22 +106,34 @@ def _tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
 
 def _tool_choice_note(body: ChatCompletionRequest) -> dict[str, Any] | None:
     """What the response says about tool_choice and strict, which the engine cannot enforce."""
-    strict = any(isinstance(t.get("function"), dict) and t["function"].get("strict") for t in body.tools or ())
+    strict = any(
+        isinstance(t.get("function"), dict) and t["function"].get("strict") for t in body.tools or ()
+    )
     forcing = body.tool_choice == "required" or isinstance(body.tool_choice, dict)
     if not (strict or forcing):
         return None
-    return {"requested": body.tool_choice, "strict": strict, "enforced": False,
-            "note": "tool_choice and strict are advisory: the model was asked, not forced"}
+    return {
+        "requested": body.tool_choice,
+        "strict": strict,
+        "enforced": False,
+        "note": "tool_choice and strict are advisory: the model was asked, not forced",
+    }
 
 
 def _issues_json(issues: list[ParseIssue]) -> list[dict[str, Any]]:
-    return [{"kind": i.kind, "message": i.message, "snippet": i.snippet, "discarded_chars": i.discarded_chars}
-            for i in issues]
+    return [
+        {"kind": i.kind, "message": i.message, "snippet": i.snippet, "discarded_chars": i.discarded_chars}
+        for i in issues
+    ]
 
 
 def _logprob_json(lp: TokenLogprob) -> dict[str, Any]:
-    return {"token": lp.token, "logprob": lp.logprob, "bytes": lp.bytes,
-            "top_logprobs": [{"token": t, "logprob": v, "bytes": b} for t, v, b in lp.top]}
+    return {
+        "token": lp.token,
+        "logprob": lp.logprob,
+        "bytes": lp.bytes,
+        "top_logprobs": [{"token": t, "logprob": v, "bytes": b} for t, v, b in lp.top],
+    }
 
 
 def _finish_reason(result: GenerationResult) -> str:
@@ -141,8 +156,13 @@ class _Shape:
         return self.tool_call_ids.setdefault(index, new_id("call"))
 
     def envelope(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": "ninfer"}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "ninfer",
+        }
 
     def extras(self, result: GenerationResult) -> dict[str, Any]:
         extra: dict[str, Any] = {}
@@ -157,8 +177,13 @@ def _message(shape: _Shape, result: GenerationResult) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.content or None}
     if result.tool_calls:
         message["tool_calls"] = [
-            {"id": shape.call_id(i), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for i, c in enumerate(result.tool_calls)]
+            {
+                "id": shape.call_id(i),
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for i, c in enumerate(result.tool_calls)
+        ]
     elif message["content"] is None:
         message["content"] = ""
     if result.reasoning:
@@ -167,16 +192,29 @@ def _message(shape: _Shape, result: GenerationResult) -> dict[str, Any]:
 
 
 def completion_json(shape: _Shape, result: GenerationResult, logprobs: bool) -> dict[str, Any]:
-    choice = {"index": 0, "message": _message(shape, result), "finish_reason": _finish_reason(result),
-              "logprobs": {"content": [_logprob_json(lp) for lp in result.logprobs]} if logprobs else None}
-    return {**shape.envelope("chat.completion"), "choices": [choice], "usage": usage_json(result.usage),
-            "timings": timings_json(result), **shape.extras(result)}
+    choice = {
+        "index": 0,
+        "message": _message(shape, result),
+        "finish_reason": _finish_reason(result),
+        "logprobs": {"content": [_logprob_json(lp) for lp in result.logprobs]} if logprobs else None,
+    }
+    return {
+        **shape.envelope("chat.completion"),
+        "choices": [choice],
+        "usage": usage_json(result.usage),
+        "timings": timings_json(result),
+        **shape.extras(result),
+    }
 
 
 def _tool_call_delta(shape: _Shape, call: ToolCallDelta) -> dict[str, Any]:
     if call.name is not None:
-        return {"index": call.index, "id": shape.call_id(call.index), "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments}}
+        return {
+            "index": call.index,
+            "id": shape.call_id(call.index),
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
     return {"index": call.index, "function": {"arguments": call.arguments}}
 
 
@@ -191,10 +229,18 @@ def _delta_json(shape: _Shape, delta: Delta) -> dict[str, Any]:
     return out
 
 
-def _chunk(shape: _Shape, delta: dict[str, Any], finish_reason: str | None = None,
-           logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason,
-              "logprobs": {"content": [_logprob_json(lp) for lp in logprobs]} if logprobs is not None else None}
+def _chunk(
+    shape: _Shape,
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    logprobs: list[TokenLogprob] | None = None,
+) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "delta": delta,
+        "finish_reason": finish_reason,
+        "logprobs": {"content": [_logprob_json(lp) for lp in logprobs]} if logprobs is not None else None,
+    }
     return {**shape.envelope("chat.completion.chunk"), "choices": [choice]}
 
 
@@ -210,7 +256,9 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
     final.update(timings=timings_json(result), **shape.extras(result))
     yield sse_frame(final)
     if usage:
-        yield sse_frame({**shape.envelope("chat.completion.chunk"), "choices": [], "usage": usage_json(result.usage)})
+        yield sse_frame(
+            {**shape.envelope("chat.completion.chunk"), "choices": [], "usage": usage_json(result.usage)}
+        )
     yield sse_frame("[DONE]")
 
 
@@ -219,9 +267,13 @@ async def chat_completions(data: ChatCompletionRequest, router: ModelRouter, req
     model = router.resolve(data.model)
     want_logprobs = bool(data.logprobs) or bool(data.top_logprobs)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
-    params = generation_params(data, max_tokens=max_tokens, logprobs=want_logprobs,
-                               top_logprobs=data.top_logprobs or 0,
-                               split_reasoning=data.reasoning_format != "none")
+    params = generation_params(
+        data,
+        max_tokens=max_tokens,
+        logprobs=want_logprobs,
+        top_logprobs=data.top_logprobs or 0,
+        split_reasoning=data.reasoning_format != "none",
+    )
     chat = _chat_prompt(data)
     output_format = chat_response_format(data.response_format)
     if output_format is not None:
@@ -230,8 +282,9 @@ async def chat_completions(data: ChatCompletionRequest, router: ModelRouter, req
     generation = await start_generation(model, prompt, params, tools=chat.tools)
     shape = _Shape(data, model.model_id)
     if data.stream:
-        return sse_response(_chunks(shape, generation, want_logprobs, include_usage(data)),
-                            on_error=stream_error_frame)
+        return sse_response(
+            _chunks(shape, generation, want_logprobs, include_usage(data)), on_error=stream_error_frame
+        )
     return completion_json(shape, await run_while_connected(request, generation), want_logprobs)
 
 

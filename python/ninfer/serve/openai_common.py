@@ -47,8 +47,11 @@ MAX_STOP_STRINGS = 16
 
 def refuse_n(n: int | None) -> None:
     if n is not None and n > 1:
-        raise InvalidRequestError(f"n = {n}: this server generates one choice per request; send n = 1 and "
-                                  "make parallel requests instead", param="n")
+        raise InvalidRequestError(
+            f"n = {n}: this server generates one choice per request; send n = 1 and "
+            "make parallel requests instead",
+            param="n",
+        )
 
 
 def stop_strings(stop: str | list[str] | None) -> list[str]:
@@ -58,16 +61,32 @@ def stop_strings(stop: str | list[str] | None) -> list[str]:
     return [s for s in stops if s]
 
 
-def generation_params(body: SamplingFields, *, max_tokens: int | None, logprobs: bool = False,
-                      top_logprobs: int = 0, split_reasoning: bool = True) -> GenerationParams:
+def generation_params(
+    body: SamplingFields,
+    *,
+    max_tokens: int | None,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    split_reasoning: bool = True,
+) -> GenerationParams:
     refuse_n(body.n)
     return GenerationParams(
         max_tokens=None if max_tokens is None or max_tokens < 0 else max_tokens,
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p,
-        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty,
-        seed=body.seed, stop=stop_strings(body.stop), logprobs=logprobs, top_logprobs=top_logprobs,
-        split_reasoning=split_reasoning)
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty
+        if body.repetition_penalty is not None
+        else body.repeat_penalty,
+        seed=body.seed,
+        stop=stop_strings(body.stop),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        split_reasoning=split_reasoning,
+    )
 
 
 def include_usage(body: SamplingFields) -> bool:

@@ -65,8 +65,9 @@ def _prompt(body: CompletionRequest) -> TextPrompt:
         return TextPrompt(text=prompt[0])
     if len(prompt) == 1 and isinstance(prompt[0], list) and prompt[0]:
         return TextPrompt(token_ids=prompt[0])
-    raise InvalidRequestError("send exactly one non-empty prompt per request (a string or a list of token ids)",
-                              param="prompt")
+    raise InvalidRequestError(
+        "send exactly one non-empty prompt per request (a string or a list of token ids)", param="prompt"
+    )
 
 
 def _refuse_unsupported(body: CompletionRequest) -> None:
@@ -83,8 +84,12 @@ def _logprobs_json(logprobs: list[TokenLogprob], offset: int) -> dict[str, Any]:
     for lp in logprobs:
         text_offset.append(position)
         position += len(lp.token)
-    return {"tokens": [lp.token for lp in logprobs], "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{t: v for t, v, _ in lp.top} for lp in logprobs], "text_offset": text_offset}
+    return {
+        "tokens": [lp.token for lp in logprobs],
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{t: v for t, v, _ in lp.top} for lp in logprobs],
+        "text_offset": text_offset,
+    }
 
 
 class _Shape:
@@ -94,16 +99,24 @@ class _Shape:
         self.model = model_id
 
     def object(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": "ninfer", "choices": choices, **extra}
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "ninfer",
+            "choices": choices,
+            **extra,
+        }
 
 
 def _choice(text: str, finish_reason: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
     return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
-async def _chunks(shape: _Shape, generation: Generation, echo: str, logprobs: bool,
-                  usage: bool) -> AsyncIterator[bytes]:
+async def _chunks(
+    shape: _Shape, generation: Generation, echo: str, logprobs: bool, usage: bool
+) -> AsyncIterator[bytes]:
     offset = len(echo)
     if echo:
         yield sse_frame(shape.object([_choice(echo, None, None)]))
@@ -122,8 +135,11 @@ async def _chunks(shape: _Shape, generation: Generation, echo: str, logprobs: bo
 
 def completion_json(shape: _Shape, result: GenerationResult, echo: str, logprobs: bool) -> dict[str, Any]:
     lps = _logprobs_json(result.logprobs, len(echo)) if logprobs else None
-    return shape.object([_choice(echo + result.content, result.finish_reason, lps)],
-                        usage=usage_json(result.usage), timings=timings_json(result))
+    return shape.object(
+        [_choice(echo + result.content, result.finish_reason, lps)],
+        usage=usage_json(result.usage),
+        timings=timings_json(result),
+    )
 
 
 @post(["/v1/completions", "/completions"], status_code=200, summary="OpenAI Completions")
@@ -131,8 +147,9 @@ async def completions(data: CompletionRequest, router: ModelRouter, request: Req
     _refuse_unsupported(data)
     model = router.resolve(data.model)
     want_logprobs = data.logprobs is not None
-    params = generation_params(data, max_tokens=data.max_tokens, logprobs=want_logprobs,
-                               top_logprobs=data.logprobs or 0)
+    params = generation_params(
+        data, max_tokens=data.max_tokens, logprobs=want_logprobs, top_logprobs=data.logprobs or 0
+    )
     prompt = prepare_prompt(model, _prompt(data))
     generation = await start_generation(model, prompt, params)
     echo = ""
@@ -140,8 +157,9 @@ async def completions(data: CompletionRequest, router: ModelRouter, request: Req
         echo = prompt.text if prompt.text is not None else model.engine.frontend.decode(prompt.token_ids)
     shape = _Shape(model.model_id)
     if data.stream:
-        return sse_response(_chunks(shape, generation, echo, want_logprobs, include_usage(data)),
-                            on_error=stream_error_frame)
+        return sse_response(
+            _chunks(shape, generation, echo, want_logprobs, include_usage(data)), on_error=stream_error_frame
+        )
     return completion_json(shape, await run_while_connected(request, generation), echo, want_logprobs)
 
 

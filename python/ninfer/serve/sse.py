@@ -33,8 +33,9 @@ def sse_frame(data: Any, event: str | None = None) -> bytes:
     return f"{head}data: {payload}\n\n".encode()
 
 
-async def _with_pings(frames: AsyncIterator[bytes], interval_s: float,
-                      on_error: Callable[[NinferError], bytes] | None) -> AsyncIterator[bytes]:
+async def _with_pings(
+    frames: AsyncIterator[bytes], interval_s: float, on_error: Callable[[NinferError], bytes] | None
+) -> AsyncIterator[bytes]:
     pending: asyncio.Task[bytes] | None = None
     try:
         while True:
@@ -82,8 +83,15 @@ class SSEStream(Stream):
         return response
 
 
-def sse_response(frames: AsyncIterator[bytes], *, ping_interval_s: float = PING_INTERVAL_S,
-                 on_error: Callable[[NinferError], bytes] | None = None,
-                 headers: dict[str, str] | None = None) -> SSEStream:
-    return SSEStream(_with_pings(frames, ping_interval_s, on_error), media_type="text/event-stream",
-                     headers={**SSE_HEADERS, **(headers or {})})
+def sse_response(
+    frames: AsyncIterator[bytes],
+    *,
+    ping_interval_s: float = PING_INTERVAL_S,
+    on_error: Callable[[NinferError], bytes] | None = None,
+    headers: dict[str, str] | None = None,
+) -> SSEStream:
+    return SSEStream(
+        _with_pings(frames, ping_interval_s, on_error),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, **(headers or {})},
+    )
