@@ -63,7 +63,8 @@ ModelConfig ModelConfig::from_json(const json::Value& c, const std::string& sour
     m.rope = parse_rope(c["rope"], m.head_dim, source);
 
     if (c.contains("layer_types") && !c["layer_types"].is_null()) {
-      for (const auto& t : c["layer_types"].as_array()) m.layer_types.push_back(parse_layer_kind(t.as_string(), source));
+      for (const auto& t : c["layer_types"].as_array())
+        m.layer_types.push_back(parse_layer_kind(t.as_string(), source));
     } else {
       m.layer_types.assign(size_t(m.num_layers), LayerKind::FullAttention);
     }
@@ -79,7 +80,8 @@ ModelConfig ModelConfig::from_json(const json::Value& c, const std::string& sour
       la.key_head_dim = positive_int(l, "key_head_dim", source);
       la.value_head_dim = positive_int(l, "value_head_dim", source);
       la.conv_kernel = positive_int(l, "conv_kernel", source);
-      if (la.num_value_heads % la.num_key_heads != 0) fail(source, "linear_attention.num_value_heads must be a multiple of num_key_heads");
+      if (la.num_value_heads % la.num_key_heads != 0)
+        fail(source, "linear_attention.num_value_heads must be a multiple of num_key_heads");
       m.linear_attention = la;
     }
     if (c.contains("moe") && !c["moe"].is_null()) {
@@ -95,7 +97,8 @@ ModelConfig ModelConfig::from_json(const json::Value& c, const std::string& sour
     if (c.contains("mtp") && !c["mtp"].is_null()) m.mtp_layers = int32_t(c["mtp"].int_or("num_layers", 0));
     if (c.contains("eos_token_ids") && !c["eos_token_ids"].is_null())
       for (const auto& t : c["eos_token_ids"].as_array()) m.eos_token_ids.push_back(int32_t(t.as_int()));
-    if (c.contains("bos_token_id") && !c["bos_token_id"].is_null()) m.bos_token_id = int32_t(c["bos_token_id"].as_int());
+    if (c.contains("bos_token_id") && !c["bos_token_id"].is_null())
+      m.bos_token_id = int32_t(c["bos_token_id"].as_int());
   } catch (const json::TypeError& e) {
     fail(source, e.what());
   }
@@ -103,7 +106,8 @@ ModelConfig ModelConfig::from_json(const json::Value& c, const std::string& sour
   if (m.num_heads % m.num_kv_heads != 0) fail(source, "num_heads must be a multiple of num_kv_heads");
   const bool has_linear = std::find(m.layer_types.begin(), m.layer_types.end(), LayerKind::LinearAttention) !=
                           m.layer_types.end();
-  if (has_linear && !m.linear_attention) fail(source, "layer_types has linear_attention layers but linear_attention is null");
+  if (has_linear && !m.linear_attention)
+    fail(source, "layer_types has linear_attention layers but linear_attention is null");
   if (!m.moe && m.intermediate_size <= 0) fail(source, "intermediate_size must be positive for a dense model");
   if (m.mtp_layers < 0) fail(source, "mtp.num_layers must not be negative");
   return m;

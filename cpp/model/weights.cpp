@@ -73,7 +73,8 @@ class Loader {
     w.experts_down = matrix(p + "experts_down", {e, h, i});
     if (m.shared_intermediate_size > 0) {
       const int64_t s = m.shared_intermediate_size;
-      w.shared = {matrix(p + "shared_gate", {s, h}), matrix(p + "shared_up", {s, h}), matrix(p + "shared_down", {h, s})};
+      w.shared = {matrix(p + "shared_gate", {s, h}), matrix(p + "shared_up", {s, h}),
+                  matrix(p + "shared_down", {h, s})};
       w.shared_expert_gate = matrix(p + "shared_expert_gate", {1, h});
     }
     return w;
