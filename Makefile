@@ -11,9 +11,9 @@ PYTEST_ARGS ?=
 
 # Debian packages the tests use (Nix evaluation and systemd-analyze for the packaging tests). Installed when
 # missing and we are root with apt-get; otherwise those tests skip and name the missing package.
-SYSTEM_PACKAGES := nix-bin systemd
+SYSTEM_PACKAGES := nix-bin systemd chromium
 
-.PHONY: all venv build system-deps test serve bench gpu-test clean
+.PHONY: all venv build system-deps webui test serve bench gpu-test clean
 
 all: build
 
@@ -37,7 +37,12 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "note: not root or no apt-get; tests needing$$missing will skip"; fi
 
-test: build system-deps
+# The pinned llama-ui bundle (webui/pin.json: the llama-cpp-python sdist, sha256-checked, npm ci && npm run build),
+# built once per pin into the user cache where `ninfer-serve --webui` finds it; the browser tests use it.
+webui: venv
+	$(PY) webui/build_llama_ui.py
+
+test: build system-deps webui
 	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
 
 gpu-test: build

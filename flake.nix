@@ -75,6 +75,8 @@
           ninfer = pkgs.ninfer;
           # No CUDA (and nothing unfree): for machines without an NVIDIA GPU.
           ninfer-cpu = pkgs.ninfer.override { cudaSupport = false; };
+          # The pinned llama-ui bundle (webui/pin.json), for `ninfer-serve --webui-dir`.
+          webui = pkgs.callPackage ./nix/webui.nix { };
         }
       );
 

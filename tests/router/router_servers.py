@@ -1,4 +1,4 @@
-"""Live router servers for the router and web UI tests: the real app (ninfer.serve.app) over a ModelRouter whose
+"""Live router servers for the router and web UI tests (helpers; the fixtures are in conftest.py): the real app (ninfer.serve.app) over a ModelRouter whose
 models are tiny random checkpoints converted to real `.ninfer` artifacts (CPU engine), run by uvicorn on a loopback
 port in a background thread. Each test gets a fresh server (`router_server(config)`), since the tests change which
 model is resident.
@@ -10,7 +10,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,18 +73,7 @@ def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: 
         thread.join(timeout=30)
 
 
-@pytest.fixture(scope="session")
-def model_a(pytestconfig, tiny_qwen3_5) -> Path:
-    """The tiny random Qwen3.5 artifact (real tokenizer and chat template; thinking on)."""
-    return artifact_for(pytestconfig, tiny_qwen3_5)
-
-
-@pytest.fixture(scope="session")
-def model_b(pytestconfig, tiny_qwen3) -> Path:
-    """The tiny random Qwen3 artifact: another architecture, same tokenizer."""
-    return artifact_for(pytestconfig, tiny_qwen3)
-
-
-@pytest.fixture
-def router_server() -> Callable[..., contextlib.AbstractContextManager[RouterServer]]:
-    return serve_router
+def two_models(path: Path, **settings: Any) -> dict[str, Any]:
+    return {"models": {"alpha": {"path": str(path), "max_context": 1024, "aliases": ["a"]},
+                       "beta": {"path": str(path), "max_context": 512, "max_concurrency": 1}},
+            **settings}

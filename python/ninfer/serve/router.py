@@ -9,7 +9,7 @@
     router.close()
 
 Lifecycle of a swap (A resident, a request for B arrives): B's ticket waits in FIFO order; new requests for A that
-arrive after it wait too, so B cannot starve. Once A's in-flight requests finish (a request pins its model for as long
+arrive after it wait too, so B cannot starve, and every request that waited for B's load is admitted with it. Once A's in-flight requests finish (a request pins its model for as long
 as its response streams), A is closed (`Engine.close` frees all its memory) and B is opened in a worker thread, gated
 on readiness under `health_check_timeout`. A load that fails marks B `failed` with the reason; the requests that
 waited for it get a 503 naming it, the server keeps running, and a later request retries. Requests wait at most
@@ -314,6 +314,7 @@ class _Ticket:
 
     entry: ModelEntry | None
     failure: str | None = None
+    batched: bool = False  # waited through the load of its model: admitted with that load's whole batch
 
 
 @dataclass(frozen=True)
@@ -533,6 +534,8 @@ class ModelRouter(state.ModelRouter):
             return self._resident is None
         if self._resident is not ticket.entry or ticket.entry.status != LOADED:
             return False
+        if ticket.batched:
+            return True
         for other in self._tickets:
             if other is ticket:
                 return True
@@ -608,6 +611,9 @@ class ModelRouter(state.ModelRouter):
                 target.last_used = self._clock()
                 self._resident = target
                 self._set_status(target, LOADED)
+                # Everyone who waited for this load goes in together: one swap per batch, not per request.
+                for ticket in self._tickets:
+                    ticket.batched = ticket.batched or ticket.entry is target
             else:
                 log.error("model %s failed to load: %s", target.name, failure)
                 self._set_status(target, FAILED, failure)

@@ -1,0 +1,237 @@
+"""Router lifecycle against real CPU engines (SmolLM2 under two names): lazy load, swap frees the previous engine,
+TTL unload, in-flight pinning, concurrent requests for two models, load failure, SSE event order, config errors."""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from ninfer.engine import EngineOptions
+from ninfer.serve.router import RouterConfigError, TrackedEngine, parse_config
+
+from router_servers import serve_router, two_models
+
+
+def chat(client: httpx.Client, model: str, max_tokens: int = 4, **extra) -> httpx.Response:
+    return client.post("/v1/chat/completions", json={"model": model, "max_tokens": max_tokens, "temperature": 0,
+                                                     "messages": [{"role": "user", "content": "Say hello."}],
+                                                     **extra})
+
+
+def statuses(client: httpx.Client) -> dict[str, str]:
+    return {row["id"]: row["status"]["value"] for row in client.get("/v1/models").json()["data"]}
+
+
+def engine_of(server, name: str):
+    served = next(e.served for e in server.router.entries if e.name == name)
+    assert isinstance(served.engine, TrackedEngine)
+    return served.engine.wrapped
+
+
+def wait_until(predicate, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_lazy_load_then_swap_frees_the_previous_engine(smollm2: Path) -> None:
+    with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        assert statuses(client) == {"alpha": "unloaded", "beta": "unloaded"}
+        assert server.router.models == []  # nothing loaded, no warm-up
+
+        first = chat(client, "a")  # an alias
+        assert first.status_code == 200, first.text
+        assert first.json()["model"] == "alpha"
+        assert statuses(client) == {"alpha": "loaded", "beta": "unloaded"}
+        alpha = weakref.ref(engine_of(server, "alpha"))
+
+        second = chat(client, "beta")
+        assert second.status_code == 200, second.text
+        assert second.json()["model"] == "beta"
+        assert statuses(client) == {"alpha": "unloaded", "beta": "loaded"}
+        gc.collect()
+        assert alpha() is None, "the swapped-out engine is still referenced"
+        assert [m.model_id for m in server.router.models] == ["beta"]
+        assert engine_of(server, "beta").info.max_context == 512  # the per-model preset
+
+
+def test_ttl_unloads_an_idle_model(smollm2: Path) -> None:
+    config = two_models(smollm2)
+    config["models"]["beta"]["ttl"] = 1
+    with serve_router(config) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        assert chat(client, "beta").status_code == 200
+        assert statuses(client)["beta"] == "loaded"
+        assert wait_until(lambda: statuses(client)["beta"] == "unloaded", 4.0)
+        assert server.router.models == []
+
+
+def test_global_ttl_does_not_unload_a_model_in_flight(smollm2: Path) -> None:
+    with serve_router(two_models(smollm2, ttl=1)) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        with client.stream("POST", "/v1/chat/completions", json={
+                "model": "alpha", "max_tokens": 160, "temperature": 0, "stream": True,
+                "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}]}) as stream:
+            started = time.monotonic()
+            frames = [line for line in stream.iter_lines() if line.startswith("data: ")]
+            took = time.monotonic() - started
+        assert frames[-1] == "data: [DONE]", frames[-3:]
+        assert json.loads(frames[-2][6:])["choices"][0]["finish_reason"] in ("length", "stop")
+        assert took > 1.2, "the generation must outlast the TTL for this test to mean anything"
+        assert wait_until(lambda: statuses(client)["alpha"] == "unloaded", 4.0)
+
+
+def test_in_flight_request_pins_its_model(smollm2: Path) -> None:
+    with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        assert chat(client, "alpha").status_code == 200
+        events: list[tuple[str, float]] = []
+        streaming = threading.Event()
+
+        def long_alpha() -> str:
+            with client.stream("POST", "/v1/chat/completions", json={
+                    "model": "alpha", "max_tokens": 120, "temperature": 0, "stream": True,
+                    "messages": [{"role": "user", "content": "Count from one to one hundred."}]}) as stream:
+                frames = []
+                for line in stream.iter_lines():
+                    if line.startswith("data: "):
+                        frames.append(line)
+                        streaming.set()
+            events.append(("alpha-done", time.monotonic()))
+            return json.loads(frames[-2][6:])["choices"][0]["finish_reason"]
+
+        with ThreadPoolExecutor(2) as pool:
+            alpha = pool.submit(long_alpha)
+            assert streaming.wait(60)
+            beta = pool.submit(lambda: (chat(client, "beta"), events.append(("beta-done", time.monotonic())))[0])
+            assert alpha.result() in ("length", "stop")  # never "cancelled": the swap waited for it
+            assert beta.result().status_code == 200
+        assert [name for name, _ in events] == ["alpha-done", "beta-done"]
+        assert statuses(client) == {"alpha": "unloaded", "beta": "loaded"}
+
+
+def test_concurrent_requests_for_two_models_all_succeed(smollm2: Path) -> None:
+    with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=180) as client:
+        names = ["alpha", "beta", "alpha", "beta", "alpha", "beta"]
+        with ThreadPoolExecutor(len(names)) as pool:
+            responses = list(pool.map(lambda n: chat(client, n), names))
+        assert [r.status_code for r in responses] == [200] * len(names), [r.text for r in responses]
+        assert [r.json()["model"] for r in responses] == names
+        assert sum(1 for s in statuses(client).values() if s == "loaded") == 1
+
+
+def test_load_failure_is_reported_and_the_server_keeps_serving(smollm2: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.ninfer"
+    broken.write_bytes(b"NINFER" + bytes(range(256)) * 64)  # not an artifact
+    config = two_models(smollm2)
+    config["models"]["broken"] = {"path": str(broken)}
+    with serve_router(config) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        failed = chat(client, "broken")
+        assert failed.status_code == 503
+        message = failed.json()["error"]["message"]
+        assert "broken" in message and "failed to load" in message
+        row = next(r for r in client.get("/v1/models").json()["data"] if r["id"] == "broken")
+        assert row["status"]["value"] == "failed" and row["status"]["message"]
+        assert chat(client, "alpha").status_code == 200  # still serving
+        assert client.get("/health").status_code == 200
+        errors = client.get("/dashboard/state").json()["errors"]
+        assert errors and errors[-1]["model"] == "broken"
+
+
+def test_unknown_model_is_a_404_naming_the_known_ones(smollm2: Path) -> None:
+    with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        response = chat(client, "gamma")
+        assert response.status_code == 404
+        assert "gamma" in response.json()["error"]["message"] and "alpha, beta" in response.json()["error"]["message"]
+
+
+def _sse_events(client: httpx.Client, out: list[dict], ready: threading.Event, stop: threading.Event) -> None:
+    with client.stream("GET", "/models/sse") as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+                if len(out) >= 2:
+                    ready.set()
+            if stop.is_set():
+                return
+
+
+def test_sse_reports_load_swap_and_unload_in_order(smollm2: Path) -> None:
+    with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        events: list[dict] = []
+        ready, stop = threading.Event(), threading.Event()
+        reader = threading.Thread(target=_sse_events, args=(httpx.Client(base_url=server.url, timeout=60),
+                                                            events, ready, stop), daemon=True)
+        reader.start()
+        assert ready.wait(10)  # the snapshot of both models
+        assert client.post("/models/load", json={"model": "alpha"}).json() == {"success": True}  # returns at once
+        assert wait_until(lambda: statuses(client)["alpha"] == "loaded", 60)
+        assert chat(client, "beta").status_code == 200
+        assert client.post("/models/unload", json={"model": "beta"}).json() == {"success": True}
+        assert wait_until(lambda: statuses(client)["beta"] == "unloaded", 30)
+        assert wait_until(lambda: len(events) >= 8, 5)
+        stop.set()
+        seen = [(e["model"], e["data"]["status"]) for e in events]
+        assert all(e["event"] == "model_status" for e in events)
+        assert seen[:2] == [("alpha", "unloaded"), ("beta", "unloaded")]
+        assert seen[2:8] == [("alpha", "loading"), ("alpha", "loaded"), ("alpha", "unloaded"),
+                             ("beta", "loading"), ("beta", "loaded"), ("beta", "unloaded")]
+        loading = events[2]["data"]["progress"]
+        assert loading["stages"][0] == "text_model" and loading["value"] == 0.0
+
+
+def test_management_routes_shapes(smollm2: Path) -> None:
+    with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        props = client.get("/props").json()
+        assert props["role"] == "router"
+        assert client.get("/running").json() == {"running": []}
+        assert chat(client, "alpha").status_code == 200
+        model_props = client.get("/props", params={"model": "alpha"}).json()
+        assert model_props["role"] == "model" and model_props["default_generation_settings"]["n_ctx"] == 1024
+        assert model_props["total_slots"] == 2
+        slots = client.get("/slots", params={"model": "alpha"}).json()
+        assert [s["id"] for s in slots] == [0, 1] and not any(s["is_processing"] for s in slots)
+        running = client.get("/running").json()["running"]
+        assert [(r["model"], r["state"]) for r in running] == [("alpha", "ready")]
+        assert client.get("/unload").text == "OK"
+        assert wait_until(lambda: statuses(client)["alpha"] == "unloaded", 30)
+        assert client.get("/tools").json() == []
+        refused = client.post("/tools", json={"tool": "read_file", "params": {}})
+        assert refused.status_code == 404 and "read_file" in refused.json()["error"]["message"]
+        not_loaded = client.post("/models/unload", json={"model": "beta"})
+        assert not_loaded.status_code == 400 and "not loaded" in not_loaded.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({}, "'models' must be a non-empty object"),
+    ({"models": {"m": {}}}, "models.m.path must be the path"),
+    ({"models": {"m": {"path": "x", "colour": 1}}}, "unknown key(s) colour"),
+    ({"models": {"m": {"path": "x", "max_concurrency": 9}}}, "max_concurrency must be in 1..8"),
+    ({"models": {"m": {"path": "x", "ttl": "soon"}}}, "models.m.ttl must be a number"),
+    ({"models": {"m": {"path": "x", "spec": "mtp"}}}, "speculative decoding is not implemented yet"),
+    ({"models": {"m": {"path": "x", "aliases": ["n"]}, "n": {"path": "y"}}}, "'n' of model 'n' is already used"),
+    ({"models": {"m": {"path": "x"}}, "globalTTL": 5}, "unknown top-level key(s) globalTTL"),
+    ({"models": {"m": {"path": "x", "prefill_chunk": 100}}}, "prefill_chunk must be a positive multiple of 64"),
+])
+def test_config_errors_name_the_key(config: dict, message: str) -> None:
+    with pytest.raises(RouterConfigError) as info:
+        parse_config(config, defaults=EngineOptions(), source="cfg.json")
+    assert message in str(info.value)
+    assert str(info.value).startswith("cfg.json")
+
+
+def test_config_accepts_the_nix_module_shape(tmp_path: Path) -> None:
+    # nix/module.nix writes {"models": {name: {"path": ..., <engine keys>}}, <settings>}
+    config = parse_config({"models": {"qwen27b": {"path": "/m/27b.ninfer", "max_context": 65536, "kv_dtype": "fp8"},
+                                      "qwen9b": {"path": "rel/9b.ninfer"}}, "ttl": 900},
+                          defaults=EngineOptions(max_concurrency=4), base=tmp_path)
+    big, small = config.models
+    assert (big.options.max_context, big.options.kv_dtype, big.options.max_concurrency) == (65536, "fp8", 4)
+    assert small.path == tmp_path / "rel/9b.ninfer" and config.ttl_s == 900
