@@ -2,6 +2,12 @@
 // (host pointers for the CPU backend; device pointers, a stream and graph capture for the CUDA backend).
 // Every op works on a batch of rows at once; per-sequence structure arrives as a SequenceRows table, so no op
 // needs host-side logic per token.
+//
+// Pointers: activations (x, y, out, q, k, v, g, beta, logits, ids, weights of moe_*) and pools live in the
+// backend's memory(). Host-side tables are always host memory: token ids, positions, row indices, SequenceRows
+// (and its pages), RopeSpec::inv_freq. Model weights (TensorViews and the small f32 vectors: norms, biases, conv
+// taps, gates) may be given as host pointers that stay valid and unchanged for the backend's life; a backend
+// with its own memory copies each once (in its stored encoding) and reuses the copy.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +15,7 @@
 #include <span>
 
 #include "artifact/artifact.h"
+#include "backend/memory.h"
 #include "model/config.h"
 
 namespace ninfer {
@@ -51,6 +58,9 @@ class Backend {
   // Called by the model on the thread that runs a pass, before any op (the CPU backend sets its OpenMP threads
   // there, since OpenMP's thread count is a per-thread setting).
   virtual void bind_calling_thread() = 0;
+
+  // The memory the ops read and write (see the pointer rules above); host memory unless overridden.
+  virtual MemoryResource& memory() { return host_memory(); }
 
   // --- matrices: `w` in its stored encoding (never expanded) ---
   // y[r] = W x[r] (+ bias) for every row.

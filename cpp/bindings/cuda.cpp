@@ -1,5 +1,6 @@
 // `_engine.cuda`: the CUDA kernels exposed for their parity tests (against the CPU twins) and the kernel
 // benchmarks. `built` says whether this extension has the CUDA backend; device_count() whether a GPU is usable.
+#include "bindings/backend_ops.h"
 #include "bindings/bindings.h"
 
 #ifdef NINFER_HAVE_CUDA
@@ -193,6 +194,7 @@ std::string device_name() {
 
 void bind_cuda(nb::module_& m) {
   nb::module_ sub = m.def_submodule("cuda", "CUDA kernels, exposed for parity tests and benchmarks");
+  bind_backend_ops(sub);
 #ifdef NINFER_HAVE_CUDA
   sub.attr("built") = true;
   sub.def("device_count", &device_count, "Usable CUDA devices (0 without a driver or GPU).");

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "bindings/array_out.h"
+#include "bindings/backend_ops.h"
 #include "bindings/bindings.h"
 #include "model/model.h"
 
@@ -59,7 +60,8 @@ class PyModel {
   explicit PyModel(std::shared_ptr<ModelState> s) : s_(std::move(s)) {}
 
   static PyModel open(const std::string& path, int64_t max_context, int64_t kv_capacity, int32_t max_sequences,
-                      const std::string& kv_dtype, int32_t threads, int32_t gdn_chunk, bool verify_checksums) {
+                      const std::string& kv_dtype, int32_t threads, int32_t gdn_chunk, bool verify_checksums,
+                      const std::string& backend) {
     ModelOptions o;
     o.max_context = max_context;
     o.kv_capacity = kv_capacity;
@@ -72,7 +74,7 @@ class PyModel {
     {
       nb::gil_scoped_release release;
       state->artifact = Artifact::open(path, verify_checksums);
-      state->model = Model::load(state->artifact, o);
+      state->model = Model::load(state->artifact, o, make_backend_named(backend, threads));
     }
     return PyModel(state);
   }
@@ -233,7 +235,8 @@ void bind_model(nb::module_& m) {
   nb::class_<PyModel>(m, "Model", "The CPU model of an artifact with its KV pool and GDN state slots.")
       .def_static("open", &PyModel::open, nb::arg("path"), nb::arg("max_context") = 4096,
                   nb::arg("kv_capacity") = 0, nb::arg("max_sequences") = 1, nb::arg("kv_dtype") = "bf16",
-                  nb::arg("threads") = 0, nb::arg("gdn_chunk") = 64, nb::arg("verify_checksums") = true)
+                  nb::arg("threads") = 0, nb::arg("gdn_chunk") = 64, nb::arg("verify_checksums") = true,
+                  nb::arg("backend") = "cpu")
       .def_prop_ro("config", &PyModel::config, "The manifest's model config as a dict.")
       .def_prop_ro("has_mtp", &PyModel::has_mtp)
       .def("new_sequence", &PyModel::new_sequence, nb::rv_policy::take_ownership)

@@ -18,20 +18,23 @@ int64_t pages_for(int64_t tokens) { return (tokens + kKvPageTokens - 1) / kKvPag
 
 class DecoderModel final : public Model {
  public:
-  DecoderModel(std::shared_ptr<const Artifact> artifact, const ModelOptions& options)
+  DecoderModel(std::shared_ptr<const Artifact> artifact, const ModelOptions& options, std::unique_ptr<Backend> backend)
       : artifact_(std::move(artifact)), options_(options),
         config_(ModelConfig::from_json(artifact_->config(), artifact_->path())),
-        weights_(load_weights(*artifact_, config_)), backend_(make_cpu_backend(options.threads)) {
+        weights_(load_weights(*artifact_, config_)),
+        backend_(backend ? std::move(backend) : make_cpu_backend(options.threads)), scratch_(backend_->memory()) {
     check_options();
     if (options_.kv_capacity == 0) options_.kv_capacity = options_.max_context * options_.max_sequences;
     const int32_t kv_layers = config_.num_full_attention_layers() + (weights_.mtp ? 1 : 0);
     kv_ = std::make_unique<KvPool>(kv_layers, config_.num_kv_heads, config_.head_dim,
-                                   pages_for(options_.kv_capacity), options_.kv_dtype);
+                                   pages_for(options_.kv_capacity), options_.kv_dtype, backend_->memory());
     if (const auto& l = config_.linear_attention; l && config_.num_linear_attention_layers() > 0) {
-      const int64_t channels = 2LL * l->num_key_heads * l->key_head_dim + int64_t(l->num_value_heads) * l->value_head_dim;
+      const int64_t channels =
+          2LL * l->num_key_heads * l->key_head_dim + int64_t(l->num_value_heads) * l->value_head_dim;
       states_ = std::make_unique<StatePool>(options_.max_sequences, config_.num_linear_attention_layers(),
                                             channels * (l->conv_kernel - 1),
-                                            int64_t(l->num_value_heads) * l->key_head_dim * l->value_head_dim);
+                                            int64_t(l->num_value_heads) * l->key_head_dim * l->value_head_dim,
+                                            backend_->memory());
     }
     inv_freq_ = rope_inverse_frequencies(config_.rope);
     rope_ = RopeSpec{config_.rope.pairing, config_.rope.rotary_dim, inv_freq_.data()};
@@ -96,10 +99,14 @@ class DecoderModel final : public Model {
 
     out.hidden.resize(size_t(out_rows * h));
     out.logits.resize(size_t(out_rows * config_.vocab_size));
-    backend_->gather_rows(hidden, h, out_index, out_rows, out.hidden.data());
-    backend_->rmsnorm(out.hidden.data(), out_rows, h, h, weights_.final_norm.data(), pass.norm_kind(), pass.eps(),
-                      out.hidden.data(), h);
-    backend_->linear(out.hidden.data(), out_rows, *weights_.lm_head, out.logits.data());
+    float* final_hidden = output_buffer(out.hidden, Buf::OutRows);
+    float* logits = output_buffer(out.logits, Buf::Logits);
+    backend_->gather_rows(hidden, h, out_index, out_rows, final_hidden);
+    backend_->rmsnorm(final_hidden, out_rows, h, h, weights_.final_norm.data(), pass.norm_kind(), pass.eps(),
+                      final_hidden, h);
+    backend_->linear(final_hidden, out_rows, *weights_.lm_head, logits);
+    copy_output(out.hidden, final_hidden);
+    copy_output(out.logits, logits);
     for (const ForwardItem& item : batch) item.cache->length += item.n_tokens;
   }
 
@@ -126,7 +133,13 @@ class DecoderModel final : public Model {
     float* u = scratch_.get(Buf::Hidden, n * h);
     backend_->embed(next_tokens, n, *weights_.embed, embedded);
     backend_->rmsnorm(embedded, n, h, h, m.pre_fc_norm_embedding.data(), kind, eps, concat, 2 * h);
-    backend_->rmsnorm(hidden, n, h, h, m.pre_fc_norm_hidden.data(), kind, eps, concat + h, 2 * h);
+    const float* hidden_rows = hidden;
+    if (!backend_->memory().host_accessible()) {
+      float* staged = scratch_.get(Buf::MtpHidden, n * h);
+      backend_->memory().from_host(staged, hidden, size_t(n * h) * sizeof(float));
+      hidden_rows = staged;
+    }
+    backend_->rmsnorm(hidden_rows, n, h, h, m.pre_fc_norm_hidden.data(), kind, eps, concat + h, 2 * h);
     backend_->linear(concat, n, *m.fc, u);
 
     int64_t* positions = scratch_.positions(n);
@@ -139,7 +152,9 @@ class DecoderModel final : public Model {
     float* normed = scratch_.get(Buf::OutRows, n * h);
     backend_->rmsnorm(u, n, h, h, m.norm.data(), kind, eps, normed, h);
     logits.resize(size_t(n * config_.vocab_size));
-    backend_->linear(normed, n, *weights_.lm_head, logits.data());
+    float* out = output_buffer(logits, Buf::Logits);
+    backend_->linear(normed, n, *weights_.lm_head, out);
+    copy_output(logits, out);
   }
 
  private:
@@ -151,6 +166,15 @@ class DecoderModel final : public Model {
     if (o.kv_capacity < 0) throw EngineError("kv_capacity must not be negative");
     if (o.threads < 0) throw EngineError("threads must be >= 0 (0: all cores)");
     if (o.gdn_chunk <= 0) throw EngineError("gdn_chunk must be positive, got " + std::to_string(o.gdn_chunk));
+  }
+
+  // Where an op writes a host-side output: the vector itself when the backend works in host memory, else a
+  // scratch buffer that copy_output brings back.
+  float* output_buffer(std::vector<float>& host, Buf staging) {
+    return backend_->memory().host_accessible() ? host.data() : scratch_.get(staging, int64_t(host.size()));
+  }
+  void copy_output(std::vector<float>& host, const float* written) {
+    if (written != host.data()) backend_->memory().to_host(host.data(), written, host.size() * sizeof(float));
   }
 
   void check_tokens(const int32_t* tokens, int64_t n) const {
@@ -192,8 +216,9 @@ class DecoderModel final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(std::shared_ptr<const Artifact> artifact, const ModelOptions& options) {
-  return std::make_unique<DecoderModel>(std::move(artifact), options);
+std::unique_ptr<Model> Model::load(std::shared_ptr<const Artifact> artifact, const ModelOptions& options,
+                                   std::unique_ptr<Backend> backend) {
+  return std::make_unique<DecoderModel>(std::move(artifact), options, std::move(backend));
 }
 
 }  // namespace ninfer

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "artifact/artifact.h"
+#include "backend/backend.h"
 #include "model/config.h"
 #include "runtime/cache.h"
 
@@ -41,7 +42,9 @@ struct ForwardOutput {
 
 class Model {
  public:
-  static std::unique_ptr<Model> load(std::shared_ptr<const Artifact> artifact, const ModelOptions& options);
+  // Runs on `backend` (the CPU backend with options.threads when null).
+  static std::unique_ptr<Model> load(std::shared_ptr<const Artifact> artifact, const ModelOptions& options,
+                                     std::unique_ptr<Backend> backend = nullptr);
   virtual ~Model() = default;
 
   virtual const ModelConfig& config() const = 0;

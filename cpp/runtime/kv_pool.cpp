@@ -5,16 +5,12 @@
 
 namespace ninfer {
 
-KvPool::KvPool(int32_t layers, int32_t kv_heads, int32_t head_dim, int64_t pages, KvDtype dtype)
+KvPool::KvPool(int32_t layers, int32_t kv_heads, int32_t head_dim, int64_t pages, KvDtype dtype,
+               MemoryResource& memory)
     : dtype_(dtype), layers_(layers), row_elements_(int64_t(kv_heads) * head_dim),
       element_bytes_(int64_t(kv_element_bytes(dtype))), total_pages_(pages) {
   page_bytes_ = int64_t(layers) * 2 * kKvPageTokens * row_elements_ * element_bytes_;
-  try {
-    storage_.assign(size_t(page_bytes_ * pages), 0);
-  } catch (const std::bad_alloc&) {
-    throw OutOfMemoryError("KV pool of " + std::to_string(pages) + " pages (" +
-                           std::to_string(page_bytes_ * pages >> 20) + " MiB) does not fit in memory");
-  }
+  storage_ = MemoryBlock(memory, size_t(page_bytes_ * pages), "KV pool of " + std::to_string(pages) + " pages");
   free_.reserve(size_t(pages));
   for (int64_t p = pages - 1; p >= 0; --p) free_.push_back(int32_t(p));
 }
@@ -34,7 +30,7 @@ void KvPool::release(const std::vector<int32_t>& pages) {
 
 void* KvPool::row_ptr(int32_t page, int32_t layer, int kv) {
   const int64_t block = kKvPageTokens * row_elements_ * element_bytes_;
-  return storage_.data() + page * page_bytes_ + (int64_t(layer) * 2 + kv) * block;
+  return storage_.get<uint8_t>() + page * page_bytes_ + (int64_t(layer) * 2 + kv) * block;
 }
 
 }  // namespace ninfer

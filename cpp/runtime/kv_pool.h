@@ -6,20 +6,24 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/memory.h"
 #include "runtime/cache.h"
 
 namespace ninfer {
 
 class KvPool {
  public:
-  // `layers` KV layers of `kv_heads * head_dim` values per token for K and for V.
-  KvPool(int32_t layers, int32_t kv_heads, int32_t head_dim, int64_t pages, KvDtype dtype);
+  // `layers` KV layers of `kv_heads * head_dim` values per token for K and for V, stored in `memory` (the
+  // backend's: the row pointers below point there).
+  KvPool(int32_t layers, int32_t kv_heads, int32_t head_dim, int64_t pages, KvDtype dtype,
+         MemoryResource& memory = host_memory());
 
   KvDtype dtype() const { return dtype_; }
   int32_t layers() const { return layers_; }
   int64_t row_elements() const { return row_elements_; }  // kv_heads * head_dim
   int64_t total_pages() const { return total_pages_; }
   int64_t free_pages() const { return int64_t(free_.size()); }
+  int64_t page_bytes() const { return page_bytes_; }  // page p + 1 starts page_bytes() after page p
 
   // Takes `n` pages (appended to `out`) or none when fewer are free; returns whether it took them.
   bool acquire(int64_t n, std::vector<int32_t>& out);
@@ -37,7 +41,7 @@ class KvPool {
   KvDtype dtype_;
   int32_t layers_;
   int64_t row_elements_, element_bytes_, page_bytes_, total_pages_;
-  std::vector<uint8_t> storage_;
+  MemoryBlock storage_;
   std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
 };
 

@@ -8,15 +8,12 @@
 
 namespace ninfer {
 
-StatePool::StatePool(int32_t slots, int32_t layers, int64_t conv_floats, int64_t recurrent_floats)
+StatePool::StatePool(int32_t slots, int32_t layers, int64_t conv_floats, int64_t recurrent_floats,
+                     MemoryResource& memory)
     : slots_(slots), layers_(layers), conv_floats_(conv_floats), recurrent_floats_(recurrent_floats),
       slot_floats_(int64_t(layers) * (conv_floats + recurrent_floats)) {
-  try {
-    storage_.assign(size_t(slot_floats_ * slots), 0.0f);
-  } catch (const std::bad_alloc&) {
-    throw OutOfMemoryError("Gated DeltaNet state pool of " + std::to_string(slots) + " slots (" +
-                           std::to_string(slot_floats_ * slots * 4 >> 20) + " MiB) does not fit in memory");
-  }
+  storage_ = MemoryBlock(memory, size_t(slot_floats_ * slots) * sizeof(float),
+                         "Gated DeltaNet state pool of " + std::to_string(slots) + " slots");
   for (int32_t s = slots - 1; s >= 0; --s) free_.push_back(s);
 }
 
@@ -33,9 +30,9 @@ void StatePool::release(int32_t slot) {
 }
 
 void StatePool::copy(int32_t from, int32_t to) {
-  if (from != to) std::copy_n(slot_base(from), slot_floats_, slot_base(to));
+  if (from != to) storage_.memory().copy(slot_base(to), slot_base(from), size_t(slot_floats_) * sizeof(float));
 }
 
-void StatePool::zero(int32_t slot) { std::fill_n(slot_base(slot), slot_floats_, 0.0f); }
+void StatePool::zero(int32_t slot) { storage_.memory().fill(slot_base(slot), 0, size_t(slot_floats_) * sizeof(float)); }
 
 }  // namespace ninfer

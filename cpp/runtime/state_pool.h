@@ -6,11 +6,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/memory.h"
+
 namespace ninfer {
 
 class StatePool {
  public:
-  StatePool(int32_t slots, int32_t layers, int64_t conv_floats, int64_t recurrent_floats);
+  // Storage in `memory` (the backend's: conv() and recurrent() point there).
+  StatePool(int32_t slots, int32_t layers, int64_t conv_floats, int64_t recurrent_floats,
+            MemoryResource& memory = host_memory());
 
   int32_t total_slots() const { return slots_; }
   int32_t free_slots() const { return int32_t(free_.size()); }
@@ -25,10 +29,10 @@ class StatePool {
 
  private:
   int64_t layer_floats() const { return conv_floats_ + recurrent_floats_; }
-  float* slot_base(int32_t slot) { return storage_.data() + slot * slot_floats_; }
+  float* slot_base(int32_t slot) { return storage_.get<float>() + slot * slot_floats_; }
   int32_t slots_, layers_;
   int64_t conv_floats_, recurrent_floats_, slot_floats_;
-  std::vector<float> storage_;
+  MemoryBlock storage_;
   std::vector<int32_t> free_;
 };
 

@@ -1,0 +1,218 @@
+// Memory, weights, host tables, matrices and elementwise ops of the CUDA backend.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <string>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dequant.cuh"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemv.h"
+#include "runtime/cache.h"
+
+namespace ninfer {
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
+
+namespace cuda {
+namespace {
+
+template <Encoding E>
+__global__ void embed_kernel(const int32_t* tokens, int64_t n, WeightRef table, float* out) {
+  NINFER_GRID_STRIDE(i, n * table.cols) {
+    const int64_t t = i / table.cols, c = i % table.cols;
+    out[i] = weight_at<E>(table, tokens[t], c);
+  }
+}
+
+__global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {
+  NINFER_GRID_STRIDE(i, n * dim) out[i] = x[rows[i / dim] * dim + i % dim];
+}
+
+__global__ void add_bias_kernel(float* y, int64_t rows, int64_t cols, const float* bias) {
+  NINFER_GRID_STRIDE(i, rows * cols) y[i] += bias[i % cols];
+}
+
+__global__ void add_kernel(float* inout, const float* x, int64_t n) {
+  NINFER_GRID_STRIDE(i, n) inout[i] += x[i];
+}
+
+__global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  NINFER_GRID_STRIDE(i, n) out[i] = silu(gate[i]) * up[i];
+}
+
+__global__ void scale_rows_by_sigmoid_kernel(float* x, int64_t rows, int64_t dim, const float* logit) {
+  NINFER_GRID_STRIDE(i, rows * dim) x[i] *= sigmoid(logit[i / dim]);
+}
+
+__global__ void copy_columns_kernel(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) {
+  NINFER_GRID_STRIDE(i, rows * cols) out[i] = x[(i / cols) * x_stride + i % cols];
+}
+
+__global__ void sigmoid_gate_kernel(float* x, int64_t rows, int32_t heads, int32_t dim, const float* gate,
+                                    int64_t gate_row_stride, int64_t gate_head_stride) {
+  NINFER_GRID_STRIDE(i, rows * heads * dim) {
+    const int64_t r = i / (int64_t(heads) * dim), h = (i / dim) % heads, j = i % dim;
+    x[i] *= sigmoid(gate[r * gate_row_stride + h * gate_head_stride + j]);
+  }
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device), memory_(nullptr) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
+    cudaGetLastError();
+    throw EngineError("CUDA backend: no usable CUDA device " + std::to_string(device) + " (" +
+                      std::to_string(count) + " visible)");
+  }
+  NINFER_CUDA_CHECK(cudaSetDevice(device_));
+  NINFER_CUDA_CHECK(cudaStreamCreate(&stream_));
+  memory_ = DeviceMemory(stream_);
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+void CudaBackend::bind_calling_thread() { NINFER_CUDA_CHECK(cudaSetDevice(device_)); }
+
+const TensorView& CudaBackend::resident(const TensorView& w) {
+  if (!w.data || is_device_pointer(w.data)) return w;
+  auto it = weights_.find(w.data);
+  if (it == weights_.end()) it = weights_.emplace(w.data, upload_weight(w)).first;
+  const TensorView& d = it->second.view;
+  if (d.encoding != w.encoding || d.shape != w.shape)
+    throw EngineError("CUDA backend: host weight " + w.name + " changed shape or encoding after its upload");
+  return d;
+}
+
+const float* CudaBackend::resident(const float* values, int64_t count) {
+  if (!values || is_device_pointer(values)) return values;
+  auto it = constants_.find(values);
+  if (it == constants_.end()) {
+    DeviceBuffer buffer(size_t(count) * sizeof(float));
+    buffer.upload(values, buffer.bytes());
+    it = constants_.emplace(values, std::move(buffer)).first;
+  } else if (it->second.bytes() < size_t(count) * sizeof(float)) {
+    throw EngineError("CUDA backend: host vector of " + std::to_string(count) + " floats used with " +
+                      std::to_string(it->second.bytes() / 4) + " before");
+  }
+  return it->second.as<const float>();
+}
+
+const uint8_t* CudaBackend::upload(const HostTables& tables) {
+  const size_t bytes = tables.bytes().size();
+  if (tables_.bytes() < bytes) {
+    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may still read the old tables
+    tables_ = DeviceBuffer(bytes * 2);
+  }
+  if (bytes) memory_.from_host(tables_.get(), tables.bytes().data(), bytes);
+  return tables_.as<const uint8_t>();
+}
+
+CudaBackend::SequenceOffsets CudaBackend::add_sequences(std::span<const SequenceRows> seqs, HostTables& tables) {
+  std::vector<DeviceSequence> device_seqs;
+  std::vector<int32_t> pages;
+  int64_t rows = 0;
+  for (const SequenceRows& s : seqs) {
+    const int64_t page_count = s.pages ? (s.start + s.n + kKvPageTokens - 1) / kKvPageTokens : 0;
+    device_seqs.push_back({s.row0, s.n, s.start, int64_t(pages.size())});
+    pages.insert(pages.end(), s.pages, s.pages + page_count);
+    rows = std::max(rows, s.row0 + s.n);
+  }
+  std::vector<int32_t> row_seq(size_t(rows), -1);
+  for (size_t i = 0; i < seqs.size(); ++i)
+    std::fill_n(row_seq.begin() + seqs[i].row0, seqs[i].n, int32_t(i));
+  SequenceOffsets o;
+  o.seqs = tables.add(device_seqs.data(), device_seqs.size());
+  o.pages = tables.add(pages.data(), pages.size());
+  o.row_seq = tables.add(row_seq.data(), row_seq.size());
+  o.rows = rows;
+  return o;
+}
+
+float* CudaBackend::scratch(DeviceBuffer& buffer, size_t floats) {
+  if (buffer.bytes() < floats * sizeof(float)) {
+    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    buffer = DeviceBuffer(floats * sizeof(float));
+  }
+  return buffer.as<float>();
+}
+
+void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
+  if (rows <= 0) return;
+  const TensorView& dw = resident(w);
+  const float* dbias = resident(bias, w.rows());
+  if (rows <= kMaxGemvRows) {
+    gemv(x, int(rows), dw, y, stream_);
+    if (dbias) {
+      add_bias_kernel<<<blocks_for(rows * w.rows()), kThreads, 0, stream_>>>(y, rows, w.rows(), dbias);
+      NINFER_CUDA_CHECK_LAUNCH();
+    }
+  } else {
+    gemm(x, rows, dw, y, dbias, stream_);
+  }
+}
+
+void CudaBackend::embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) {
+  if (n <= 0) return;
+  const TensorView& dt = resident(table);
+  HostTables tables;
+  const size_t at = tables.add(tokens, size_t(n));
+  const int32_t* dtokens = reinterpret_cast<const int32_t*>(upload(tables) + at);
+  dispatch_encoding(dt.encoding, [&](auto encoding) {
+    embed_kernel<decltype(encoding)::value>
+        <<<blocks_for(n * dt.cols()), kThreads, 0, stream_>>>(dtokens, n, weight_ref(dt), out);
+  });
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {
+  if (n <= 0) return;
+  HostTables tables;
+  const size_t at = tables.add(rows, size_t(n));
+  const int64_t* drows = reinterpret_cast<const int64_t*>(upload(tables) + at);
+  gather_rows_kernel<<<blocks_for(n * dim), kThreads, 0, stream_>>>(x, dim, drows, n, out);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::add(float* inout, const float* x, int64_t n) {
+  if (n <= 0) return;
+  add_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(inout, x, n);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  if (n <= 0) return;
+  swiglu_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(gate, up, n, out);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) {
+  if (rows * dim <= 0) return;
+  scale_rows_by_sigmoid_kernel<<<blocks_for(rows * dim), kThreads, 0, stream_>>>(x, rows, dim, logit);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) {
+  if (rows * cols <= 0) return;
+  copy_columns_kernel<<<blocks_for(rows * cols), kThreads, 0, stream_>>>(x, rows, x_stride, cols, out);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::sigmoid_gate(float* x, int64_t rows, int32_t heads, int32_t dim, const float* gate,
+                               int64_t gate_row_stride, int64_t gate_head_stride) {
+  const int64_t n = rows * heads * dim;
+  if (n <= 0) return;
+  sigmoid_gate_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x, rows, heads, dim, gate, gate_row_stride,
+                                                                gate_head_stride);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace cuda
+}  // namespace ninfer

@@ -1,0 +1,123 @@
+// The CUDA backend: every Backend op on device pointers, queued on one stream. Ops are spread over files by job
+// like the CPU twins (cuda_backend.cu: memory, weights, matrices, elementwise; norm.cu, rope.cu, attention.cu,
+// moe.cu, gdn_ops.cu; prefill GEMM in gemm.cu, decode GEMV in gemv.cu, GDN decode step in gdn_decode.cu).
+// This first version is correct first: simple kernels (tiled f32 GEMM, one block per row and head for attention,
+// a per-token loop for the chunked delta rule); the fast paths replace them one at a time against these.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_memory.h"
+
+namespace ninfer::cuda {
+
+// Host-side tables of one op call packed into a single upload (SequenceRows, pages, positions, pointers).
+class HostTables {
+ public:
+  template <class T>
+  size_t add(const T* values, size_t count) {
+    const size_t offset = (bytes_.size() + 15) / 16 * 16;
+    bytes_.resize(offset + count * sizeof(T));
+    if (count) std::memcpy(bytes_.data() + offset, values, count * sizeof(T));
+    return offset;
+  }
+  const std::vector<uint8_t>& bytes() const { return bytes_; }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+// A sequence as the kernels see it (device copy of SequenceRows; pages at page_offset in the page table).
+struct DeviceSequence {
+  int64_t row0, n, start;
+  int64_t page_offset;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+
+  void bind_calling_thread() override;
+  MemoryResource& memory() override { return memory_; }
+  cudaStream_t stream() const { return stream_; }
+
+  void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
+  void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) override;
+  void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) override;
+
+  void add(float* inout, const float* x, int64_t n) override;
+  void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  void scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) override;
+  void copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) override;
+
+  void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind, float eps,
+               float* out, int64_t out_stride) override;
+
+  void rope(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride, const int64_t* positions,
+            const RopeSpec& rope) override;
+  void kv_write(const float* k, const float* v, std::span<const SequenceRows> seqs, KvPool& pool,
+                int32_t layer) override;
+  void attention(const float* q, int64_t q_row_stride, int64_t q_head_stride, std::span<const SequenceRows> seqs,
+                 const KvPool& pool, int32_t layer, const AttentionShape& shape, float* out) override;
+  void sigmoid_gate(float* x, int64_t rows, int32_t heads, int32_t dim, const float* gate, int64_t gate_row_stride,
+                    int64_t gate_head_stride) override;
+
+  void moe_route(const float* logits, int64_t rows, int32_t experts, int32_t top_k, int32_t* ids,
+                 float* weights) override;
+  void moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
+                   int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
+                   float* out) override;
+
+  void gdn_conv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape, const float* weight,
+                StatePool& states, int32_t layer, float* out) override;
+  void l2norm_heads(const float* x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride, float scale,
+                    float* out) override;
+  void gdn_gates(const float* a, const float* b, int64_t rows, int32_t heads, const float* A_log,
+                 const float* dt_bias, float* g, float* beta) override;
+  void gdn_rule(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                std::span<const SequenceRows> seqs, const GdnShape& shape, StatePool& states, int32_t layer,
+                float* out) override;
+  void gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim, const float* w,
+                     float eps, float* out) override;
+
+ private:
+  // The device copy of a weight: itself when it already holds device pointers, else uploaded once (stored
+  // encoding) and kept for the backend's life, keyed by its host data pointer.
+  const TensorView& resident(const TensorView& w);
+  // The same for a small f32 vector of `count` values.
+  const float* resident(const float* values, int64_t count);
+  // Uploads `tables` into a reused device buffer; returns its device address (valid until the next call).
+  const uint8_t* upload(const HostTables& tables);
+  // Adds the tables every sequence op needs: sequences, their pages, and each row's sequence (-1: none).
+  struct SequenceOffsets {
+    size_t seqs, pages, row_seq;
+    int64_t rows;  // 1 + the last row of any sequence
+  };
+  static SequenceOffsets add_sequences(std::span<const SequenceRows> seqs, HostTables& tables);
+  // A reused device buffer of at least `floats` floats.
+  float* scratch(DeviceBuffer& buffer, size_t floats);
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  DeviceMemory memory_;
+  std::unordered_map<const void*, DeviceWeight> weights_;
+  std::unordered_map<const float*, DeviceBuffer> constants_;
+  DeviceBuffer tables_;
+  DeviceBuffer moe_hidden_, moe_out_;
+};
+
+}  // namespace ninfer::cuda
+
+namespace ninfer {
+// The CUDA backend on `device`. Throws EngineError when no usable device is there.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+}  // namespace ninfer

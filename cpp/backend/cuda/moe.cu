@@ -1,0 +1,137 @@
+// Mixture of experts on the CUDA backend: routing (softmax, top-k, renormalise) one thread per row, and the routed
+// experts as three simple passes over the (row, slot) pairs: gate/up + SwiGLU, down, weighted sum. Correct first:
+// one warp per output value; the grouped expert GEMM replaces it later.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dequant.cuh"
+
+namespace ninfer::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+// Highest probability first, ties to the lower expert id: the CPU twin's order.
+__device__ __forceinline__ bool ranks_before(float pa, int32_t a, float pb, int32_t b) {
+  return pa > pb || (pa == pb && a < b);
+}
+
+__global__ void moe_route_kernel(const float* logits, int64_t rows, int32_t experts, int32_t top_k, int32_t* ids,
+                                 float* weights) {
+  NINFER_GRID_STRIDE(r, rows) {
+    const float* l = logits + r * experts;
+    float max_logit = l[0];
+    for (int32_t e = 1; e < experts; ++e) max_logit = fmaxf(max_logit, l[e]);
+    float sum = 0.0f;
+    for (int32_t e = 0; e < experts; ++e) sum += expf(l[e] - max_logit);
+    // The j-th pick is the best expert ranked after pick j - 1.
+    float prev_p = INFINITY, top_sum = 0.0f;
+    int32_t prev_e = -1;
+    for (int32_t j = 0; j < top_k; ++j) {
+      float best_p = -1.0f;
+      int32_t best_e = -1;
+      for (int32_t e = 0; e < experts; ++e) {
+        const float p = expf(l[e] - max_logit) / sum;
+        if (ranks_before(prev_p, prev_e, p, e) && (best_e < 0 || ranks_before(p, e, best_p, best_e))) {
+          best_p = p;
+          best_e = e;
+        }
+      }
+      ids[r * top_k + j] = best_e;
+      weights[r * top_k + j] = best_p;
+      top_sum += best_p;
+      prev_p = best_p;
+      prev_e = best_e;
+    }
+    for (int32_t j = 0; j < top_k; ++j) weights[r * top_k + j] /= top_sum;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// hidden_out[p, i] = silu(gate_e[i] . x[r]) * (up_e[i] . x[r]) for pair p = r * top_k + j, e = ids[p].
+template <Encoding E>
+__global__ void experts_up_kernel(const float* x, int64_t pairs, int64_t hidden, const int32_t* ids, int32_t top_k,
+                                  WeightRef gate, WeightRef up, int64_t inter, float* hidden_out) {
+  const int64_t p = blockIdx.x, i = int64_t(blockIdx.y) * kWarps + threadIdx.x / 32;
+  if (i >= inter) return;
+  const int64_t row = int64_t(ids[p]) * inter + i;
+  const float* xr = x + (p / top_k) * hidden;
+  float g = 0.0f, u = 0.0f;
+  for (int64_t c = threadIdx.x % 32; c < hidden; c += 32) {
+    g += xr[c] * weight_at<E>(gate, row, c);
+    u += xr[c] * weight_at<E>(up, row, c);
+  }
+  g = warp_sum(g);
+  u = warp_sum(u);
+  if (threadIdx.x % 32 == 0) hidden_out[p * inter + i] = silu(g) * u;
+}
+
+// y[p, c] = down_e[c] . hidden_out[p]
+template <Encoding E>
+__global__ void experts_down_kernel(const float* h, int64_t inter, const int32_t* ids, WeightRef down,
+                                    int64_t hidden, float* y) {
+  const int64_t p = blockIdx.x, c = int64_t(blockIdx.y) * kWarps + threadIdx.x / 32;
+  if (c >= hidden) return;
+  const int64_t row = int64_t(ids[p]) * hidden + c;
+  const float* hp = h + p * inter;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x % 32; i < inter; i += 32) s += hp[i] * weight_at<E>(down, row, i);
+  s = warp_sum(s);
+  if (threadIdx.x % 32 == 0) y[p * hidden + c] = s;
+}
+
+__global__ void experts_sum_kernel(const float* y, int64_t rows, int64_t hidden, const float* weights, int32_t top_k,
+                                   float* out) {
+  NINFER_GRID_STRIDE(i, rows * hidden) {
+    const int64_t r = i / hidden, c = i % hidden;
+    float s = 0.0f;
+    for (int32_t j = 0; j < top_k; ++j) s += weights[r * top_k + j] * y[(r * top_k + j) * hidden + c];
+    out[i] = s;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::moe_route(const float* logits, int64_t rows, int32_t experts, int32_t top_k, int32_t* ids,
+                            float* weights) {
+  if (rows <= 0) return;
+  if (top_k <= 0 || top_k > experts)
+    throw EngineError("moe_route: top_k " + std::to_string(top_k) + " outside 1.." + std::to_string(experts));
+  moe_route_kernel<<<blocks_for(rows, 64), 64, 0, stream_>>>(logits, rows, experts, top_k, ids, weights);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
+                              int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
+                              float* out) {
+  if (rows <= 0) return;
+  const TensorView& g = resident(gate);
+  const TensorView& u = resident(up);
+  const TensorView& d = resident(down);
+  if (g.encoding != u.encoding || g.encoding != d.encoding)
+    throw EngineError("CUDA moe_experts: gate, up and down must share one encoding (" +
+                      std::string(encoding_name(g.encoding)) + ", " + encoding_name(u.encoding) + ", " +
+                      encoding_name(d.encoding) + ")");
+  const int64_t pairs = rows * top_k, inter = g.rows();
+  if ((inter + kWarps - 1) / kWarps > 65535 || (hidden + kWarps - 1) / kWarps > 65535)
+    throw EngineError("CUDA moe_experts: expert width above one launch's grid");
+  float* h = scratch(moe_hidden_, size_t(pairs * inter));
+  float* y = scratch(moe_out_, size_t(pairs * hidden));
+  dispatch_encoding(g.encoding, [&](auto encoding) {
+    constexpr Encoding E = decltype(encoding)::value;
+    experts_up_kernel<E><<<dim3(unsigned(pairs), unsigned((inter + kWarps - 1) / kWarps)), kWarps * 32, 0, stream_>>>(
+        x, pairs, hidden, ids, top_k, weight_ref(g), weight_ref(u), inter, h);
+    NINFER_CUDA_CHECK_LAUNCH();
+    experts_down_kernel<E><<<dim3(unsigned(pairs), unsigned((hidden + kWarps - 1) / kWarps)), kWarps * 32, 0,
+                             stream_>>>(h, inter, ids, weight_ref(d), hidden, y);
+    NINFER_CUDA_CHECK_LAUNCH();
+  });
+  experts_sum_kernel<<<blocks_for(rows * hidden), kThreads, 0, stream_>>>(y, rows, hidden, weights, top_k, out);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ninfer::cuda

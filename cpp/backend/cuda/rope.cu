@@ -1,0 +1,41 @@
+// Rotary position embedding of the CUDA backend: half (NeoX) or interleaved pairing, angles formed in f32 as
+// position * inv_freq and their cos / sin taken in double, as the CPU twin does.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+
+namespace ninfer::cuda {
+namespace {
+
+__global__ void rope_kernel(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride,
+                            const int64_t* positions, const float* inv_freq, int32_t half, bool interleaved) {
+  NINFER_GRID_STRIDE(idx, rows * heads * half) {
+    const int64_t r = idx / (int64_t(heads) * half), h = (idx / half) % heads, i = idx % half;
+    const float angle = float(positions[r]) * inv_freq[i];
+    const float c = float(cos(double(angle))), s = float(sin(double(angle)));
+    float* v = x + r * row_stride + h * head_stride;
+    float* a = interleaved ? v + 2 * i : v + i;
+    float* b = interleaved ? v + 2 * i + 1 : v + i + half;
+    const float x1 = *a, x2 = *b;
+    *a = x1 * c - x2 * s;
+    *b = x2 * c + x1 * s;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::rope(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride,
+                       const int64_t* positions, const RopeSpec& rope) {
+  const int32_t half = rope.rotary_dim / 2;
+  if (rows <= 0 || half <= 0) return;
+  HostTables tables;
+  const size_t at_positions = tables.add(positions, size_t(rows));
+  const size_t at_freq = tables.add(rope.inv_freq, size_t(half));
+  const uint8_t* base = upload(tables);
+  rope_kernel<<<blocks_for(rows * heads * half), kThreads, 0, stream_>>>(
+      x, rows, heads, head_stride, row_stride, reinterpret_cast<const int64_t*>(base + at_positions),
+      reinterpret_cast<const float*>(base + at_freq), half, rope.pairing == RopePairing::Interleaved);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ninfer::cuda

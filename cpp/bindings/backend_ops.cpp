@@ -1,0 +1,336 @@
+#include "bindings/backend_ops.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "bindings/array_out.h"
+#include "bindings/artifact_handle.h"
+#include "errors.h"
+#include "runtime/kv_pool.h"
+#include "runtime/state_pool.h"
+
+#ifdef NINFER_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace nb = nanobind;
+
+namespace ninfer::bindings {
+
+std::unique_ptr<Backend> make_backend_named(const std::string& name, int32_t threads) {
+  if (name == "cpu") return make_cpu_backend(threads);
+  if (name == "cuda") {
+#ifdef NINFER_HAVE_CUDA
+    return make_cuda_backend(0);
+#else
+    throw EngineError("backend \"cuda\": this build of ninfer has no CUDA backend (built without nvcc)");
+#endif
+  }
+  throw EngineError("unknown backend \"" + name + "\" (expected \"cpu\" or \"cuda\")");
+}
+
+namespace {
+
+template <class T>
+using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
+using IntArray = nb::ndarray<nb::numpy, int32_t>;
+
+// A sequence of an op call as Python gives it: (start, n, pages).
+using PySeq = std::tuple<int64_t, int64_t, std::vector<int32_t>>;
+
+// Runs ops of one backend on host arrays: inputs are copied into the backend's memory, outputs are poisoned
+// (NaN bytes) before the op and copied back after it.
+class Ops {
+ public:
+  explicit Ops(const std::string& backend) : name_(backend), be_(make_backend_named(backend, 0)) {}
+  const std::string& name() const { return name_; }
+
+  FloatArray linear(In<float> x, const ArtifactHandle& art, const std::string& name, std::optional<In<float>> bias) {
+    const TensorView& w = art.get()->tensor(name);
+    const int64_t rows = rows_of(x, w.cols(), "x");
+    MemoryBlock dx = put(x), dy = poisoned<float>(rows * w.rows()), db;
+    if (bias) db = put(*bias);
+    run([&] { be_->linear(dx.get<float>(), rows, w, dy.get<float>(), bias ? db.get<float>() : nullptr); });
+    return get(dy, {rows, w.rows()});
+  }
+
+  FloatArray embed(In<int32_t> tokens, const ArtifactHandle& art, const std::string& name) {
+    const TensorView& t = art.get()->tensor(name);
+    const int64_t n = int64_t(tokens.size());
+    MemoryBlock out = poisoned<float>(n * t.cols());
+    run([&] { be_->embed(tokens.data(), n, t, out.get<float>()); });
+    return get(out, {n, t.cols()});
+  }
+
+  FloatArray gather_rows(In<float> x, int64_t dim, In<int64_t> rows) {
+    const int64_t n = int64_t(rows.size());
+    MemoryBlock dx = put(x), out = poisoned<float>(n * dim);
+    run([&] { be_->gather_rows(dx.get<float>(), dim, rows.data(), n, out.get<float>()); });
+    return get(out, {n, dim});
+  }
+
+  FloatArray add(In<float> a, In<float> b) {
+    MemoryBlock da = put(a), db = put(b);
+    run([&] { be_->add(da.get<float>(), db.get<float>(), int64_t(a.size())); });
+    return get(da, {int64_t(a.size())});
+  }
+
+  FloatArray swiglu(In<float> gate, In<float> up) {
+    const int64_t n = int64_t(gate.size());
+    MemoryBlock dg = put(gate), du = put(up), out = poisoned<float>(n);
+    run([&] { be_->swiglu(dg.get<float>(), du.get<float>(), n, out.get<float>()); });
+    return get(out, {n});
+  }
+
+  FloatArray scale_rows_by_sigmoid(In<float> x, In<float> logit) {
+    const int64_t rows = int64_t(logit.size()), dim = int64_t(x.size()) / rows;
+    MemoryBlock dx = put(x), dl = put(logit);
+    run([&] { be_->scale_rows_by_sigmoid(dx.get<float>(), rows, dim, dl.get<float>()); });
+    return get(dx, {rows, dim});
+  }
+
+  FloatArray copy_columns(In<float> x, int64_t rows, int64_t x_stride, int64_t cols) {
+    MemoryBlock dx = put(x), out = poisoned<float>(rows * cols);
+    run([&] { be_->copy_columns(dx.get<float>(), rows, x_stride, cols, out.get<float>()); });
+    return get(out, {rows, cols});
+  }
+
+  FloatArray sigmoid_gate(In<float> x, int64_t rows, int32_t heads, int32_t dim, In<float> gate,
+                          int64_t gate_row_stride, int64_t gate_head_stride) {
+    MemoryBlock dx = put(x), dg = put(gate);
+    run([&] { be_->sigmoid_gate(dx.get<float>(), rows, heads, dim, dg.get<float>(), gate_row_stride, gate_head_stride); });
+    return get(dx, {rows, int64_t(heads) * dim});
+  }
+
+  // Returns the whole [rows, out_stride] output; columns past dim keep the poison.
+  FloatArray rmsnorm(In<float> x, int64_t rows, int64_t dim, int64_t x_stride, In<float> w, bool offset, float eps,
+                     int64_t out_stride) {
+    MemoryBlock dx = put(x), dw = put(w), out = poisoned<float>(rows * out_stride);
+    run([&] {
+      be_->rmsnorm(dx.get<float>(), rows, dim, x_stride, dw.get<float>(), offset ? NormKind::Offset : NormKind::Plain,
+                   eps, out.get<float>(), out_stride);
+    });
+    return get(out, {rows, out_stride});
+  }
+
+  FloatArray gated_rmsnorm(In<float> x, In<float> z, int64_t rows, int32_t heads, int32_t dim, In<float> w, float eps) {
+    MemoryBlock dx = put(x), dz = put(z), dw = put(w), out = poisoned<float>(rows * heads * dim);
+    run([&] { be_->gated_rmsnorm(dx.get<float>(), dz.get<float>(), rows, heads, dim, dw.get<float>(), eps, out.get<float>()); });
+    return get(out, {rows, int64_t(heads) * dim});
+  }
+
+  FloatArray l2norm_heads(In<float> x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride, float scale) {
+    MemoryBlock dx = put(x), out = poisoned<float>(rows * heads * dim);
+    run([&] { be_->l2norm_heads(dx.get<float>(), rows, heads, dim, x_stride, scale, out.get<float>()); });
+    return get(out, {rows, int64_t(heads) * dim});
+  }
+
+  std::tuple<FloatArray, FloatArray> gdn_gates(In<float> a, In<float> b, int64_t rows, int32_t heads, In<float> A_log,
+                                               In<float> dt_bias) {
+    MemoryBlock da = put(a), db = put(b), dA = put(A_log), dd = put(dt_bias), g = poisoned<float>(rows * heads),
+                beta = poisoned<float>(rows * heads);
+    run([&] {
+      be_->gdn_gates(da.get<float>(), db.get<float>(), rows, heads, dA.get<float>(), dd.get<float>(), g.get<float>(),
+                     beta.get<float>());
+    });
+    return {get(g, {rows, heads}), get(beta, {rows, heads})};
+  }
+
+  FloatArray rope(In<float> x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride,
+                  In<int64_t> positions, In<float> inv_freq, bool interleaved) {
+    MemoryBlock dx = put(x);
+    const RopeSpec spec{interleaved ? RopePairing::Interleaved : RopePairing::Half, int32_t(2 * inv_freq.size()),
+                        inv_freq.data()};
+    run([&] { be_->rope(dx.get<float>(), rows, heads, head_stride, row_stride, positions.data(), spec); });
+    return get(dx, {rows, row_stride});
+  }
+
+  // Writes each sequence's history rows (positions 0..start-1) and then its new rows into a fresh pool, in one
+  // kv_write call each, and attends the new rows' queries. history_k/v hold the histories one after another,
+  // new_k/v and q the new rows one after another. Returns out [new rows, heads * head_dim].
+  FloatArray attention(In<float> q, int64_t q_row_stride, int64_t q_head_stride, In<float> history_k,
+                       In<float> history_v, In<float> new_k, In<float> new_v, const std::vector<PySeq>& seqs,
+                       int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, float scale,
+                       const std::string& kv_dtype, int64_t pool_pages, int32_t layers, int32_t layer) {
+    KvPool pool(layers, num_kv_heads, head_dim, pool_pages, parse_kv_dtype(kv_dtype), be_->memory());
+    std::vector<SequenceRows> history, fresh;
+    int64_t history_rows = 0, rows = 0;
+    for (const auto& [start, n, pages] : seqs) {
+      if (int64_t(pages.size()) * kKvPageTokens < start + n) throw EngineError("attention: too few pages for a sequence");
+      history.push_back({history_rows, start, 0, pages.data(), -1});
+      fresh.push_back({rows, n, start, pages.data(), -1});
+      history_rows += start;
+      rows += n;
+    }
+    MemoryBlock dq = put(q), dhk = put(history_k), dhv = put(history_v), dnk = put(new_k), dnv = put(new_v),
+                out = poisoned<float>(rows * num_heads * head_dim);
+    run([&] {
+      be_->kv_write(dhk.get<float>(), dhv.get<float>(), history, pool, layer);
+      be_->kv_write(dnk.get<float>(), dnv.get<float>(), fresh, pool, layer);
+      be_->attention(dq.get<float>(), q_row_stride, q_head_stride, fresh, pool, layer,
+                     AttentionShape{num_heads, num_kv_heads, head_dim, scale}, out.get<float>());
+    });
+    return get(out, {rows, int64_t(num_heads) * head_dim});
+  }
+
+  std::tuple<IntArray, FloatArray> moe_route(In<float> logits, int64_t rows, int32_t experts, int32_t top_k) {
+    MemoryBlock dl = put(logits), ids = poisoned<int32_t>(rows * top_k), w = poisoned<float>(rows * top_k);
+    run([&] { be_->moe_route(dl.get<float>(), rows, experts, top_k, ids.get<int32_t>(), w.get<float>()); });
+    int32_t* host_ids = new int32_t[size_t(std::max<int64_t>(rows * top_k, 1))];
+    nb::capsule owner(host_ids, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+    be_->memory().to_host(host_ids, ids.get(), ids.bytes());
+    const size_t shape[2] = {size_t(rows), size_t(top_k)};
+    return {IntArray(host_ids, 2, shape, owner), get(w, {rows, top_k})};
+  }
+
+  FloatArray moe_experts(In<float> x, int64_t rows, int64_t hidden, In<int32_t> ids, In<float> weights, int32_t top_k,
+                         const ArtifactHandle& art, const std::string& gate, const std::string& up,
+                         const std::string& down) {
+    const Artifact& a = *art.get();
+    MemoryBlock dx = put(x), di = put(ids), dw = put(weights), out = poisoned<float>(rows * hidden);
+    run([&] {
+      be_->moe_experts(dx.get<float>(), rows, hidden, di.get<int32_t>(), dw.get<float>(), top_k, a.tensor(gate),
+                       a.tensor(up), a.tensor(down), out.get<float>());
+    });
+    return get(out, {rows, hidden});
+  }
+
+  // Sequence i holds rows n_0 + .. + n_{i-1} onwards and uses state slot slots[i]; states_in [slots, floats].
+  std::tuple<FloatArray, FloatArray> gdn_conv(In<float> mixed, const std::vector<int64_t>& ns,
+                                              const std::vector<int32_t>& slots, int64_t channels, In<float> weight,
+                                              int32_t kernel, In<float> states_in) {
+    const GdnShape shape = conv_shape(channels, kernel);
+    const int64_t conv_floats = channels * (kernel - 1);
+    StatePool states(int32_t(states_in.size() / std::max<int64_t>(conv_floats, 1)), 1, conv_floats, 1,
+                     be_->memory());
+    load_states(states, states_in, conv_floats, [&](int32_t s) { return states.conv(s, 0); });
+    const std::vector<SequenceRows> seqs = sequences(ns, slots);
+    const int64_t rows = total(ns);
+    MemoryBlock dm = put(mixed), dw = put(weight), out = poisoned<float>(rows * channels);
+    run([&] { be_->gdn_conv(dm.get<float>(), seqs, shape, dw.get<float>(), states, 0, out.get<float>()); });
+    return {get(out, {rows, channels}), read_states(states, conv_floats, [&](int32_t s) { return states.conv(s, 0); })};
+  }
+
+  std::tuple<FloatArray, FloatArray> gdn_rule(In<float> q, In<float> k, In<float> v, In<float> g, In<float> beta,
+                                              const std::vector<int64_t>& ns, const std::vector<int32_t>& slots,
+                                              int32_t hk, int32_t hv, int32_t dk, int32_t dv, int32_t chunk,
+                                              In<float> states_in) {
+    const GdnShape shape{hk, hv, dk, dv, 4, chunk};
+    const int64_t state_floats = int64_t(hv) * dk * dv;
+    StatePool states(int32_t(states_in.size() / state_floats), 1, 1, state_floats, be_->memory());
+    load_states(states, states_in, state_floats, [&](int32_t s) { return states.recurrent(s, 0); });
+    const std::vector<SequenceRows> seqs = sequences(ns, slots);
+    const int64_t rows = total(ns);
+    MemoryBlock dq = put(q), dk_ = put(k), dv_ = put(v), dg = put(g), db = put(beta),
+                out = poisoned<float>(rows * hv * dv);
+    run([&] {
+      be_->gdn_rule(dq.get<float>(), dk_.get<float>(), dv_.get<float>(), dg.get<float>(), db.get<float>(), seqs, shape,
+                    states, 0, out.get<float>());
+    });
+    return {get(out, {rows, int64_t(hv) * dv}),
+            read_states(states, state_floats, [&](int32_t s) { return states.recurrent(s, 0); })};
+  }
+
+ private:
+  template <class T>
+  MemoryBlock put(const In<T>& a) {
+    MemoryBlock block(be_->memory(), std::max<size_t>(a.size(), 1) * sizeof(T), "test input");
+    if (a.size()) be_->memory().from_host(block.get(), a.data(), a.size() * sizeof(T));
+    return block;
+  }
+  template <class T>
+  MemoryBlock poisoned(int64_t count) {
+    MemoryBlock block(be_->memory(), size_t(std::max<int64_t>(count, 1)) * sizeof(T), "test output");
+    be_->memory().fill(block.get(), 0xff, block.bytes());  // NaN as f32, -1 as int32
+    return block;
+  }
+  FloatArray get(const MemoryBlock& block, const std::vector<int64_t>& shape) {
+    size_t count = 1;
+    for (int64_t d : shape) count *= size_t(d);
+    OwnedFloats out = allocate_floats(count);
+    be_->memory().to_host(out.data, block.get(), count * sizeof(float));
+    return as_array(out, shape);
+  }
+  template <class Fn>
+  void run(Fn&& fn) {
+    nb::gil_scoped_release release;
+    be_->bind_calling_thread();
+    fn();
+  }
+  static int64_t rows_of(const In<float>& x, int64_t cols, const char* what) {
+    if (x.ndim() != 2 || int64_t(x.shape(1)) != cols)
+      throw EngineError(std::string(what) + " must be [rows, " + std::to_string(cols) + "]");
+    return int64_t(x.shape(0));
+  }
+  static GdnShape conv_shape(int64_t channels, int32_t kernel) {
+    // conv_channels() = 2 Hk Dk + Hv Dv: one key head of 0 width and `channels` value columns reproduce any C.
+    return GdnShape{1, 1, 0, int32_t(channels), kernel, 64};
+  }
+  static int64_t total(const std::vector<int64_t>& ns) {
+    int64_t t = 0;
+    for (int64_t n : ns) t += n;
+    return t;
+  }
+  static std::vector<SequenceRows> sequences(const std::vector<int64_t>& ns, const std::vector<int32_t>& slots) {
+    if (ns.size() != slots.size()) throw EngineError("one state slot per sequence");
+    std::vector<SequenceRows> seqs;
+    int64_t row0 = 0;
+    for (size_t i = 0; i < ns.size(); ++i) {
+      seqs.push_back({row0, ns[i], 0, nullptr, slots[i]});
+      row0 += ns[i];
+    }
+    return seqs;
+  }
+  template <class At>
+  void load_states(StatePool& states, const In<float>& host, int64_t floats, At at) {
+    for (int32_t s = 0; s < states.total_slots(); ++s)
+      be_->memory().from_host(at(s), host.data() + s * floats, size_t(floats) * sizeof(float));
+  }
+  template <class At>
+  FloatArray read_states(StatePool& states, int64_t floats, At at) {
+    OwnedFloats out = allocate_floats(size_t(states.total_slots() * floats));
+    for (int32_t s = 0; s < states.total_slots(); ++s)
+      be_->memory().to_host(out.data + s * floats, at(s), size_t(floats) * sizeof(float));
+    return as_array(out, {states.total_slots(), floats});
+  }
+
+  std::string name_;
+  std::unique_ptr<Backend> be_;
+};
+
+}  // namespace
+
+void bind_backend_ops(nb::module_& m) {
+  nb::class_<Ops>(m, "Ops", "Every Backend op on numpy arrays, for one backend (\"cpu\" or \"cuda\"); outputs "
+                            "are NaN-poisoned before each op.")
+      .def(nb::init<const std::string&>(), nb::arg("backend"))
+      .def_prop_ro("backend", &Ops::name)
+      .def("linear", &Ops::linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("bias").none() = nb::none())
+      .def("embed", &Ops::embed)
+      .def("gather_rows", &Ops::gather_rows)
+      .def("add", &Ops::add)
+      .def("swiglu", &Ops::swiglu)
+      .def("scale_rows_by_sigmoid", &Ops::scale_rows_by_sigmoid)
+      .def("copy_columns", &Ops::copy_columns)
+      .def("sigmoid_gate", &Ops::sigmoid_gate)
+      .def("rmsnorm", &Ops::rmsnorm)
+      .def("gated_rmsnorm", &Ops::gated_rmsnorm)
+      .def("l2norm_heads", &Ops::l2norm_heads)
+      .def("gdn_gates", &Ops::gdn_gates)
+      .def("rope", &Ops::rope)
+      .def("attention", &Ops::attention)
+      .def("moe_route", &Ops::moe_route)
+      .def("moe_experts", &Ops::moe_experts)
+      .def("gdn_conv", &Ops::gdn_conv)
+      .def("gdn_rule", &Ops::gdn_rule);
+}
+
+}  // namespace ninfer::bindings

@@ -1,0 +1,19 @@
+// Backends by name for the bindings, and `_engine.cuda.Ops`: every Backend op callable from Python on numpy
+// arrays, the same code for the CPU and the CUDA backend, so a test compares the two op by op.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+
+namespace ninfer::bindings {
+
+// "cpu" (threads: 0 = all cores) or "cuda" (device 0); EngineError for other names or a build without CUDA.
+std::unique_ptr<Backend> make_backend_named(const std::string& name, int32_t threads);
+
+void bind_backend_ops(nanobind::module_& cuda_module);  // cuda.cpp calls it
+
+}  // namespace ninfer::bindings
