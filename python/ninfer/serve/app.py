@@ -25,7 +25,10 @@ from litestar.static_files import create_static_files_router
 from ninfer.serve.auth import api_key_guard
 from ninfer.serve.errors import EXCEPTION_HANDLERS
 from ninfer.serve.metrics import RequestCounter
-from ninfer.serve.state import DEPENDENCIES, ModelRouter
+from ninfer.serve.router import ModelGate, ModelRouter
+from ninfer.serve.state import DEPENDENCIES
+from ninfer.serve.streams import StreamRecorder, StreamRegistry
+from ninfer.serve.tools_registry import ToolRegistry
 
 PROTOCOL_MODULES = (
     "ninfer.serve.misc",
@@ -33,6 +36,11 @@ PROTOCOL_MODULES = (
     "ninfer.serve.openai_completions",
     "ninfer.serve.responses",
     "ninfer.serve.anthropic",
+    # the router's management surface, resumable streams, server tools and the dashboard (issue 7)
+    "ninfer.serve.llamacpp",
+    "ninfer.serve.streams",
+    "ninfer.serve.tools_registry",
+    "ninfer.serve.dashboard",
 )
 
 # Generation bodies can be long conversations with file contents; Litestar's default limit is 10 MB.
@@ -68,6 +76,9 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.router = await open_router()
+        app.state.streams, app.state.tools = StreamRegistry(), ToolRegistry()
+        if isinstance(app.state.router, ModelRouter):
+            await app.state.router.start()  # the TTL ticker
         try:
             yield
         finally:
@@ -78,7 +89,8 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
         dependencies=DEPENDENCIES,
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[lambda app: RequestCounter(app, _metrics_of)],
+        # ModelGate pins (loading or swapping to) the model a POST names; StreamRecorder records chat streams.
+        middleware=[lambda app: RequestCounter(app, _metrics_of), ModelGate, StreamRecorder],
         lifespan=[lifespan],
         state=State({"api_keys": api_keys}),
         request_max_body_size=MAX_BODY_BYTES,

@@ -15,6 +15,7 @@ from msgspec import Meta
 
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.generation import ChatPrompt, prepare_prompt
+from ninfer.serve.llamacpp import model_rows
 from ninfer.serve.metrics import CONTENT_TYPE
 from ninfer.serve.openai_chat import ChatMessage
 from ninfer.serve.state import ModelRouter, ServedModel
@@ -42,7 +43,7 @@ def _model_meta(model: ServedModel) -> dict[str, Any]:
 
 @get("/v1/models", summary="The served models (OpenAI shape)")
 async def list_models(router: ModelRouter) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_row(m) for m in router.models]}
+    return {"object": "list", "data": model_rows(router, _model_row)}  # every configured model, with its status
 
 
 @get("/models", summary="The served models (llama.cpp shape, with engine metadata)")

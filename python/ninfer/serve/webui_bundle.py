@@ -40,5 +40,6 @@ def installed_bundle() -> Path:
     """The built bundle, or a NinferError that says how to build it."""
     folder = bundle_dir()
     if not (folder / "index.html").is_file():
-        raise NinferError(f"--webui: no llama-ui bundle at {folder}; run `make webui` (or give --webui-dir DIR)")
+        raise NinferError(f"--webui: the built-in web UI is not bundled yet: no llama-ui bundle at {folder}; "
+                          "run `make webui` (or give --webui-dir DIR)")
     return folder

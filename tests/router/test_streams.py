@@ -1,0 +1,145 @@
+"""Resumable conversation streams and the control route, on a live server (SmolLM2, CPU engine): replay from
+arbitrary byte offsets while the generation runs, a client that leaves does not stop its recorded generation, control
+cancels exactly its target; and the registry's memory bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from ninfer.serve.streams import StreamRegistry
+from router_servers import serve_router
+
+LONG = {"max_tokens": 200, "temperature": 0, "stream": True,
+        "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]}
+
+
+@pytest.fixture(scope="module")
+def server(smollm2: Path):
+    with serve_router({"models": {"smol": {"path": str(smollm2), "max_context": 1024}}}) as live:
+        yield live
+
+
+def lookup(client: httpx.Client, conv: str) -> dict | None:
+    rows = client.post("/v1/streams/lookup", json={"conversation_ids": [conv]}).json()
+    return rows[0] if rows else None
+
+
+def frames(raw: bytes) -> list[str]:
+    return [f[6:] for f in raw.decode().split("\n\n") if f.startswith("data: ")]
+
+
+def test_replay_from_any_offset_during_a_live_generation(server) -> None:
+    conv = f"conv-{time.monotonic_ns()}::smol"
+    client = httpx.Client(base_url=server.url, timeout=120)
+    prefix = b""
+    with client.stream("POST", "/v1/chat/completions", json={"model": "smol", **LONG},
+                       headers={"X-Conversation-Id": conv}) as stream:
+        for chunk in stream.iter_raw():
+            prefix += chunk
+            if prefix.count(b"\n\n") >= 4:
+                break  # the "reload": the client leaves mid-generation
+    row = lookup(client, conv)
+    assert row is not None and not row["is_done"], "the generation must still be running for this test to mean it"
+
+    rng = random.Random(7)
+    replays: list[tuple[int, bytes]] = []
+    while True:  # several readers join at random offsets of what is recorded so far, while it grows
+        recorded = lookup(client, conv)
+        offset = rng.randrange(0, recorded["total_bytes"] + 1)
+        with client.stream("GET", "/v1/stream", params={"conv_id": conv, "from": offset}) as replay:
+            first = next(replay.iter_raw())
+        replays.append((offset, first))
+        if len(replays) >= 4 or recorded["is_done"]:
+            break
+    resumed = client.get("/v1/stream", params={"conv_id": conv, "from": len(prefix)}).content  # tails to the end
+    full = client.get("/v1/stream", params={"conv_id": conv}).content
+
+    assert prefix + resumed == full, "a reader that reconnects at its offset loses or duplicates bytes"
+    for offset, first in replays:
+        assert full[offset:offset + len(first)] == first
+    assert sum(1 for _, first in replays if first) >= 2
+    events = frames(full)
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"  # not cancelled by the leaving client
+    assert lookup(client, conv)["is_done"]
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]
+                   if json.loads(e).get("choices"))
+    assert len(text) > 100
+
+
+def test_reading_past_the_recording_and_unknown_streams_are_refused(server) -> None:
+    client = httpx.Client(base_url=server.url, timeout=60)
+    conv = f"short-{time.monotonic_ns()}"
+    response = client.post("/v1/chat/completions", json={"model": "smol", **LONG, "max_tokens": 3},
+                           headers={"X-Conversation-Id": conv})
+    assert response.status_code == 200
+    size = lookup(client, conv)["total_bytes"]
+    assert size == len(response.content)
+    past = client.get("/v1/stream", params={"conv_id": conv, "from": size + 1})
+    assert past.status_code == 400 and "past the" in past.json()["error"]["message"]
+    assert client.get("/v1/stream", params={"conv_id": "nope"}).status_code == 404
+    assert client.delete("/v1/stream", params={"conv_id": conv}).json()["success"] is True
+    assert lookup(client, conv) is None
+
+
+def _stream_until_done(client: httpx.Client, headers: dict, out: dict, key: str, first: threading.Event) -> None:
+    with client.stream("POST", "/v1/chat/completions", json={"model": "smol", **LONG}, headers=headers) as stream:
+        events = []
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 3:
+                    out[key + "-id"] = json.loads(events[0])["id"]
+                    first.set()
+    out[key] = json.loads(events[-2])["choices"][0]["finish_reason"]
+
+
+def test_control_cancels_only_its_target(server) -> None:
+    client = httpx.Client(base_url=server.url, timeout=120)
+    out: dict = {}
+    started = {k: threading.Event() for k in ("a", "b")}
+    threads = [threading.Thread(target=_stream_until_done, args=(client, {}, out, k, started[k])) for k in ("a", "b")]
+    for t in threads:
+        t.start()
+    assert all(e.wait(60) for e in started.values())
+    busy = [s for s in client.get("/slots").json() if s["is_processing"]]
+    assert len(busy) == 2 and all(s["n_decoded"] > 0 for s in busy)
+
+    refused = client.post("/v1/chat/completions/control", json={"id": out["a-id"], "action": "end_reasoning"})
+    assert refused.status_code == 400 and "end_reasoning" in refused.json()["error"]["message"]
+    stopped = client.post("/v1/chat/completions/control", json={"id": out["a-id"], "action": "stop"})
+    assert stopped.json() == {"success": True, "id": out["a-id"], "cancelled": 1}
+    for t in threads:
+        t.join(120)
+    assert out["a"] == "cancelled"
+    assert out["b"] == "length"  # the other generation ran to its end
+    gone = client.post("/v1/chat/completions/control", json={"id": out["a-id"], "action": "stop"})
+    assert gone.status_code == 404
+
+
+def test_registry_memory_is_bounded_and_evicts_finished_streams_first() -> None:
+    async def scenario() -> None:
+        registry = StreamRegistry(max_streams=3, max_total_bytes=100, max_stream_bytes=60)
+        done = registry.open("old", "m", None)
+        registry.append(done, b"x" * 30)
+        done.finish()
+        live = registry.open("live", "m", None)
+        registry.append(live, b"y" * 40)
+        newer = registry.open("newer", "m", None)
+        registry.append(newer, b"z" * 40)  # 110 bytes: the finished "old" goes first
+        assert registry.find("old") is None and registry.find("live") is live
+        assert registry.total_bytes == 80
+        registry.append(newer, b"z" * 30)  # past the per-stream bound: recording stops, nothing is kept
+        assert newer.truncated and registry.total_bytes == 80
+        for i in range(3):
+            registry.open(f"extra{i}", "m", None)
+        assert len(registry) == 3 and registry.find("live") is None  # the oldest running one, once none finished
+
+    asyncio.run(scenario())

@@ -1,0 +1,49 @@
+"""Browser fixtures: Debian's chromium driven by Playwright through its executable path (no browser download), and a
+live router server serving the pinned llama-ui bundle (built by `make webui`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
+from router_servers import artifact_for, serve_router  # noqa: E402
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs"
+
+
+@pytest.fixture(scope="session")
+def llama_ui_bundle() -> Path:
+    from ninfer.errors import NinferError
+    from ninfer.serve.webui_bundle import installed_bundle
+
+    try:
+        return installed_bundle()
+    except NinferError as exc:
+        pytest.skip(f"{exc}")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (make system-deps installs it)")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def ui_server(pytestconfig, smollm2_gguf, llama_ui_bundle) -> Iterator:
+    smollm2 = artifact_for(pytestconfig, smollm2_gguf)
+    config = {"models": {"alpha": {"path": str(smollm2), "max_context": 2048},
+                         "beta": {"path": str(smollm2), "max_context": 1024, "max_concurrency": 1}}}
+    with serve_router(config, webui_dir=str(llama_ui_bundle)) as server:
+        yield server

@@ -1,0 +1,128 @@
+"""The real pinned llama-ui, in headless Chromium, against a live ninfer router (SmolLM2 as two models): send a
+message and see the streamed answer, stop a generation, switch models and see the status change, reload mid-stream
+and see the stream resume; and the dashboard shows live slot state. Screenshots go to docs/."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from conftest import SCREENSHOTS
+
+ANSWER_TIMEOUT_MS = 90_000
+ASSISTANT = '[aria-label="Assistant message with actions"]'
+
+
+@pytest.fixture
+def page(browser, ui_server):
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.goto(ui_server.url + "/")
+    yield page
+    context.close()
+
+
+def statuses(server) -> dict[str, str]:
+    rows = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
+    return {r["id"]: r["status"]["value"] for r in rows}
+
+
+def choose_model(page, name: str) -> None:
+    page.get_by_role("button", name="Select model").or_(page.locator("button:has-text('alpha'), "
+                                                                   "button:has-text('beta')")).first.click()
+    page.get_by_text(name, exact=True).last.click()
+
+
+def send(page, text: str) -> None:
+    box = page.locator("textarea").first
+    box.fill(text)
+    box.press("Enter")
+
+
+def assistant_text(page) -> str:
+    return page.locator(ASSISTANT).last.inner_text()
+
+
+def test_send_a_message_and_see_the_streamed_answer(page, ui_server) -> None:
+    choose_model(page, "alpha")
+    send(page, "What is the capital of France? Answer in one sentence.")
+    page.locator(ASSISTANT).last.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    page.wait_for_function(f"document.querySelector('{ASSISTANT}')?.innerText.includes('Paris')",
+                           timeout=ANSWER_TIMEOUT_MS)
+    page.screenshot(path=str(SCREENSHOTS / "webui-chat.png"))
+    assert statuses(ui_server)["alpha"] == "loaded"
+
+
+def test_stop_a_generation(page, ui_server) -> None:
+    choose_model(page, "alpha")
+    send(page, "Write a very long story about a lighthouse keeper and the sea, with many chapters.")
+    stop = page.get_by_role("button", name="Stop generation")
+    stop.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    page.wait_for_function(f"(document.querySelector('{ASSISTANT}')?.innerText || '').length > 20",
+                           timeout=ANSWER_TIMEOUT_MS)
+    stop.click()
+    stop.wait_for(state="hidden", timeout=10_000)
+    stopped_at = assistant_text(page)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the server freed the lane: nothing is processing any more
+        if not any(s["is_processing"] for s in httpx.get(ui_server.url + "/slots?model=alpha").json()):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the stopped generation still holds its lane")
+    time.sleep(1.0)
+    assert assistant_text(page) == stopped_at  # no more text arrives
+
+
+def test_switch_models_and_see_the_status_change(page, ui_server) -> None:
+    choose_model(page, "alpha")
+    send(page, "Say hi.")
+    page.locator(ASSISTANT).last.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
+    assert statuses(ui_server) == {"alpha": "loaded", "beta": "unloaded"}
+    choose_model(page, "beta")
+    send(page, "Say hello.")
+    page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
+    assert statuses(ui_server) == {"alpha": "unloaded", "beta": "loaded"}
+    # the UI learnt it from /models/sse: the model list shows beta loaded (offering "Unload")
+    page.get_by_text("beta", exact=True).first.wait_for()
+
+
+def test_reload_mid_stream_and_see_the_stream_resume(page, ui_server) -> None:
+    choose_model(page, "alpha")
+    send(page, "Write a very long story about a lighthouse keeper and the sea, with many chapters.")
+    page.wait_for_function(f"(document.querySelector('{ASSISTANT}')?.innerText || '').length > 40",
+                           timeout=ANSWER_TIMEOUT_MS)
+    before = assistant_text(page)
+    page.reload()
+    page.wait_for_function(
+        f"(document.querySelector('{ASSISTANT}')?.innerText || '').length > {len(before) + 40}",
+        timeout=ANSWER_TIMEOUT_MS)
+    after = assistant_text(page)
+    assert after.startswith(before[: max(0, len(before) - 20)])  # the same answer, continued
+    streams = httpx.get(ui_server.url + "/v1/streams").json()
+    assert streams and streams[-1]["total_bytes"] > 0
+
+
+def test_dashboard_shows_live_slot_state(browser, ui_server) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.goto(ui_server.url + "/dashboard")
+    client = httpx.Client(base_url=ui_server.url, timeout=120)
+    body = {"model": "alpha", "max_tokens": 300, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}]}
+    with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+        lines = stream.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+        page.locator("#slots td.state-busy").first.wait_for(timeout=10_000)
+        page.wait_for_function("Number(document.getElementById('tps').textContent) > 0", timeout=10_000)
+        page.screenshot(path=str(SCREENSHOTS / "webui-dashboard.png"))
+        row = page.locator('#models tr[data-model="alpha"]').inner_text()
+        assert "loaded" in row
+        for line in lines:
+            if line == "data: [DONE]":
+                break
+    page.locator("#slots td.state-busy").first.wait_for(state="detached", timeout=10_000)
+    context.close()
