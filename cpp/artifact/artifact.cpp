@@ -172,13 +172,193 @@ TensorView TensorView::matrix(int64_t index) const {
   return m;
 }
 
-std::shared_ptr<Artifact> Artifact::open(const std::string& path, bool verify_checksums) {
-  auto refuse = [&](const std::string& problem) -> ArtifactError {
-    return ArtifactError(path + ": " + problem);
-  };
-  std::shared_ptr<Artifact> a(new Artifact());
-  a->path_ = path;
+namespace {
 
+// The checks of Artifact::open, one stage per method, all refusing with the file's path in the message.
+class Validator {
+ public:
+  Validator(const std::string& path, const uint8_t* base, uint64_t size) : path_(path), base_(base), size_(size) {}
+
+  ArtifactError refuse(const std::string& problem) const { return ArtifactError(path_ + ": " + problem); }
+
+  // The header's fields against each other and against the file size; then the manifest against its CRC.
+  std::string_view check_header() {
+    std::memcpy(&h_, base_, sizeof h_);
+    if (std::memcmp(h_.magic, kMagic, 8) != 0) throw refuse("wrong magic: not a .ninfer artifact");
+    if (h_.version != kVersion)
+      throw refuse("unsupported format version " + std::to_string(h_.version) + " (this reader reads version 3)");
+    if (h_.manifest_offset != kHeaderSize)
+      throw refuse("corrupt header: manifest_offset " + std::to_string(h_.manifest_offset) + ", expected 64");
+    if (h_.data_offset % kDataAlignment != 0)
+      throw refuse("corrupt header: data_offset " + std::to_string(h_.data_offset) + " is not a multiple of 4096");
+    if (h_.data_offset < kHeaderSize || h_.manifest_size > h_.data_offset - kHeaderSize)
+      throw refuse("corrupt header: the manifest (" + std::to_string(h_.manifest_size) +
+                   " bytes) overruns data_offset " + std::to_string(h_.data_offset));
+    if (h_.data_size > std::numeric_limits<uint64_t>::max() - h_.data_offset)
+      throw refuse("corrupt header: data_size " + std::to_string(h_.data_size) + " overflows");
+    const uint64_t expected_size = h_.data_offset + h_.data_size;
+    if (size_ < expected_size)
+      throw refuse("truncated: " + std::to_string(size_) + " bytes, the header says " + std::to_string(expected_size));
+    if (size_ > expected_size)
+      throw refuse("trailing bytes: " + std::to_string(size_) + " bytes, the header says " +
+                   std::to_string(expected_size));
+    const uint8_t* manifest = base_ + h_.manifest_offset;
+    const uint32_t crc = crc32(manifest, h_.manifest_size);
+    if (crc != h_.manifest_crc32)
+      throw refuse("manifest checksum mismatch (crc32 " + hex8(crc) + ", header says " + hex8(h_.manifest_crc32) +
+                   ")");
+    return {reinterpret_cast<const char*>(manifest), h_.manifest_size};
+  }
+
+  json::Value parse_manifest(std::string_view text) const {
+    try {
+      return json::Value::parse(text);
+    } catch (const json::ParseError& e) {
+      throw refuse(std::string("manifest is not valid JSON: ") + e.what());
+    }
+  }
+
+  // Every tensor entry; a value of the wrong JSON type is reported with the entry being read.
+  std::unordered_map<std::string, TensorView> parse_tensors(const json::Value& m) {
+    std::unordered_map<std::string, TensorView> tensors;
+    where_ = "manifest";
+    try {
+      if (m["format"].as_string() != "ninfer") throw refuse("manifest format is not \"ninfer\"");
+      if (m["version"].as_int() != int64_t(kVersion))
+        throw refuse("manifest version " + std::to_string(m["version"].as_int()) +
+                     " does not match format version 3");
+      m["config"].as_object();
+      for (const json::Value& entry : m["tensors"].as_array()) {
+        TensorView t = parse_tensor(entry);
+        const std::string name = t.name;
+        if (!tensors.emplace(name, std::move(t)).second) throw refuse("duplicate tensor name " + name);
+      }
+    } catch (const json::TypeError& e) {
+      throw refuse("malformed manifest (" + where_ + "): " + e.what());
+    }
+    return tensors;
+  }
+
+  // Blobs may not share bytes: a corrupt offset would otherwise alias two tensors silently.
+  void check_overlaps() {
+    std::sort(blobs_.begin(), blobs_.end(), [](const BlobEntry& x, const BlobEntry& y) { return x.offset < y.offset; });
+    for (size_t i = 1; i < blobs_.size(); ++i)
+      if (blobs_[i - 1].offset + blobs_[i - 1].nbytes > blobs_[i].offset)
+        throw refuse("tensor " + blobs_[i].tensor + " blob " + blobs_[i].name + " overlaps tensor " +
+                     blobs_[i - 1].tensor + " blob " + blobs_[i - 1].name);
+  }
+
+  void verify_checksums() {
+    // Largest blobs first so that the dynamic schedule ends with small ones and the cores finish together.
+    std::sort(blobs_.begin(), blobs_.end(), [](const BlobEntry& x, const BlobEntry& y) { return x.nbytes > y.nbytes; });
+    const uint8_t* data = base_ + h_.data_offset;
+    std::vector<uint32_t> actual(blobs_.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < blobs_.size(); ++i) actual[i] = crc32(data + blobs_[i].offset, blobs_[i].nbytes);
+    for (size_t i = 0; i < blobs_.size(); ++i)
+      if (actual[i] != blobs_[i].crc32)
+        throw refuse("checksum mismatch in tensor " + blobs_[i].tensor + " blob " + blobs_[i].name + " (crc32 " +
+                     hex8(actual[i]) + ", manifest says " + hex8(blobs_[i].crc32) + ")");
+  }
+
+ private:
+  const std::string& path_;
+  const uint8_t* base_;
+  uint64_t size_;
+  Header h_{};
+  std::vector<BlobEntry> blobs_;
+  std::string where_;  // what was being read, for the message of a malformed entry
+
+  TensorView parse_tensor(const json::Value& entry) {
+    where_ = "a tensor entry";
+    TensorView t;
+    t.name = entry["name"].as_string();
+    where_ = "tensor " + t.name;
+    t.encoding = parse_encoding(entry["encoding"].as_string(), path_ + ": tensor " + t.name);
+    const auto& dims = entry["shape"].as_array();
+    if (dims.empty()) throw refuse("tensor " + t.name + ": empty shape");
+    int64_t numel = 1;
+    for (const auto& d : dims) {
+      const int64_t n = d.as_int();
+      if (n < 1 || n > kMaxDim) throw refuse("tensor " + t.name + ": bad dimension " + std::to_string(n));
+      t.shape.push_back(n);
+      numel *= n;
+      if (numel > kMaxNumel) throw refuse("tensor " + t.name + ": implausibly many elements");
+    }
+    t.group_size = check_layout(t, entry.int_or("group_size", 0));
+    parse_blobs(t, entry["blobs"]);
+    return t;
+  }
+
+  // What the encoding asks of the shape; returns the view's group size (16 for nvfp4's blocks).
+  int32_t check_layout(const TensorView& t, int64_t group) const {
+    const int64_t cols = t.cols();
+    const bool grouped = t.encoding == Encoding::INT8 || t.encoding == Encoding::INT4;
+    const bool quantized = grouped || t.encoding == Encoding::FP8_E4M3 || t.encoding == Encoding::NVFP4;
+    if (quantized && t.shape.size() < 2)
+      throw refuse("tensor " + t.name + ": " + encoding_name(t.encoding) + " needs a matrix, not shape " +
+                   shape_text(t.shape));
+    if (grouped) {
+      if (group != 32 && group != 64 && group != 128)
+        throw refuse("tensor " + t.name + ": " + encoding_name(t.encoding) + " group_size " + std::to_string(group) +
+                     " is not 32, 64 or 128");
+      if (cols % group != 0)
+        throw refuse("tensor " + t.name + ": cols " + std::to_string(cols) + " is not a multiple of group_size " +
+                     std::to_string(group));
+      return int32_t(group);
+    }
+    if (t.encoding == Encoding::NVFP4) {
+      if (cols % 16 != 0)
+        throw refuse("tensor " + t.name + ": nvfp4 cols " + std::to_string(cols) + " is not a multiple of 16");
+      return 16;
+    }
+    return 0;
+  }
+
+  // Exactly the encoding's blobs, each of the size the shape needs, aligned and inside the data region.
+  void parse_blobs(TensorView& t, const json::Value& table) {
+    const auto expected = expected_blobs(t.encoding, t.shape, t.group_size);
+    if (table.size() != expected.size()) {
+      std::string names;
+      for (const auto& b : expected) names += std::string(names.empty() ? "" : ", ") + b.name;
+      throw refuse("tensor " + t.name + ": " + encoding_name(t.encoding) + " takes exactly the blobs " + names +
+                   ", found " + std::to_string(table.size()));
+    }
+    for (const BlobSize& want : expected) {
+      if (!table.contains(want.name)) throw refuse("tensor " + t.name + ": missing blob \"" + want.name + "\"");
+      const std::string blob = "tensor " + t.name + " blob " + want.name;
+      where_ = blob;
+      const json::Value& b = table[want.name];
+      const int64_t offset = b["offset"].as_int(), nbytes = b["nbytes"].as_int();
+      if (offset < 0 || nbytes < 0) throw refuse(blob + ": negative offset or size");
+      if (uint64_t(nbytes) != want.nbytes)
+        throw refuse(blob + ": size mismatch, " + std::to_string(nbytes) + " bytes where shape " +
+                     shape_text(t.shape) + " in " + encoding_name(t.encoding) + " needs " +
+                     std::to_string(want.nbytes));
+      if (uint64_t(offset) % kBlobAlignment != 0)
+        throw refuse(blob + ": offset " + std::to_string(offset) + " is not 64-byte aligned");
+      if (uint64_t(offset) > h_.data_size || uint64_t(nbytes) > h_.data_size - uint64_t(offset))
+        throw refuse(blob + ": out of bounds, bytes " + std::to_string(offset) + ".." +
+                     std::to_string(offset + nbytes) + " outside the data region of " + std::to_string(h_.data_size) +
+                     " bytes");
+      blobs_.push_back({t.name, want.name, uint64_t(offset), uint64_t(nbytes),
+                        parse_crc_hex(b["crc32"].as_string(), blob)});
+      const uint8_t* p = base_ + h_.data_offset + offset;
+      const std::string_view name = want.name;
+      if (name == "data" || name == "q") t.data = p;
+      else if (name == "scale") t.scale = p;
+      else if (name == "zero") t.zero = p;
+      else std::memcpy(&t.global_scale, p, 4);
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Artifact> Artifact::open(const std::string& path, bool verify_checksums) {
+  std::shared_ptr<Artifact> a(new Artifact());  // the destructor unmaps and closes whatever was opened
+  a->path_ = path;
+  auto refuse = [&](const std::string& problem) { return ArtifactError(path + ": " + problem); };
   a->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (a->fd_ < 0) throw refuse(std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
@@ -191,145 +371,12 @@ std::shared_ptr<Artifact> Artifact::open(const std::string& path, bool verify_ch
   if (map == MAP_FAILED) throw refuse(std::string("cannot map: ") + std::strerror(errno));
   a->base_ = static_cast<const uint8_t*>(map);
 
-  Header h;
-  std::memcpy(&h, a->base_, sizeof h);
-  if (std::memcmp(h.magic, kMagic, 8) != 0) throw refuse("wrong magic: not a .ninfer artifact");
-  if (h.version != kVersion)
-    throw refuse("unsupported format version " + std::to_string(h.version) + " (this reader reads version 3)");
-  if (h.manifest_offset != kHeaderSize)
-    throw refuse("corrupt header: manifest_offset " + std::to_string(h.manifest_offset) + ", expected 64");
-  if (h.data_offset % kDataAlignment != 0)
-    throw refuse("corrupt header: data_offset " + std::to_string(h.data_offset) + " is not a multiple of 4096");
-  if (h.data_offset < kHeaderSize || h.manifest_size > h.data_offset - kHeaderSize)
-    throw refuse("corrupt header: the manifest (" + std::to_string(h.manifest_size) +
-                 " bytes) overruns data_offset " + std::to_string(h.data_offset));
-  if (h.data_size > std::numeric_limits<uint64_t>::max() - h.data_offset)
-    throw refuse("corrupt header: data_size " + std::to_string(h.data_size) + " overflows");
-  const uint64_t expected_size = h.data_offset + h.data_size;
-  if (a->size_ < expected_size)
-    throw refuse("truncated: " + std::to_string(a->size_) + " bytes, the header says " +
-                 std::to_string(expected_size));
-  if (a->size_ > expected_size)
-    throw refuse("trailing bytes: " + std::to_string(a->size_) + " bytes, the header says " +
-                 std::to_string(expected_size));
-
-  const uint8_t* manifest_bytes = a->base_ + h.manifest_offset;
-  const uint32_t manifest_crc = crc32(manifest_bytes, h.manifest_size);
-  if (manifest_crc != h.manifest_crc32)
-    throw refuse("manifest checksum mismatch (crc32 " + hex8(manifest_crc) + ", header says " +
-                 hex8(h.manifest_crc32) + ")");
-
-  std::vector<BlobEntry> blobs;
-  a->manifest_text_ = std::string_view(reinterpret_cast<const char*>(manifest_bytes), h.manifest_size);
-  try {
-    a->manifest_ = json::Value::parse(a->manifest_text_);
-  } catch (const json::ParseError& e) {
-    throw refuse(std::string("manifest is not valid JSON: ") + e.what());
-  }
-  std::string where = "manifest";  // what was being read, for the message of a malformed entry
-  try {
-    const json::Value& m = a->manifest_;
-    if (m["format"].as_string() != "ninfer") throw refuse("manifest format is not \"ninfer\"");
-    if (m["version"].as_int() != int64_t(kVersion))
-      throw refuse("manifest version " + std::to_string(m["version"].as_int()) + " does not match format version 3");
-    m["config"].as_object();
-    for (const json::Value& entry : m["tensors"].as_array()) {
-      where = "a tensor entry";
-      TensorView t;
-      t.name = entry["name"].as_string();
-      where = "tensor " + t.name;
-      t.encoding = parse_encoding(entry["encoding"].as_string(), path + ": tensor " + t.name);
-      const auto& dims = entry["shape"].as_array();
-      if (dims.empty()) throw refuse("tensor " + t.name + ": empty shape");
-      int64_t numel = 1;
-      for (const auto& d : dims) {
-        const int64_t n = d.as_int();
-        if (n < 1 || n > kMaxDim) throw refuse("tensor " + t.name + ": bad dimension " + std::to_string(n));
-        t.shape.push_back(n);
-        numel *= n;
-        if (numel > kMaxNumel) throw refuse("tensor " + t.name + ": implausibly many elements");
-      }
-      const int64_t cols = t.cols();
-      const int64_t group = entry.int_or("group_size", 0);
-      const bool grouped = t.encoding == Encoding::INT8 || t.encoding == Encoding::INT4;
-      const bool quantized = grouped || t.encoding == Encoding::FP8_E4M3 || t.encoding == Encoding::NVFP4;
-      if (quantized && t.shape.size() < 2)
-        throw refuse("tensor " + t.name + ": " + encoding_name(t.encoding) + " needs a matrix, not shape " +
-                     shape_text(t.shape));
-      if (grouped) {
-        if (group != 32 && group != 64 && group != 128)
-          throw refuse("tensor " + t.name + ": " + encoding_name(t.encoding) + " group_size " +
-                       std::to_string(group) + " is not 32, 64 or 128");
-        if (cols % group != 0)
-          throw refuse("tensor " + t.name + ": cols " + std::to_string(cols) + " is not a multiple of group_size " +
-                       std::to_string(group));
-        t.group_size = int32_t(group);
-      }
-      if (t.encoding == Encoding::NVFP4) {
-        if (cols % 16 != 0)
-          throw refuse("tensor " + t.name + ": nvfp4 cols " + std::to_string(cols) + " is not a multiple of 16");
-        t.group_size = 16;
-      }
-
-      const json::Value& blob_table = entry["blobs"];
-      const auto expected = expected_blobs(t.encoding, t.shape, t.group_size);
-      if (blob_table.size() != expected.size()) {
-        std::string names;
-        for (const auto& b : expected) names += std::string(names.empty() ? "" : ", ") + b.name;
-        throw refuse("tensor " + t.name + ": " + encoding_name(t.encoding) + " takes exactly the blobs " + names +
-                     ", found " + std::to_string(blob_table.size()));
-      }
-      for (const BlobSize& want : expected) {
-        if (!blob_table.contains(want.name))
-          throw refuse("tensor " + t.name + ": missing blob \"" + want.name + "\"");
-        where = "tensor " + t.name + " blob " + want.name;
-        const json::Value& b = blob_table[want.name];
-        const int64_t offset = b["offset"].as_int(), nbytes = b["nbytes"].as_int();
-        const std::string blob = "tensor " + t.name + " blob " + want.name;
-        if (offset < 0 || nbytes < 0) throw refuse(blob + ": negative offset or size");
-        if (uint64_t(nbytes) != want.nbytes)
-          throw refuse(blob + ": size mismatch, " + std::to_string(nbytes) + " bytes where shape " +
-                       shape_text(t.shape) + " in " + encoding_name(t.encoding) + " needs " +
-                       std::to_string(want.nbytes));
-        if (uint64_t(offset) % kBlobAlignment != 0)
-          throw refuse(blob + ": offset " + std::to_string(offset) + " is not 64-byte aligned");
-        if (uint64_t(offset) > h.data_size || uint64_t(nbytes) > h.data_size - uint64_t(offset))
-          throw refuse(blob + ": out of bounds, bytes " + std::to_string(offset) + ".." +
-                       std::to_string(offset + nbytes) + " outside the data region of " +
-                       std::to_string(h.data_size) + " bytes");
-        blobs.push_back({t.name, want.name, uint64_t(offset), uint64_t(nbytes), parse_crc_hex(b["crc32"].as_string(), blob)});
-        const uint8_t* p = a->base_ + h.data_offset + offset;
-        if (want.name == std::string("data") || want.name == std::string("q")) t.data = p;
-        else if (want.name == std::string("scale")) t.scale = p;
-        else if (want.name == std::string("zero")) t.zero = p;
-        else std::memcpy(&t.global_scale, p, 4);
-      }
-      const std::string name = t.name;
-      if (!a->tensors_.emplace(name, std::move(t)).second) throw refuse("duplicate tensor name " + name);
-    }
-  } catch (const json::TypeError& e) {
-    throw refuse("malformed manifest (" + where + "): " + e.what());
-  }
-
-  // Blobs may not share bytes: a corrupt offset would otherwise alias two tensors silently.
-  std::sort(blobs.begin(), blobs.end(), [](const BlobEntry& x, const BlobEntry& y) { return x.offset < y.offset; });
-  for (size_t i = 1; i < blobs.size(); ++i)
-    if (blobs[i - 1].offset + blobs[i - 1].nbytes > blobs[i].offset)
-      throw refuse("tensor " + blobs[i].tensor + " blob " + blobs[i].name + " overlaps tensor " +
-                   blobs[i - 1].tensor + " blob " + blobs[i - 1].name);
-
-  if (verify_checksums) {
-    // Largest blobs first so that the dynamic schedule ends with small ones and the cores finish together.
-    std::sort(blobs.begin(), blobs.end(), [](const BlobEntry& x, const BlobEntry& y) { return x.nbytes > y.nbytes; });
-    const uint8_t* data = a->base_ + h.data_offset;
-    std::vector<uint32_t> actual(blobs.size());
-#pragma omp parallel for schedule(dynamic, 1)
-    for (size_t i = 0; i < blobs.size(); ++i) actual[i] = crc32(data + blobs[i].offset, blobs[i].nbytes);
-    for (size_t i = 0; i < blobs.size(); ++i)
-      if (actual[i] != blobs[i].crc32)
-        throw refuse("checksum mismatch in tensor " + blobs[i].tensor + " blob " + blobs[i].name + " (crc32 " +
-                     hex8(actual[i]) + ", manifest says " + hex8(blobs[i].crc32) + ")");
-  }
+  Validator check(path, a->base_, a->size_);
+  a->manifest_text_ = check.check_header();
+  a->manifest_ = check.parse_manifest(a->manifest_text_);
+  a->tensors_ = check.parse_tensors(a->manifest_);
+  check.check_overlaps();
+  if (verify_checksums) check.verify_checksums();
   return a;
 }
 
