@@ -43,7 +43,7 @@ webui: venv
 	$(PY) webui/build_llama_ui.py
 
 test: build system-deps webui
-	$(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
 
 gpu-test: build
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)

@@ -88,6 +88,21 @@ def test_linear_matches_reference(weights, case: tuple, kind: str) -> None:
 
 
 @pytest.mark.parametrize("case", WEIGHTS, ids=weight_id)
+def test_each_row_is_independent_of_the_batch(weights, case: tuple) -> None:
+    """Batch invariance: a row's output is bit-identical whether it is computed alone or beside other rows, so a
+    sequence decodes the same tokens alone or sharing a decode batch (the runtime's concurrency guarantee)."""
+    art, reference = weights
+    name = f"real/{weight_id(case)}"
+    rng = np.random.default_rng()
+    x = rng.standard_normal((9, reference[name].shape[1])).astype(np.float32)
+    together = linear_poisoned(art, name, x)
+    for rows in (1, 2, 3, 9):
+        for start in range(0, 9 - rows + 1, rows):
+            alone = linear_poisoned(art, name, x[start:start + rows])
+            np.testing.assert_array_equal(alone, together[start:start + rows])
+
+
+@pytest.mark.parametrize("case", WEIGHTS, ids=weight_id)
 def test_in_kernel_decode_is_exact(weights, case: tuple) -> None:
     """x = I picks single weights out with no rounding in the sums, so linear(I) must equal decode(W).T bit for
     bit: the kernel's SIMD decoders agree exactly with the reference."""

@@ -75,28 +75,22 @@ void tile_dot(const float* x, int64_t ldx, int64_t rows, const float* wbuf, int6
     _mm_storeu_ps(ra, _mm_add_ps(_mm_loadu_ps(ra), sa));
     _mm_storeu_ps(rb, _mm_add_ps(_mm_loadu_ps(rb), sb));
   }
-  if (r < rows) {  // the odd row (and every decode step): two accumulators per weight row hide FMA latency
+  if (r < rows) {
+    // The odd row (and every decode step) does exactly the arithmetic of one row of the pair loop above, in the
+    // same order: a row's result never depends on how many rows share the call (batch invariance: a sequence
+    // decodes the same tokens alone or beside others).
     const float* xa = x + r * ldx;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-    int64_t k = 0;
-    for (; k + 16 <= n8; k += 16) {
-      const __m256 va = _mm256_loadu_ps(xa + k), vc = _mm256_loadu_ps(xa + k + 8);
-      a0 = _mm256_fmadd_ps(va, _mm256_load_ps(w0 + k), a0); c0 = _mm256_fmadd_ps(vc, _mm256_load_ps(w0 + k + 8), c0);
-      a1 = _mm256_fmadd_ps(va, _mm256_load_ps(w1 + k), a1); c1 = _mm256_fmadd_ps(vc, _mm256_load_ps(w1 + k + 8), c1);
-      a2 = _mm256_fmadd_ps(va, _mm256_load_ps(w2 + k), a2); c2 = _mm256_fmadd_ps(vc, _mm256_load_ps(w2 + k + 8), c2);
-      a3 = _mm256_fmadd_ps(va, _mm256_load_ps(w3 + k), a3); c3 = _mm256_fmadd_ps(vc, _mm256_load_ps(w3 + k + 8), c3);
-    }
-    for (; k < n8; k += 8) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t k = 0; k < n8; k += 8) {
       const __m256 va = _mm256_loadu_ps(xa + k);
       a0 = _mm256_fmadd_ps(va, _mm256_load_ps(w0 + k), a0);
       a1 = _mm256_fmadd_ps(va, _mm256_load_ps(w1 + k), a1);
       a2 = _mm256_fmadd_ps(va, _mm256_load_ps(w2 + k), a2);
       a3 = _mm256_fmadd_ps(va, _mm256_load_ps(w3 + k), a3);
     }
-    const __m128 s = sum_lanes4(_mm256_add_ps(a0, c0), _mm256_add_ps(a1, c1), _mm256_add_ps(a2, c2),
-                                _mm256_add_ps(a3, c3));
     float* ra = acc + r * kTileRows;
-    _mm_storeu_ps(ra, _mm_add_ps(_mm_loadu_ps(ra), _mm_add_ps(s, tail_dot(xa, wbuf, n8, n))));
+    const __m128 sa = _mm_add_ps(sum_lanes4(a0, a1, a2, a3), tail_dot(xa, wbuf, n8, n));
+    _mm_storeu_ps(ra, _mm_add_ps(_mm_loadu_ps(ra), sa));
   }
 }
 
