@@ -5,6 +5,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "bindings/backend_ops.h"
 #include "bindings/bindings.h"
 #include "runtime/engine.h"
 #include "runtime/kv_quant.h"
@@ -49,7 +50,9 @@ void bind_structs(nb::module_& m) {
       .def_prop_rw("kv_dtype", [](const EngineOptions& o) { return std::string(kv_dtype_name(o.kv_dtype)); },
                    [](EngineOptions& o, const std::string& name) { o.kv_dtype = parse_kv_dtype(name); })
       .def_rw("threads", &EngineOptions::threads)
-      .def_rw("verify_checksums", &EngineOptions::verify_checksums);
+      .def_rw("verify_checksums", &EngineOptions::verify_checksums)
+      .def_rw("backend", &EngineOptions::backend)
+      .def_rw("cuda_graphs", &EngineOptions::cuda_graphs);
 
   nb::class_<Usage>(m, "Usage")
       .def_ro("prompt_tokens", &Usage::prompt_tokens)
@@ -111,11 +114,52 @@ void bind_test_hooks(nb::module_& m) {
 
 }  // namespace
 
+// The engine's backend from options.backend (cpu | cuda | auto = cuda when a device is usable, else cpu);
+// options.backend is set to the one chosen. Null means the CPU backend, which the model makes with its threads.
+std::unique_ptr<Backend> engine_backend(EngineOptions& options) {
+  if (options.backend == "auto") {
+    try {
+      std::unique_ptr<Backend> cuda = make_backend_named("cuda", 0);
+      options.backend = "cuda";
+      return cuda;
+    } catch (const EngineError&) {
+      options.backend = "cpu";
+    }
+  }
+  if (options.backend == "cpu") return nullptr;
+  return make_backend_named(options.backend, options.threads);
+}
+
+nb::dict memory_plan(const Engine& e) {
+  const MemoryPlan& p = e.memory_plan();
+  nb::dict d;
+  d["backend"] = e.options().backend;
+  d["device_total"] = p.device_total;
+  d["weights"] = p.weights;
+  d["kv_pool"] = p.kv_pool;
+  d["kv_capacity_tokens"] = p.kv_capacity_tokens;
+  d["kv_bytes_per_token"] = p.kv_page_bytes / kKvPageTokens;
+  d["gdn_states"] = p.gdn_states;
+  d["workspace"] = p.workspace;
+  d["headroom"] = p.headroom;
+  d["graph_bytes"] = e.device() ? e.device()->graph_bytes() : 0;
+  d["graphs_captured"] = e.device() ? e.device()->graphs_captured() : 0;
+  d["graph_replays"] = e.device() ? e.device()->graph_replays() : 0;
+  d["summary"] = e.device() ? describe(p) : std::string("cpu backend: host memory");
+  return d;
+}
+
 void bind_runtime(nb::module_& m) {
   bind_structs(m);
   bind_test_hooks(m);
   nb::class_<Engine>(m, "Engine")
-      .def(nb::init<const std::string&, const EngineOptions&>(), Release())
+      .def("__init__",
+           [](Engine* self, const std::string& path, EngineOptions options) {
+             std::unique_ptr<Backend> backend = engine_backend(options);
+             new (self) Engine(path, options, std::move(backend));
+           },
+           Release())
+      .def("memory_plan", &memory_plan, "Device memory plan and CUDA-graph figures (bytes), with a summary line.")
       .def("submit", &Engine::submit, Release())
       .def("cancel", &Engine::cancel, Release())
       .def("next_events", &Engine::next_events, nb::arg("timeout_s"), Release())

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
 #include "artifact/artifact.h"
@@ -24,13 +25,21 @@ int64_t resident_bytes() {
 
 int64_t pages_for(int64_t tokens) { return (tokens + kKvPageTokens - 1) / kKvPageTokens; }
 
+// The lane count when every slice of the plan is one new token (a pass a decode graph can run), else 0.
+int32_t decode_batch(const StepPlan& plan) {
+  for (const LaneSlice& s : plan.slices)
+    if (s.end - s.begin != 1) return 0;
+  return int32_t(plan.slices.size());
+}
+
 void validate_options(const EngineOptions& o) {
   const auto fail = [](const std::string& m) { throw EngineError("invalid engine option: " + m); };
   if (o.max_concurrency < 1 || o.max_concurrency > 8)
     fail("max_concurrency = " + std::to_string(o.max_concurrency) + " (must be 1..8)");
   if (o.max_context < 1) fail("max_context = " + std::to_string(o.max_context) + " (must be >= 1)");
   if (o.max_queue < 0) fail("max_queue = " + std::to_string(o.max_queue) + " (must be >= 0)");
-  if (o.kv_capacity < 0) fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0, 0 = auto)");
+  if (o.kv_capacity < 0 && o.kv_capacity != kKvCapacityAuto)
+    fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0; 0 = max_context * max_concurrency)");
   if (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens != 0)
     fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64)");
 }
@@ -48,16 +57,29 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
-Engine::Engine(const std::string& path, const EngineOptions& options) : options_(options) {
+Engine::Engine(const std::string& path, const EngineOptions& options, std::unique_ptr<Backend> backend)
+    : options_(options) {
   validate_options(options_);
   ModelOptions mo;
   mo.max_context = options_.max_context;
-  mo.kv_capacity = options_.kv_capacity;
+  mo.kv_capacity = std::max<int64_t>(0, options_.kv_capacity);
   mo.max_sequences = options_.max_concurrency;
   mo.kv_dtype = options_.kv_dtype;
   mo.threads = options_.threads;
   mo.verify_checksums = options_.verify_checksums;
-  model_ = Model::load(Artifact::open(path, options_.verify_checksums), mo);
+  std::shared_ptr<const Artifact> artifact = Artifact::open(path, options_.verify_checksums);
+  device_ = dynamic_cast<DeviceRuntime*>(backend.get());
+  if (device_) {
+    const ModelConfig config = ModelConfig::from_json(artifact->config(), path);
+    const DeviceMemoryUse use = device_->upload_weights(*artifact);
+    memory_plan_ = plan_memory(config, options_.kv_dtype, options_.kv_capacity, options_.max_context,
+                               options_.max_concurrency, options_.prefill_chunk + options_.max_concurrency,
+                               use.device_total, use.weights, use.free_after_weights);
+    mo.kv_capacity = memory_plan_.kv_capacity_tokens;
+    device_->set_graphs_enabled(options_.cuda_graphs);
+    std::fprintf(stderr, "ninfer: %s\n", describe(memory_plan_).c_str());
+  }
+  model_ = Model::load(std::move(artifact), mo, std::move(backend));
   config_ = model_->config();
   Model* model = model_.get();
   scheduler_ = std::make_unique<Scheduler>(
@@ -334,6 +356,7 @@ void Engine::step() {
   const char* error_type = nullptr;
   std::string error_message;
   try {
+    if (device_) device_->begin_pass(decode_batch(plan));
     model_->forward(items, out);
   } catch (const EngineError& e) {
     error_type = "EngineError";

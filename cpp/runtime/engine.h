@@ -13,8 +13,11 @@
 #include <unordered_set>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/config.h"
 #include "runtime/cache.h"
+#include "runtime/device_runtime.h"
+#include "runtime/memory_plan.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
 
@@ -25,14 +28,18 @@ struct ForwardOutput;
 
 struct EngineOptions {
   int64_t max_context = 4096;    // longest sequence, prompt + generation
-  int64_t kv_capacity = 0;       // tokens in the shared KV pool; 0 = max_context * max_concurrency
+  int64_t kv_capacity = 0;       // tokens in the shared KV pool; 0 = max_context * max_concurrency;
+                                 // kKvCapacityAuto = the most that fits (device backends; else as 0)
   int32_t max_concurrency = 1;   // lanes, 1..8
   int32_t max_queue = 16;        // requests that may wait for a lane; one more is refused with EngineBusyError
   int64_t prefill_chunk = 512;   // tokens per prefill chunk (and the per-step prefill budget), a multiple of 64
   KvDtype kv_dtype = KvDtype::BF16;
   int32_t threads = 0;           // 0 = all cores
   bool verify_checksums = true;
+  std::string backend = "cpu";   // the backend the engine was given (cpu | cuda), for reports
+  bool cuda_graphs = true;       // decode passes as CUDA graphs (device backends)
 };
+inline constexpr int64_t kKvCapacityAuto = -1;
 
 struct EngineStats {
   int32_t lanes = 0, busy_lanes = 0;
@@ -45,7 +52,9 @@ struct EngineStats {
 
 class Engine {
  public:
-  Engine(const std::string& path, const EngineOptions& options);
+  // Runs on `backend` (the CPU backend with options.threads when null). A backend with its own memory
+  // (DeviceRuntime) gets the weights at once and a memory plan; OutOfMemoryError when they do not fit.
+  Engine(const std::string& path, const EngineOptions& options, std::unique_ptr<Backend> backend = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -62,6 +71,9 @@ class Engine {
   EngineStats stats() const;
   const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }
+  // The device memory plan (all zero on the CPU backend) and the decode graphs' measured figures.
+  const MemoryPlan& memory_plan() const { return memory_plan_; }
+  const DeviceRuntime* device() const { return device_; }
   // Stops the thread, ends every request with `cancelled`, frees the model. Idempotent.
   void close();
 
@@ -80,6 +92,8 @@ class Engine {
   EngineOptions options_;
   ModelConfig config_;
   std::unique_ptr<Model> model_;
+  DeviceRuntime* device_ = nullptr;  // the model's backend, when it has its own memory
+  MemoryPlan memory_plan_;
   std::unique_ptr<Scheduler> scheduler_;  // touched only under mu_ (admission, cancel) or by the thread
 
   mutable std::mutex mu_;

@@ -12,7 +12,7 @@ import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tokenizers
 
@@ -21,19 +21,23 @@ from ninfer.artifact.reader import read_artifact
 from ninfer.frontend.chat import ChatTemplate, RenderedPrompt
 
 _PUMP_WAIT_S = 0.05
+_KV_CAPACITY_AUTO = -1  # the C++ engine's kKvCapacityAuto
 
 
 @dataclass(frozen=True)
 class EngineOptions:
-    backend: str = "auto"  # auto | cpu (the CUDA backend arrives with its issue)
+    backend: str = "auto"  # auto (cuda when a GPU is usable, else cpu) | cpu | cuda
     max_context: int = 4096
-    kv_capacity: int | None = None  # tokens in the KV pool; None = max_context * max_concurrency
+    # tokens in the KV pool; None = max_context * max_concurrency; "auto" = the most that fits in device
+    # memory after the weights with 1 GiB to spare (CUDA; on the CPU backend as None)
+    kv_capacity: int | Literal["auto"] | None = None
     max_concurrency: int = 1  # lanes, 1..8
     max_queue: int = 16  # requests that may wait for a lane
     kv_dtype: str = "bf16"  # f32 | bf16 | fp8 | int8
     prefill_chunk: int = 512  # a multiple of 64
     threads: int = 0  # 0 = all cores
     verify_checksums: bool = True
+    cuda_graphs: bool = True  # decode passes as CUDA graphs (cuda backend)
 
 
 @dataclass(frozen=True)
@@ -179,11 +183,13 @@ class TextStream:
 
 
 def _native_options(options: EngineOptions) -> _engine.EngineOptions:
-    if options.backend not in ("auto", "cpu"):
-        raise errors.EngineError(f"backend {options.backend!r} is not available in this build (use auto or cpu)")
+    if options.backend not in ("auto", "cpu", "cuda"):
+        raise errors.EngineError(f"unknown backend {options.backend!r} (use auto, cpu or cuda)")
     native = _engine.EngineOptions()
+    native.backend = options.backend
+    native.cuda_graphs = options.cuda_graphs
     native.max_context = options.max_context
-    native.kv_capacity = options.kv_capacity or 0
+    native.kv_capacity = _KV_CAPACITY_AUTO if options.kv_capacity == "auto" else options.kv_capacity or 0
     native.max_concurrency = options.max_concurrency
     native.max_queue = options.max_queue
     native.kv_dtype = options.kv_dtype
@@ -323,6 +329,11 @@ class Engine:
         if self._closed:
             raise errors.EngineError("the engine is closed")
         return list(self._native.score(list(token_ids)))
+
+    def memory_plan(self) -> dict[str, Any]:
+        """The device memory plan in bytes (weights, kv_pool, gdn_states, workspace, headroom), the KV capacity,
+        the CUDA graphs' measured bytes, count and replays, and a one-line `summary`; backend "cpu": host memory."""
+        return dict(self._native.memory_plan())
 
     def stats(self) -> EngineStats:
         s = self._native.stats()

@@ -58,18 +58,60 @@ __global__ void sigmoid_gate_kernel(float* x, int64_t rows, int32_t heads, int32
   }
 }
 
-}  // namespace
-
-CudaBackend::CudaBackend(int device) : device_(device), memory_(nullptr) {
+// Makes `device` current (before any member allocates); EngineError when there is no such device.
+void select_device(int device) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
     cudaGetLastError();
     throw EngineError("CUDA backend: no usable CUDA device " + std::to_string(device) + " (" +
                       std::to_string(count) + " visible)");
   }
-  NINFER_CUDA_CHECK(cudaSetDevice(device_));
+  NINFER_CUDA_CHECK(cudaSetDevice(device));
+}
+
+}  // namespace
+
+// Room for every table of one pass (a 32k-token prefill chunk needs well under 1 MiB; a decode pass of 8 lanes
+// at 32k context, ~600 KiB).
+constexpr size_t kStepTableBytes = size_t(16) << 20;
+
+CudaBackend::CudaBackend(int device)
+    : device_(device), memory_(nullptr), tables_((select_device(device), kStepTableBytes)) {
   NINFER_CUDA_CHECK(cudaStreamCreate(&stream_));
   memory_ = DeviceMemory(stream_);
+  // A captured decode pass ends where its outputs are first read back: launch its graph there.
+  memory_.set_before_host_read([this] {
+    if (graphs_.capturing()) graphs_.end_and_launch(stream_, [this] { tables_.copy_all(stream_); });
+  });
+}
+
+DeviceMemoryUse CudaBackend::upload_weights(const Artifact& artifact) {
+  bind_calling_thread();
+  size_t free_before = 0, total = 0;
+  NINFER_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  const std::vector<std::string> names = artifact.tensor_names();
+  size_t needed = 0;
+  for (const std::string& name : names) {
+    const TensorView& t = artifact.tensor(name);
+    needed += data_bytes(t) + scale_bytes(t) + zero_bytes(t);
+  }
+  if (needed > free_before)
+    throw OutOfMemoryError("the weights of " + artifact.path() + " (" + std::to_string(needed >> 20) +
+                           " MiB) do not fit in device memory (" + std::to_string(free_before >> 20) + " MiB free of " +
+                           std::to_string(total >> 20) + " MiB)");
+  for (const std::string& name : names) resident(artifact.tensor(name));
+  NINFER_CUDA_CHECK(cudaDeviceSynchronize());
+  size_t free_after = 0;
+  NINFER_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+  return {int64_t(total), int64_t(free_before) - int64_t(free_after), int64_t(free_after)};
+}
+
+void CudaBackend::begin_pass(int32_t decode_batch) {
+  bind_calling_thread();
+  if (graphs_.capturing()) graphs_.abandon(stream_);  // the previous pass threw before its outputs were read
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing queued still reads the arena's slots
+  tables_.reset();
+  if (graphs_.should_capture(decode_batch)) graphs_.begin_capture(stream_, decode_batch);
 }
 
 CudaBackend::~CudaBackend() {
@@ -106,13 +148,19 @@ const float* CudaBackend::resident(const float* values, int64_t count) {
 }
 
 const uint8_t* CudaBackend::upload(const HostTables& tables) {
-  const size_t bytes = tables.bytes().size();
-  if (tables_.bytes() < bytes) {
-    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may still read the old tables
-    tables_ = DeviceBuffer(bytes * 2);
+  const std::vector<uint8_t>& bytes = tables.bytes();
+  const bool eager = !graphs_.capturing();  // a captured pass copies all its slots at once before the launch
+  bool fits = false;
+  const uint8_t* slot = tables_.put(bytes.data(), bytes.size(), eager, stream_, fits);
+  if (!fits && eager) {  // ops called outside passes fill the arena up: start again once its copies are done
+    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    tables_.reset();
+    slot = tables_.put(bytes.data(), bytes.size(), eager, stream_, fits);
   }
-  if (bytes) memory_.from_host(tables_.get(), tables.bytes().data(), bytes);
-  return tables_.as<const uint8_t>();
+  if (!fits)
+    throw EngineError("CUDA backend: op tables of " + std::to_string(bytes.size()) + " bytes overflow the " +
+                      std::to_string(tables_.capacity() >> 20) + " MiB step arena");
+  return slot;
 }
 
 CudaBackend::SequenceOffsets CudaBackend::add_sequences(std::span<const SequenceRows> seqs, HostTables& tables) {

@@ -15,7 +15,10 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/decode_graphs.h"
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/step_tables.h"
+#include "runtime/device_runtime.h"
 
 namespace ninfer::cuda {
 
@@ -41,7 +44,7 @@ struct DeviceSequence {
   int64_t page_offset;
 };
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public DeviceRuntime {
  public:
   explicit CudaBackend(int device);
   ~CudaBackend() override;
@@ -49,6 +52,13 @@ class CudaBackend final : public Backend {
   void bind_calling_thread() override;
   MemoryResource& memory() override { return memory_; }
   cudaStream_t stream() const { return stream_; }
+
+  DeviceMemoryUse upload_weights(const Artifact& artifact) override;
+  void begin_pass(int32_t decode_batch) override;
+  void set_graphs_enabled(bool enabled) override { graphs_.enabled = enabled; }
+  int64_t graph_bytes() const override { return graphs_.bytes(); }
+  int32_t graphs_captured() const override { return graphs_.captured(); }
+  int64_t graph_replays() const override { return graphs_.replays(); }
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) override;
@@ -95,7 +105,7 @@ class CudaBackend final : public Backend {
   const TensorView& resident(const TensorView& w);
   // The same for a small f32 vector of `count` values.
   const float* resident(const float* values, int64_t count);
-  // Uploads `tables` into a reused device buffer; returns its device address (valid until the next call).
+  // Puts `tables` into this pass's next slot of the step arena; returns its device address (valid for the pass).
   const uint8_t* upload(const HostTables& tables);
   // Adds the tables every sequence op needs: sequences, their pages, and each row's sequence (-1: none).
   struct SequenceOffsets {
@@ -111,7 +121,8 @@ class CudaBackend final : public Backend {
   DeviceMemory memory_;
   std::unordered_map<const void*, DeviceWeight> weights_;
   std::unordered_map<const float*, DeviceBuffer> constants_;
-  DeviceBuffer tables_;
+  StepTables tables_;
+  DecodeGraphs graphs_;
   DeviceBuffer moe_hidden_, moe_out_;
 };
 

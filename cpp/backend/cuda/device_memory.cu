@@ -41,6 +41,7 @@ void DeviceMemory::from_host(void* dst, const void* host, size_t bytes) {
 }
 
 void DeviceMemory::to_host(void* host, const void* src, size_t bytes) {
+  if (before_host_read_) before_host_read_();
   NINFER_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
   NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }

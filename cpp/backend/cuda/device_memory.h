@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
+
 #include "backend/memory.h"
 
 namespace ninfer::cuda {
@@ -18,9 +20,12 @@ class DeviceMemory final : public MemoryResource {
   void from_host(void* dst, const void* host, size_t bytes) override;
   void to_host(void* host, const void* src, size_t bytes) override;
   bool host_accessible() const override { return false; }
+  // Runs before every read back to the host (where a captured decode pass is launched: its outputs are read).
+  void set_before_host_read(std::function<void()> hook) { before_host_read_ = std::move(hook); }
 
  private:
   cudaStream_t stream_;
+  std::function<void()> before_host_read_;
 };
 
 // Whether `p` is device (or managed) memory, as opposed to host memory the device cannot read.

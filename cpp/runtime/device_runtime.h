@@ -1,0 +1,30 @@
+// What the engine asks of a backend with its own memory (the CUDA backend), beyond the ops: upload the weights
+// and measure what is left (the memory plan), and run decode passes as CUDA graphs. The engine finds it with a
+// dynamic_cast, so the CPU backend and the Backend interface stay as they are.
+#pragma once
+
+#include <cstdint>
+
+#include "artifact/artifact.h"
+
+namespace ninfer {
+
+struct DeviceMemoryUse {
+  int64_t device_total = 0, weights = 0, free_after_weights = 0;
+};
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  // Copies every tensor of `artifact` to the device now (not at first use) and measures the bytes taken.
+  virtual DeviceMemoryUse upload_weights(const Artifact& artifact) = 0;
+  // Announces the next pass: `decode_batch` > 0 when it is exactly that many sequences of one new token each
+  // (then it may run as the captured graph of that batch size), 0 for any other pass (eager).
+  virtual void begin_pass(int32_t decode_batch) = 0;
+  virtual void set_graphs_enabled(bool enabled) = 0;
+  virtual int64_t graph_bytes() const = 0;     // device memory the instantiated graphs took (measured)
+  virtual int32_t graphs_captured() const = 0; // batch sizes with a graph
+  virtual int64_t graph_replays() const = 0;   // passes run as graph launches
+};
+
+}  // namespace ninfer

@@ -1,0 +1,92 @@
+#include "runtime/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "errors.h"
+#include "runtime/kv_pool.h"
+
+namespace ninfer {
+namespace {
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f MiB", double(bytes) / double(1 << 20));
+  return text;
+}
+
+}  // namespace
+
+int64_t kv_page_bytes(const ModelConfig& config, KvDtype dtype) {
+  const int32_t layers = config.num_full_attention_layers() + (config.mtp_layers > 0 ? 1 : 0);
+  // An empty pool computes the page layout exactly as the real one will.
+  return KvPool(layers, config.num_kv_heads, config.head_dim, 0, dtype).page_bytes();
+}
+
+int64_t gdn_state_bytes(const ModelConfig& config, int32_t slots) {
+  const auto& l = config.linear_attention;
+  if (!l) return 0;
+  const int64_t channels = 2LL * l->num_key_heads * l->key_head_dim + int64_t(l->num_value_heads) * l->value_head_dim;
+  const int64_t per_layer = channels * (l->conv_kernel - 1) + int64_t(l->num_value_heads) * l->key_head_dim *
+                                                                   l->value_head_dim;
+  return int64_t(slots) * config.num_linear_attention_layers() * per_layer * int64_t(sizeof(float));
+}
+
+int64_t workspace_bytes(const ModelConfig& config, int64_t rows) {
+  const int64_t h = config.hidden_size;
+  const int64_t attention = 2LL * config.num_heads * config.head_dim + 2LL * config.num_kv_heads * config.head_dim +
+                            int64_t(config.num_heads) * config.head_dim;
+  int64_t gdn = 0;
+  if (const auto& l = config.linear_attention) {
+    const int64_t value = int64_t(l->num_value_heads) * l->value_head_dim;
+    const int64_t channels = 2LL * l->num_key_heads * l->key_head_dim + value;
+    gdn = 2 * channels + 3 * value + 4LL * l->num_value_heads;  // mixed, conv, z, q/k/v views, out, gates
+  }
+  int64_t ffn = 2 * config.intermediate_size;
+  if (const auto& m = config.moe)
+    ffn = int64_t(m->top_k) * (2LL * m->intermediate_size + h) + 2LL * m->shared_intermediate_size + m->num_experts;
+  // Residual stream, its normed copy, the block output, the widest mixer, the FFN; logits for every row at most.
+  const int64_t per_row = 3 * h + std::max(attention, gdn) + ffn + config.vocab_size + h;
+  return rows * per_row * int64_t(sizeof(float));
+}
+
+MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens, int64_t max_context,
+                       int32_t slots, int64_t pass_rows, int64_t device_total, int64_t weights,
+                       int64_t free_after_weights) {
+  MemoryPlan p;
+  p.device_total = device_total;
+  p.weights = weights;
+  p.free_after_weights = free_after_weights;
+  p.kv_page_bytes = kv_page_bytes(config, dtype);
+  p.gdn_states = gdn_state_bytes(config, slots);
+  p.workspace = workspace_bytes(config, pass_rows);
+  const int64_t for_kv = free_after_weights - p.headroom - p.gdn_states - p.workspace;
+  const int64_t max_pages = (max_context * slots + kKvPageTokens - 1) / kKvPageTokens;
+  const int64_t min_pages = (max_context + kKvPageTokens - 1) / kKvPageTokens;
+  int64_t pages = 0;
+  if (kv_capacity_tokens < 0)
+    pages = std::min(max_pages, std::max<int64_t>(0, for_kv) / p.kv_page_bytes);
+  else
+    pages = ((kv_capacity_tokens ? kv_capacity_tokens : max_context * slots) + kKvPageTokens - 1) / kKvPageTokens;
+  p.kv_capacity_tokens = pages * kKvPageTokens;
+  p.kv_pool = pages * p.kv_page_bytes;
+  const bool too_small = kv_capacity_tokens < 0 && pages < min_pages;
+  if (too_small || p.kv_pool > for_kv)
+    throw OutOfMemoryError(
+        "the model does not fit in device memory: weights " + mib(weights) + ", " + mib(free_after_weights) +
+        " free after them of " + mib(device_total) + "; GDN states " + mib(p.gdn_states) + " + workspace " +
+        mib(p.workspace) + " + headroom " + mib(p.headroom) + " leave " + mib(std::max<int64_t>(0, for_kv)) +
+        " for the KV pool, which needs " + mib((too_small ? min_pages : pages) * p.kv_page_bytes) + " (" +
+        std::to_string((too_small ? min_pages : pages) * kKvPageTokens) + " tokens at " +
+        std::to_string(p.kv_page_bytes / kKvPageTokens) + " B/token)");
+  return p;
+}
+
+std::string describe(const MemoryPlan& p) {
+  return "device memory " + mib(p.device_total) + ": weights " + mib(p.weights) + ", KV pool " + mib(p.kv_pool) +
+         " (" + std::to_string(p.kv_capacity_tokens) + " tokens, " + std::to_string(p.kv_page_bytes / kKvPageTokens) +
+         " B/token), GDN states " + mib(p.gdn_states) + ", workspace (planned) " + mib(p.workspace) +
+         ", headroom " + mib(p.headroom);
+}
+
+}  // namespace ninfer

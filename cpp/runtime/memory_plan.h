@@ -1,0 +1,45 @@
+// The device memory plan of an engine on a backend with its own memory (the CUDA backend): what the weights,
+// the KV pool, the Gated DeltaNet states and the activation workspace take, and the KV capacity that fits.
+// The arithmetic lives here, in the runtime, so it is the same for every device and testable without one; the
+// backend supplies the two measured numbers (bytes its weights took, bytes still free after them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+#include "runtime/cache.h"
+
+namespace ninfer {
+
+inline constexpr int64_t kMemoryHeadroomBytes = int64_t(1) << 30;  // left free for the driver, graphs, growth
+
+struct MemoryPlan {
+  int64_t device_total = 0;       // the device's memory
+  int64_t weights = 0;            // measured: device bytes the uploaded weights took
+  int64_t free_after_weights = 0; // measured
+  int64_t kv_page_bytes = 0;      // one page of kKvPageTokens tokens over every KV layer
+  int64_t kv_capacity_tokens = 0;
+  int64_t kv_pool = 0, gdn_states = 0, workspace = 0;  // planned bytes
+  int64_t headroom = kMemoryHeadroomBytes;
+};
+
+// Bytes of one KV page for `config` (its full-attention layers, plus one for the MTP head) in `dtype`.
+int64_t kv_page_bytes(const ModelConfig& config, KvDtype dtype);
+// Bytes of the GDN conv + recurrent state of `slots` sequences (0 for models without linear attention).
+int64_t gdn_state_bytes(const ModelConfig& config, int32_t slots);
+// An upper bound on the activation buffers of a pass of `rows` rows (the largest is a prefill chunk plus the
+// decoding lanes): the residual stream and every per-row buffer of the widest layer, in f32.
+int64_t workspace_bytes(const ModelConfig& config, int64_t rows);
+
+// Plans the pools after the weights. `kv_capacity_tokens` < 0 asks for the largest capacity that fits with
+// kMemoryHeadroomBytes to spare (whole pages, at most max_context * slots); otherwise that capacity is checked.
+// Throws OutOfMemoryError with every number when the request does not fit (or, for auto, not one sequence).
+MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens, int64_t max_context,
+                       int32_t slots, int64_t pass_rows, int64_t device_total, int64_t weights,
+                       int64_t free_after_weights);
+
+// One line per part, in MiB: the startup memory summary.
+std::string describe(const MemoryPlan& plan);
+
+}  // namespace ninfer
