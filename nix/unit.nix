@@ -10,10 +10,12 @@ let
     attrNames
     concatLists
     concatStringsSep
+    fromJSON
     isBool
     isList
     map
     match
+    readFile
     replaceStrings
     toString
     ;
@@ -60,52 +62,9 @@ let
     in
     "[${name}]\n" + concatStringsSep "\n" lines + "\n";
 
-  # Sandboxing measured on an H200 (driver 580) to keep CUDA working while scoring about 3 in
-  # `systemd-analyze security`; see ../docs/deployment.md. Every relaxation carries its reason.
-  hardening = {
-    NoNewPrivileges = true;
-    CapabilityBoundingSet = "";
-    AmbientCapabilities = "";
-    UMask = "0077";
-
-    # The GPU is reached through device nodes: PrivateDevices=true would hide /dev/nvidia*. The device cgroup
-    # still allows only the NVIDIA control, UVM and capability nodes (plus the frontend node of older drivers).
-    PrivateDevices = false;
-    DevicePolicy = "closed";
-    DeviceAllow = [
-      "char-nvidiactl rw"
-      "char-nvidia-frontend rw"
-      "char-nvidia-uvm rw"
-      "char-nvidia-caps rw"
-    ];
-
-    ProtectSystem = "strict";
-    ProtectHome = true;
-    PrivateTmp = true;
-    # Other processes stay invisible, but ProcSubset=pid is NOT set: CUDA reads /proc/driver/nvidia at init.
-    ProtectProc = "invisible";
-    ProtectKernelTunables = true;
-    ProtectKernelModules = true;
-    ProtectKernelLogs = true;
-    ProtectControlGroups = true;
-    ProtectClock = true;
-    ProtectHostname = true;
-
-    RestrictAddressFamilies = "AF_UNIX AF_INET AF_INET6";
-    RestrictNamespaces = true;
-    RestrictRealtime = true;
-    RestrictSUIDSGID = true;
-    LockPersonality = true;
-    # ninfer-serve never imports torch (PyTorch's CPU oneDNN kernels are what need writable+executable memory);
-    # CUDA, PTX JIT and NVRTC work with this on.
-    MemoryDenyWriteExecute = true;
-    SystemCallArchitectures = "native";
-    SystemCallFilter = [
-      "@system-service"
-      "@resources"
-      "~@privileged"
-    ];
-  };
+  # The sandbox (each relaxation with its reason) lives in one JSON table that `ninfer-serve --print-systemd-unit`
+  # reads too, so the NixOS unit and the plain-Linux unit cannot drift apart.
+  hardening = (fromJSON (readFile ../python/ninfer/systemd_hardening.json)).settings;
 
   # A `.service` file from the pieces NixOS also takes (environment goes to Environment= lines).
   renderUnitFile =

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +118,9 @@ class ModelInfo:
     kv_dtype: str
     max_concurrency: int
     artifact_bytes: int
+    # The artifact's recipe name and how many tensors each encoding holds (e.g. {"recipe": "groupwise-int",
+    # "tensors": {"int4": 96, "bf16": 7}}).
+    encoding: dict[str, Any]
 
 
 class Frontend:
@@ -166,20 +170,28 @@ class Frontend:
 
 
 class TextStream:
-    """Turns a growing list of token ids into text deltas, holding back an incomplete UTF-8 character."""
+    """Turns a growing list of token ids into text deltas, holding back an incomplete UTF-8 character.
+
+    Incremental: a step decodes only the tokens since the last delta, together with the tokens of that delta as
+    context (a decoder may render a token differently at the start of a text, e.g. a SentencePiece word's leading
+    space), so a whole generation costs linear, not quadratic, decoding."""
 
     def __init__(self, frontend: Frontend) -> None:
         self._frontend = frontend
         self._tokens: list[int] = []
-        self._emitted = 0
+        self._context = 0  # tokens[_context:_emitted] produced the last delta: context for the next decode
+        self._emitted = 0  # tokens before this index are in the text already given out
 
     def push(self, token_ids: Sequence[int]) -> str:
         self._tokens.extend(token_ids)
-        text = self._frontend.decode(self._tokens)
-        if text.endswith("\ufffd"):
+        # Both windows start where the text was complete (a delta never ends inside a character), so their
+        # decodes are a prefix of, and the tail of, the whole text's decode.
+        context = self._frontend.decode(self._tokens[self._context:self._emitted])
+        text = self._frontend.decode(self._tokens[self._context:])
+        if text.endswith("\ufffd") or len(text) <= len(context):
             return ""
-        delta, self._emitted = text[self._emitted:], len(text)
-        return delta
+        self._context, self._emitted = self._emitted, len(self._tokens)
+        return text[len(context):]
 
 
 def _native_options(options: EngineOptions) -> _engine.EngineOptions:
@@ -261,7 +273,9 @@ class Engine:
             path=str(path), arch=config["arch"], max_context=options.max_context, vocab_size=config["vocab_size"],
             num_layers=config["num_layers"], hidden_size=config["hidden_size"], modalities=("text",),
             kv_dtype=options.kv_dtype, max_concurrency=options.max_concurrency,
-            artifact_bytes=Path(path).stat().st_size)
+            artifact_bytes=Path(path).stat().st_size,
+            encoding={"recipe": artifact.recipe.get("name"),
+                      "tensors": dict(Counter(t["encoding"] for t in artifact.tensors))})
         self._routes: dict[int, _Route] = {}
         self._lock = threading.Lock()  # submit + route registration is atomic against the pump's dispatch
         self._closed = False

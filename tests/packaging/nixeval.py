@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 STUB_NIXPKGS = REPO / "nix" / "tests" / "stub-nixpkgs"
 FLAKE_FEATURES = ["--extra-experimental-features", "nix-command flakes"]
 # What a flake copy needs: everything flake.nix and nix/ read at evaluation time.
-FLAKE_PATHS = ["flake.nix", "flake.lock", "nix", "pyproject.toml", "requirements"]
+FLAKE_PATHS = ["flake.nix", "flake.lock", "nix", "pyproject.toml", "requirements", "python/ninfer/systemd_hardening.json"]
 
 needs_nix = pytest.mark.skipif(
     shutil.which("nix-instantiate") is None or shutil.which("nix") is None,
@@ -71,6 +71,7 @@ def copy_flake(destination: Path) -> Path:
         if source.is_dir():
             shutil.copytree(source, destination / name)
         else:
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / name)
     return destination
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -140,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--webui-dir", metavar="DIR", help="serve this web UI bundle (a folder with index.html)"
     )
+    server.add_argument(
+        "--print-systemd-unit",
+        action="store_true",
+        help="print a hardened systemd unit that runs ninfer-serve with the other options given, and exit",
+    )
     return p
 
 
@@ -230,10 +237,53 @@ def _app(args: argparse.Namespace, path: Path, model_id: str, keys: frozenset[st
     return app
 
 
+# Options the unit renders itself (ExecStart's fixed part, LoadCredential); every other option that differs from its
+# default is passed on after them.
+_UNIT_MANAGED = {
+    "model", "host", "port", "log_level", "config", "api_key_file", "webui", "webui_dir", "print_systemd_unit"
+}
+
+
+def _unit_options(args: argparse.Namespace) -> Any:
+    """The systemd unit's options for this command line, with paths made absolute (the unit runs elsewhere)."""
+    from ninfer.systemd_unit import UnitOptions
+
+    def absolute(path: str | None) -> str | None:
+        return None if path is None else os.path.abspath(path)
+
+    executable = sys.argv[0] if Path(sys.argv[0]).name == "ninfer-serve" else shutil.which("ninfer-serve")
+    if executable is None:
+        raise CliError("--print-systemd-unit: cannot find the ninfer-serve executable (is it on PATH?)")
+    defaults = vars(build_parser().parse_args([]))
+    extra: list[str] = []
+    for dest, value in vars(args).items():
+        if dest in _UNIT_MANAGED or value == defaults[dest]:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        extra += [flag] if value is True else [flag, str(value)]
+    return UnitOptions(
+        executable=os.path.abspath(executable),
+        host=args.host,
+        port=args.port,
+        model=absolute(args.model),
+        config_file=absolute(args.config),
+        log_level=args.log_level,
+        api_key_file=absolute(args.api_key_file),
+        webui=args.webui,
+        webui_dir=absolute(args.webui_dir),
+        extra_flags=tuple(extra),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check(args)
+        if args.print_systemd_unit:
+            from ninfer.systemd_unit import render_unit
+
+            print(render_unit(_unit_options(args)), end="")
+            return 0
         keys = read_api_keys(args.api_key_file) if args.api_key_file else frozenset()
         if args.config is not None:
             model_id, model = _model_from_config(args.config)
