@@ -1,5 +1,6 @@
 // The runtime's Python face: `_engine.Engine` and the plain structs it takes and returns. Only `def` lines; every
 // call that can wait releases the GIL.
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -17,6 +18,15 @@ namespace ninfer::bindings {
 namespace {
 
 using Release = nb::call_guard<nb::gil_scoped_release>;
+using MaskArray = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// Copies the caller's mask (with the GIL held: the array is Python's), then hands it over without the GIL.
+bool provide_mask(Engine& engine, uint64_t id, std::optional<MaskArray> mask) {
+  std::optional<std::vector<uint32_t>> words;
+  if (mask) words.emplace(mask->data(), mask->data() + mask->shape(0));
+  nb::gil_scoped_release release;
+  return engine.provide_mask(id, std::move(words));
+}
 
 void bind_structs(nb::module_& m) {
   nb::class_<SamplingParams>(m, "SamplingParams")
@@ -38,7 +48,8 @@ void bind_structs(nb::module_& m) {
       .def_rw("prompt", &GenerationRequest::prompt)
       .def_rw("sampling", &GenerationRequest::sampling)
       .def_rw("max_new_tokens", &GenerationRequest::max_new_tokens)
-      .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids);
+      .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids)
+      .def_rw("constrained", &GenerationRequest::constrained);
 
   nb::class_<EngineOptions>(m, "EngineOptions")
       .def(nb::init<>())
@@ -77,6 +88,14 @@ void bind_structs(nb::module_& m) {
       .def_ro("usage", &EngineEvent::usage)
       .def_ro("timings", &EngineEvent::timings);
 
+  nb::class_<MaskRequest>(m, "MaskRequest")
+      .def_ro("request_id", &MaskRequest::request_id)
+      .def_ro("new_tokens", &MaskRequest::new_tokens);
+
+  nb::class_<EngineNews>(m, "EngineNews")
+      .def_ro("events", &EngineNews::events)
+      .def_ro("mask_requests", &EngineNews::mask_requests);
+
   nb::class_<EngineStats>(m, "EngineStats")
       .def_ro("lanes", &EngineStats::lanes)
       .def_ro("busy_lanes", &EngineStats::busy_lanes)
@@ -107,6 +126,10 @@ void bind_test_hooks(nb::module_& m) {
     return out;
   });
   m.def("sampling_params_validate", &sampling_params_validate);
+  m.def("apply_token_mask", [](std::vector<float> logits, MaskArray mask) {
+    apply_token_mask(logits, std::span<const uint32_t>(mask.data(), mask.shape(0)));
+    return logits;
+  });
   m.def("kv_quant_roundtrip", [](const std::vector<float>& row, const std::string& dtype) {
     return kv_row_roundtrip(row, parse_kv_dtype(dtype));
   });
@@ -163,6 +186,8 @@ void bind_runtime(nb::module_& m) {
       .def("submit", &Engine::submit, Release())
       .def("cancel", &Engine::cancel, Release())
       .def("next_events", &Engine::next_events, nb::arg("timeout_s"), Release())
+      .def("provide_mask", &provide_mask, nb::arg("request_id"), nb::arg("mask").none())
+      .def("fail_mask", &Engine::fail_mask, nb::arg("request_id"), nb::arg("message"), Release())
       .def("score", &Engine::score, Release())
       .def("stats", &Engine::stats, Release())
       .def("close", &Engine::close, Release())

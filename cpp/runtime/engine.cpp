@@ -175,16 +175,46 @@ bool Engine::cancel(uint64_t id) {
   if (!scheduler_ || scheduler_->lane_of(id) < 0) return false;
   cancel_requests_.insert(id);
   work_cv_.notify_one();
+  masks_cv_.notify_all();  // a step waiting for this request's mask stops waiting
   return true;
 }
 
-std::vector<EngineEvent> Engine::next_events(double timeout_s) {
+EngineNews Engine::next_events(double timeout_s) {
   std::unique_lock lock(mu_);
   events_cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)),
-                      [&] { return !events_.empty() || closed_; });
-  std::vector<EngineEvent> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+                      [&] { return !events_.empty() || !mask_requests_.empty() || closed_; });
+  EngineNews news;
+  news.events.assign(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
   events_.clear();
-  return out;
+  news.mask_requests.swap(mask_requests_);
+  return news;
+}
+
+bool Engine::provide_mask(uint64_t id, std::optional<std::vector<uint32_t>> words) {
+  std::unique_lock lock(mu_);
+  const int32_t index = scheduler_ ? scheduler_->lane_of(id) : -1;
+  if (index < 0 || !scheduler_->lane(index)->mask.pending) return false;
+  const int64_t expected = token_mask_words(config_.vocab_size);
+  if (words && static_cast<int64_t>(words->size()) != expected)
+    throw EngineError("a token mask has " + std::to_string(words->size()) + " words; this model's vocabulary of " +
+                      std::to_string(config_.vocab_size) + " needs " + std::to_string(expected));
+  LaneMask& mask = scheduler_->lane(index)->mask;
+  mask.pending = false;
+  mask.active = words.has_value();
+  if (words) mask.words = std::move(*words);
+  masks_cv_.notify_all();
+  return true;
+}
+
+bool Engine::fail_mask(uint64_t id, const std::string& message) {
+  std::unique_lock lock(mu_);
+  const int32_t index = scheduler_ ? scheduler_->lane_of(id) : -1;
+  if (index < 0 || !scheduler_->lane(index)->mask.pending) return false;
+  LaneMask& mask = scheduler_->lane(index)->mask;
+  mask.pending = false;
+  mask.error = message.empty() ? std::string("the token mask could not be computed") : message;
+  masks_cv_.notify_all();
+  return true;
 }
 
 EngineStats Engine::stats() const {
@@ -200,6 +230,7 @@ void Engine::close() {
     if (closed_) return;
     stopping_ = true;
     work_cv_.notify_all();
+    masks_cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
   std::unique_lock lock(mu_);
@@ -244,6 +275,27 @@ void Engine::refresh_stats() {
   stats_.kv_capacity_tokens = model_->kv_capacity_tokens();
   stats_.kv_free_tokens = model_->kv_free_tokens();
   stats_.free_state_slots = model_->free_state_slots();
+}
+
+// Asks the caller for the mask of every constrained lane that samples this step; sent before the forward, so the
+// caller computes them while it runs.
+void Engine::request_masks(const StepPlan& plan) {
+  for (const LaneSlice& s : plan.slices) {
+    Lane& lane = *scheduler_->lane(s.lane);
+    if (!lane.job.request.constrained || s.end < static_cast<int64_t>(lane.tokens.size())) continue;
+    lane.mask.pending = true;
+    mask_requests_.push_back({lane.job.id, std::move(lane.mask.unreported)});
+    lane.mask.unreported.clear();
+  }
+  if (!mask_requests_.empty()) events_cv_.notify_all();
+}
+
+bool Engine::awaiting_masks(const StepPlan& plan) const {
+  for (const LaneSlice& s : plan.slices) {
+    const auto& lane = scheduler_->lane(s.lane);
+    if (lane && lane->mask.pending && !cancel_requests_.contains(lane->job.id)) return true;
+  }
+  return false;
 }
 
 void Engine::apply_cancellations() {
@@ -308,8 +360,22 @@ void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t ro
   if (slice.end < static_cast<int64_t>(lane.tokens.size())) return;  // more prompt to prefill
 
   const int64_t last_row = row + (slice.all_logits ? slice.end - slice.begin - 1 : 0);
-  const SampledToken s = lane.sampler->sample(std::span<const float>(out.logits.data() + last_row * vocab, vocab),
-                                              lane.history);
+  std::span<const float> logits(out.logits.data() + last_row * vocab, vocab);
+  std::vector<float> masked;
+  if (!lane.mask.error.empty()) {
+    end_lane(slice.lane, FinishReason::Error, "EngineError", lane.mask.error);
+    return;
+  }
+  if (lane.mask.active) {
+    masked.assign(logits.begin(), logits.end());
+    if (apply_token_mask(masked, lane.mask.words) == 0) {
+      end_lane(slice.lane, FinishReason::Error, "EngineError", "the request's token mask allows no token");
+      return;
+    }
+    logits = masked;  // logprobs too are those of the constrained distribution
+  }
+  const SampledToken s = lane.sampler->sample(logits, lane.history);
+  if (lane.job.request.constrained) lane.mask.unreported.push_back(s.token);
   if (lane.generated++ == 0) lane.first_token = Clock::now();
   ++stats_.tokens_generated;
   lane.history.add_generated(s.token);
@@ -349,6 +415,7 @@ void Engine::step() {
       Lane& lane = *scheduler_->lane(s.lane);
       items.push_back({lane.tokens.data() + s.begin, s.end - s.begin, &lane.cache, s.all_logits});
     }
+    request_masks(plan);
   }
   // The model runs unlocked: submit, cancel and next_events stay responsive. Only this thread touches lanes'
   // caches and tokens, and no lane is freed until the lock is retaken.
@@ -370,7 +437,11 @@ void Engine::step() {
     fail_step(plan.slices, std::runtime_error(error_message), error_type);
     return;
   }
-  for (size_t i = 0; i < plan.slices.size(); ++i) absorb(plan.slices[i], out, out.row_offset[i]);
+  masks_cv_.wait(lock, [&] { return stopping_ || !awaiting_masks(plan); });
+  if (stopping_) return;  // close() ends every lane
+  apply_cancellations();  // a lane cancelled while its mask was awaited ends without sampling
+  for (size_t i = 0; i < plan.slices.size(); ++i)
+    if (scheduler_->lane(plan.slices[i].lane)) absorb(plan.slices[i], out, out.row_offset[i]);
   refresh_stats();
 }
 

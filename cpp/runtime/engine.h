@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -64,8 +65,14 @@ class Engine {
   // Cancels a queued or running request: its lane and KV are free when its `cancelled` event arrives.
   // False when the id is unknown or already finished.
   bool cancel(uint64_t id);
-  // Blocks up to `timeout_s` for at least one event, then returns all that are ready (maybe none).
-  std::vector<EngineEvent> next_events(double timeout_s);
+  // Blocks up to `timeout_s` for at least one event or mask request, then returns all that are ready (maybe none).
+  EngineNews next_events(double timeout_s);
+  // Answers a constrained request's pending MaskRequest: `words` (token_mask_words(vocab) of them) restrict this
+  // step's token; nullopt leaves it unconstrained. The request samples only once answered, so the caller computes
+  // masks while the step's forward runs. False when `id` has no pending mask request (finished, cancelled).
+  bool provide_mask(uint64_t id, std::optional<std::vector<uint32_t>> words);
+  // Answers a pending MaskRequest with a failure: the request ends with an EngineError carrying `message`.
+  bool fail_mask(uint64_t id, const std::string& message);
   // Logprob of tokens[i] given tokens[0..i) for i = 1 .. n - 1 (n - 1 values). Queues like a request.
   std::vector<float> score(std::vector<int32_t> tokens);
   EngineStats stats() const;
@@ -81,6 +88,8 @@ class Engine {
   void run();
   void step();
   void apply_cancellations();
+  void request_masks(const StepPlan& plan);
+  bool awaiting_masks(const StepPlan& plan) const;
   void end_lane(int32_t index, FinishReason reason, const std::string& error_type = {},
                 const std::string& error_message = {});
   void absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row);
@@ -97,8 +106,9 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;  // touched only under mu_ (admission, cancel) or by the thread
 
   mutable std::mutex mu_;
-  std::condition_variable work_cv_, events_cv_;
+  std::condition_variable work_cv_, events_cv_, masks_cv_;
   std::deque<EngineEvent> events_;
+  std::vector<MaskRequest> mask_requests_;
   std::unordered_set<uint64_t> cancel_requests_;  // running ids to end at the next step boundary
   int64_t in_flight_ = 0;                          // queued + running
   uint64_t next_id_ = 1;

@@ -16,6 +16,8 @@ struct GenerationRequest {
   SamplingParams sampling;
   int64_t max_new_tokens = 256;
   std::vector<int32_t> stop_token_ids;  // generation ends when one is sampled; it is counted, not emitted
+  // The caller supplies a token mask before each sampled token (Engine::provide_mask), e.g. from a grammar.
+  bool constrained = false;
 };
 
 enum class FinishReason : uint8_t { None, Stop, Length, Cancelled, Error };
@@ -45,6 +47,19 @@ struct EngineEvent {
   std::string error_type, error_message;  // finish == Error: the typed error's class name and message
   Usage usage;
   Timings timings;
+};
+
+// A constrained request is about to sample: its caller must answer with Engine::provide_mask. `new_tokens` are
+// the tokens sampled since the previous mask request of that request (none for the first, right after prefill).
+struct MaskRequest {
+  uint64_t request_id = 0;
+  std::vector<int32_t> new_tokens;
+};
+
+// What Engine::next_events hands the caller: finished steps' events and the masks the engine waits for.
+struct EngineNews {
+  std::vector<EngineEvent> events;
+  std::vector<MaskRequest> mask_requests;
 };
 
 }  // namespace ninfer

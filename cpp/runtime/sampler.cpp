@@ -48,9 +48,12 @@ Candidates filtered(std::span<const float> logits, const SamplingParams& p, cons
   std::vector<int32_t> order(vocab);
   std::iota(order.begin(), order.end(), 0);
   const auto more_likely = [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); };
-  const int64_t k = p.top_k > 0 ? std::min<int64_t>(p.top_k, vocab) : vocab;
+  int64_t k = p.top_k > 0 ? std::min<int64_t>(p.top_k, vocab) : vocab;
   std::partial_sort(order.begin(), order.begin() + k, order.end(), more_likely);
   order.resize(k);
+  // Tokens a mask removed (-inf) are never candidates, even when rounding in the draw would reach them.
+  while (order.size() > 1 && z[order.back()] == -std::numeric_limits<float>::infinity()) order.pop_back();
+  k = static_cast<int64_t>(order.size());
 
   const double zmax = z[order[0]];
   const double inv_t = 1.0 / p.temperature;
@@ -103,6 +106,20 @@ void TokenHistory::add_prompt(std::span<const int32_t> tokens) {
 void TokenHistory::add_generated(int32_t token) {
   ++seen[token];
   ++generated[token];
+}
+
+int64_t apply_token_mask(std::span<float> logits, std::span<const uint32_t> mask) {
+  const int64_t vocab = static_cast<int64_t>(logits.size());
+  const int64_t covered = std::min<int64_t>(vocab, static_cast<int64_t>(mask.size()) * 32);
+  int64_t allowed = 0;
+  for (int64_t t = 0; t < covered; ++t) {
+    if ((mask[t >> 5] >> (t & 31)) & 1u)
+      ++allowed;
+    else
+      logits[t] = -std::numeric_limits<float>::infinity();
+  }
+  std::fill(logits.begin() + covered, logits.end(), -std::numeric_limits<float>::infinity());
+  return allowed;
 }
 
 std::vector<float> log_softmax(std::span<const float> logits) {

@@ -60,6 +60,12 @@ class Sampler {
   std::mt19937_64 rng_;
 };
 
+// 32-bit words in a token mask over `vocab` tokens: bit t % 32 of word t / 32 allows token t.
+inline int64_t token_mask_words(int64_t vocab) { return (vocab + 31) / 32; }
+
+// Sets the logits of tokens `mask` disallows to -inf, in place; returns how many tokens stay allowed.
+int64_t apply_token_mask(std::span<float> logits, std::span<const uint32_t> mask);
+
 // log-softmax of `logits` (numerically stable, double accumulation).
 std::vector<float> log_softmax(std::span<const float> logits);
 

@@ -33,6 +33,15 @@ struct Job {
   Clock::time_point submitted;
 };
 
+// A constrained lane's side of the mask exchange with the caller (Engine::provide_mask).
+struct LaneMask {
+  std::vector<int32_t> unreported;  // tokens sampled since the last mask request
+  bool pending = false;             // requested for this step, not answered yet
+  bool active = false;              // the answer: apply `words` this step (false: this step is unconstrained)
+  std::vector<uint32_t> words;      // bit t % 32 of word t / 32 allows token t
+  std::string error;                // the caller could not compute the mask: the request ends with this error
+};
+
 struct Lane {
   Job job;
   SequenceCache cache;
@@ -40,6 +49,7 @@ struct Lane {
   int64_t generated = 0;        // sampled tokens, stop token included
   std::optional<Sampler> sampler;
   TokenHistory history;
+  LaneMask mask;                      // used only when job.request.constrained
   std::vector<float> score_logprobs;  // scoring jobs: logprob of tokens[i + 1], filled chunk by chunk
   Clock::time_point admitted, first_token;
 

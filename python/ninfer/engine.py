@@ -3,18 +3,29 @@
 The C++ engine runs its own scheduler thread and queues events. One pump thread here drains them (the GIL is
 released while it waits) and hands each to its request's asyncio queue with `call_soon_threadsafe`, so a slow
 consumer only lets its own queue grow and never stalls the engine or other requests.
+
+Constrained requests (structured output) carry a `TokenConstraint`. Before such a request samples, the C++ engine
+posts a mask request (before the step's forward) and waits, after the forward, for the answer; the pump computes
+every mask of the step with one hold of the GIL and hands them back. No Python ever runs on the scheduler thread,
+and unconstrained requests never wait for Python.
+
+The pump holds the native engine, never the `Engine`, so an engine nobody closed is still collected; a
+`weakref.finalize` closes it then, or at interpreter exit (before Python finalizes, while the pump can still take
+the GIL: a daemon thread woken inside a native call after that point aborts the process).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+import numpy as np
 import tokenizers
 
 from ninfer import _engine, errors
@@ -53,6 +64,15 @@ class SamplingParams:
     seed: int | None = None
 
 
+class TokenConstraint(Protocol):
+    """Per-request token mask source (ninfer.serve.structured.TokenConstraint is the grammar one). The engine calls
+    `fill_next_mask(tokens sampled since the last call, mask)` before each sampled token, first with () right after
+    prefill; `mask` is uint32, `(vocab_size + 31) // 32` words, bit t % 32 of word t // 32 allowing token t. It
+    returns False to leave the step unconstrained. An exception ends the request with an EngineError."""
+
+    def fill_next_mask(self, new_token_ids: Sequence[int], mask: np.ndarray) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Request:
     prompt_tokens: Sequence[int]
@@ -61,6 +81,7 @@ class Request:
     stop_token_ids: Sequence[int] | None = None  # None: the model's end-of-sequence ids
     logprobs: bool = False
     top_logprobs: int = 0
+    constraint: TokenConstraint | None = None  # used by one request only: it keeps state
 
 
 @dataclass(frozen=True)
@@ -233,6 +254,7 @@ def _native_request(request: Request, default_stops: Sequence[int]) -> _engine.G
     native.max_new_tokens = request.max_new_tokens
     stops = default_stops if request.stop_token_ids is None else request.stop_token_ids
     native.stop_token_ids = list(stops)
+    native.constrained = request.constraint is not None
     return native
 
 
@@ -260,14 +282,78 @@ def _error(error_type: str, message: str) -> errors.NinferError:
 _Route = tuple[asyncio.AbstractEventLoop, asyncio.Queue]
 
 
+def _deliver(route: _Route, ev: Any) -> None:
+    try:
+        route[0].call_soon_threadsafe(route[1].put_nowait, ev)
+    except RuntimeError:  # its event loop is closed: nobody is listening any more
+        pass
+
+
+class _EventPump:
+    """The thread that drains the native engine: events to their requests' queues, mask requests to their
+    constraints. Owns the native engine's lifetime (`close`)."""
+
+    def __init__(self, native: Any) -> None:
+        self.native = native
+        self.routes: dict[int, _Route] = {}
+        self.constraints: dict[int, tuple[TokenConstraint, np.ndarray]] = {}
+        self.lock = threading.Lock()  # submit + registration is atomic against dispatch
+        self.mask_words = (native.vocab_size + 31) // 32
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, name="ninfer-engine-pump", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            closing = self.closed
+            news = self.native.next_events(_PUMP_WAIT_S)
+            if news.mask_requests:
+                self._fill_masks(news.mask_requests)
+            with self.lock:
+                for ev in news.events:
+                    route = self.routes.get(ev.request_id)
+                    if route is not None:
+                        _deliver(route, ev)
+                    if ev.finish != "none":
+                        self.constraints.pop(ev.request_id, None)
+            if closing and not news.events:
+                return
+
+    def _fill_masks(self, requests: Sequence[Any]) -> None:
+        for req in requests:
+            with self.lock:
+                entry = self.constraints.get(req.request_id)
+            if entry is None:
+                continue  # it ended meanwhile
+            constraint, mask = entry
+            try:
+                constrained = constraint.fill_next_mask(tuple(req.new_tokens), mask)
+            except Exception as exc:  # noqa: BLE001 - any failure of the constraint ends its request, typed
+                self.native.fail_mask(req.request_id, f"the request's token constraint failed: {exc}")
+                continue
+            self.native.provide_mask(req.request_id, mask if constrained else None)
+
+    def close(self) -> None:
+        """Ends every request (`cancelled`), stops the native engine and this thread. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.native.close()  # releases the GIL: a pump waiting for it finishes its round and sees `closed`
+        if threading.current_thread() is not self.thread:
+            self.thread.join()
+
+
 class Engine:
-    """One loaded model. Create with `await Engine.open(...)` (or `Engine.open_sync`); `close()` frees it."""
+    """One loaded model. Create with `await Engine.open(...)` (or `Engine.open_sync`); `close()` frees it (so does
+    garbage collection, and interpreter exit)."""
+
+    supports_token_constraints = True  # Request.constraint is honoured
 
     def __init__(self, path: str | Path, options: EngineOptions) -> None:
         artifact = read_artifact(path)
-        self._native = _engine.Engine(str(path), _native_options(options))
+        native = _engine.Engine(str(path), _native_options(options))
         self.options = options
-        self.frontend = Frontend(artifact.frontend, self._native.eos_token_ids)
+        self.frontend = Frontend(artifact.frontend, native.eos_token_ids)
         config = artifact.config
         self.info = ModelInfo(
             path=str(path), arch=config["arch"], max_context=options.max_context, vocab_size=config["vocab_size"],
@@ -276,11 +362,13 @@ class Engine:
             artifact_bytes=Path(path).stat().st_size,
             encoding={"recipe": artifact.recipe.get("name"),
                       "tensors": dict(Counter(t["encoding"] for t in artifact.tensors))})
-        self._routes: dict[int, _Route] = {}
-        self._lock = threading.Lock()  # submit + route registration is atomic against the pump's dispatch
-        self._closed = False
-        self._pump = threading.Thread(target=self._pump_events, name="ninfer-engine-pump", daemon=True)
-        self._pump.start()
+        self._native = native
+        self._pump = _EventPump(native)
+        self._finalizer = weakref.finalize(self, _EventPump.close, self._pump)
+
+    @property
+    def _closed(self) -> bool:
+        return self._pump.closed
 
     @classmethod
     def open_sync(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
@@ -291,27 +379,18 @@ class Engine:
         """Loads in a worker thread so the event loop keeps running."""
         return await asyncio.to_thread(cls, path, options or EngineOptions())
 
-    def _pump_events(self) -> None:
-        while True:
-            closing = self._closed
-            events = self._native.next_events(_PUMP_WAIT_S)
-            with self._lock:
-                for ev in events:
-                    route = self._routes.get(ev.request_id)
-                    if route is not None:
-                        route[0].call_soon_threadsafe(route[1].put_nowait, ev)
-            if closing and not events:
-                return
-
     def submit(self, request: Request) -> tuple[int, asyncio.Queue]:
         """Queues a request from inside a running event loop; returns its id and the queue its events reach."""
         if self._closed:
             raise errors.EngineError("the engine is closed")
         native = _native_request(request, self.frontend.eos_token_ids)
         queue: asyncio.Queue = asyncio.Queue()
-        with self._lock:
+        pump = self._pump
+        with pump.lock:
             request_id = self._native.submit(native)
-            self._routes[request_id] = (asyncio.get_running_loop(), queue)
+            pump.routes[request_id] = (asyncio.get_running_loop(), queue)
+            if request.constraint is not None:
+                pump.constraints[request_id] = (request.constraint, np.zeros(pump.mask_words, dtype=np.uint32))
         return request_id, queue
 
     async def generate(self, request: Request) -> AsyncIterator[GenerationEvent]:
@@ -326,8 +405,8 @@ class Engine:
                     raise _error(ev.error_type, ev.error_message)
                 yield _event(ev)
         finally:
-            with self._lock:
-                self._routes.pop(request_id, None)
+            with self._pump.lock:
+                self._pump.routes.pop(request_id, None)
             if not finished:
                 self.cancel(request_id)
 
@@ -357,11 +436,7 @@ class Engine:
 
     def close(self) -> None:
         """Ends every request (`cancelled`), stops the threads and frees the model. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._native.close()
-        self._pump.join()
+        self._finalizer()
 
     def __enter__(self) -> Engine:
         return self

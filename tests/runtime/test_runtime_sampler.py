@@ -91,3 +91,39 @@ def test_draws_follow_the_distribution_and_repeat_with_the_seed():
 def test_invalid_values_name_the_field(field, value):
     with pytest.raises(errors.EngineError, match=f"invalid sampling value: {field} = "):
         _engine.sampling_params_validate(params(**{field: value}))
+
+
+def random_mask(rng, vocab: int, density: float) -> np.ndarray:
+    bits = rng.random(((vocab + 31) // 32) * 32) < density
+    bits[int(rng.integers(vocab))] = True  # at least one allowed token
+    return np.packbits(bits, bitorder="little").view("<u4").copy()
+
+
+def test_token_mask_matches_the_numpy_twin():
+    from ninfer.serve.structured import apply_mask
+
+    rng = np.random.default_rng()
+    for vocab in (1, 31, 32, 33, 300, 1000):
+        logits = rng.normal(0, 3, size=vocab).astype(np.float32)
+        mask = random_mask(rng, vocab, float(rng.random()))
+        want = logits.copy()
+        apply_mask(want, mask)
+        got = np.array(_engine.apply_token_mask(logits.tolist(), mask), dtype=np.float32)
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[",".join(f"{k}={v}" for k, v in c.items()) for c in CASES])
+def test_masked_distribution_keeps_only_allowed_tokens(case):
+    from ninfer.serve.structured import apply_mask
+
+    rng = np.random.default_rng()
+    for _ in range(5):
+        logits = rng.normal(0, 3, size=300).astype(np.float32)
+        apply_mask(logits, random_mask(rng, 300, 0.2))
+        prompt = rng.integers(0, 300, size=20).tolist()
+        generated = rng.integers(0, 300, size=15).tolist()
+        got = np.array(_engine.sampler_distribution(logits.tolist(), params(**case), prompt, generated))
+        with np.errstate(invalid="ignore"):
+            want = reference_distribution(logits, prompt=prompt, generated=generated, **case)
+        assert not got[np.isneginf(logits)].any()
+        np.testing.assert_allclose(got, want, atol=1e-6)
