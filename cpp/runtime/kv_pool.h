@@ -1,6 +1,10 @@
 // The paged KV pool shared by every sequence: pages of kKvPageTokens tokens, each holding K and V of those tokens
 // for every full-attention layer (the MTP layer counts as one more). A page is one contiguous block, so a page
 // can later be copied to a host tier or shared by several sequences as a unit.
+//
+// Page layout: for each layer, the K block then the V block; a block is kKvPageTokens rows of kv_heads * head_dim
+// elements and, for the 8-bit dtypes (fp8, int8), then kKvPageTokens * kv_heads f32 scales, one per (token, head)
+// row (runtime/kv_quant.h). f32 and bf16 blocks have no scales, so their layout is plain rows.
 #pragma once
 
 #include <cstdint>
@@ -36,11 +40,24 @@ class KvPool {
   const void* k_rows(int32_t page, int32_t layer) const { return const_cast<KvPool*>(this)->row_ptr(page, layer, 0); }
   const void* v_rows(int32_t page, int32_t layer) const { return const_cast<KvPool*>(this)->row_ptr(page, layer, 1); }
 
+  // The scales of a page's K (or V) rows for `layer` (8-bit dtypes only; nullptr otherwise): the scale of token
+  // `offset`, head `h` is at [offset * kv_heads + h].
+  float* k_scales(int32_t page, int32_t layer) { return scale_ptr(page, layer, 0); }
+  float* v_scales(int32_t page, int32_t layer) { return scale_ptr(page, layer, 1); }
+  const float* k_scales(int32_t page, int32_t layer) const {
+    return const_cast<KvPool*>(this)->scale_ptr(page, layer, 0);
+  }
+  const float* v_scales(int32_t page, int32_t layer) const {
+    return const_cast<KvPool*>(this)->scale_ptr(page, layer, 1);
+  }
+  int32_t kv_heads() const { return kv_heads_; }
+
  private:
   void* row_ptr(int32_t page, int32_t layer, int kv);
+  float* scale_ptr(int32_t page, int32_t layer, int kv);
   KvDtype dtype_;
-  int32_t layers_;
-  int64_t row_elements_, element_bytes_, page_bytes_, total_pages_;
+  int32_t layers_, kv_heads_;
+  int64_t row_elements_, element_bytes_, rows_bytes_, block_bytes_, page_bytes_, total_pages_;
   MemoryBlock storage_;
   std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
 };

@@ -12,40 +12,51 @@ namespace ninfer::cpu {
 
 void CpuBackend::kv_write(const float* k, const float* v, std::span<const SequenceRows> seqs, KvPool& pool,
                           int32_t layer) {
-  const int64_t width = pool.row_elements();
+  const int64_t width = pool.row_elements(), heads = pool.kv_heads(), d = width / heads;
   dispatch_kv_dtype(pool.dtype(), [&](auto codec) {
     using Codec = decltype(codec);
     using E = typename Codec::Element;
+    // One head row at a time: an 8-bit row's scale covers exactly that (token, head).
+    auto store = [&](const float* src, E* rows, float* scales, int64_t off) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float scale = Codec::store_row(src + h * d, d, rows + off * width + h * d);
+        if constexpr (Codec::kScaled) scales[off * heads + h] = scale;
+      }
+    };
     for (const SequenceRows& s : seqs)
       for (int64_t t = 0; t < s.n; ++t) {
-        const int64_t pos = s.start + t, page = s.pages[pos / kKvPageTokens], off = pos % kKvPageTokens;
-        E* kd = static_cast<E*>(pool.k_rows(int32_t(page), layer)) + off * width;
-        E* vd = static_cast<E*>(pool.v_rows(int32_t(page), layer)) + off * width;
-        const float* ks = k + (s.row0 + t) * width;
-        const float* vs = v + (s.row0 + t) * width;
-        for (int64_t j = 0; j < width; ++j) {
-          kd[j] = Codec::store(ks[j]);
-          vd[j] = Codec::store(vs[j]);
-        }
+        const int64_t pos = s.start + t, off = pos % kKvPageTokens;
+        const int32_t page = s.pages[pos / kKvPageTokens];
+        store(k + (s.row0 + t) * width, static_cast<E*>(pool.k_rows(page, layer)), pool.k_scales(page, layer), off);
+        store(v + (s.row0 + t) * width, static_cast<E*>(pool.v_rows(page, layer)), pool.v_scales(page, layer), off);
       }
   });
 }
 
 namespace {
 
+// The scale of row `j`'s head `kv_head` (1 for the unscaled dtypes).
+template <class Codec>
+float row_scale(const float* scales, int64_t j, int32_t kv_head, int32_t kv_heads) {
+  if constexpr (Codec::kScaled) return scales[(j % kKvPageTokens) * kv_heads + kv_head];
+  else return 1.0f;
+}
+
 // One query head of one row against positions 0 .. last of its sequence; `scores` holds last + 1 floats.
+// A stored value is scale * load(code), so the row's scale multiplies the dot product (keys) and the weight (values).
 template <class Codec>
 void attend_one(const float* q, const SequenceRows& s, int64_t last, int32_t kv_head, const KvPool& pool,
                 int32_t layer, const AttentionShape& shape, float* scores, float* out) {
   using E = typename Codec::Element;
   const int64_t width = pool.row_elements(), d = shape.head_dim;
+  const int32_t kv_heads = pool.kv_heads();
   float max_score = -INFINITY;
   for (int64_t j = 0; j <= last; ++j) {
-    const E* kr = static_cast<const E*>(pool.k_rows(s.pages[j / kKvPageTokens], layer)) +
-                  (j % kKvPageTokens) * width + kv_head * d;
+    const int32_t page = s.pages[j / kKvPageTokens];
+    const E* kr = static_cast<const E*>(pool.k_rows(page, layer)) + (j % kKvPageTokens) * width + kv_head * d;
     float dot = 0.0f;
     for (int64_t i = 0; i < d; ++i) dot += q[i] * Codec::load(kr[i]);
-    scores[j] = dot * shape.scale;
+    scores[j] = dot * row_scale<Codec>(pool.k_scales(page, layer), j, kv_head, kv_heads) * shape.scale;
     max_score = std::max(max_score, scores[j]);
   }
   float sum = 0.0f;
@@ -56,9 +67,9 @@ void attend_one(const float* q, const SequenceRows& s, int64_t last, int32_t kv_
   const float inv = 1.0f / sum;
   std::fill_n(out, d, 0.0f);
   for (int64_t j = 0; j <= last; ++j) {
-    const E* vr = static_cast<const E*>(pool.v_rows(s.pages[j / kKvPageTokens], layer)) +
-                  (j % kKvPageTokens) * width + kv_head * d;
-    const float p = scores[j] * inv;
+    const int32_t page = s.pages[j / kKvPageTokens];
+    const E* vr = static_cast<const E*>(pool.v_rows(page, layer)) + (j % kKvPageTokens) * width + kv_head * d;
+    const float p = scores[j] * inv * row_scale<Codec>(pool.v_scales(page, layer), j, kv_head, kv_heads);
     for (int64_t i = 0; i < d; ++i) out[i] += p * Codec::load(vr[i]);
   }
 }

@@ -17,6 +17,12 @@
 #include <immintrin.h>
 #define NINFER_LINEAR_AVX2 1
 #endif
+#if defined(NINFER_LINEAR_AVX2) && defined(NINFER_DECODE_AVX2)
+#include <type_traits>
+
+#include "backend/cpu/linear_simd.h"
+#define NINFER_LINEAR_DIRECT 1
+#endif
 
 namespace ninfer::cpu {
 
@@ -94,6 +100,51 @@ void tile_dot(const float* x, int64_t ldx, int64_t rows, const float* wbuf, int6
   }
 }
 
+#ifdef NINFER_LINEAR_DIRECT
+
+// The decode step (one input row): tile_dot's single-row arithmetic, in the same order (per chunk, 8-lane
+// accumulators over k, then sum_lanes4 plus the empty tail), on weights decoded into registers instead of through
+// wbuf: no store and reload of the decoded chunk. The decoders are the ones decode_span uses, so every value and
+// every sum is bit-identical to the batched path (batch invariance holds). Needs cols % 16 == 0.
+template <class Decoder>
+void row_tile_direct(const float* x, const TensorView& w, int64_t o0, float* acc) {
+  const int64_t cols = w.cols(), last = w.rows() - 1;
+  // A short last tile decodes its last row again in the missing slots; those sums are never written out.
+  const Decoder d0(w, o0), d1(w, std::min(o0 + 1, last)), d2(w, std::min(o0 + 2, last)),
+      d3(w, std::min(o0 + 3, last));
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) {
+    const int64_t n = std::min(kChunkCols, cols - c0);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, lo, hi;
+    for (int64_t k = c0; k < c0 + n; k += 16) {
+      const __m256 xl = _mm256_loadu_ps(x + k), xh = _mm256_loadu_ps(x + k + 8);
+      d0.at(k, lo, hi);
+      a0 = _mm256_fmadd_ps(xh, hi, _mm256_fmadd_ps(xl, lo, a0));
+      d1.at(k, lo, hi);
+      a1 = _mm256_fmadd_ps(xh, hi, _mm256_fmadd_ps(xl, lo, a1));
+      d2.at(k, lo, hi);
+      a2 = _mm256_fmadd_ps(xh, hi, _mm256_fmadd_ps(xl, lo, a2));
+      d3.at(k, lo, hi);
+      a3 = _mm256_fmadd_ps(xh, hi, _mm256_fmadd_ps(xl, lo, a3));
+    }
+    const __m128 sum = _mm_add_ps(sum_lanes4(a0, a1, a2, a3), _mm_setzero_ps());  // + tile_dot's empty tail
+    _mm_storeu_ps(acc, _mm_add_ps(_mm_loadu_ps(acc), sum));
+  }
+}
+
+template <class Decoder>
+void linear_one_row(const float* x, const TensorView& w, float* y, const float* bias, int64_t chunk) {
+  const int64_t out = w.rows(), tiles = (out + kTileRows - 1) / kTileRows;
+#pragma omp parallel for schedule(dynamic, chunk)
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int64_t o0 = tile * kTileRows, tile_rows = std::min(kTileRows, out - o0);
+    alignas(16) float acc[kTileRows] = {0.0f, 0.0f, 0.0f, 0.0f};
+    row_tile_direct<Decoder>(x, w, o0, acc);
+    for (int64_t t = 0; t < tile_rows; ++t) y[o0 + t] = acc[t] + (bias ? bias[o0 + t] : 0.0f);
+  }
+}
+
+#endif  // NINFER_LINEAR_DIRECT
+
 #else
 
 void tile_dot(const float* x, int64_t ldx, int64_t rows, const float* wbuf, int64_t n, float* acc) {
@@ -124,6 +175,15 @@ void linear(const float* x, int64_t rows, const TensorView& w, float* y, const f
   // Dynamic chunks of a few tiles: on a busy machine a descheduled thread then delays the call by one chunk,
   // not by its whole static share.
   const int64_t chunk = std::max<int64_t>(1, tiles / (8 * omp_get_max_threads()));
+
+#ifdef NINFER_LINEAR_DIRECT
+  if (rows == 1 && cols % 16 == 0) {
+    simd::dispatch_decoder(w, [&](auto* tag) {
+      linear_one_row<std::remove_pointer_t<decltype(tag)>>(x, w, y, bias, chunk);
+    });
+    return;
+  }
+#endif
 
 #pragma omp parallel
   {

@@ -7,6 +7,11 @@
 
 #include "artifact/artifact.h"
 
+// The SIMD decoders (backend/cpu/linear_simd.h) need AVX2 and F16C; without them decode_span is the reference.
+#if defined(__AVX2__) && defined(__F16C__)
+#define NINFER_DECODE_AVX2 1
+#endif
+
 namespace ninfer::cpu {
 
 // out[i] = W[row, c0 + i] for i < n, where `row` indexes the [R, cols] view of the tensor (R = all leading axes).
