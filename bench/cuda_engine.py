@@ -1,0 +1,134 @@
+"""End-to-end decode and prefill on the CUDA backend at the real Qwen3.5 shapes (synthetic weights, see
+bench/synthetic.py), each decode figure against the roofline: the bytes one decode step must move (weights touched,
+GDN states read and written, KV read) over the device read bandwidth measured in the same run.
+
+    python bench/cuda_engine.py --model qwen3.5-27b --recipe groupwise-int --out bench/results/cuda_engine.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from cuda_kernels import measure_bandwidth  # noqa: E402
+from synthetic import MODELS, tensor_shapes, write_synthetic  # noqa: E402
+
+from ninfer.artifact.reader import read_artifact  # noqa: E402
+from ninfer.engine import Engine, EngineOptions, Request, SamplingParams  # noqa: E402
+
+
+def decode_step_bytes(artifact: Path, config: dict, batch: int, context: int) -> float:
+    """Bytes one decode step moves: every weight once (the embedding only `batch` rows; for MoE only the routed
+    experts, at most top_k per row, plus shared ones), each sequence's GDN state read and written, its KV read."""
+    info = read_artifact(artifact)
+    by_name = {t["name"]: sum(b["nbytes"] for b in t["blobs"].values()) for t in info.tensors}
+    total = 0.0
+    moe = config.get("moe")
+    for name, nbytes in by_name.items():
+        if name == "embed":
+            total += nbytes / config["vocab_size"] * batch
+        elif moe and ".moe.experts_" in name:
+            total += nbytes * min(1.0, batch * moe["top_k"] / moe["num_experts"])
+        else:
+            total += nbytes
+    la = config["linear_attention"]
+    linear_layers = config["layer_types"].count("linear_attention")
+    full_layers = config["num_layers"] - linear_layers
+    state = la["num_value_heads"] * 128 * 128 * 4 + (2 * la["num_key_heads"] + la["num_value_heads"]) * 128 * 3 * 4
+    kv = full_layers * 2 * config["num_kv_heads"] * 256 * 2 * context  # bf16 K and V up to `context`
+    return total + batch * (2 * linear_layers * state + kv)
+
+
+async def run_batch(engine: Engine, prompts: list[list[int]], new_tokens: int) -> list:
+    async def one(prompt: list[int]):
+        last = None
+        async for event in engine.generate(Request(prompt, SamplingParams(temperature=0), max_new_tokens=new_tokens,
+                                                   stop_token_ids=())):
+            last = event
+        return last
+
+    return await asyncio.gather(*(one(p) for p in prompts))
+
+
+def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: int, new_tokens: int,
+          prefill_lens: list[int]) -> dict:
+    path = workdir / f"{model}.{recipe}.ninfer"
+    started = time.perf_counter()
+    write_synthetic(model, recipe, path, progress=False)
+    written_s = time.perf_counter() - started
+    config = MODELS[model]
+    rng = np.random.default_rng(0)
+    result = {"model": model, "recipe": recipe, "artifact_bytes": path.stat().st_size, "write_s": written_s,
+              "decode": [], "prefill": []}
+    options = EngineOptions(backend="cuda", max_context=max(prefill_lens + [prompt_len + new_tokens]) + 64,
+                            max_concurrency=8, kv_capacity="auto", prefill_chunk=512, verify_checksums=False)
+    with Engine.open_sync(path, options) as engine:
+        result["memory_plan"] = engine.memory_plan()
+        for batch in (1, 2, 4, 8):
+            prompts = [rng.integers(0, 200000, prompt_len).tolist() for _ in range(batch)]
+            asyncio.run(run_batch(engine, prompts, 4))  # warm-up: graphs for this batch size
+            start = time.perf_counter()
+            finals = asyncio.run(run_batch(engine, prompts, new_tokens))
+            wall = time.perf_counter() - start
+            per_seq = [f.timings.decode_tokens_per_s for f in finals]
+            step_s = 1.0 / float(np.median(per_seq))
+            moved = decode_step_bytes(path, config, batch, prompt_len + new_tokens // 2)
+            result["decode"].append({
+                "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens,
+                "tokens_per_s_per_seq": float(np.median(per_seq)), "aggregate_tokens_per_s": batch / step_s,
+                "wall_s": wall, "bytes_per_step": moved, "roofline_step_s": moved / bandwidth,
+                "fraction_of_roofline": (moved / bandwidth) / step_s,
+            })
+        for length in prefill_lens:
+            prompt = rng.integers(0, 200000, length).tolist()
+            (final,) = asyncio.run(run_batch(engine, [prompt], 1))
+            result["prefill"].append({"prompt_tokens": length, "ttft_s": final.timings.ttft_s,
+                                      "prefill_tokens_per_s": final.timings.prefill_tokens_per_s})
+    path.unlink()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), required=True)
+    parser.add_argument("--recipe", default="groupwise-int")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--prefill", type=int, nargs="*", default=[1024])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    assert tensor_shapes(MODELS[args.model])
+    bandwidth = measure_bandwidth()["read"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        result = bench(args.model, args.recipe, Path(tmp), bandwidth, args.prompt, args.new_tokens, args.prefill)
+    from ninfer import _engine
+
+    result |= {"device": _engine.cuda.device_name(), "commit": commit.stdout.strip(),
+               "read_bandwidth_gb_per_s": bandwidth / 1e9, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"{result['device']} {args.model} {args.recipe}: read BW {bandwidth / 1e9:.0f} GB/s, "
+          f"artifact {result['artifact_bytes'] / 1e9:.1f} GB written in {result['write_s']:.0f} s")
+    print(result["memory_plan"].get("summary", ""))
+    for d in result["decode"]:
+        print(f"decode C={d['batch']}: {d['tokens_per_s_per_seq']:.1f} tok/s/seq, {d['aggregate_tokens_per_s']:.1f} "
+              f"aggregate, {d['fraction_of_roofline']:.1%} of roofline ({d['bytes_per_step'] / 1e9:.2f} GB/step)")
+    for p in result["prefill"]:
+        print(f"prefill {p['prompt_tokens']}: TTFT {p['ttft_s']:.2f} s, {p['prefill_tokens_per_s']:.0f} tok/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
