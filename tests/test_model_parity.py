@@ -187,6 +187,31 @@ def test_mtp_head_matches_hf_mtp_model(artifacts, checkpoints, references, kind)
     assert_close(np.concatenate([first, rest]), theirs, F32_KV_TOL, f"{kind} MTP logits in two calls")
 
 
+@pytest.mark.parametrize("kind", QWEN35_KINDS)
+def test_mtp_after_forward_batch_on_a_fresh_sequence_matches_hf(artifacts, checkpoints, references, kind):
+    # The call pattern that once gave NaN MTP logits on the MoE artifact: a fresh 9-token sequence through
+    # forward_batch, then the MTP head over its first 8 rows at start 0 (and fresh random lengths besides).
+    model = open_model(artifacts, kind)
+    ref = references[kind]
+    mtp = load_reference_mtp(checkpoints[kind], ref)
+    vocab = model.config["vocab_size"]
+    seed = int(np.random.default_rng().integers(1 << 30))
+    for n in (9, *np.random.default_rng(seed).integers(2, 40, 2)):
+        tokens = random_tokens(seed + int(n), int(n), vocab)
+        seq = model.new_sequence()
+        model.forward_batch([(seq, tokens)], all_logits=True)
+        rows = int(n) - 1
+        ours = model.mtp_logits(seq, np.ascontiguousarray(model.hidden[:rows]), tokens[1:], 0)
+        assert np.isfinite(ours).all(), f"{kind} MTP logits not finite (n={n}, seed={seed})"
+        with torch.no_grad():
+            hf_hidden = ref.model(torch.tensor(tokens[None].astype(np.int64))).last_hidden_state
+            h = mtp.forward_layer(0, hf_hidden[:, :rows], torch.arange(rows)[None], None,
+                                  input_ids=torch.tensor(tokens[None, 1:].astype(np.int64)))
+            theirs = mtp._project_to_logits(h)[0].numpy()
+        assert_close(ours, theirs, F32_KV_TOL, f"{kind} MTP logits after forward_batch (n={n}, seed={seed})")
+        del seq
+
+
 @pytest.mark.parametrize("kind", ["qwen3_5", "llama"])
 def test_score_matches_hf_log_softmax(artifacts, references, kind):
     model = open_model(artifacts, kind)
