@@ -187,7 +187,7 @@ def _random_instance(rng: random.Random, schema: dict) -> object:
     return {
         "points": [
             {
-                "x": round(rng.uniform(-10, 10), rng.randint(0, 3)),
+                "x": round(rng.uniform(-10, 10), rng.randint(0, 3)) or 0.0,  # never -0.0 (see below)
                 "label": None
                 if rng.random() < 0.5
                 else "".join(rng.choice("ab ") for _ in range(rng.randint(0, 5))),
@@ -197,15 +197,17 @@ def _random_instance(rng: random.Random, schema: dict) -> object:
     }
 
 
+# Fixed seeds: the test is deterministic, and each seed draws several instances.
+@pytest.mark.parametrize("seed", [11, 2024, 31337])
 @pytest.mark.parametrize("schema", [PERSON, POINT_LIST], ids=["person", "points"])
-def test_fast_mask_agrees_with_slow_twin_on_random_prefixes(frontend, llg_tokenizer, schema):
-    seed = random.randrange(2**32)
+def test_fast_mask_agrees_with_slow_twin_on_random_prefixes(frontend, llg_tokenizer, schema, seed):
     rng = random.Random(seed)
     np_rng = np.random.default_rng(seed)
     for _ in range(3):
         value = _random_instance(rng, schema)
         jsonschema.validate(value, schema)
-        text = json.dumps(value, indent=rng.choice([None, 1]), ensure_ascii=rng.random() < 0.5)
+        # Non-ASCII characters as themselves: llguidance 1.9.1 rejects `\uXXXX` escapes (see below).
+        text = json.dumps(value, indent=rng.choice([None, 1]), ensure_ascii=False)
         tokens = frontend.encode(text)
         cut = rng.randint(0, len(tokens))
         constraint = _constraint(frontend, llg_tokenizer, schema)
@@ -223,6 +225,23 @@ def test_fast_mask_agrees_with_slow_twin_on_random_prefixes(frontend, llg_tokeni
         # The token the real text continues with is always allowed.
         if cut < len(tokens):
             assert tokens[cut] in set(fast.tolist()), f"seed {seed}"
+
+
+# Valid JSON that llguidance 1.9.1's JSON grammar refuses (it reports ParserTooComplex, "token ... doesn't satisfy
+# the grammar"): a `\uXXXX` escape in any string, and -0.0 in a bounded number. A model under the mask can never
+# write these (it writes the character itself, or 0.0), so generation is unaffected; feeding them from outside is
+# what once made the random-prefix test above flaky. Strict: this fails once the library accepts them.
+@pytest.mark.xfail(strict=True, reason="llguidance 1.9.1 refuses \\u escapes and a bounded -0.0")
+@pytest.mark.parametrize("schema, text", [
+    ({"type": "string", "maxLength": 6}, '"\\u00e9"'),
+    (POINT_LIST, '{"points": [{"x": -0.0, "label": null}]}'),
+], ids=["u-escape", "negative-zero"])
+def test_grammar_library_accepts_every_valid_spelling(frontend, llg_tokenizer, schema, text):
+    jsonschema.validate(json.loads(text), schema)
+    constraint = _constraint(frontend, llg_tokenizer, schema)
+    mask = np.zeros(mask_words(QWEN35_VOCAB), dtype=np.uint32)
+    constraint.fill_next_mask(frontend.encode(text), mask)
+    assert constraint.error is None
 
 
 def _decode_with_random_logits(constraint: TokenConstraint, rng: np.random.Generator, max_steps: int = 400):
