@@ -38,7 +38,7 @@ def _serve_command(*args: str) -> list[str]:
             ["--kv-capacity", "100", "--max-context", "4096"],
             "--kv-capacity (100) must hold at least one full context",
         ),
-        (["--webui"], "--webui: the built-in web UI is not bundled"),
+        (["--webui-dir", "/no/such/ui"], "--webui-dir /no/such/ui has no index.html"),
         (["/no/such/model.ninfer"], "model file not found: /no/such/model.ninfer"),
     ],
 )

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 
 import httpx
 import openai
 import protocol_servers
 import pytest
+from ninfer.artifact.reader import read_artifact
 from ninfer.engine import Request, SamplingParams
 
 qwen35_server = protocol_servers.qwen35_server  # fixtures
@@ -246,6 +248,17 @@ def test_model_listings(qwen35_server):
     info = qwen35_server.engine.info
     assert row["context"] == info.max_context and row["modalities"] == {"text": True}
     assert row["memory"]["artifact_bytes"] == info.artifact_bytes
+    # the artifact's recipe and its tensors per encoding, as the manifest lists them
+    manifest = read_artifact(info.path)
+    assert (
+        row["encoding"]
+        == info.encoding
+        == {
+            "recipe": "bf16",
+            "tensors": dict(Counter(t["encoding"] for t in manifest.tensors)),
+        }
+    )
+    assert set(row["encoding"]["tensors"]) == {"bf16", "f32"}
     assert httpx.get(f"{qwen35_server.url}/health").json() == {"status": "ok"}
 
 

@@ -54,7 +54,7 @@ async def list_models_llama(router: ModelRouter) -> dict[str, Any]:
         models.append({
             "name": m.model_id, "model": m.model_id, "type": "model", "path": info.path,
             "capabilities": ["completion", "chat"], "modalities": {mod: True for mod in info.modalities},
-            "context": info.max_context, "encoding": m.engine.frontend.generation_defaults.get("encoding"),
+            "context": info.max_context, "encoding": info.encoding,
             "memory": {"artifact_bytes": info.artifact_bytes, "resident_bytes": m.engine.stats().resident_bytes},
         })
     return {"models": models, "object": "list", "data": [_model_row(m) for m in router.models]}

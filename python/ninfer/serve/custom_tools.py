@@ -1,0 +1,109 @@
+"""OpenAI custom (freeform) tools, which VS Code Copilot uses (e.g. `apply_patch`): the model's call input is raw
+text, not JSON arguments.
+
+Chat templates only know function tools, so a custom tool is shown to the model as a function with one string
+parameter, `input`, whose description carries the tool's format (a Lark or regex grammar, or plain text). The call
+the model writes is parsed like any function call (every parser: Qwen XML, Hermes JSON, Claude XML); its `input`
+argument becomes the custom call's input. The format is described, not enforced (as for `strict`).
+
+Shapes: chat `{"type": "custom", "custom": {name, description, format}}` -> tool call
+`{"type": "custom", "custom": {name, input}}`; Responses `{"type": "custom", name, description, format}` ->
+`custom_tool_call` item `{call_id, name, input}`, sent back as `custom_tool_call` / `custom_tool_call_output`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ninfer.serve.errors import InvalidRequestError
+
+INPUT = "input"  # the one parameter a custom tool has in the template
+
+
+def _format_note(tool_format: Any, param: str) -> str:
+    if tool_format is None or (isinstance(tool_format, Mapping) and tool_format.get("type") == "text"):
+        return "The raw input text of the tool, free-form."
+    grammar = tool_format.get("grammar") if isinstance(tool_format, Mapping) else None
+    if (
+        not isinstance(grammar, Mapping)
+        or tool_format.get("type") != "grammar"
+        or grammar.get("syntax") not in ("lark", "regex")
+        or not isinstance(grammar.get("definition"), str)
+    ):
+        raise InvalidRequestError(
+            "a custom tool's format must be {type: text} or {type: grammar, grammar: {syntax: lark|regex, "
+            "definition}}",
+            param=param,
+        )
+    return f"The raw input text of the tool. It must match this {grammar['syntax']} grammar:\n{grammar['definition']}"
+
+
+def as_function_tool(custom: Mapping[str, Any], param: str) -> dict[str, Any]:
+    """A custom tool definition ({name, description?, format?}) as the chat-form function tool templates read."""
+    name = custom.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("a custom tool needs a name", param=param)
+    description = custom.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequestError("a custom tool's description must be a string", param=param)
+    function: dict[str, Any] = {
+        "name": name,
+        "parameters": {
+            "type": "object",
+            "properties": {
+                INPUT: {"type": "string", "description": _format_note(custom.get("format"), param)}
+            },
+            "required": [INPUT],
+        },
+    }
+    if description:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def chat_form_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], frozenset[str]]:
+    """Chat Completions tools with custom ones turned into functions, and the custom tools' names."""
+    converted: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for tool in tools:
+        if tool.get("type") == "custom":
+            custom = tool.get("custom")
+            if not isinstance(custom, Mapping):
+                raise InvalidRequestError("a custom tool needs a 'custom' object", param="tools")
+            function = as_function_tool(custom, "tools")
+            names.add(function["function"]["name"])
+            converted.append(function)
+        else:
+            converted.append(dict(tool))
+    return converted, frozenset(names)
+
+
+def call_input(arguments: str) -> str:
+    """A parsed call's arguments JSON -> the custom call's raw input. A model that wrote something other than one
+    `input` string keeps its text whole (no call text is ever dropped)."""
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    if isinstance(parsed, dict) and set(parsed) == {INPUT} and isinstance(parsed[INPUT], str):
+        return parsed[INPUT]
+    return arguments
+
+
+def function_arguments(raw_input: Any) -> str:
+    """A custom call's input as the function arguments the template renders for earlier turns."""
+    return json.dumps({INPUT: raw_input if isinstance(raw_input, str) else ""}, ensure_ascii=False)
+
+
+def chat_history_call(call: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An earlier assistant turn's chat tool call: a custom one in the function form; others unchanged."""
+    custom = call.get("custom")
+    if call.get("type") != "custom" or not isinstance(custom, Mapping):
+        return call
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": custom.get("name"), "arguments": function_arguments(custom.get("input"))},
+    }
