@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_reference import llama_reference
 
 from ninfer.engine import Engine, EngineOptions
 
@@ -63,33 +64,42 @@ def test_option_errors_are_one_line(smollm2_default_artifact, args, message):
     assert "Traceback" not in result.stderr
 
 
-def test_perplexity_matches_transformers(smollm2_bf16_artifact, smollm2_gguf, jargon_text, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    text_file = tmp_path / "jargon.txt"
-    text_file.write_text(jargon_text[20000:26000], encoding="utf-8")
-    result = ninfer("perplexity", str(smollm2_bf16_artifact), "--text-file", str(text_file), "--context", "256",
-                    "--json")
-    assert result.returncode == 0, result.stderr
-    got = json.loads(result.stdout)
-    assert math.isfinite(got["perplexity"]) and 1 < got["perplexity"] < 200
-
-    with Engine.open_sync(smollm2_bf16_artifact, EngineOptions(max_context=256)) as engine:
-        tokens = engine.frontend.encode(text_file.read_text(encoding="utf-8"))
-    # HF's own GGUF loader dequantizes the same file; rounding its weights to bf16 gives the artifact's values.
-    model = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
-                                                 torch_dtype=torch.float32)
+def windowed_nll(model, tokens: list[int], context: int) -> tuple[float, int]:
+    """Summed negative log-likelihood and scored-token count over non-overlapping windows, as `ninfer perplexity`."""
+    nll, count = 0.0, 0
     with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).to(torch.float32))
-        nll, count = 0.0, 0
-        for start in range(0, len(tokens), 256):
-            window = tokens[start:start + 256]
+        for start in range(0, len(tokens), context):
+            window = tokens[start:start + context]
             if len(window) < 2:
                 continue
             logits = model(torch.tensor([window])).logits[0].double()
             lp = torch.log_softmax(logits, -1)[torch.arange(len(window) - 1), torch.tensor(window[1:])]
             nll -= lp.sum().item()
             count += len(window) - 1
+    return nll, count
+
+
+def test_perplexity_matches_transformers(smollm2_bf16_artifact, jargon_text, tmp_path):
+    # ~400 tokens in windows of 128: three full windows and a partial one, small enough for a fast test.
+    context = 128
+    text_file = tmp_path / "jargon.txt"
+    text_file.write_text(jargon_text[20000:21700], encoding="utf-8")
+    result = ninfer("perplexity", str(smollm2_bf16_artifact), "--text-file", str(text_file), "--context",
+                    str(context), "--json")
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    assert math.isfinite(got["perplexity"]) and 1 < got["perplexity"] < 200
+
+    with Engine.open_sync(smollm2_bf16_artifact, EngineOptions(max_context=context)) as engine:
+        tokens = engine.frontend.encode(text_file.read_text(encoding="utf-8"))
+    # HF LlamaForCausalLM on the artifact's own weights (the GGUF's values rounded to bf16 by the conversion).
+    # One torch thread: on the shared 2-core machine two threads wait on each other (a 128-token window took 16 s
+    # with 2 threads and 2 s with 1 at load 8).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        nll, count = windowed_nll(llama_reference(smollm2_bf16_artifact), tokens, context)
+    finally:
+        torch.set_num_threads(threads)
     assert got["scored_tokens"] == count
     assert got["perplexity"] == pytest.approx(math.exp(nll / count), rel=2e-3)

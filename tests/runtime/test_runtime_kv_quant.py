@@ -9,11 +9,18 @@ the model parity tests hold against HF. Per value, relative to the row's largest
   is ~6x bf16's.
 - fp8 e4m3: 2^-4 (4 significant bits), 32x bf16's.
 So the test measures bf16's logit error against f32 KV on the same model and tokens, and requires each 8-bit
-dtype's to stay within ROOM x ratio x that (ROOM = 4 leaves room for error growth being uneven; a wrong scale,
-head or page moves logits by the whole logit scale, far beyond it).
+dtype's to stay within ROOM x ratio x that (ROOM = 2 for error growth being uneven). Measured (70 tokens, max
+|delta logit| / logit scale): llama bf16 2.6e-3, int8 7.2e-3, fp8 3.8e-2; Qwen3.5 bf16 2.5e-3, int8 6.0e-3,
+fp8 2.9e-2, i.e. ratios ~2.5 and ~13, inside the estimates. The exact check of the pool and kernel is the
+attention test above (f32 rounding of exact attention over the round-tripped rows).
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +31,7 @@ from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
 # delta / delta_bf16 per dtype (module docstring) and the room left over the linear estimate.
 ROUNDING_RATIO = {"bf16": 1.0, "int8": 6.0, "fp8": 32.0}
-ROOM = 4.0
+ROOM = 2.0
 
 
 def rows(rng: np.random.Generator):
@@ -170,3 +177,13 @@ def test_engine_generates_and_scores_with_8bit_kv(tiny_llama_artifact, dtype):
     bf16_err = np.abs(scores["bf16"] - scores["f32"]).max()
     err = np.abs(scores[dtype] - scores["f32"]).max()
     assert 0 < err <= ROOM * ROUNDING_RATIO[dtype] * max(bf16_err, 1e-3), (err, bf16_err)
+
+
+def test_cli_answers_with_fp8_kv(smollm2_cache_home):
+    """`ninfer --kv-dtype fp8` on the embedded default model still answers the capital-of-France question."""
+    ninfer = str(Path(sys.executable).parent / "ninfer")
+    result = subprocess.run([ninfer, "--prompt", "What is the capital of France?", "--temperature", "0",
+                             "--max-new", "24", "--kv-dtype", "fp8"], check=False, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "XDG_CACHE_HOME": str(smollm2_cache_home)})
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
@@ -44,7 +45,7 @@ from ninfer.serve.openai_common import (
 )
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ModelRouter
-from ninfer.serve.structured import chat_response_format, require_structured_output
+from ninfer.serve.structured import build_constraint, chat_response_format
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
@@ -276,9 +277,12 @@ async def chat_completions(data: ChatCompletionRequest, router: ModelRouter, req
     )
     chat = _chat_prompt(data)
     output_format = chat_response_format(data.response_format)
-    if output_format is not None:
-        require_structured_output(model.engine, output_format, "response_format")
     prompt = prepare_prompt(model, chat)
+    if output_format is not None:
+        constraint = await build_constraint(
+            model.engine, output_format, "response_format", starts_in_reasoning=prompt.starts_in_reasoning
+        )
+        params = replace(params, constraint=constraint)
     generation = await start_generation(model, prompt, params, tools=chat.tools)
     shape = _Shape(data, model.model_id)
     if data.stream:

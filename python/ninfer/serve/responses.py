@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
@@ -54,7 +55,7 @@ from ninfer.serve.output_blocks import (
 from ninfer.serve.response_store import ResponseStore, StoredResponse
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ModelRouter, ServedModel
-from ninfer.serve.structured import require_structured_output, responses_text_format
+from ninfer.serve.structured import build_constraint, responses_text_format
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
@@ -539,7 +540,10 @@ async def create_response(data: ResponsesRequest, router: ModelRouter, state: St
     )
     items, conversation, chat, prompt = await _prepare(model, data, store)
     if fmt is not None:
-        require_structured_output(model.engine, fmt, "text.format.schema")
+        constraint = await build_constraint(
+            model.engine, fmt, "text.format.schema", starts_in_reasoning=prompt.starts_in_reasoning
+        )
+        params = replace(params, constraint=constraint)
     generation = await start_generation(model, prompt, params, tools=chat.tools)
     run = _Run(data, _Shape(data, model.model_id), generation, store, conversation, items)
     if data.stream:
