@@ -16,7 +16,7 @@ import pytest
 from ninfer.serve.streams import StreamRegistry
 from router_servers import serve_router
 
-LONG = {"max_tokens": 200, "temperature": 0, "stream": True,
+LONG = {"max_tokens": 80, "temperature": 0, "stream": True,
         "messages": [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]}
 
 

@@ -8,7 +8,6 @@ and validated now, and refused with a one-line error when given, so scripts and 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -168,32 +167,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
     if args.webui_dir is not None and not (Path(args.webui_dir) / "index.html").is_file():
         raise CliError(f"--webui-dir {args.webui_dir} has no index.html")
-    if args.webui and args.webui_dir is None:
-        raise CliError("--webui: the built-in web UI is not bundled in this build; give --webui-dir DIR")
     if args.config is not None and args.model is not None:
         raise CliError("give either MODEL or --config, not both")
-
-
-def _model_from_config(path: str) -> tuple[str, str]:
-    """(name, artifact path) of the one model a router config names."""
-    try:
-        config = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CliError(f"cannot read --config {path}: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise CliError(f"--config {path} is not JSON: {exc}") from exc
-    models = config.get("models") if isinstance(config, dict) else None
-    if not isinstance(models, dict) or not models:
-        raise CliError(f"--config {path} must be an object with a non-empty 'models' object")
-    if len(models) > 1:
-        raise CliError(
-            f"--config {path} names {len(models)} models; serving several models is not implemented "
-            "yet in this build (give one)"
-        )
-    ((name, entry),) = models.items()
-    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-        raise CliError(f"--config {path}: models.{name} needs a 'path'")
-    return name, entry["path"]
 
 
 def _engine_options(args: argparse.Namespace) -> Any:
@@ -210,31 +185,39 @@ def _engine_options(args: argparse.Namespace) -> Any:
     )
 
 
-def _app(args: argparse.Namespace, path: Path, model_id: str, keys: frozenset[str]) -> Any:
-    from ninfer.engine import Engine
-    from ninfer.serve.app import create_app
-    from ninfer.serve.state import ModelRouter, ServedModel
+def _router_config(args: argparse.Namespace) -> Any:
+    """--config FILE, else the one MODEL (or the embedded default) as a one-model router config. Nothing is loaded:
+    the router loads a model on its first request; files are checked here so a wrong path is a one-line error."""
+    from ninfer.artifact.reader import read_artifact
+    from ninfer.serve.router import load_config, single_model_config
 
-    options = _engine_options(args)
+    if args.config is not None:
+        config = load_config(args.config, defaults=_engine_options(args))
+        missing = [f"{m.name} ({m.path})" for m in config.models if not m.path.is_file()]
+        if missing:
+            raise CliError(f"--config {args.config}: no artifact for {', '.join(missing)}")
+        return config
+    path = resolve_model(args.model)
+    read_artifact(path)  # header and manifest: a file that is not an artifact fails here, not at the first request
+    return single_model_config(path, args.alias or path.name.removesuffix(".ninfer"), _engine_options(args),
+                               preserve_thinking=args.preserve_thinking or None)
+
+
+def _app(args: argparse.Namespace, keys: frozenset[str]) -> Any:
+    from ninfer.serve.app import create_app
+    from ninfer.serve.router import ModelRouter
+    from ninfer.serve.webui_bundle import installed_bundle
+
+    config = _router_config(args)
+    webui_dir = args.webui_dir or (str(installed_bundle()) if args.webui else None)
     url = f"http://{args.host if ':' not in args.host else f'[{args.host}]'}:{args.port}"
 
-    # Opened here, before uvicorn starts, so a bad artifact is a one-line error rather than a lifespan traceback.
-    router = ModelRouter(
-        ServedModel(
-            model_id, Engine.open_sync(path, options), preserve_thinking=args.preserve_thinking or None
-        )
-    )
-
     async def open_router() -> ModelRouter:
-        print(
-            f"ninfer-serve: serving {model_id} at {url} (OpenAI base URL {url}/v1)",
-            file=sys.stderr,
-            flush=True,
-        )
-        return router
+        names = ", ".join(m.name for m in config.models)
+        print(f"ninfer-serve: serving {names} at {url} (OpenAI base URL {url}/v1)", file=sys.stderr, flush=True)
+        return ModelRouter(config)
 
-    app = create_app(open_router, api_keys=keys, webui_dir=args.webui_dir)
-    return app
+    return create_app(open_router, api_keys=keys, webui_dir=webui_dir)
 
 
 # Options the unit renders itself (ExecStart's fixed part, LoadCredential); every other option that differs from its
@@ -285,13 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             print(render_unit(_unit_options(args)), end="")
             return 0
         keys = read_api_keys(args.api_key_file) if args.api_key_file else frozenset()
-        if args.config is not None:
-            model_id, model = _model_from_config(args.config)
-        else:
-            model, model_id = args.model, None
-        path = resolve_model(model)
-        model_id = args.alias or model_id or path.name.removesuffix(".ninfer")
-        app = _app(args, path, model_id, keys)
+        app = _app(args, keys)
     except (CliError, NinferError) as exc:
         print(f"ninfer-serve: error: {exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ Every status change is published to `router.events` subscribers (the `/models/ss
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import gc
 import json
@@ -458,7 +459,8 @@ class ModelRouter(state.ModelRouter):
                 entry.served = None
                 entry.status = UNLOADED
         for queue in self._subscribers:
-            queue.put_nowait(None)
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(None)  # ends each /models/sse feed
 
     async def acquire(self, name: str | None, *, wait_s: float | None = None, call: Call | None = None) -> Lease:
         """Pins the named model, loading or swapping to it first. Raises ModelNotFoundError, or
@@ -586,6 +588,8 @@ class ModelRouter(state.ModelRouter):
         resident = self._resident
         if resident is not None and resident.pins > 0:
             return  # drain first: in-flight requests pin their model
+        if any(self._satisfied(t) for t in self._tickets if t.entry is not None):
+            return  # requests granted the resident model are waking up to pin it: let them in first
         for ticket in self._tickets:
             if ticket.failure is not None or self._satisfied(ticket):
                 continue
@@ -596,8 +600,9 @@ class ModelRouter(state.ModelRouter):
 
     async def _swap(self, target: ModelEntry | None) -> None:
         old = self._resident
-        if old is not None and old is not target:
-            await self._unload(old)
+        if old is not None and old is not target and not await self._unload(old):
+            await self._finish_op()  # it was pinned again meanwhile: the next release reconsiders
+            return
         if target is None or target is self._resident:
             await self._finish_op()
             return
@@ -656,9 +661,12 @@ class ModelRouter(state.ModelRouter):
         target.served = served
         return None
 
-    async def _unload(self, entry: ModelEntry) -> None:
+    async def _unload(self, entry: ModelEntry) -> bool:
+        """Closes the resident engine unless a request pins it; returns whether it did."""
         served = entry.served
         async with self._cond:
+            if entry.pins > 0:
+                return False
             self._resident = None
             entry.served = None
             entry.loaded_at = None
@@ -669,6 +677,7 @@ class ModelRouter(state.ModelRouter):
             del engine
             gc.collect()  # nothing of the old model may outlive the swap
         self._set_status(entry, UNLOADED)
+        return True
 
     def now(self) -> float:
         """The router's monotonic clock (`last_used` is on it)."""

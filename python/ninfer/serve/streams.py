@@ -194,7 +194,7 @@ class StreamRecorder:
         registry: StreamRegistry = scope["app"].state.streams
         send = self._noting_send(call, send)
         stream: RecordedStream | None = None
-        client_gone = asyncio.Event()
+        client_gone, response_done = asyncio.Event(), asyncio.Event()
         body_done = False
 
         async def detached_receive() -> Any:
@@ -204,17 +204,25 @@ class StreamRecorder:
                 if message["type"] == "http.request" and not message.get("more_body", False):
                     body_done = True
                 return message
-            # After the body, the app would only learn of a disconnect, which must not cancel the generation.
-            await asyncio.Event().wait()
+            # After the body the app only learns of a disconnect, which must not cancel the generation: it is held
+            # back until the response is complete (Litestar's stream then needs it to finish the request).
+            message = await receive()
+            await response_done.wait()
+            return message
 
         async def recording_send(message: Any) -> None:
             nonlocal stream
             if message["type"] == "http.response.start":
-                headers = dict(message.get("headers") or [])
-                if headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+                # Every successful response is recorded (streams are what readers resume; a whole JSON body is
+                # just replayed as is). The status, not the content type, decides: SSE streams here do not all
+                # carry text/event-stream.
+                if message["status"] == 200:
                     stream = registry.open(conversation, call.model, call)
-            elif message["type"] == "http.response.body" and stream is not None:
-                registry.append(stream, message.get("body", b""))
+            elif message["type"] == "http.response.body":
+                if stream is not None:
+                    registry.append(stream, message.get("body", b""))
+                if not message.get("more_body", False):
+                    response_done.set()
             if client_gone.is_set():
                 return
             try:
