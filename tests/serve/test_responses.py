@@ -311,7 +311,7 @@ def test_truncated_tool_call_still_yields_a_call(smollm2_server):
     ("body", "status", "message", "param"),
     [
         ({"input": [{"type": "item_reference", "id": "x"}]}, 400, "item_reference", "input"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, 400, "only function tools", "tools"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, 400, "only function and custom tools", "tools"),
         ({"input": "hi", "background": True}, 400, "background", "background"),
         ({"input": "hi", "reasoning": {"effort": "extreme"}}, 400, "reasoning.effort", "reasoning.effort"),
         ({"input": [{"role": "tool", "content": "x"}]}, 400, "role", "input"),

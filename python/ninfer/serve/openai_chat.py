@@ -6,7 +6,9 @@ pipeline's Deltas become `chat.completion.chunk`s, its result a `chat.completion
 
 Tool calls: `tool_choice: "none"` hides the tools from the template and does not parse calls. `"required"`, a
 named function and `strict: true` are advisory (the engine cannot force a call): the response's `ninfer.tool_choice`
-says so, and parse diagnostics (a truncated call, an unknown tool) are in `ninfer.tool_parse_issues`.
+says so, and parse diagnostics (a truncated call, an unknown tool) are in `ninfer.tool_parse_issues`. Custom
+(freeform) tools are served through `ninfer.serve.custom_tools`; a streamed custom call arrives whole, in one delta
+after the text, since its raw input is known only once the call's arguments are complete.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from litestar import Request, post
 from msgspec import Meta
 
 from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
+from ninfer.serve.custom_tools import call_input, chat_form_tools, chat_history_call
 from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.generation import (
@@ -91,7 +94,7 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     if body.reasoning_effort == "none":
         enable_thinking = False
     return ChatPrompt(
-        messages=[msgspec.to_builtins(m) for m in body.messages],
+        messages=[_history_message(msgspec.to_builtins(m)) for m in body.messages],
         tools=_tools(body),
         add_generation_prompt=body.add_generation_prompt if body.add_generation_prompt is not None else True,
         continue_final_message=body.continue_final_message,
@@ -101,8 +104,16 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     )
 
 
+def _history_message(message: dict[str, Any]) -> dict[str, Any]:
+    if message.get("tool_calls"):
+        message["tool_calls"] = [chat_history_call(c) for c in message["tool_calls"]]
+        # SDKs send `content: null` next to tool calls; templates concatenate the content as text.
+        message.setdefault("content", "")
+    return message
+
+
 def _tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-    return None if body.tool_choice == "none" or not body.tools else body.tools
+    return None if body.tool_choice == "none" or not body.tools else chat_form_tools(body.tools)[0]
 
 
 def _tool_choice_note(body: ChatCompletionRequest) -> dict[str, Any] | None:
@@ -152,6 +163,21 @@ class _Shape:
         self.model = model_id
         self.tool_call_ids: dict[int, str] = {}
         self.tool_note = _tool_choice_note(body)
+        self.custom_tools = chat_form_tools(body.tools or ())[1]
+        self.streamed_custom_calls: set[int] = set()  # their deltas are held back, see _custom_call_chunk
+
+    def tool_call_json(self, index: int, name: str, arguments: str) -> dict[str, Any]:
+        if name in self.custom_tools:
+            return {
+                "id": self.call_id(index),
+                "type": "custom",
+                "custom": {"name": name, "input": call_input(arguments)},
+            }
+        return {
+            "id": self.call_id(index),
+            "type": "function",
+            "function": {"name": name, "arguments": arguments},
+        }
 
     def call_id(self, index: int) -> str:
         return self.tool_call_ids.setdefault(index, new_id("call"))
@@ -178,12 +204,7 @@ def _message(shape: _Shape, result: GenerationResult) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.content or None}
     if result.tool_calls:
         message["tool_calls"] = [
-            {
-                "id": shape.call_id(i),
-                "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
-            }
-            for i, c in enumerate(result.tool_calls)
+            shape.tool_call_json(i, c.name, c.arguments) for i, c in enumerate(result.tool_calls)
         ]
     elif message["content"] is None:
         message["content"] = ""
@@ -208,7 +229,11 @@ def completion_json(shape: _Shape, result: GenerationResult, logprobs: bool) -> 
     }
 
 
-def _tool_call_delta(shape: _Shape, call: ToolCallDelta) -> dict[str, Any]:
+def _tool_call_delta(shape: _Shape, call: ToolCallDelta) -> dict[str, Any] | None:
+    if call.name in shape.custom_tools:
+        shape.streamed_custom_calls.add(call.index)
+    if call.index in shape.streamed_custom_calls:
+        return None
     if call.name is not None:
         return {
             "index": call.index,
@@ -226,8 +251,20 @@ def _delta_json(shape: _Shape, delta: Delta) -> dict[str, Any]:
     if delta.content:
         out["content"] = delta.content
     if delta.tool_calls:
-        out["tool_calls"] = [_tool_call_delta(shape, c) for c in delta.tool_calls]
+        calls = [d for d in (_tool_call_delta(shape, c) for c in delta.tool_calls) if d is not None]
+        if calls:
+            out["tool_calls"] = calls
     return out
+
+
+def _custom_call_chunk(shape: _Shape, result: GenerationResult) -> dict[str, Any] | None:
+    """The streamed custom calls, whole, from the finished result."""
+    calls = [
+        {"index": i, **shape.tool_call_json(i, c.name, c.arguments)}
+        for i, c in enumerate(result.tool_calls)
+        if i in shape.streamed_custom_calls
+    ]
+    return _chunk(shape, {"tool_calls": calls}) if calls else None
 
 
 def _chunk(
@@ -253,6 +290,9 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
             yield sse_frame(_chunk(shape, fields, logprobs=list(delta.logprobs) if logprobs else None))
     result = generation.result
     assert result is not None
+    custom_calls = _custom_call_chunk(shape, result)
+    if custom_calls is not None:
+        yield sse_frame(custom_calls)
     final = _chunk(shape, {}, _finish_reason(result))
     final.update(timings=timings_json(result), **shape.extras(result))
     yield sse_frame(final)

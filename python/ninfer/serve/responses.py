@@ -12,7 +12,9 @@ item with `output_text`, and one `function_call` item per tool call. Streaming f
 
 Responses are kept (unless `store: false`) in a bounded in-process store (`ninfer.serve.response_store`), which is
 what `previous_response_id` reads: the stored conversation continues, `instructions` are not carried over (as with
-OpenAI). Only function tools are served; `tool_choice` other than auto/none is advisory (see chat). `text.format`
+OpenAI). Function and custom (freeform, `ninfer.serve.custom_tools`) tools are served; a custom call is a
+`custom_tool_call` item whose input streams as one `response.custom_tool_call_input.delta` once the call is complete.
+`tool_choice` other than auto/none is advisory (see chat). `text.format`
 json_schema / json_object is checked like chat's `response_format` (`ninfer.serve.structured`).
 """
 
@@ -31,6 +33,7 @@ from msgspec import Meta
 
 from ninfer.errors import NinferError
 from ninfer.frontend.chat import flatten_content
+from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
 from ninfer.serve.errors import InvalidRequestError, describe
 from ninfer.serve.generation import (
     ChatPrompt,
@@ -147,6 +150,19 @@ def _function_call(item: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _custom_tool_call(item: Mapping[str, Any]) -> dict[str, Any]:
+    name, raw_input = item.get("name"), item.get("input")
+    if not isinstance(name, str) or not isinstance(raw_input, str):
+        raise InvalidRequestError(
+            "a custom_tool_call item needs a string name and string input", param="input"
+        )
+    return {
+        "id": item.get("call_id") or item.get("id"),
+        "type": "function",
+        "function": {"name": name, "arguments": function_arguments(raw_input)},
+    }
+
+
 def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses input items -> chat messages. A reasoning item's text goes to the assistant message that
     follows it; consecutive function calls join one assistant message."""
@@ -170,15 +186,16 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             messages.append(message)
         elif kind == "reasoning":
             reasoning = _reasoning_text(item)
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant" or reasoning is not None:
                 last = {"role": "assistant", "content": ""}
                 if reasoning is not None:
                     last["reasoning_content"], reasoning = reasoning, None
                 messages.append(last)
-            last.setdefault("tool_calls", []).append(_function_call(item))
-        elif kind == "function_call_output":
+            call = _function_call(item) if kind == "function_call" else _custom_tool_call(item)
+            last.setdefault("tool_calls", []).append(call)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             messages.append(
                 {
@@ -189,22 +206,26 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
         else:
             raise InvalidRequestError(
-                f"input items of type {kind!r} are not served (message, reasoning, "
-                "function_call and function_call_output are)",
+                f"input items of type {kind!r} are not served (message, reasoning, function_call, "
+                "function_call_output, custom_tool_call and custom_tool_call_output are)",
                 param="input",
             )
     return messages
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Responses' flat function tools -> chat's nested form, which the templates read."""
+    """Responses' flat function and custom tools -> chat's nested function form, which the templates read."""
     if not tools:
         return None
     result = []
     for tool in tools:
+        if tool.get("type") == "custom":
+            result.append(as_function_tool(tool, "tools"))
+            continue
         if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             raise InvalidRequestError(
-                f"only function tools (with a name) are served, got type {tool.get('type')!r}", param="tools"
+                f"only function and custom tools (with a name) are served, got type {tool.get('type')!r}",
+                param="tools",
             )
         function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
         result.append({"type": "function", "function": function})
@@ -266,9 +287,17 @@ class _Shape:
         self._item_ids: dict[int, str] = {}
         self._call_ids: dict[int, str] = {}
         self.sequence_number = 0
+        self.custom_tools = frozenset(t.get("name") for t in body.tools or () if t.get("type") == "custom")
+
+    def is_custom_call(self, block: Block) -> bool:
+        return block.kind == TOOL_CALL and block.name in self.custom_tools
 
     def item_id(self, block: Block) -> str:
-        prefix = {REASONING: "rs", TEXT: "msg", TOOL_CALL: "fc"}[block.kind]
+        prefix = (
+            "ctc"
+            if self.is_custom_call(block)
+            else {REASONING: "rs", TEXT: "msg", TOOL_CALL: "fc"}[block.kind]
+        )
         return self._item_ids.setdefault(block.index, new_id(prefix))
 
     def call_id(self, block: Block) -> str:
@@ -294,6 +323,15 @@ class _Shape:
                 "role": "assistant",
                 "status": status,
                 "content": content,
+            }
+        if self.is_custom_call(block):
+            return {
+                "id": self.item_id(block),
+                "type": "custom_tool_call",
+                "call_id": self.call_id(block),
+                "name": block.name,
+                "input": call_input(text) if done else "",
+                "status": status,
             }
         return {
             "id": self.item_id(block),
@@ -480,10 +518,18 @@ class _Run:
                         "response.output_text.delta", **where, content_index=0, delta=event.text, logprobs=[]
                     )
                 ]
+            if self.shape.is_custom_call(block):
+                return []  # arguments JSON, not yet the raw input: sent whole at the stop
             return [self.frame("response.function_call_arguments.delta", **where, delta=event.text)]
         assert isinstance(event, BlockStop)
         text = block.text
-        if block.kind == TOOL_CALL:
+        if self.shape.is_custom_call(block):
+            raw_input = call_input(text)
+            frames = [
+                self.frame("response.custom_tool_call_input.delta", **where, delta=raw_input),
+                self.frame("response.custom_tool_call_input.done", **where, input=raw_input),
+            ]
+        elif block.kind == TOOL_CALL:
             frames = [
                 self.frame("response.function_call_arguments.done", **where, name=block.name, arguments=text)
             ]
