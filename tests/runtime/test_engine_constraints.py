@@ -4,6 +4,8 @@ before each sampled token, passes it the tokens sampled since the last call, and
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -84,3 +86,24 @@ def test_a_failing_constraint_ends_its_request_with_a_typed_error(tiny_llama_art
         assert last.finish_reason == "length" and len(tokens) == 5
         s = engine.stats()
         assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
+
+
+def test_cancel_while_the_engine_waits_for_a_mask_frees_the_lane_at_once(tiny_llama_artifact):
+    class Slow:
+        def fill_next_mask(self, new_token_ids, mask):
+            time.sleep(1.0)
+            return False
+
+    with Engine.open_sync(tiny_llama_artifact, EngineOptions(max_context=512, max_concurrency=1)) as engine:
+
+        async def main():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(collect(engine, request([5, 6, 7], 50, Slow(), temperature=0)), 0.2)
+            began = time.monotonic()
+            while engine.stats().busy_lanes and time.monotonic() - began < 5:
+                await asyncio.sleep(0.01)
+            return time.monotonic() - began
+
+        assert asyncio.run(main()) < 0.5  # the mask's answer (1 s away) is not awaited
+        tokens, last = asyncio.run(collect(engine, request([5, 6, 7], 5, temperature=0)))
+        assert last.finish_reason == "length" and len(tokens) == 5

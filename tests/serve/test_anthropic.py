@@ -302,15 +302,6 @@ def test_count_tokens_matches_the_real_tokenizer(qwen35_server):
             },
             '"if", "then"',
         ),
-        (
-            "/v1/messages",
-            {
-                "max_tokens": 4,
-                "messages": [{"role": "user", "content": "hi"}],
-                "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
-            },
-            "token mask",
-        ),
         ("/v1/messages/count_tokens", {"messages": []}, "length"),
         ("/v1/messages/count_tokens", {"messages": "hi"}, "array"),
     ],

@@ -328,12 +328,6 @@ def test_truncated_tool_call_still_yields_a_call(smollm2_server):
             '"not"',
             "text.format.schema",
         ),
-        (
-            {"input": "hi", "text": {"format": {"type": "json_object"}}},
-            400,
-            "token mask",
-            "text.format.schema",
-        ),
         ({"input": "hi", "text": {"format": {"type": "yaml"}}}, 400, "text.format.type", "text.format.type"),
     ],
 )

@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import random
 
+import anthropic
 import jsonschema
 import llguidance
 import numpy as np
+import openai
+import protocol_servers
 import pytest
 from ninfer.artifact.tokenizer_build import qwen35_tokenizer_json
 from ninfer.engine import Frontend
@@ -367,3 +370,76 @@ def test_build_constraint_for_a_real_engine(pytestconfig, tiny_qwen3_5):
                     engine, OutputFormat("json_schema", {"not": {}}), "f", starts_in_reasoning=False
                 )
             )
+
+
+# --- live server: the mask through the engine, clients are the official SDKs -----------------------------------
+
+qwen35_server = protocol_servers.qwen35_server  # fixtures
+smollm2_server = protocol_servers.smollm2_server
+
+# Every field bounded, so even a random model under the mask must finish the value within max_tokens.
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "rank": {"type": "integer", "minimum": 0, "maximum": 99},
+        "kind": {"enum": ["capital", "port", "village"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 2},
+    },
+    "required": ["city", "rank", "kind", "tags"],
+    "additionalProperties": False,
+}
+ASK = [{"role": "user", "content": "Describe Paris as JSON."}]
+
+
+def _openai(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.mark.parametrize("server_name", ["qwen35_server", "smollm2_server"])
+def test_chat_structured_output_validates(request, server_name):
+    server = request.getfixturevalue(server_name)
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": BOUNDED, "strict": True}}
+    r = _openai(server).chat.completions.create(
+        model="any", messages=ASK, temperature=0.8, seed=3, max_tokens=300, response_format=fmt,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), BOUNDED)
+
+
+def test_streamed_chat_structured_output_validates(qwen35_server):
+    # Streamed deltas join into the constrained value.
+    stream = _openai(qwen35_server).chat.completions.create(
+        model="any", messages=ASK, temperature=0, max_tokens=300, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": BOUNDED}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    jsonschema.validate(json.loads(text), BOUNDED)
+
+
+def test_responses_and_messages_structured_output_validate(qwen35_server):
+    r = _openai(qwen35_server).responses.create(
+        model="any", input="Describe Paris as JSON.", temperature=0.7, max_output_tokens=300,
+        text={"format": {"type": "json_schema", "name": "city", "schema": BOUNDED}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    jsonschema.validate(json.loads(r.output_text), BOUNDED)
+    client = anthropic.Anthropic(base_url=qwen35_server.url, api_key="unused", max_retries=0)
+    m = client.messages.create(
+        model="any", max_tokens=300, messages=ASK,
+        thinking={"type": "disabled"},
+        extra_body={"output_format": {"type": "json_schema", "schema": BOUNDED}},
+    )
+    text = "".join(block.text for block in m.content if block.type == "text")
+    jsonschema.validate(json.loads(text), BOUNDED)
+
+
+def test_unenforceable_schema_is_a_400_naming_it(qwen35_server):
+    bad = {"type": "object", "properties": {"a": {"type": "string", "format": "no-such-format"}}}
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        _openai(qwen35_server).chat.completions.create(
+            model="any", messages=ASK, max_tokens=5,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}},
+        )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
@@ -40,7 +41,7 @@ from ninfer.serve.openai_common import new_id, stop_strings
 from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ModelRouter, ServedModel
-from ninfer.serve.structured import anthropic_output_format, require_structured_output
+from ninfer.serve.structured import anthropic_output_format, build_constraint
 
 _STOP_REASONS = {"length": "max_tokens", "cancelled": "end_turn"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")  # passed to the template as reasoning_effort
@@ -355,9 +356,13 @@ async def create_message(data: MessagesRequest, router: ModelRouter) -> Any:
     chat = chat_prompt(data)
     prompt = prepare_prompt(model, chat)
     fmt = output_format(data)
+    params = _params(data)
     if fmt is not None:
-        require_structured_output(model.engine, fmt, "output_format.schema")
-    generation = await start_generation(model, prompt, _params(data), tools=chat.tools)
+        constraint = await build_constraint(
+            model.engine, fmt, "output_format.schema", starts_in_reasoning=prompt.starts_in_reasoning
+        )
+        params = replace(params, constraint=constraint)
+    generation = await start_generation(model, prompt, params, tools=chat.tools)
     run = _Run(_Shape(model.model_id), generation)
     if data.stream:
         return sse_response(run.events(), on_error=stream_error_frame)

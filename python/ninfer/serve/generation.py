@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from ninfer.engine import Engine, GenerationEvent, Request, SamplingParams, TextStream, Timings
+from ninfer.engine import Engine, GenerationEvent, Request, SamplingParams, TextStream, Timings, TokenConstraint
 from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser
 from ninfer.frontend.stop_strings import StopStringMatcher
 from ninfer.frontend.tool_calls import (
@@ -104,6 +104,7 @@ class GenerationParams:
     logprobs: bool = False
     top_logprobs: int = 0
     split_reasoning: bool = True
+    constraint: TokenConstraint | None = None  # structured output: the per-step token mask (one request only)
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,7 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
         max_new_tokens=max_new,
         logprobs=params.logprobs or params.top_logprobs > 0,
         top_logprobs=params.top_logprobs,
+        constraint=params.constraint,
     )
 
 

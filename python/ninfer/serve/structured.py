@@ -140,20 +140,6 @@ def compile_grammar(fmt: OutputFormat, field: str) -> str:
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
-def require_structured_output(engine: Engine, fmt: OutputFormat, field: str) -> None:
-    """Refuses a format that cannot be served: a schema the grammar cannot enforce (naming the features), or any
-    format while the engine has no per-step token mask (`Engine.supports_token_constraints`). The engine hook is
-    what turns this into a `TokenConstraint` passed with the request; until it lands, answering without the mask
-    would return text that merely *looks* constrained, so the request is refused instead."""
-    compile_grammar(fmt, field)
-    if not getattr(engine, "supports_token_constraints", False):
-        raise InvalidRequestError(
-            f"{field}: structured output needs the engine's per-step token mask, which this build's engine does "
-            "not have yet; send a text format",
-            param=field,
-        )
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The tokenizer index, once per model
 
@@ -180,8 +166,8 @@ def grammar_tokenizer(frontend: Frontend, vocab_size: int) -> llguidance.LLToken
 async def build_constraint(
     engine: Engine, fmt: OutputFormat, field: str, *, starts_in_reasoning: bool
 ) -> TokenConstraint:
-    """The request's TokenConstraint, to pass to the engine with its Request once the engine takes one (see
-    `require_structured_output`). The model's tokenizer index is built in a worker thread the first time."""
+    """The request's TokenConstraint (refusing, with InvalidRequestError, a schema the grammar cannot enforce), to
+    pass with its engine Request. The model's tokenizer index is built in a worker thread the first time."""
     grammar = compile_grammar(fmt, field)
     tokenizer = await asyncio.to_thread(grammar_tokenizer, engine.frontend, engine.info.vocab_size)
     return TokenConstraint(grammar, tokenizer, engine.frontend, starts_in_reasoning=starts_in_reasoning)
