@@ -70,8 +70,9 @@ def test_flake_check_passes_against_the_stub_nixpkgs(flake):
 
 
 def test_flake_check_fails_when_the_unit_is_wrong(flake):
-    unit = flake / "nix" / "unit.nix"
-    unit.write_text(unit.read_text().replace('ProtectSystem = "strict";', 'ProtectSystem = "very";'))
+    # The sandbox table nix/unit.nix reads (shared with `ninfer-serve --print-systemd-unit`).
+    table = flake / "python" / "ninfer" / "systemd_hardening.json"
+    table.write_text(table.read_text().replace('"ProtectSystem": "strict"', '"ProtectSystem": "very"'))
     with pytest.raises(NixError, match="Failed to parse protect system value"):
         flake_check_against_stub(flake)
 
