@@ -5,6 +5,19 @@
 const POLL_MS = 1000;
 let previous = null;
 
+// The chat UI at / (same origin) keeps its settings, the API key among them, in localStorage under this name; the
+// dashboard sends the same key so it works on a server started with --api-key-file without asking again.
+const LLAMA_UI_CONFIG = "LlamaUi.config";
+
+function authHeaders() {
+  try {
+    const key = String(JSON.parse(localStorage.getItem(LLAMA_UI_CONFIG) || "{}").apiKey || "").trim();
+    return key ? { Authorization: `Bearer ${key}` } : {};
+  } catch {
+    return {};
+  }
+}
+
 function fmtBytes(n) {
   if (!n) return "0 B";
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -90,7 +103,8 @@ function renderErrors(errors) {
 async function poll() {
   const badge = document.getElementById("connection");
   try {
-    const response = await fetch("/dashboard/state", { cache: "no-store" });
+    const response = await fetch("/dashboard/state", { cache: "no-store", headers: authHeaders() });
+    if (response.status === 401) throw new Error("API key needed: set it in the chat UI's settings");
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const state = await response.json();
     renderModels(state.models);
