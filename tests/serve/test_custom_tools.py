@@ -1,7 +1,9 @@
 """Custom (freeform) tools, as VS Code Copilot sends them, through the official `openai` SDK on the live SmolLM2
 server: chat (`tools: [{type: custom, custom: {...}}]`) and Responses (`tools: [{type: custom, name, ...}]`), whole
 and streamed. SmolLM2 copies the few-shot call form of its history (Qwen XML), so the call is the model's own
-text; its raw input, with quotes, braces and newlines that JSON would have to escape, must come back verbatim."""
+text; its raw input, with quotes, braces and newlines that JSON would have to escape, must come back verbatim. A custom
+call sent back in the history must reach the template as the function call it was shown as (checked on the tiny
+Qwen3.5 server, whose template renders earlier calls' arguments, by the exact prompt length)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import pytest
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
 from ninfer.serve.errors import InvalidRequestError
 
-smollm2_server = protocol_servers.smollm2_server  # fixture
+smollm2_server = protocol_servers.smollm2_server  # fixtures
+qwen35_server = protocol_servers.qwen35_server
 
 GRAMMAR = {
     "type": "grammar",
@@ -75,11 +78,35 @@ def test_chat_custom_tool_call_whole_and_streamed(smollm2_server):
     assert finish == "tool_calls"
 
 
-def test_chat_history_with_a_custom_call_and_its_result(smollm2_server):
-    client = _client(smollm2_server)
-    history = _few_shot() + [
+def _prompt_tokens_of_function_form(server, user_text: str) -> int:
+    """Prompt length of the conversation in the function form the server should turn a custom call into."""
+    messages = [
+        {"role": "user", "content": user_text},
         {
             "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "apply_patch", "arguments": function_arguments(patch("main.py"))},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Done"},
+    ]
+    frontend = server.engine.frontend
+    return len(frontend.encode(frontend.render(messages, tools=[as_function_tool(CUSTOM, "tools")]).text))
+
+
+def test_chat_history_with_a_custom_call_and_its_result(qwen35_server):
+    # The Qwen3.5 template renders earlier calls' arguments: the raw input must reach it as the `input` argument.
+    client = _client(qwen35_server)
+    history = [
+        {"role": "user", "content": "Set a to 2 in main.py"},
+        {
+            "role": "assistant",
+            "content": None,
             "tool_calls": [
                 {
                     "id": "call_1",
@@ -91,16 +118,16 @@ def test_chat_history_with_a_custom_call_and_its_result(smollm2_server):
         {"role": "tool", "tool_call_id": "call_1", "content": "Done"},
     ]
     r = client.chat.completions.create(
-        model="m", messages=history, tools=[{"type": "custom", "custom": CUSTOM}], temperature=0, max_tokens=5
+        model="m", messages=history, tools=[{"type": "custom", "custom": CUSTOM}], temperature=0, max_tokens=2
     )
-    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert r.usage.prompt_tokens == _prompt_tokens_of_function_form(qwen35_server, "Set a to 2 in main.py")
 
 
 def _responses_input() -> list[dict]:
     return [{"type": "message", "role": m["role"], "content": m["content"]} for m in _few_shot()]
 
 
-def test_responses_custom_tool_call_whole_streamed_and_sent_back(smollm2_server):
+def test_responses_custom_tool_call_whole_and_streamed(smollm2_server):
     client = _client(smollm2_server)
     tools = [{"type": "custom", **CUSTOM}]
     r = client.responses.create(
@@ -125,18 +152,27 @@ def test_responses_custom_tool_call_whole_streamed_and_sent_back(smollm2_server)
     assert item_done.item.input == patch("main.py") and item_done.item.id == done.item_id
     assert events[-1].response.output[-1].input == patch("main.py")
 
-    follow_up = client.responses.create(
+
+def test_responses_custom_call_sent_back_reaches_the_template(qwen35_server):
+    follow_up = _client(qwen35_server).responses.create(
         model="m",
         input=[
-            *_responses_input(),
-            {"type": "custom_tool_call", "call_id": call.call_id, "name": "apply_patch", "input": call.input},
-            {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done"},
+            {"type": "message", "role": "user", "content": "Set a to 2 in main.py"},
+            {
+                "type": "custom_tool_call",
+                "call_id": "call_1",
+                "name": "apply_patch",
+                "input": patch("main.py"),
+            },
+            {"type": "custom_tool_call_output", "call_id": "call_1", "output": "Done"},
         ],
-        tools=tools,
+        tools=[{"type": "custom", **CUSTOM}],
         temperature=0,
-        max_output_tokens=5,
+        max_output_tokens=2,
     )
-    assert follow_up.status in ("completed", "incomplete")
+    assert follow_up.usage.input_tokens == _prompt_tokens_of_function_form(
+        qwen35_server, "Set a to 2 in main.py"
+    )
 
 
 def test_a_custom_tool_with_a_bad_format_is_a_400(smollm2_server):
