@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 TINY_KINDS = ("qwen3_5", "qwen3_5_moe", "llama", "qwen2", "qwen3")
 # Bump when the builder changes what it writes, so cached checkpoints are rebuilt.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 QWEN35_VOCAB = 248320
 QWEN35_TEXT_PREFIX = "model.language_model."
@@ -170,6 +170,20 @@ def _perturb(module: torch.nn.Module, generator: torch.Generator) -> None:
             param.copy_(param.to(torch.bfloat16).to(torch.float32))
 
 
+def _initialise_mtp(mtp: torch.nn.Module, generator: torch.Generator) -> None:
+    """MtpModel is no PreTrainedModel: nothing initialises its own parameters, which keep whatever memory they were
+    given (a fresh environment once produced NaN experts). Draw them from the seed: matrices N(0, 0.05^2), the
+    zero-centred norms 0 (then perturbed like every norm)."""
+    with torch.no_grad():
+        for name, param in mtp.named_parameters():
+            if name in ("embed_tokens.weight", "shared_head.weight"):  # the main model's, already initialised
+                continue
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+            else:
+                param.zero_()
+
+
 def _mtp_checkpoint_name(mtp_key: str) -> str:
     for old, new in _MTP_RENAMES:
         if mtp_key.startswith(old):
@@ -187,6 +201,7 @@ def _build_qwen35(kind: str, folder: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = _causal_lm_class(kind)(_text_config_object(kind, text))
     mtp = MtpModel(model, 1)
+    _initialise_mtp(mtp, generator)
     vision = Qwen3_5VisionModel(Qwen3_5VisionConfig(**_VISION_CONFIG))
     for module in (model, mtp, vision):
         _perturb(module, generator)
