@@ -182,8 +182,9 @@ def test_engine_generates_and_scores_with_8bit_kv(tiny_llama_artifact, dtype):
 def test_cli_answers_with_fp8_kv(smollm2_cache_home):
     """`ninfer --kv-dtype fp8` on the embedded default model still answers the capital-of-France question."""
     ninfer = str(Path(sys.executable).parent / "ninfer")
-    result = subprocess.run([ninfer, "--prompt", "What is the capital of France?", "--temperature", "0",
-                             "--max-new", "24", "--kv-dtype", "fp8"], check=False, capture_output=True, text=True, timeout=600,
+    command = [ninfer, "--prompt", "What is the capital of France?", "--temperature", "0", "--max-new", "24",
+               "--kv-dtype", "fp8"]
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "XDG_CACHE_HOME": str(smollm2_cache_home)})
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout

@@ -80,12 +80,17 @@ struct DecodeFp8 {
 };
 
 // int8 / int4 with a u8 zero point and an f16 scale per group (a multiple of 16 columns): (code - zero) * scale,
-// the integer subtraction exact, then one rounding, as in the reference.
+// the integer subtraction exact, then one rounding, as in the reference. Columns are visited in increasing order
+// within a group, so the group's zero and scale are loaded once per group, not once per 16 columns (a decoder is
+// per row and per thread: the cached group is its only state).
 template <bool Int4>
 struct DecodeGrouped {
   const uint8_t* q;
   const TensorView& w;
   int64_t first_group;
+  mutable int64_t group_begin = 0, group_end = 0;  // columns of the cached group; empty at first
+  mutable __m256i zero = _mm256_setzero_si256();
+  mutable __m256 scale = _mm256_setzero_ps();
   DecodeGrouped(const TensorView& view, int64_t row)
       : q(view.data + row * (Int4 ? view.cols() / 2 : view.cols())), w(view),
         first_group(row * (view.cols() / view.group_size)) {}
@@ -94,9 +99,13 @@ struct DecodeGrouped {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(v), scale);
   }
   void at(int64_t c, __m256& lo, __m256& hi) const {
-    const int64_t g = first_group + c / w.group_size;
-    const __m256i zero = _mm256_set1_epi32(w.zero[g]);
-    const __m256 scale = _mm256_set1_ps(_cvtsh_ss(load_u16(w.scale, g)));
+    if (c < group_begin || c >= group_end) {
+      const int64_t index = c / w.group_size, g = first_group + index;
+      group_begin = index * w.group_size;
+      group_end = group_begin + w.group_size;
+      zero = _mm256_set1_epi32(w.zero[g]);
+      scale = _mm256_set1_ps(_cvtsh_ss(load_u16(w.scale, g)));
+    }
     const __m128i codes =
         Int4 ? unpack_nibbles16(q + c / 2) : _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c));
     lo = eight(codes, zero, scale);
