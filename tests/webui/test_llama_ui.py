@@ -4,6 +4,7 @@ and see the stream resume; and the dashboard shows live slot state. Screenshots 
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -12,11 +13,17 @@ from conftest import SCREENSHOTS
 
 ANSWER_TIMEOUT_MS = 90_000
 ASSISTANT = '[aria-label="Assistant message with actions"]'
+ANSWER = f"{ASSISTANT} .markdown-content"  # the answer text alone, without the "Processing..." and model chrome
+# llama-ui sends no max_tokens by default and SmolLM2 samples: an answer could run to the end of the context. The
+# UI's own "max tokens" setting (localStorage, as its settings dialog saves it) bounds every answer.
+UI_SETTINGS = {"max_tokens": 160}
 
 
 @pytest.fixture
 def page(browser, ui_server):
     context = browser.new_context(viewport={"width": 1280, "height": 860})
+    context.add_init_script(f"localStorage.getItem('LlamaUi.config') || "
+                            f"localStorage.setItem('LlamaUi.config', {json.dumps(json.dumps(UI_SETTINGS))})")
     page = context.new_page()
     page.goto(ui_server.url + "/")
     yield page
@@ -29,9 +36,18 @@ def statuses(server) -> dict[str, str]:
 
 
 def choose_model(page, name: str) -> None:
+    # The chat form's model selector comes after the messages, whose own model badges are buttons too: take the last.
     page.get_by_role("button", name="Select model").or_(page.locator("button:has-text('alpha'), "
-                                                                   "button:has-text('beta')")).first.click()
+                                                                   "button:has-text('beta')")).last.click()
     page.get_by_text(name, exact=True).last.click()
+
+
+def wait_for_statuses(server, expected: dict[str, str], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (seen := statuses(server)) != expected:
+        if time.monotonic() > deadline:
+            pytest.fail(f"model statuses stayed {seen}, expected {expected}")
+        time.sleep(0.5)
 
 
 def send(page, text: str) -> None:
@@ -41,7 +57,7 @@ def send(page, text: str) -> None:
 
 
 def assistant_text(page) -> str:
-    return page.locator(ASSISTANT).last.inner_text()
+    return page.locator(ANSWER).last.inner_text()
 
 
 def test_send_a_message_and_see_the_streamed_answer(page, ui_server) -> None:
@@ -50,6 +66,7 @@ def test_send_a_message_and_see_the_streamed_answer(page, ui_server) -> None:
     page.locator(ASSISTANT).last.wait_for(timeout=ANSWER_TIMEOUT_MS)
     page.wait_for_function(f"document.querySelector('{ASSISTANT}')?.innerText.includes('Paris')",
                            timeout=ANSWER_TIMEOUT_MS)
+    page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
     page.screenshot(path=str(SCREENSHOTS / "webui-chat.png"))
     assert statuses(ui_server)["alpha"] == "loaded"
 
@@ -59,7 +76,7 @@ def test_stop_a_generation(page, ui_server) -> None:
     send(page, "Write a very long story about a lighthouse keeper and the sea, with many chapters.")
     stop = page.get_by_role("button", name="Stop generation")
     stop.wait_for(timeout=ANSWER_TIMEOUT_MS)
-    page.wait_for_function(f"(document.querySelector('{ASSISTANT}')?.innerText || '').length > 20",
+    page.wait_for_function(f"([...document.querySelectorAll('{ANSWER}')].pop()?.innerText || '').length > 20",
                            timeout=ANSWER_TIMEOUT_MS)
     stop.click()
     stop.wait_for(state="hidden", timeout=10_000)
@@ -78,26 +95,28 @@ def test_stop_a_generation(page, ui_server) -> None:
 def test_switch_models_and_see_the_status_change(page, ui_server) -> None:
     choose_model(page, "alpha")
     send(page, "Say hi.")
-    page.locator(ASSISTANT).last.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    page.locator(ASSISTANT).first.wait_for(timeout=ANSWER_TIMEOUT_MS)
     page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
-    assert statuses(ui_server) == {"alpha": "loaded", "beta": "unloaded"}
+    wait_for_statuses(ui_server, {"alpha": "loaded", "beta": "unloaded"})
     choose_model(page, "beta")
     send(page, "Say hello.")
+    page.locator(ASSISTANT).nth(1).wait_for(timeout=ANSWER_TIMEOUT_MS)  # the second answer, from beta
+    wait_for_statuses(ui_server, {"alpha": "unloaded", "beta": "loaded"})
     page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
-    assert statuses(ui_server) == {"alpha": "unloaded", "beta": "loaded"}
-    # the UI learnt it from /models/sse: the model list shows beta loaded (offering "Unload")
-    page.get_by_text("beta", exact=True).first.wait_for()
+    # the UI shows the switch: the second answer carries beta's model badge, the first keeps alpha's
+    assert page.locator(ASSISTANT).nth(1).get_by_text("beta", exact=True).count() == 1
+    assert page.locator(ASSISTANT).nth(0).get_by_text("alpha", exact=True).count() == 1
 
 
 def test_reload_mid_stream_and_see_the_stream_resume(page, ui_server) -> None:
     choose_model(page, "alpha")
     send(page, "Write a very long story about a lighthouse keeper and the sea, with many chapters.")
-    page.wait_for_function(f"(document.querySelector('{ASSISTANT}')?.innerText || '').length > 40",
+    page.wait_for_function(f"([...document.querySelectorAll('{ANSWER}')].pop()?.innerText || '').length > 40",
                            timeout=ANSWER_TIMEOUT_MS)
     before = assistant_text(page)
     page.reload()
     page.wait_for_function(
-        f"(document.querySelector('{ASSISTANT}')?.innerText || '').length > {len(before) + 40}",
+        f"([...document.querySelectorAll('{ANSWER}')].pop()?.innerText || '').length > {len(before) + 40}",
         timeout=ANSWER_TIMEOUT_MS)
     after = assistant_text(page)
     assert after.startswith(before[: max(0, len(before) - 20)])  # the same answer, continued
