@@ -17,6 +17,11 @@ MAX_FUZZ_TOKENS = 3
 # Every operation is fuzzed; 3 generated bodies each keep the whole run near a minute on two cores (6 took twice that),
 # and derandomize=True makes them the same every run.
 EXAMPLES_PER_OPERATION = 3
+# The router's management surface needs the multi-model router, which this one-model protocol server does not run
+# (its lifecycle and routes are tested against the real router in tests/router). Fuzzing them under the real router
+# is still to do: its /models/sse stream never ends, so it needs a streaming-aware harness. Every other route is fuzzed.
+ROUTER_ONLY_PATHS = {"/models/load", "/models/unload", "/models/sse", "/props", "/slots", "/running", "/unload",
+                     "/v1/chat/completions/control", "/dashboard/state"}
 
 
 def _cap_lengths(body: object) -> None:
@@ -32,7 +37,8 @@ def test_no_request_gets_a_server_error(qwen35_server):
     # schemathesis' pytest plugin does not run under pytest 9 yet, so each operation's strategy is driven by
     # hypothesis here directly.
     schema = schemathesis.openapi.from_url(f"{qwen35_server.url}/docs/openapi.json")
-    operations = [result.ok() for result in schema.get_all_operations()]
+    operations = [op for op in (result.ok() for result in schema.get_all_operations())
+                  if op.path not in ROUTER_ONLY_PATHS]
     assert len(operations) >= 10
     failures: list[str] = []
     for operation in operations:
