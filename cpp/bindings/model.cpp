@@ -153,8 +153,9 @@ class PyModel {
         const int64_t len = std::min<int64_t>(kKvPageTokens, n - 1 - begin);
         const ForwardItem item{tokens.data() + begin, len, &cache, true};
         model.forward({&item, 1}, out);
-        for (int64_t t = 0; t < len; ++t) result[begin + t] = log_softmax_at(out.logits.data() + t * out.vocab, out.vocab,
-                                                                              tokens.data()[begin + t + 1]);
+        for (int64_t t = 0; t < len; ++t)
+          result[begin + t] =
+              log_softmax_at(out.logits.data() + t * out.vocab, out.vocab, tokens.data()[begin + t + 1]);
       }
     }
     size_t shape[1] = {size_t(std::max<int64_t>(n - 1, 0))};
@@ -245,7 +246,8 @@ void bind_model(nb::module_& m) {
       .def("decode", &PyModel::decode, nb::arg("seq"), nb::arg("token"), "Appends one token; logits [1, vocab].")
       .def("forward_batch", &PyModel::forward_batch, nb::arg("items"), nb::arg("all_logits") = false,
            "One pass over [(seq, tokens), ...]; a list of logits arrays in item order.")
-      .def_prop_ro("hidden", &PyModel::hidden, nb::rv_policy::move, "Final-normed hidden rows [rows, hidden] of the last pass.")
+      .def_prop_ro("hidden", &PyModel::hidden, nb::rv_policy::move,
+                   "Final-normed hidden rows [rows, hidden] of the last pass.")
       .def("mtp_logits", &PyModel::mtp_logits, nb::arg("seq"), nb::arg("hidden"), nb::arg("next_tokens"),
            nb::arg("start"), "MTP draft logits [n, vocab] from hidden rows at positions start.. and next tokens.")
       .def("score", &PyModel::score, nb::arg("tokens"), "log p(tokens[i+1] | tokens[:i+1]) for each i, f64.")
