@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from hf_reference import llama_reference
+
 from ninfer import _engine
 from ninfer.artifact.convert import convert
 
@@ -29,44 +31,9 @@ def smollm2_bf16(pytestconfig, smollm2_gguf):
     return path
 
 
-def interleaved_to_half(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rows of each head reordered from pairs (2j, 2j+1) to (j, j + D/2)."""
-    d = w.shape[0] // heads
-    return w.reshape(heads, d // 2, 2, -1).transpose(1, 2).reshape(w.shape)
-
-
 @pytest.fixture(scope="session")
 def smollm2_reference(smollm2_bf16):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    art = _engine.Artifact.open(str(smollm2_bf16))
-    c = json.loads(art.manifest_json())["config"]
-    assert c["rope"]["pairing"] == "interleaved"
-    config = LlamaConfig(vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
-                         intermediate_size=c["intermediate_size"], num_hidden_layers=c["num_layers"],
-                         num_attention_heads=c["num_heads"], num_key_value_heads=c["num_kv_heads"],
-                         head_dim=c["head_dim"], rms_norm_eps=c["rms_norm_eps"],
-                         rope_parameters={"rope_type": "default", "rope_theta": c["rope"]["theta"]},
-                         tie_word_embeddings=c["tie_word_embeddings"], max_position_embeddings=2048)
-    model = LlamaForCausalLM(config).float()
-
-    def t(name: str) -> torch.Tensor:
-        return torch.from_numpy(np.array(art.dequantize(name)))
-
-    state = {"model.embed_tokens.weight": t("embed"), "model.norm.weight": t("final_norm"),
-             "lm_head.weight": t("embed")}
-    for i in range(c["num_layers"]):
-        p, q = f"layers.{i}.", f"model.layers.{i}."
-        state[q + "input_layernorm.weight"] = t(p + "input_norm")
-        state[q + "post_attention_layernorm.weight"] = t(p + "post_attn_norm")
-        state[q + "self_attn.q_proj.weight"] = interleaved_to_half(t(p + "attn.q_proj"), c["num_heads"])
-        state[q + "self_attn.k_proj.weight"] = interleaved_to_half(t(p + "attn.k_proj"), c["num_kv_heads"])
-        state[q + "self_attn.v_proj.weight"] = t(p + "attn.v_proj")
-        state[q + "self_attn.o_proj.weight"] = t(p + "attn.o_proj")
-        for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-            state[q + f"mlp.{theirs}.weight"] = t(p + f"mlp.{ours}")
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+    return llama_reference(smollm2_bf16)
 
 
 def chatml_prompt(artifact_path) -> tuple[list[int], object]:
