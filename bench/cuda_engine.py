@@ -49,6 +49,14 @@ def decode_step_bytes(artifact: Path, config: dict, batch: int, context: int) ->
     return total + batch * (2 * linear_layers * state + kv)
 
 
+def graph_pass_split(before: dict, after: dict) -> dict:
+    """Mean milliseconds per graph-launched decode pass between two memory_plan() readings: host capture of the
+    model's ops, executable update, device time."""
+    passes = after["graph_passes_timed"] - before["graph_passes_timed"]
+    keys = {"capture_host": "graph_capture_host_us", "update_host": "graph_update_host_us", "device": "graph_device_us"}
+    return {name: (after[k] - before[k]) / max(passes, 1) / 1e3 for name, k in keys.items()} | {"passes": passes}
+
+
 async def run_batch(engine: Engine, prompts: list[list[int]], new_tokens: int) -> list:
     async def one(prompt: list[int]):
         last = None
@@ -77,9 +85,11 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
         for batch in (1, 2, 4, 8):
             prompts = [rng.integers(0, 200000, prompt_len).tolist() for _ in range(batch)]
             asyncio.run(run_batch(engine, prompts, 4))  # warm-up: graphs for this batch size
+            before = engine.memory_plan()
             start = time.perf_counter()
             finals = asyncio.run(run_batch(engine, prompts, new_tokens))
             wall = time.perf_counter() - start
+            passes = graph_pass_split(before, engine.memory_plan())
             per_seq = [f.timings.decode_tokens_per_s for f in finals]
             step_s = 1.0 / float(np.median(per_seq))
             moved = decode_step_bytes(path, config, batch, prompt_len + new_tokens // 2)
@@ -87,7 +97,7 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
                 "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens,
                 "tokens_per_s_per_seq": float(np.median(per_seq)), "aggregate_tokens_per_s": batch / step_s,
                 "wall_s": wall, "bytes_per_step": moved, "roofline_step_s": moved / bandwidth,
-                "fraction_of_roofline": (moved / bandwidth) / step_s,
+                "fraction_of_roofline": (moved / bandwidth) / step_s, "graph_pass_ms": passes,
             })
         for length in prefill_lens:
             prompt = rng.integers(0, 200000, length).tolist()
@@ -124,7 +134,9 @@ def main() -> int:
     print(result["memory_plan"].get("summary", ""))
     for d in result["decode"]:
         print(f"decode C={d['batch']}: {d['tokens_per_s_per_seq']:.1f} tok/s/seq, {d['aggregate_tokens_per_s']:.1f} "
-              f"aggregate, {d['fraction_of_roofline']:.1%} of roofline ({d['bytes_per_step'] / 1e9:.2f} GB/step)")
+              f"aggregate, {d['fraction_of_roofline']:.1%} of roofline ({d['bytes_per_step'] / 1e9:.2f} GB/step); "
+              f"per pass: capture {d['graph_pass_ms']['capture_host']:.2f} ms, update "
+              f"{d['graph_pass_ms']['update_host']:.2f} ms, device {d['graph_pass_ms']['device']:.2f} ms")
     for p in result["prefill"]:
         print(f"prefill {p['prompt_tokens']}: TTFT {p['ttft_s']:.2f} s, {p['prefill_tokens_per_s']:.0f} tok/s")
     return 0

@@ -82,14 +82,16 @@ def bench_gemv(workdir: Path, bandwidth: float) -> list[dict]:
         art = _engine.Artifact.open(path, verify_checksums=False)
         for name, (out, cols) in SHAPES_27B.items():
             copies = 2 if name == "lm_head" else 8
-            for rows in (1, 2, 4, 8):
-                micros, weight_bytes = _engine.cuda.bench_linear(art, name, rows, copies=copies, iterations=60)
-                moved = weight_bytes + 4 * rows * (cols + out)
-                rows_out.append({
-                    "kernel": "gemv", "encoding": encoding, "group_size": group, "tensor": name, "shape": [out, cols],
-                    "rows": rows, "median_us": micros, "bytes": moved, "gb_per_s": moved / micros / 1e3,
-                    "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth,
-                })
+            for impl in ("mma", "simt"):
+                for rows in (1, 2, 4, 8):
+                    micros, weight_bytes = _engine.cuda.bench_linear(art, name, rows, copies=copies, iterations=60,
+                                                                     impl=impl)
+                    moved = weight_bytes + 4 * rows * (cols + out)
+                    rows_out.append({
+                        "kernel": "gemv", "impl": impl, "encoding": encoding, "group_size": group, "tensor": name,
+                        "shape": [out, cols], "rows": rows, "median_us": micros, "bytes": moved,
+                        "gb_per_s": moved / micros / 1e3, "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth,
+                    })
         art.close()
         path.unlink()
     return rows_out
@@ -123,10 +125,10 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"device {result['device']}: read {measured['read'] / 1e9:.0f} GB/s, copy {measured['copy'] / 1e9:.0f} GB/s")
-    print(f"{'encoding':10} {'tensor':12} {'rows':>4} {'us':>9} {'GB/s':>7} {'of BW':>6}")
+    print(f"{'impl':5} {'encoding':10} {'tensor':12} {'rows':>4} {'us':>9} {'GB/s':>7} {'of BW':>6}")
     for r in gemv:
-        print(f"{r['encoding']:10} {r['tensor']:12} {r['rows']:>4} {r['median_us']:9.1f} {r['gb_per_s']:7.0f} "
-              f"{r['fraction_of_bandwidth']:6.1%}")
+        print(f"{r['impl']:5} {r['encoding']:10} {r['tensor']:12} {r['rows']:>4} {r['median_us']:9.1f} "
+              f"{r['gb_per_s']:7.0f} {r['fraction_of_bandwidth']:6.1%}")
     for r in gdn:
         print(f"gdn_decode batch {r['batch']}: {r['median_us']:.1f} us, {r['fraction_of_bandwidth']:.1%} of read BW")
     return 0

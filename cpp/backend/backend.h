@@ -51,6 +51,13 @@ struct GdnShape {
   int64_t conv_channels() const { return 2LL * num_key_heads * key_head_dim + int64_t(num_value_heads) * value_head_dim; }
 };
 
+// One of several linear layers applied to the same activations (see Backend::linear_shared_input).
+struct LinearOut {
+  const TensorView* w = nullptr;
+  float* y = nullptr;
+  const float* bias = nullptr;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -65,6 +72,10 @@ class Backend {
   // --- matrices: `w` in its stored encoding (never expanded) ---
   // y[r] = W x[r] (+ bias) for every row.
   virtual void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias = nullptr) = 0;
+  // linear() for several weights on the same x (a layer's projections): a backend may prepare x once for all.
+  virtual void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) {
+    for (const LinearOut& o : outs) linear(x, rows, *o.w, o.y, o.bias);
+  }
   // out[i] = row tokens[i] of `table` (any encoding).
   virtual void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) = 0;
   // out[i] = x[rows[i]] (rows of `dim` values).

@@ -62,6 +62,27 @@ class Ops {
     return get(dy, {rows, w.rows()});
   }
 
+  // linear_shared_input over the named weights (all with x's width): one output per weight.
+  std::vector<FloatArray> linear_shared_input(In<float> x, const ArtifactHandle& art,
+                                              const std::vector<std::string>& names) {
+    if (names.empty()) throw EngineError("linear_shared_input: no weights named");
+    const int64_t rows = rows_of(x, art.get()->tensor(names[0]).cols(), "x");
+    MemoryBlock dx = put(x);
+    std::vector<MemoryBlock> ys;
+    std::vector<LinearOut> outs;
+    for (const std::string& name : names) {
+      const TensorView& w = art.get()->tensor(name);
+      rows_of(x, w.cols(), "x");
+      ys.push_back(poisoned<float>(rows * w.rows()));
+      outs.push_back({&w, nullptr, nullptr});
+    }
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].y = ys[i].get<float>();
+    run([&] { be_->linear_shared_input(dx.get<float>(), rows, outs); });
+    std::vector<FloatArray> result;
+    for (size_t i = 0; i < outs.size(); ++i) result.push_back(get(ys[i], {rows, outs[i].w->rows()}));
+    return result;
+  }
+
   FloatArray embed(In<int32_t> tokens, const ArtifactHandle& art, const std::string& name) {
     const TensorView& t = art.get()->tensor(name);
     const int64_t n = int64_t(tokens.size());
@@ -314,6 +335,7 @@ void bind_backend_ops(nb::module_& m) {
       .def(nb::init<const std::string&>(), nb::arg("backend"))
       .def_prop_ro("backend", &Ops::name)
       .def("linear", &Ops::linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("bias").none() = nb::none())
+      .def("linear_shared_input", &Ops::linear_shared_input, nb::arg("x"), nb::arg("artifact"), nb::arg("names"))
       .def("embed", &Ops::embed)
       .def("gather_rows", &Ops::gather_rows)
       .def("add", &Ops::add)

@@ -17,6 +17,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/gdn_decode.h"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/gemv_mma.h"
 #include "bindings/array_out.h"
 #include "bindings/artifact_handle.h"
 #endif
@@ -53,20 +54,45 @@ FloatArray to_host(const cuda::DeviceBuffer& buffer, const std::vector<int64_t>&
   return as_array(out, shape);
 }
 
+// The decode GEMV that `impl` names: "mma" (tensor cores), "simt" (the CUDA-core twin), or "auto" (what the
+// backend's linear() takes for this weight).
+class GemvLauncher {
+ public:
+  GemvLauncher(const std::string& impl, const TensorView& w) {
+    if (impl != "auto" && impl != "mma" && impl != "simt")
+      throw EngineError("cuda gemv: impl must be auto, mma or simt, not " + impl);
+    mma_ = impl == "mma" || (impl == "auto" && cuda::gemv_mma_supports(w));
+    if (mma_ && !cuda::gemv_mma_supports(w))
+      throw EngineError("cuda gemv: the tensor-core path does not take " + w.name);
+  }
+  void operator()(const float* x, int rows, const TensorView& w, float* y) {
+    if (mma_) {
+      cuda::gemv_mma(x, rows, w, y, workspace_, nullptr);
+    } else {
+      cuda::gemv(x, rows, w, y, nullptr);
+    }
+  }
+
+ private:
+  bool mma_ = false;
+  cuda::GemvWorkspace workspace_;
+};
+
 // y = x W^T on the GPU for x [rows, cols]; the output buffer is poisoned (NaN bytes) first.
-FloatArray linear(const InFloats& x, const ArtifactHandle& handle, const std::string& name) {
+FloatArray linear(const InFloats& x, const ArtifactHandle& handle, const std::string& name, const std::string& impl) {
   const TensorView& host = handle.get()->tensor(name);
   if (x.ndim() != 2 || x.shape(1) != size_t(host.cols())) {
     throw EngineError("cuda.linear: x must be [rows, " + std::to_string(host.cols()) + "]");
   }
   const int rows = int(x.shape(0));
   cuda::DeviceWeight weight = cuda::upload_weight(host);
+  GemvLauncher gemv(impl, weight.view);
   cuda::DeviceBuffer x_device = to_device(x);
   cuda::DeviceBuffer y_device(size_t(rows) * size_t(host.rows()) * sizeof(float));
   NINFER_CUDA_CHECK(cudaMemset(y_device.get(), 0xff, y_device.bytes()));
   {
     nb::gil_scoped_release release;
-    cuda::gemv(x_device.as<float>(), rows, weight.view, y_device.as<float>(), nullptr);
+    gemv(x_device.as<float>(), rows, weight.view, y_device.as<float>());
     NINFER_CUDA_CHECK(cudaDeviceSynchronize());
   }
   return to_host(y_device, {rows, host.rows()});
@@ -138,10 +164,11 @@ double median_kernel_micros(int iterations, Launch launch) {
 // Median time of the decode GEMV over `copies` device copies of the weight used in turn (so that the set is
 // larger than L2 and every call streams from device memory). Returns (median microseconds, weight bytes per call).
 std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std::string& name, int rows, int copies,
-                                        int iterations) {
+                                        int iterations, const std::string& impl) {
   const TensorView& host = handle.get()->tensor(name);
   std::vector<cuda::DeviceWeight> weights;
   for (int c = 0; c < copies; ++c) weights.push_back(cuda::upload_weight(host));
+  GemvLauncher gemv(impl, weights[0].view);
   const double bytes = double(cuda::data_bytes(host) + cuda::scale_bytes(host) + cuda::zero_bytes(host));
   std::vector<float> x_host(size_t(rows) * size_t(host.cols()));
   for (size_t i = 0; i < x_host.size(); ++i) x_host[i] = float((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
@@ -149,7 +176,7 @@ std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std:
   x.upload(x_host.data(), x.bytes());
   cuda::DeviceBuffer y(size_t(rows) * size_t(host.rows()) * sizeof(float));
   const double micros = median_kernel_micros(iterations, [&](int it) {
-    cuda::gemv(x.as<float>(), rows, weights[it % copies].view, y.as<float>(), nullptr);
+    gemv(x.as<float>(), rows, weights[it % copies].view, y.as<float>());
   });
   return {micros, bytes};
 }
@@ -199,12 +226,12 @@ void bind_cuda(nb::module_& m) {
   sub.attr("built") = true;
   sub.def("device_count", &device_count, "Usable CUDA devices (0 without a driver or GPU).");
   sub.def("device_name", &device_name);
-  sub.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"),
-          "x @ W.T on the GPU with the decode GEMV (1..8 rows), W in its stored encoding.");
+  sub.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
+          "x @ W.T on the GPU with the decode GEMV (1..8 rows), W in its stored encoding; impl: auto, mma, simt.");
   sub.def("gdn_decode", &gdn_decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
           nb::arg("states"), "One gated-delta-rule decode step for a batch of sequences.");
   sub.def("bench_linear", &bench_linear, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"),
-          nb::arg("copies") = 4, nb::arg("iterations") = 50,
+          nb::arg("copies") = 4, nb::arg("iterations") = 50, nb::arg("impl") = "auto",
           "(median us, weight bytes) of the decode GEMV, cycling over device copies of the weight.");
   sub.def("bench_gdn_decode", &bench_gdn_decode, nb::arg("batch"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),
           nb::arg("dv"), nb::arg("iterations") = 50, "(median us, state bytes moved) of one decode step.");

@@ -168,6 +168,11 @@ nb::dict memory_plan(const Engine& e) {
   d["graph_bytes"] = e.device() ? e.device()->graph_bytes() : 0;
   d["graphs_captured"] = e.device() ? e.device()->graphs_captured() : 0;
   d["graph_replays"] = e.device() ? e.device()->graph_replays() : 0;
+  const GraphPassTimings t = e.device() ? e.device()->graph_timings() : GraphPassTimings{};
+  d["graph_passes_timed"] = t.passes;
+  d["graph_capture_host_us"] = t.capture_host_us;
+  d["graph_update_host_us"] = t.update_host_us;
+  d["graph_device_us"] = t.device_us;
   d["summary"] = e.device() ? describe(p) : std::string("cpu backend: host memory");
   return d;
 }

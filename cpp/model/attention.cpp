@@ -24,9 +24,10 @@ void attention_block(const PassContext& p, const AttentionWeights& w, const floa
   float* q = p.scratch.get(Buf::AttnQ, rows * q_width);
   float* k = p.scratch.get(Buf::AttnK, rows * kv_width);
   float* v = p.scratch.get(Buf::AttnV, rows * kv_width);
-  be.linear(x, rows, *w.q_proj, q, w.q_bias.empty() ? nullptr : w.q_bias.data());
-  be.linear(x, rows, *w.k_proj, k, w.k_bias.empty() ? nullptr : w.k_bias.data());
-  be.linear(x, rows, *w.v_proj, v, w.v_bias.empty() ? nullptr : w.v_bias.data());
+  const LinearOut qkv[] = {{w.q_proj, q, w.q_bias.empty() ? nullptr : w.q_bias.data()},
+                           {w.k_proj, k, w.k_bias.empty() ? nullptr : w.k_bias.data()},
+                           {w.v_proj, v, w.v_bias.empty() ? nullptr : w.v_bias.data()}};
+  be.linear_shared_input(x, rows, qkv);
   if (!w.q_norm.empty()) {
     // Query head h of row r sits at (r * hq + h) * q_head_stride, so heads are rows of a strided matrix.
     be.rmsnorm(q, rows * hq, d, q_head_stride, w.q_norm.data(), p.norm_kind(), p.eps(), q, q_head_stride);

@@ -9,8 +9,8 @@ void swiglu_mlp(const PassContext& p, const MlpWeights& w, const float* x, Buf g
   const int64_t inter = w.gate->rows();
   float* gate = p.scratch.get(gate_buf, p.rows * inter);
   float* up = p.scratch.get(up_buf, p.rows * inter);
-  p.backend.linear(x, p.rows, *w.gate, gate);
-  p.backend.linear(x, p.rows, *w.up, up);
+  const LinearOut gate_up[] = {{w.gate, gate}, {w.up, up}};
+  p.backend.linear_shared_input(x, p.rows, gate_up);
   p.backend.swiglu(gate, up, p.rows * inter, gate);
   p.backend.linear(gate, p.rows, *w.down, out);
 }

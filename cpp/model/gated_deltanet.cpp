@@ -21,10 +21,8 @@ void gdn_block(const PassContext& p, const GdnWeights& w, const float* x, float*
   float* z = s.get(Buf::GdnZ, rows * v_width);
   float* b = s.get(Buf::GdnB, rows * hv);
   float* a = s.get(Buf::GdnA, rows * hv);
-  be.linear(x, rows, *w.in_qkv, mixed);
-  be.linear(x, rows, *w.in_z, z);
-  be.linear(x, rows, *w.in_b, b);
-  be.linear(x, rows, *w.in_a, a);
+  const LinearOut projections[] = {{w.in_qkv, mixed}, {w.in_z, z}, {w.in_b, b}, {w.in_a, a}};
+  be.linear_shared_input(x, rows, projections);
 
   float* conv = s.get(Buf::GdnConv, rows * channels);
   be.gdn_conv(mixed, p.seqs, shape, w.conv.data(), *p.states, w.state_layer, conv);

@@ -13,6 +13,13 @@ struct DeviceMemoryUse {
   int64_t device_total = 0, weights = 0, free_after_weights = 0;
 };
 
+// Totals over the decode passes run as graph launches: host time issuing the model's ops into the capture,
+// host time updating (or instantiating) the executable graph, and the graph's time on the device.
+struct GraphPassTimings {
+  int64_t passes = 0;
+  double capture_host_us = 0, update_host_us = 0, device_us = 0;
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -25,6 +32,7 @@ class DeviceRuntime {
   virtual int64_t graph_bytes() const = 0;     // device memory the instantiated graphs took (measured)
   virtual int32_t graphs_captured() const = 0; // batch sizes with a graph
   virtual int64_t graph_replays() const = 0;   // passes run as graph launches
+  virtual GraphPassTimings graph_timings() const = 0;
 };
 
 }  // namespace ninfer

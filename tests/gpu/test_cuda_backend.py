@@ -67,10 +67,31 @@ def weights(tmp_path_factory):
         tensors[f"experts_gate-{enc}"] = encoded(r.standard_normal((6, 96, 64)).astype(np.float32), enc, group)
         tensors[f"experts_up-{enc}"] = encoded(r.standard_normal((6, 96, 64)).astype(np.float32), enc, group)
         tensors[f"experts_down-{enc}"] = encoded(r.standard_normal((6, 64, 96)).astype(np.float32), enc, group)
+    for e, g, o, c in SHARED_INPUT_CASES:
+        tensors[f"shared/{e}-{o}x{c}"] = encoded(r.standard_normal((o, c)).astype(np.float32), e, g)
     path = write_artifact(tmp_path_factory.mktemp("cuda-backend") / "w.ninfer", tensors)
     art = _engine.Artifact.open(path)
     yield art
     art.close()
+
+
+# Projections of one input: two int4 weights (one launch), nvfp4 (same activation split, another launch), fp8 and
+# bf16 (their own splits), int8 g32 (the CUDA-core GEMV).
+SHARED_INPUT_CASES = [("int4", 128, 33, 1024), ("int4", 128, 17, 1024), ("nvfp4", None, 9, 1024),
+                      ("fp8_e4m3", None, 24, 1024), ("bf16", None, 5, 1024), ("int8", 32, 11, 1024)]
+
+
+def test_linear_shared_input_equals_separate_linears(ops, weights):
+    """One call for several weights gives each weight's linear() exactly (fused launches change no sum's order)."""
+    cuda, cpu = ops
+    names = [f"shared/{e}-{o}x{c}" for e, _, o, c in SHARED_INPUT_CASES]
+    for rows in (1, 3, 8, 12):
+        x = f32(rows, 1024)
+        together = cuda.linear_shared_input(x, weights, names)
+        for name, got in zip(names, together):
+            np.testing.assert_array_equal(got, cuda.linear(x, weights, name, None), err_msg=f"{name} rows={rows}")
+            want = cpu.linear(x, weights, name, None)
+            assert_close(got, want, 0, f"{name} rows={rows}", atol=2e-5 * np.sqrt(1024) * np.abs(want).max())
 
 
 @pytest.mark.parametrize("case", LINEAR_CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}")

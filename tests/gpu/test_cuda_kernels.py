@@ -35,7 +35,24 @@ WEIGHTS = [
     ("int4", 32, 9, 96),
     ("nvfp4", None, 7, 48),
     ("nvfp4", None, 71, 2048),
+    # Tensor-core path shapes (whole 128-column tiles): few m-tiles and long rows split the columns over blocks.
+    ("int4", 128, 24, 8192),
+    ("int4", 256, 33, 2560),
+    ("int8", 256, 3, 4096),
+    ("bf16", None, 5, 640),
+    ("fp8_e4m3", None, 17, 256),
+    ("nvfp4", None, 3, 1024),
 ]
+# Which cases the tensor-core GEMV takes (gemv_mma_supports): every other one runs only the CUDA-core twin.
+MMA_ENCODINGS = {"int4", "int8", "bf16", "fp8_e4m3", "nvfp4"}
+
+
+def takes_mma(case: tuple) -> bool:
+    encoding, group, _, cols = case
+    return encoding in MMA_ENCODINGS and cols % 128 == 0 and (group is None or group % 128 == 0)
+
+
+GEMV_CASES = [(case, impl) for case in WEIGHTS for impl in ("simt", "mma") if impl == "simt" or takes_mma(case)]
 
 
 def case_id(case: tuple) -> str:
@@ -60,15 +77,17 @@ def weights(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.parametrize("kind", ["codes", "real"])
-@pytest.mark.parametrize("case", WEIGHTS, ids=case_id)
-def test_gemv_matches_cpu_twin(weights, case, kind: str) -> None:
+@pytest.mark.parametrize("case,impl", GEMV_CASES, ids=lambda v: case_id(v) if isinstance(v, tuple) else v)
+def test_gemv_matches_cpu_twin(weights, case, impl: str, kind: str) -> None:
     art, reference = weights
     name = f"{kind}/{case_id(case)}"
     w64 = reference[name].astype(np.float64)
     rng = np.random.default_rng()
     for rows in range(1, 9):
-        x = rng.standard_normal((rows, case[3])).astype(np.float32)
-        gpu = _engine.cuda.linear(x, art, name)
+        # Rows of very different magnitudes: the tensor-core path scales each row into fp16's range on its own.
+        magnitudes = 10.0 ** rng.uniform(-6, 6, size=(rows, 1)) if impl == "mma" else 1.0
+        x = (rng.standard_normal((rows, case[3])) * magnitudes).astype(np.float32)
+        gpu = _engine.cuda.linear(x, art, name, impl)
         cpu = _engine.kernels.linear(x, art, name)
         exact = x.astype(np.float64) @ w64.T
         assert np.isfinite(gpu).all(), f"{name} rows={rows}: unwritten or non-finite outputs"
@@ -76,6 +95,27 @@ def test_gemv_matches_cpu_twin(weights, case, kind: str) -> None:
         bound = 2e-6 * (np.abs(x).astype(np.float64) @ np.abs(w64).T) * np.sqrt(case[3]) + 1e-30
         assert (np.abs(gpu - exact) <= bound).all(), f"{name} rows={rows}: max err {np.abs(gpu - exact).max()}"
         assert (np.abs(gpu - cpu) <= 2 * bound).all(), f"{name} rows={rows}: GPU and CPU twins disagree"
+
+
+@pytest.mark.parametrize("case", [c for c in WEIGHTS if takes_mma(c)], ids=case_id)
+def test_gemv_mma_rows_are_batch_invariant(weights, case) -> None:
+    """A row's result is bit-identical alone and in any batch (the runtime's lanes == single runs relies on it)."""
+    art, _ = weights
+    name = f"real/{case_id(case)}"
+    x = np.random.default_rng().standard_normal((8, case[3])).astype(np.float32)
+    batched = _engine.cuda.linear(x, art, name, "mma")
+    for r in range(8):
+        alone = _engine.cuda.linear(x[r:r + 1], art, name, "mma")
+        np.testing.assert_array_equal(alone[0], batched[r])
+    np.testing.assert_array_equal(_engine.cuda.linear(x[3:6], art, name, "mma"), batched[3:6])
+
+
+def test_gemv_mma_refuses_what_it_does_not_take(weights) -> None:
+    art, _ = weights
+    from ninfer.errors import EngineError
+
+    with pytest.raises(EngineError, match="tensor-core"):
+        _engine.cuda.linear(np.zeros((1, 96), np.float32), art, "codes/int4-g32-9x96", "mma")
 
 
 def test_gemv_refuses_too_many_rows(weights) -> None:

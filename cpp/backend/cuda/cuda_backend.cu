@@ -110,6 +110,7 @@ void CudaBackend::begin_pass(int32_t decode_batch) {
   bind_calling_thread();
   if (graphs_.capturing()) graphs_.abandon(stream_);  // the previous pass threw before its outputs were read
   NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing queued still reads the arena's slots
+  graphs_.collect_timing();
   tables_.reset();
   if (graphs_.should_capture(decode_batch)) graphs_.begin_capture(stream_, decode_batch);
 }
@@ -192,18 +193,59 @@ float* CudaBackend::scratch(DeviceBuffer& buffer, size_t floats) {
   return buffer.as<float>();
 }
 
+void CudaBackend::add_bias(float* y, int64_t rows, const TensorView& w, const float* bias) {
+  if (!bias) return;
+  add_bias_kernel<<<blocks_for(rows * w.rows()), kThreads, 0, stream_>>>(y, rows, w.rows(), resident(bias, w.rows()));
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
 void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
   if (rows <= 0) return;
-  const TensorView& dw = resident(w);
-  const float* dbias = resident(bias, w.rows());
   if (rows <= kMaxGemvRows) {
-    gemv(x, int(rows), dw, y, stream_);
-    if (dbias) {
-      add_bias_kernel<<<blocks_for(rows * w.rows()), kThreads, 0, stream_>>>(y, rows, w.rows(), dbias);
-      NINFER_CUDA_CHECK_LAUNCH();
+    const LinearOut one[] = {{&w, y, bias}};
+    linear_shared_input(x, rows, one);
+    return;
+  }
+  gemm(x, rows, resident(w), y, resident(bias, w.rows()), stream_);
+}
+
+// Decode batches: the tensor-core GEMV splits x once per split kind and runs every weight of that kind on it;
+// other weights take the CUDA-core GEMV. Prefill batches: linear() per weight.
+void CudaBackend::linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) {
+  if (rows <= 0) return;
+  if (rows > kMaxGemvRows) {
+    for (const LinearOut& o : outs) linear(x, rows, *o.w, o.y, o.bias);
+    return;
+  }
+  std::vector<bool> done(outs.size(), false);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (done[i]) continue;
+    const TensorView& first = resident(*outs[i].w);
+    const int kind = split_kind(first);
+    if (kind < 0) {
+      gemv(x, int(rows), first, outs[i].y, stream_);
+      add_bias(outs[i].y, rows, first, outs[i].bias);
+      continue;
     }
-  } else {
-    gemm(x, rows, dw, y, dbias, stream_);
+    const SplitActivations split = split_activations(x, int(rows), first.cols(), kind, gemv_workspace_, stream_);
+    // Every remaining weight of this kind and width, one launch per encoding.
+    while (true) {
+      std::vector<MmaOutput> same;
+      std::vector<size_t> members;
+      for (size_t j = i; j < outs.size(); ++j) {
+        const TensorView& w = resident(*outs[j].w);
+        if (done[j] || split_kind(w) != kind || w.cols() != first.cols()) continue;
+        if (!same.empty() && w.encoding != same[0].w->encoding) continue;
+        same.push_back({&w, outs[j].y});
+        members.push_back(j);
+      }
+      if (same.empty()) break;
+      gemv_mma(split, same, gemv_workspace_, stream_);
+      for (size_t j : members) {
+        add_bias(outs[j].y, rows, *outs[j].w, outs[j].bias);
+        done[j] = true;
+      }
+    }
   }
 }
 

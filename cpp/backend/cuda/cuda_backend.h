@@ -17,6 +17,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/decode_graphs.h"
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/gemv_mma.h"
 #include "backend/cuda/step_tables.h"
 #include "runtime/device_runtime.h"
 
@@ -59,8 +60,10 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   int64_t graph_bytes() const override { return graphs_.bytes(); }
   int32_t graphs_captured() const override { return graphs_.captured(); }
   int64_t graph_replays() const override { return graphs_.replays(); }
+  GraphPassTimings graph_timings() const override { return graphs_.timings(); }
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
+  void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
   void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) override;
   void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) override;
 
@@ -113,6 +116,8 @@ class CudaBackend final : public Backend, public DeviceRuntime {
     int64_t rows;  // 1 + the last row of any sequence
   };
   static SequenceOffsets add_sequences(std::span<const SequenceRows> seqs, HostTables& tables);
+  // y[r, :] += bias for rows of w.rows() values (nothing when bias is null).
+  void add_bias(float* y, int64_t rows, const TensorView& w, const float* bias);
   // A reused device buffer of at least `floats` floats.
   float* scratch(DeviceBuffer& buffer, size_t floats);
 
@@ -124,6 +129,7 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   StepTables tables_;
   DecodeGraphs graphs_;
   DeviceBuffer moe_hidden_, moe_out_;
+  GemvWorkspace gemv_workspace_;  // after tables_: constructed once the device is selected
 };
 
 }  // namespace ninfer::cuda

@@ -11,11 +11,17 @@ int64_t free_device_bytes() {
   return int64_t(free_bytes);
 }
 
+double micros_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 DecodeGraphs::~DecodeGraphs() {
   for (cudaGraphExec_t e : execs_)
     if (e) cudaGraphExecDestroy(e);
+  if (launch_start_) cudaEventDestroy(launch_start_);
+  if (launch_end_) cudaEventDestroy(launch_end_);
 }
 
 bool DecodeGraphs::should_capture(int32_t batch) {
@@ -29,6 +35,7 @@ void DecodeGraphs::begin_capture(cudaStream_t stream, int32_t batch) {
   // Relaxed: allocations made by the host side of a pass (none once warm) are not refused mid-capture.
   NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   batch_ = batch;
+  capture_started_ = std::chrono::steady_clock::now();
 }
 
 cudaGraph_t DecodeGraphs::end_capture(cudaStream_t stream) {
@@ -36,6 +43,7 @@ cudaGraph_t DecodeGraphs::end_capture(cudaStream_t stream) {
   pending_ = batch_;
   batch_ = 0;
   NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  timings_.capture_host_us += micros_since(capture_started_);
   return graph;
 }
 
@@ -44,6 +52,7 @@ void DecodeGraphs::launch(cudaStream_t stream, cudaGraph_t graph) {
     cudaGraph_t g;
     ~Destroy() { cudaGraphDestroy(g); }
   } destroy{graph};
+  const auto update_started = std::chrono::steady_clock::now();
   cudaGraphExec_t& exec = execs_[size_t(pending_)];
   if (exec) {
     cudaGraphExecUpdateResultInfo info{};
@@ -61,8 +70,25 @@ void DecodeGraphs::launch(cudaStream_t stream, cudaGraph_t graph) {
     NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
     bytes_ += before - free_device_bytes();
   }
+  timings_.update_host_us += micros_since(update_started);
+  if (!launch_start_) {
+    NINFER_CUDA_CHECK(cudaEventCreate(&launch_start_));
+    NINFER_CUDA_CHECK(cudaEventCreate(&launch_end_));
+  }
+  NINFER_CUDA_CHECK(cudaEventRecord(launch_start_, stream));
   NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  NINFER_CUDA_CHECK(cudaEventRecord(launch_end_, stream));
+  launch_timed_ = true;
   ++replays_;
+}
+
+void DecodeGraphs::collect_timing() {
+  if (!launch_timed_) return;
+  launch_timed_ = false;
+  float ms = 0.0f;
+  NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, launch_start_, launch_end_));
+  timings_.device_us += double(ms) * 1000.0;
+  ++timings_.passes;
 }
 
 void DecodeGraphs::abandon(cudaStream_t stream) {

@@ -9,8 +9,11 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
+
+#include "runtime/device_runtime.h"
 
 namespace ninfer::cuda {
 
@@ -34,6 +37,9 @@ class DecodeGraphs {
   }
   // Leaves a capture broken by an error, discarding it.
   void abandon(cudaStream_t stream);
+  // Adds the previous graph launch's device time to the timings; call once the stream is idle.
+  void collect_timing();
+  const GraphPassTimings& timings() const { return timings_; }
 
   bool enabled = true;
   int64_t bytes() const { return bytes_; }
@@ -49,6 +55,12 @@ class DecodeGraphs {
   int32_t batch_ = 0;    // the batch being captured, 0 when none
   int32_t pending_ = 0;  // the batch whose captured graph launch() takes
   int64_t bytes_ = 0, replays_ = 0;
+  // Where a captured pass's time goes: the host issuing the model's ops into the capture, the executable's
+  // update, and the graph on the device (events around the launch).
+  GraphPassTimings timings_;
+  std::chrono::steady_clock::time_point capture_started_;
+  cudaEvent_t launch_start_ = nullptr, launch_end_ = nullptr;
+  bool launch_timed_ = false;
 };
 
 }  // namespace ninfer::cuda

@@ -1,0 +1,506 @@
+#include "backend/cuda/gemv_mma.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <span>
+#include <string>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv.h"
+
+namespace ninfer::cuda {
+namespace {
+
+// Work layout. A warp computes one 16-row m-tile of W against all (up to 8) activation rows, one tile of 128
+// columns at a time: lane (g = lane / 4, q = lane % 4) holds weight rows g and g + 8, columns
+// [128 t + 32 q, 128 t + 32 q + 32) — one 16-byte load per row for 4-bit codes — and the activations of row g over
+// the same columns. mma.sync.m16n8k16 sums over k-slots shared by the four lanes of a quad; which source column
+// sits in which slot does not matter as long as the activations use the same assignment, so each lane keeps its
+// 32 columns in the order its dequantization produces them (PairOrder) and the activations are pre-permuted.
+// A block's 4 warps take interleaved tiles of the block's column range; blocks along y split the columns further
+// when there are too few m-tiles to fill the device.
+constexpr int kTileCols = 128;
+constexpr int kLaneCols = 32;
+constexpr int kMTile = 16;
+constexpr int kWarps = 4;
+constexpr int kBlockThreads = 32 * kWarps;
+constexpr int kPartialSlots = 2048;  // blocks of a split launch: partial sums (128 floats each) and counters
+
+enum class PairOrder { Natural, Nibble, Byte };
+
+template <Encoding E>
+__host__ __device__ constexpr PairOrder pair_order() {
+  if constexpr (E == Encoding::INT4 || E == Encoding::NVFP4) return PairOrder::Nibble;
+  if constexpr (E == Encoding::INT8) return PairOrder::Byte;
+  return PairOrder::Natural;
+}
+
+template <Encoding E>
+__host__ __device__ constexpr int bits_per_value() {
+  if constexpr (E == Encoding::INT4 || E == Encoding::NVFP4) return 4;
+  if constexpr (E == Encoding::INT8 || E == Encoding::FP8_E4M3) return 8;
+  return 16;
+}
+
+// 16-byte loads per weight row per lane and tile.
+template <Encoding E>
+__host__ __device__ constexpr int row_vectors() { return kLaneCols * bits_per_value<E>() / 128; }
+
+// Source column (0..31 within a lane's segment) of operand position j: pair j / 2, half j % 2. Nibble: word
+// p / 4 yields pairs (i, i + 4) by one shift-and-mask; Byte: word p / 2 yields (i, i + 2).
+__host__ __device__ constexpr int source_column(PairOrder order, int j) {
+  const int p = j / 2, h = j % 2;
+  if (order == PairOrder::Nibble) return 8 * (p / 4) + p % 4 + 4 * h;
+  if (order == PairOrder::Byte) return 4 * (p / 2) + p % 2 + 2 * h;
+  return j;
+}
+
+// --- activations: hi/lo 16-bit planes in operand order, and a power-of-two scale per row (fp16 only) ---
+
+template <bool kBf16>
+__device__ __forceinline__ void split_value(float v, uint16_t& hi, uint16_t& lo) {
+  if constexpr (kBf16) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    hi = __bfloat16_as_ushort(h);
+    lo = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(h)));
+  } else {
+    const __half h = __float2half_rn(v);
+    hi = __half_as_ushort(h);
+    lo = __half_as_ushort(__float2half_rn(v - __half2float(h)));
+  }
+}
+
+// One block per activation row. fp16: the row is scaled by 2^e so that max |x| lands in [2^14, 2^15) (fp16's
+// largest finite value is 65504); e is recorded and undone on the outputs.
+template <bool kBf16, PairOrder kOrder>
+__global__ void split_activations_kernel(const float* x, int64_t cols, uint16_t* hi, uint16_t* lo, int* exps) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * cols;
+  int e = 0;
+  if constexpr (!kBf16) {
+    float amax = 0.0f;
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) amax = fmaxf(amax, fabsf(xr[i]));
+    amax = block_reduce(amax, MaxOp{});
+    if (amax > 0.0f && amax <= FLT_MAX) {
+      int exponent = 0;
+      frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
+      e = min(15 - exponent, 126);
+    }
+  }
+  if (threadIdx.x == 0) exps[r] = e;
+  const float scale = ldexpf(1.0f, e);
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const int64_t segment = j / kLaneCols * kLaneCols;
+    split_value<kBf16>(xr[segment + source_column(kOrder, int(j % kLaneCols))] * scale, hi[r * cols + j],
+                       lo[r * cols + j]);
+  }
+}
+
+// --- weights: registers straight into operand pairs ---
+
+__device__ __forceinline__ uint4 load_streaming(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4* v, int i) {
+  const uint4& u = v[i / 4];
+  const int k = i % 4;
+  return k == 0 ? u.x : (k == 1 ? u.y : (k == 2 ? u.z : u.w));
+}
+
+__device__ __forceinline__ uint32_t hsub2_bits(uint32_t a, uint32_t b) {
+  const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// fp16 bits of 2x the e2m1 magnitudes (0, 1, 2, 3, 4, 6, 8, 12): high bytes, low nibble codes 0..7.
+constexpr uint32_t kE2m1HighBytesLo = 0x42403C00u, kE2m1HighBytesHi = 0x4A484644u;
+
+// Per-tile, per-row data besides the codes: the group's scale and 1024 + zero (int), the two block scales
+// (nvfp4, as fp16 pairs, halved: the codes are doubled).
+struct RowExtra {
+  float scale = 1.0f;
+  uint32_t bias2 = 0, block_scale[2] = {0, 0};
+};
+
+// The 16 operand pairs (pair order of E) of one row's 32 values; integer codes come out minus their zero point,
+// nvfp4 codes times their block scale (both exact in fp16).
+template <Encoding E>
+__device__ __forceinline__ void operands(const uint4 (&w)[row_vectors<E>()], const RowExtra& extra,
+                                         uint32_t (&a)[16]) {
+#pragma unroll
+  for (int p = 0; p < 16; ++p) {
+    if constexpr (E == Encoding::INT4) {
+      const uint32_t codes = ((word_of(w, p / 4) >> (4 * (p % 4))) & 0x000F000Fu) | 0x64006400u;  // 1024 + q
+      a[p] = hsub2_bits(codes, extra.bias2);
+    } else if constexpr (E == Encoding::INT8) {
+      const uint32_t codes = ((word_of(w, p / 2) >> (8 * (p % 2))) & 0x00FF00FFu) | 0x64006400u;
+      a[p] = hsub2_bits(codes, extra.bias2);
+    } else if constexpr (E == Encoding::FP8_E4M3) {
+      const uint32_t bytes = (word_of(w, p / 2) >> (16 * (p % 2))) & 0xFFFFu;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bytes), __NV_E4M3);
+      a[p] = uint32_t(h.x) | (uint32_t(h.y) << 16);
+    } else if constexpr (E == Encoding::NVFP4) {
+      const uint32_t u = word_of(w, p / 4) >> (4 * (p % 4));  // codes of the pair at bits 0-3 and 16-19
+      const uint32_t select = ((u << 4) & 0x70u) | ((u >> 4) & 0x7000u);
+      const uint32_t magnitudes = __byte_perm(kE2m1HighBytesLo, kE2m1HighBytesHi, select);
+      const uint32_t value = magnitudes | ((u << 12) & 0x80008000u);
+      a[p] = hmul2_bits(value, extra.block_scale[p / 8]);
+    } else {  // BF16: the stored pairs are the operands
+      a[p] = word_of(w, p);
+    }
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  if constexpr (kBf16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// One weight of a launch. A launch runs up to kMaxWeights weights of one encoding and width on the same split
+// activations (a layer's projections); its blocks are numbered weight by weight, m-tile by m-tile, split by split.
+constexpr int kMaxWeights = 4;
+struct WeightSlice {
+  const uint8_t* q = nullptr;
+  const uint8_t* scale = nullptr;
+  const uint8_t* zero = nullptr;
+  float global_scale = 1.0f;
+  float* y = nullptr;
+  int64_t n = 0;
+  int32_t group_size = 0, splits = 1;
+  int64_t first_block = 0;    // the launch's first block for this weight
+  int64_t first_partial = 0;  // its first partial-sum slot (m-tile x split)
+  int64_t first_counter = 0;  // its first arrival counter (m-tile)
+};
+
+struct MmaArgs {
+  WeightSlice w[kMaxWeights];
+  int32_t count;
+  const uint16_t* x_hi;
+  const uint16_t* x_lo;
+  const int* exps;
+  float* partials;
+  unsigned* counters;
+  int64_t k;
+  int32_t rows;
+};
+
+// What one lane loads for one tile: its two weight rows' codes and extras, and activation row g's operands.
+template <Encoding E>
+struct Stage {
+  uint4 w[2][row_vectors<E>()];
+  RowExtra extra[2];
+  uint4 x_hi[4], x_lo[4];
+};
+
+template <Encoding E>
+__device__ __forceinline__ void load_stage(const MmaArgs& a, const WeightSlice& w, const int64_t (&row)[2], int g,
+                                           int q, int64_t tile, Stage<E>& s) {
+  constexpr int kVectors = row_vectors<E>();
+  const int64_t col0 = tile * kTileCols + q * kLaneCols;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* p = w.q + (row[h] * a.k + col0) * bits_per_value<E>() / 8;
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) s.w[h][v] = load_streaming(p + 16 * v);
+    if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
+      const int64_t group = row[h] * (a.k / w.group_size) + tile * kTileCols / w.group_size;
+      s.extra[h].scale = __half2float(reinterpret_cast<const __half*>(w.scale)[group]);
+      const __half bias = __ushort2half_rn(uint16_t(1024u + w.zero[group]));
+      const __half2 bias2 = __halves2half2(bias, bias);
+      s.extra[h].bias2 = *reinterpret_cast<const uint32_t*>(&bias2);
+    } else if constexpr (E == Encoding::NVFP4) {
+      const uint8_t* block = w.scale + row[h] * (a.k / 16) + col0 / 16;
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const __half half_scale = __hmul(__half(__nv_cvt_fp8_to_halfraw(block[b], __NV_E4M3)), __float2half(0.5f));
+        const __half2 pair = __halves2half2(half_scale, half_scale);
+        s.extra[h].block_scale[b] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    }
+  }
+  if (g < a.rows) {
+    const uint4* hi = reinterpret_cast<const uint4*>(a.x_hi + g * a.k + col0);
+    const uint4* lo = reinterpret_cast<const uint4*>(a.x_lo + g * a.k + col0);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      s.x_hi[v] = __ldg(hi + v);
+      s.x_lo[v] = __ldg(lo + v);
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) s.x_hi[v] = s.x_lo[v] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// acc (the C fragment: rows g, g+8 x activation rows 2q, 2q+1) += this tile's products.
+template <Encoding E>
+__device__ __forceinline__ void compute_stage(const Stage<E>& s, float (&acc)[4]) {
+  constexpr bool kBf16 = E == Encoding::BF16;
+  constexpr bool kGrouped = E == Encoding::INT4 || E == Encoding::INT8;
+  uint32_t a0[16], a1[16];
+  operands<E>(s.w[0], s.extra[0], a0);
+  operands<E>(s.w[1], s.extra[1], a1);
+  float tile[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float (&c)[4] = kGrouped ? tile : acc;  // grouped codes: one group per tile, scaled below
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    mma_16816<kBf16>(c, a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1], word_of(s.x_hi, 2 * j),
+                     word_of(s.x_hi, 2 * j + 1));
+    mma_16816<kBf16>(c, a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1], word_of(s.x_lo, 2 * j),
+                     word_of(s.x_lo, 2 * j + 1));
+  }
+  if constexpr (kGrouped) {
+    acc[0] = fmaf(s.extra[0].scale, tile[0], acc[0]);
+    acc[1] = fmaf(s.extra[0].scale, tile[1], acc[1]);
+    acc[2] = fmaf(s.extra[1].scale, tile[2], acc[2]);
+    acc[3] = fmaf(s.extra[1].scale, tile[3], acc[3]);
+  }
+}
+
+template <Encoding E>
+__global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  WeightSlice w = a.w[0];
+#pragma unroll
+  for (int i = 1; i < kMaxWeights; ++i)
+    if (i < a.count && int64_t(blockIdx.x) >= a.w[i].first_block) w = a.w[i];
+  const int64_t local = int64_t(blockIdx.x) - w.first_block;
+  const int64_t m_tile = local / w.splits, split = local % w.splits;
+  const int64_t m0 = m_tile * kMTile;
+  // Rows past the end load the last row (their results are not written).
+  const int64_t row[2] = {min(m0 + g, w.n - 1), min(m0 + g + 8, w.n - 1)};
+  const int64_t tiles = a.k / kTileCols;
+  const int64_t first = split * tiles / w.splits, last = (split + 1) * tiles / w.splits;
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // Two register stages: the next tile's loads are in flight while this one is multiplied.
+  Stage<E> even, odd;
+  int64_t t = first + warp;
+  if (t < last) load_stage<E>(a, w, row, g, q, t, even);
+  for (; t < last; t += 2 * kWarps) {
+    if (t + kWarps < last) load_stage<E>(a, w, row, g, q, t + kWarps, odd);
+    compute_stage<E>(even, acc);
+    if (t + kWarps >= last) break;
+    if (t + 2 * kWarps < last) load_stage<E>(a, w, row, g, q, t + 2 * kWarps, even);
+    compute_stage<E>(odd, acc);
+  }
+
+  // Sum the warps in a fixed order, then (split launches) the blocks of this m-tile in a fixed order.
+  __shared__ float warp_sums[kWarps][32][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) warp_sums[warp][lane][i] = acc[i];
+  __syncthreads();
+  if (warp != 0) return;
+  float total[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    total[i] = warp_sums[0][lane][i];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) total[i] += warp_sums[w][lane][i];
+  }
+  if (w.splits > 1) {
+    float* mine = a.partials + (w.first_partial + local) * 128 + lane * 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) mine[i] = total[i];
+    __threadfence();
+    unsigned ticket = 0;
+    unsigned* counter = a.counters + w.first_counter + m_tile;
+    if (lane == 0) ticket = atomicAdd(counter, 1u);
+    ticket = __shfl_sync(0xffffffffu, ticket, 0);
+    if (ticket != unsigned(w.splits - 1)) return;  // not the last block of this m-tile
+    __threadfence();
+    const float* all = a.partials + (w.first_partial + m_tile * w.splits) * 128 + lane * 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) total[i] = __ldcg(all + i);
+    for (int s = 1; s < w.splits; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) total[i] += __ldcg(all + s * 128 + i);
+    if (lane == 0) *counter = 0;  // ready for the next launch
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t out_row = m0 + g + (i >= 2 ? 8 : 0);
+    const int act_row = 2 * q + (i & 1);
+    if (out_row >= w.n || act_row >= a.rows) continue;
+    float post = 1.0f;
+    if constexpr (E == Encoding::FP8_E4M3) post = reinterpret_cast<const float*>(w.scale)[out_row];
+    if constexpr (E == Encoding::NVFP4) post = w.global_scale;
+    if constexpr (E != Encoding::BF16) post = ldexpf(post, -a.exps[act_row]);
+    w.y[act_row * w.n + out_row] = total[i] * post;
+  }
+}
+
+int device_warp_target() {
+  static const int target = [] {
+    int device = 0, sms = 0;
+    NINFER_CUDA_CHECK(cudaGetDevice(&device));
+    NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms * 16;  // 16 resident warps per SM hide the streaming loads' latency
+  }();
+  return target;
+}
+
+// Blocks along the columns for an (n, k) weight: only the shape decides (so results do not depend on the batch).
+int choose_splits(int64_t m_tiles, int64_t tiles) {
+  const int64_t warps = m_tiles * kWarps;
+  const int64_t target = device_warp_target();
+  if (warps >= target) return 1;
+  int64_t splits = (target + warps - 1) / warps;
+  splits = std::min(splits, std::max<int64_t>(1, tiles / kWarps));
+  splits = std::min(splits, std::max<int64_t>(1, kPartialSlots / m_tiles));
+  return int(splits);
+}
+
+// Split kinds: the operand type (bf16 or fp16 with per-row scaling) and the lane pair order.
+constexpr int kind_of(bool bf16, PairOrder order) { return (bf16 ? 3 : 0) + int(order); }
+
+template <Encoding E>
+constexpr int kind_of() { return kind_of(E == Encoding::BF16, pair_order<E>()); }
+
+// Weights of one encoding and width on one split, kMaxWeights per launch.
+template <Encoding E>
+void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWorkspace& ws, cudaStream_t stream) {
+  const int64_t k = x.cols, tiles = k / kTileCols;
+  for (size_t begin = 0; begin < outs.size();) {
+    MmaArgs a{};
+    a.x_hi = x.hi;
+    a.x_lo = x.lo;
+    a.exps = x.exps;
+    a.partials = ws.partials_.as<float>();
+    a.counters = ws.counters_.as<unsigned>();
+    a.k = k;
+    a.rows = x.rows;
+    int64_t blocks = 0, partials = 0, counters = 0;
+    size_t end = begin;
+    for (; end < outs.size() && a.count < kMaxWeights; ++end) {
+      const TensorView& w = *outs[end].w;
+      if (w.encoding != E || x.kind != kind_of<E>() || w.cols() != k)
+        throw EngineError("gemv_mma: activations split for another weight kind or width than " + w.name);
+      const int64_t m_tiles = (w.rows() + kMTile - 1) / kMTile;
+      const int splits = choose_splits(m_tiles, tiles);
+      const int64_t slots = splits > 1 ? m_tiles * splits : 0;
+      if (a.count > 0 && partials + slots > kPartialSlots) break;  // the next launch takes it
+      a.w[a.count++] = {w.data, w.scale, w.zero, w.global_scale, outs[end].y, w.rows(), w.group_size, splits, blocks,
+                        partials, counters};
+      blocks += m_tiles * splits;
+      partials += slots;
+      counters += splits > 1 ? m_tiles : 0;
+    }
+    gemv_mma_kernel<E><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
+    NINFER_CUDA_CHECK_LAUNCH();
+    begin = end;
+  }
+}
+
+template <bool kBf16, PairOrder kOrder>
+void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream) {
+  split_activations_kernel<kBf16, kOrder><<<s.rows, 256, 0, stream>>>(
+      x, s.cols, const_cast<uint16_t*>(s.hi), const_cast<uint16_t*>(s.lo), const_cast<int*>(s.exps));
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+GemvWorkspace::GemvWorkspace()
+    : partials_(size_t(kPartialSlots) * 128 * sizeof(float)), counters_(size_t(kPartialSlots) * sizeof(unsigned)) {
+  NINFER_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()));
+}
+
+void GemvWorkspace::reserve(int rows, int64_t cols, cudaStream_t stream) {
+  const size_t needed = size_t(rows) * size_t(cols) * 2 * sizeof(uint16_t) + size_t(rows) * sizeof(int) + 16;
+  if (split_.bytes() >= needed) return;
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));  // nothing queued still reads the old buffer
+  split_ = DeviceBuffer(std::max(needed, size_t(kMaxGemvRows) * size_t(cols) * 4 + 64));
+}
+
+int split_kind(const TensorView& w) {
+  if (w.shape.size() != 2 || w.cols() % kTileCols != 0) return -1;
+  switch (w.encoding) {
+    case Encoding::INT4:
+      return w.group_size > 0 && w.group_size % kTileCols == 0 ? kind_of<Encoding::INT4>() : -1;
+    case Encoding::INT8:
+      return w.group_size > 0 && w.group_size % kTileCols == 0 ? kind_of<Encoding::INT8>() : -1;
+    case Encoding::BF16: return kind_of<Encoding::BF16>();
+    case Encoding::FP8_E4M3: return kind_of<Encoding::FP8_E4M3>();
+    case Encoding::NVFP4: return kind_of<Encoding::NVFP4>();
+    default: return -1;
+  }
+}
+
+bool gemv_mma_supports(const TensorView& w) { return split_kind(w) >= 0; }
+
+SplitActivations split_activations(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
+                                   cudaStream_t stream) {
+  if (rows < 1 || rows > kMaxGemvRows)
+    throw EngineError("gemv_mma: " + std::to_string(rows) + " activation rows; the decode kernel takes 1.." +
+                      std::to_string(kMaxGemvRows));
+  workspace.reserve(rows, cols, stream);
+  SplitActivations s;
+  uint16_t* hi = workspace.split_.as<uint16_t>();
+  s.hi = hi;
+  s.lo = hi + int64_t(rows) * cols;
+  s.exps = reinterpret_cast<const int*>(s.lo + int64_t(rows) * cols);
+  s.rows = rows;
+  s.cols = cols;
+  s.kind = kind;
+  switch (kind) {
+    case kind_of(false, PairOrder::Natural): launch_split<false, PairOrder::Natural>(x, s, stream); break;
+    case kind_of(false, PairOrder::Nibble): launch_split<false, PairOrder::Nibble>(x, s, stream); break;
+    case kind_of(false, PairOrder::Byte): launch_split<false, PairOrder::Byte>(x, s, stream); break;
+    case kind_of(true, PairOrder::Natural): launch_split<true, PairOrder::Natural>(x, s, stream); break;
+    default: throw EngineError("gemv_mma: unknown activation split kind " + std::to_string(kind));
+  }
+  return s;
+}
+
+void gemv_mma(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWorkspace& workspace,
+              cudaStream_t stream) {
+  if (outs.empty()) return;
+  for (const MmaOutput& o : outs)
+    if (o.w->encoding != outs[0].w->encoding)
+      throw EngineError("gemv_mma: one launch takes weights of one encoding (" + o.w->name + ")");
+  switch (outs[0].w->encoding) {
+    case Encoding::INT4: return launch<Encoding::INT4>(x, outs, workspace, stream);
+    case Encoding::INT8: return launch<Encoding::INT8>(x, outs, workspace, stream);
+    case Encoding::FP8_E4M3: return launch<Encoding::FP8_E4M3>(x, outs, workspace, stream);
+    case Encoding::NVFP4: return launch<Encoding::NVFP4>(x, outs, workspace, stream);
+    case Encoding::BF16: return launch<Encoding::BF16>(x, outs, workspace, stream);
+    default: throw EngineError("gemv_mma: the tensor-core path does not take " + outs[0].w->name);
+  }
+}
+
+void gemv_mma(const float* x, int rows, const TensorView& w, float* y, GemvWorkspace& workspace,
+              cudaStream_t stream) {
+  const int kind = split_kind(w);
+  if (kind < 0) throw EngineError("gemv_mma: the tensor-core path does not take " + w.name);
+  const MmaOutput out[] = {{&w, y}};
+  gemv_mma(split_activations(x, rows, w.cols(), kind, workspace, stream), out, workspace, stream);
+}
+
+}  // namespace ninfer::cuda
