@@ -122,12 +122,13 @@ def gdn_chunked_flops(tokens: int, hv: int, dk: int, dv: int, chunk: int = 64) -
 
 
 def bench_gdn_prefill(bandwidth: float) -> list[dict]:
-    """The delta rule over one sequence of 1k and 8k new tokens at the 27B shape (kernels only), against its
-    limits: FLOPs over the f32 rate, and the bytes that must move (q, k, v, g, beta in; out; the state in and out)
-    over the read bandwidth. The workspace (written once, read back by the scan) is listed apart."""
+    """The delta rule over one sequence of 512 (the engine's default prefill chunk), 1k and 8k new tokens at the
+    27B shape (kernels only), against its limits: FLOPs over the f32 rate, and the bytes that must move (q, k, v,
+    g, beta in; out; the state in and out) over the read bandwidth. The workspace (written once, read back by the
+    scan) is listed apart."""
     hk, hv, dk, dv = 16, 48, 128, 128
     rows_out = []
-    for tokens in (1024, 8192):
+    for tokens in (512, 1024, 8192):
         micros, workspace = _engine.cuda.bench_gdn_prefill(tokens, hk, hv, dk, dv, iterations=10)
         flops = gdn_chunked_flops(tokens, hv, dk, dv)
         io = 4 * (tokens * (2 * hk * dk + 2 * hv * dv + 2 * hv) + 2 * hv * dk * dv)
