@@ -46,11 +46,24 @@ using IntArray = nb::ndarray<nb::numpy, int32_t>;
 // A sequence of an op call as Python gives it: (start, n, pages).
 using PySeq = std::tuple<int64_t, int64_t, std::vector<int32_t>>;
 
+// A backend by name, plus "cuda-reference": the CUDA backend with its slow, obviously-right twins in place of the
+// fast kernels (CudaBackend::set_reference_kernels), so that tests can compare the two on the GPU.
+std::unique_ptr<Backend> make_ops_backend(const std::string& name) {
+#ifdef NINFER_HAVE_CUDA
+  if (name == "cuda-reference") {
+    std::unique_ptr<Backend> backend = make_cuda_backend(0);
+    static_cast<cuda::CudaBackend&>(*backend).set_reference_kernels(true);
+    return backend;
+  }
+#endif
+  return make_backend_named(name, 0);
+}
+
 // Runs ops of one backend on host arrays: inputs are copied into the backend's memory, outputs are poisoned
 // (NaN bytes) before the op and copied back after it.
 class Ops {
  public:
-  explicit Ops(const std::string& backend) : name_(backend), be_(make_backend_named(backend, 0)) {}
+  explicit Ops(const std::string& backend) : name_(backend), be_(make_ops_backend(backend)) {}
   const std::string& name() const { return name_; }
 
   FloatArray linear(In<float> x, const ArtifactHandle& art, const std::string& name, std::optional<In<float>> bias) {
@@ -330,8 +343,8 @@ class Ops {
 }  // namespace
 
 void bind_backend_ops(nb::module_& m) {
-  nb::class_<Ops>(m, "Ops", "Every Backend op on numpy arrays, for one backend (\"cpu\" or \"cuda\"); outputs "
-                            "are NaN-poisoned before each op.")
+  nb::class_<Ops>(m, "Ops", "Every Backend op on numpy arrays, for one backend (\"cpu\", \"cuda\" or "
+                            "\"cuda-reference\": CUDA with its slow twins); outputs are NaN-poisoned before each op.")
       .def(nb::init<const std::string&>(), nb::arg("backend"))
       .def_prop_ro("backend", &Ops::name)
       .def("linear", &Ops::linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("bias").none() = nb::none())

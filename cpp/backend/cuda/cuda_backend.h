@@ -1,8 +1,9 @@
 // The CUDA backend: every Backend op on device pointers, queued on one stream. Ops are spread over files by job
 // like the CPU twins (cuda_backend.cu: memory, weights, matrices, elementwise; norm.cu, rope.cu, attention.cu,
-// moe.cu, gdn_ops.cu; prefill GEMM in gemm.cu, decode GEMV in gemv.cu, GDN decode step in gdn_decode.cu).
-// This first version is correct first: simple kernels (tiled f32 GEMM, one block per row and head for attention,
-// a per-token loop for the chunked delta rule); the fast paths replace them one at a time against these.
+// moe.cu, gdn_ops.cu; prefill GEMM in gemm.cu, decode GEMV in gemv.cu, GDN decode step in gdn_decode.cu, GDN
+// chunked prefill in gdn_prefill.cu). This first version is correct first: simple kernels (tiled f32 GEMM, one
+// block per row and head for attention); the fast paths replace them one at a time against these, which stay
+// as twins (set_reference_kernels).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,6 +62,9 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   int32_t graphs_captured() const override { return graphs_.captured(); }
   int64_t graph_replays() const override { return graphs_.replays(); }
   GraphPassTimings graph_timings() const override { return graphs_.timings(); }
+  // Use the slow, obviously-right twin where an op has a fast kernel and a reference one (today: gdn_rule's
+  // token-by-token kernel instead of the decode and chunked kernels), so that tests can compare the two.
+  void set_reference_kernels(bool on) { reference_kernels_ = on; }
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
@@ -130,6 +134,8 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   DecodeGraphs graphs_;
   DeviceBuffer moe_hidden_, moe_out_;
   GemvWorkspace gemv_workspace_;  // after tables_: constructed once the device is selected
+  DeviceBuffer gdn_workspace_;  // the chunked delta rule's per-chunk products
+  bool reference_kernels_ = false;
 };
 
 }  // namespace ninfer::cuda

@@ -7,54 +7,75 @@
 namespace ninfer::cuda {
 namespace {
 
-// Value columns per block: a block's threads each own one column of the state, so a warp reads and writes
-// 128 contiguous bytes per state row. Several blocks per head keep more SMs busy.
+// A block owns 32 value columns of one (sequence, value head) and splits each column's Dk-long reductions over
+// kRowSplits warps: warp w holds rows [w Dk/4, (w+1) Dk/4) of its 32 columns in registers. Each warp load reads
+// 128 contiguous bytes of a state row, and every thread has Dk/4 independent loads in flight before the first
+// FMA (the one-thread-per-column version walked a 128-long dependent chain twice: latency-bound at batch 1).
+// The partial sums meet in shared memory, added in warp order.
 constexpr int kColumnsPerBlock = 32;
+constexpr int kRowSplits = 4;
 
 template <int DK>
-__global__ void __launch_bounds__(kColumnsPerBlock) gdn_decode_kernel(GdnDecodeArgs a) {
-  const int head = blockIdx.x;
-  const int column = blockIdx.y * kColumnsPerBlock + threadIdx.x;
-  const int seq = blockIdx.z;
+__global__ void __launch_bounds__(kColumnsPerBlock * kRowSplits) gdn_decode_kernel(GdnDecodeArgs a) {
+  constexpr int kRows = DK / kRowSplits;
+  const int head = blockIdx.x, seq = blockIdx.z;
+  const int lane = threadIdx.x % kColumnsPerBlock, part = threadIdx.x / kColumnsPerBlock;
+  const int column = blockIdx.y * kColumnsPerBlock + lane;
   const int Dv = a.value_head_dim;
   const int key_head = head / (a.num_value_heads / a.num_key_heads);
 
-  __shared__ float k_shared[DK], q_shared[DK];
+  __shared__ float k_shared[DK], q_shared[DK], partial[kRowSplits][kColumnsPerBlock];
   const float* k = a.k + (int64_t(seq) * a.num_key_heads + key_head) * DK;
   const float* q = a.q + (int64_t(seq) * a.num_key_heads + key_head) * DK;
   for (int i = threadIdx.x; i < DK; i += blockDim.x) {
     k_shared[i] = k[i];
     q_shared[i] = q[i];
   }
-  __syncthreads();
-  if (column >= Dv) return;
-
+  const bool active = column < Dv;
   const int64_t seq_head = int64_t(seq) * a.num_value_heads + head;
-  float* state = a.states[seq] + int64_t(head) * DK * Dv + column;
+  float* state = a.states[seq] + int64_t(head) * DK * Dv + int64_t(part) * kRows * Dv + column;
+  float s[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) s[r] = active ? state[int64_t(r) * Dv] : 0.0f;
   const float decay = __expf(a.g[seq_head]);
   const float beta = a.beta[seq_head];
-  const float v = a.v[seq_head * Dv + column];
+  const float v = active ? a.v[seq_head * Dv + column] : 0.0f;
+  __syncthreads();  // k, q in shared memory
 
-  // Two passes over the state column instead of holding DK values in registers: the second pass re-reads the
-  // block's 32 columns (DK * 128 bytes) from L1, so device memory still sees one read and one write.
-  float prediction = 0.0f;
-#pragma unroll 16
-  for (int i = 0; i < DK; ++i) prediction = fmaf(state[int64_t(i) * Dv], k_shared[i], prediction);
+  float prediction = 0.0f;  // this warp's rows of (S^T k), before the decay
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) prediction = fmaf(s[r], k_shared[part * kRows + r], prediction);
+  partial[part][lane] = prediction;
+  __syncthreads();
+  prediction = partial[0][lane];
+#pragma unroll
+  for (int p = 1; p < kRowSplits; ++p) prediction += partial[p][lane];
   const float delta = beta * (v - decay * prediction);
+
   float o = 0.0f;
-#pragma unroll 16
-  for (int i = 0; i < DK; ++i) {
-    const float s = fmaf(k_shared[i], delta, state[int64_t(i) * Dv] * decay);
-    o = fmaf(s, q_shared[i], o);
-    state[int64_t(i) * Dv] = s;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    s[r] = fmaf(k_shared[part * kRows + r], delta, s[r] * decay);
+    o = fmaf(s[r], q_shared[part * kRows + r], o);
   }
-  a.out[seq_head * Dv + column] = o;
+  if (active) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) state[int64_t(r) * Dv] = s[r];
+  }
+  __syncthreads();  // every warp has read the predictions
+  partial[part][lane] = o;
+  __syncthreads();
+  if (part == 0 && active) {
+#pragma unroll
+    for (int p = 1; p < kRowSplits; ++p) o += partial[p][lane];
+    a.out[seq_head * Dv + column] = o;
+  }
 }
 
 template <int DK>
 void launch(const GdnDecodeArgs& a, cudaStream_t stream) {
   const dim3 grid(a.num_value_heads, (a.value_head_dim + kColumnsPerBlock - 1) / kColumnsPerBlock, a.batch);
-  gdn_decode_kernel<DK><<<grid, kColumnsPerBlock, 0, stream>>>(a);
+  gdn_decode_kernel<DK><<<grid, kColumnsPerBlock * kRowSplits, 0, stream>>>(a);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,10 +1,12 @@
 // Gated DeltaNet ops of the CUDA backend: the causal conv (one thread per sequence and channel, carrying the
 // window in registers), the gates, and the delta rule: the decode kernel (gdn_decode.cu) when every sequence has
-// one new token, else a per-token loop with one block per (sequence, value head) and one thread per state column.
+// one new token, else the chunked prefill kernels (gdn_prefill.cu), or their token-by-token twin when the key
+// head dim is one the chunked kernels do not take or the backend is set to use the slow twins.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gdn_decode.h"
+#include "backend/cuda/gdn_prefill.h"
 #include "runtime/state_pool.h"
 
 namespace ninfer::cuda {
@@ -44,43 +46,6 @@ __global__ void gdn_gates_kernel(const float* a, const float* b, int64_t rows, i
     const int64_t h = i % heads;
     g[i] = -expf(A_log[h]) * softplus(a[i] + dt_bias[h]);
     beta[i] = 1.0f / (1.0f + expf(-b[i]));
-  }
-}
-
-// The recurrent rule token by token for one (sequence, value head); thread c owns column c of S [Dk, Dv]:
-// S = exp(g) S; p = S^T k; S += k (beta (v - p))^T; o = S^T q, in the CPU reference's order.
-__global__ void gdn_sequence_kernel(const float* q, const float* k, const float* v, const float* g, const float* beta,
-                                    const DeviceSequence* seqs, float* const* states, GdnShape shape, float* out) {
-  extern __shared__ float qk[];  // q then k of the current token, Dk each
-  const DeviceSequence s = seqs[blockIdx.x];
-  const int32_t j = blockIdx.y, Hk = shape.num_key_heads, Hv = shape.num_value_heads, Dk = shape.key_head_dim,
-                Dv = shape.value_head_dim, h = j / (Hv / Hk);
-  float* S = states[blockIdx.x] + int64_t(j) * Dk * Dv;
-  for (int64_t t = 0; t < s.n; ++t) {
-    const int64_t r = s.row0 + t;
-    __syncthreads();  // the previous token is done with qk
-    for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
-      qk[i] = q[(r * Hk + h) * Dk + i];
-      qk[Dk + i] = k[(r * Hk + h) * Dk + i];
-    }
-    __syncthreads();
-    const float decay = expf(g[r * Hv + j]), b = beta[r * Hv + j];
-    for (int c = threadIdx.x; c < Dv; c += blockDim.x) {
-      float p = 0.0f;
-      for (int i = 0; i < Dk; ++i) {
-        const float x = S[int64_t(i) * Dv + c] * decay;
-        S[int64_t(i) * Dv + c] = x;
-        p += x * qk[Dk + i];
-      }
-      const float delta = b * (v[(r * Hv + j) * Dv + c] - p);
-      float o = 0.0f;
-      for (int i = 0; i < Dk; ++i) {
-        const float x = S[int64_t(i) * Dv + c] + qk[Dk + i] * delta;
-        S[int64_t(i) * Dv + c] = x;
-        o += x * qk[i];
-      }
-      out[(r * Hv + j) * Dv + c] = o;
-    }
   }
 }
 
@@ -128,12 +93,14 @@ void CudaBackend::gdn_rule(const float* q, const float* k, const float* v, const
                            std::span<const SequenceRows> seqs, const GdnShape& shape, StatePool& states,
                            int32_t layer, float* out) {
   if (seqs.empty()) return;
-  bool decode_batch = decode_kernel_supports(shape.key_head_dim);
+  bool decode_batch = !reference_kernels_ && decode_kernel_supports(shape.key_head_dim);
+  bool many_tokens = false;  // some sequence has more than one new token: worth the chunked form's workspace
   std::vector<DeviceSequence> device_seqs;
   std::vector<float*> recurrent;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SequenceRows& s = seqs[i];
     decode_batch = decode_batch && s.n == 1 && s.row0 == int64_t(i);
+    many_tokens = many_tokens || s.n > 1;
     device_seqs.push_back({s.row0, s.n, s.start, 0});
     recurrent.push_back(states.recurrent(s.state_slot, layer));
   }
@@ -159,11 +126,42 @@ void CudaBackend::gdn_rule(const float* q, const float* k, const float* v, const
     gdn_decode(args, stream_);
     return;
   }
-  const dim3 grid(unsigned(seqs.size()), unsigned(shape.num_value_heads));
-  const int threads = shape.value_head_dim >= 128 ? 128 : 64;
-  gdn_sequence_kernel<<<grid, threads, 2 * shape.key_head_dim * sizeof(float), stream_>>>(
-      q, k, v, g, beta, reinterpret_cast<const DeviceSequence*>(base + at_seqs), device_states, shape, out);
-  NINFER_CUDA_CHECK_LAUNCH();
+  GdnPrefillArgs args;
+  args.num_key_heads = shape.num_key_heads;
+  args.num_value_heads = shape.num_value_heads;
+  args.key_head_dim = shape.key_head_dim;
+  args.value_head_dim = shape.value_head_dim;
+  args.q = q;
+  args.k = k;
+  args.v = v;
+  args.g = g;
+  args.beta = beta;
+  args.num_seqs = int32_t(seqs.size());
+  args.seqs = reinterpret_cast<const DeviceSequence*>(base + at_seqs);
+  args.states = device_states;
+  args.out = out;
+  if (reference_kernels_ || !many_tokens || !gdn_chunked_supported(shape.key_head_dim))
+    return gdn_prefill_sequential(args, stream_);
+
+  // The chunk list: one entry per (sequence, chunk of 64 rows), and each sequence's first entry.
+  std::vector<GdnChunkRef> chunks;
+  std::vector<int64_t> first_chunk;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    first_chunk.push_back(int64_t(chunks.size()));
+    for (int64_t c = 0; c * kGdnChunk < seqs[i].n; ++c) chunks.push_back({int32_t(i), int32_t(c)});
+  }
+  HostTables chunk_tables;
+  const size_t at_chunks = chunk_tables.add(chunks.data(), chunks.size());
+  const size_t at_first = chunk_tables.add(first_chunk.data(), first_chunk.size());
+  const uint8_t* chunk_base = upload(chunk_tables);
+  GdnChunkTables device_chunks;
+  device_chunks.total_chunks = int64_t(chunks.size());
+  device_chunks.chunks = reinterpret_cast<const GdnChunkRef*>(chunk_base + at_chunks);
+  device_chunks.first_chunk = reinterpret_cast<const int64_t*>(chunk_base + at_first);
+  float* workspace = scratch(gdn_workspace_, gdn_chunked_workspace_floats(device_chunks.total_chunks,
+                                                                          shape.num_value_heads, shape.key_head_dim,
+                                                                          shape.value_head_dim));
+  gdn_prefill_chunked(args, device_chunks, workspace, stream_);
 }
 
 }  // namespace ninfer::cuda
