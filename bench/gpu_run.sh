@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench` on a GPU machine (or one device-tool call): : build the extension with the CUDA backend, run the GPU tests, run the
-# kernel benchmarks. Results land in $OUT (the device tool brings them back).
+# kernel benchmarks. Results land in $OUT (the device tool brings them back). GPU_TEST_ARGS narrows the tests
+# (e.g. "-k attention"), BENCH_ARGS the benchmark (e.g. "--only attention").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ninfer-out}
@@ -15,4 +16,4 @@ cp build/gpu/_engine*.so python/ninfer/
 export PYTHONPATH=$PWD/python
 python3 -c "from ninfer import _engine; print('cuda built', _engine.cuda.built, 'devices', _engine.cuda.device_count())"
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-python3 bench/cuda_kernels.py --out "$OUT/cuda_kernels.json" 2>&1 | tee "$OUT/bench.log"
+python3 bench/cuda_kernels.py --out "$OUT/cuda_kernels.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"

@@ -1,6 +1,7 @@
 // The CUDA backend: every Backend op on device pointers, queued on one stream. Ops are spread over files by job
 // like the CPU twins (cuda_backend.cu: memory, weights, matrices, elementwise; norm.cu, rope.cu, attention.cu,
-// moe.cu, gdn_ops.cu; prefill GEMM in gemm.cu, decode GEMV in gemv.cu, GDN decode step in gdn_decode.cu).
+// moe.cu, gdn_ops.cu; prefill GEMM in gemm.cu, decode GEMV in gemv.cu, GDN decode step in gdn_decode.cu,
+// fast attention in flash_prefill.cu and flash_decode.cu).
 // This first version is correct first: simple kernels (tiled f32 GEMM, one block per row and head for attention,
 // a per-token loop for the chunked delta rule); the fast paths replace them one at a time against these.
 #pragma once
@@ -124,6 +125,7 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   StepTables tables_;
   DecodeGraphs graphs_;
   DeviceBuffer moe_hidden_, moe_out_;
+  DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)
 };
 
 }  // namespace ninfer::cuda
