@@ -23,9 +23,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import test_cuda_backend as backend_tests
+import test_cuda_runtime as runtime_tests
 from test_cuda_backend import assert_close, attention_inputs, run_attention
 
+from ninfer.engine import Engine
+
 ops = backend_tests.ops  # the (cuda, cpu) Ops fixture
+tiny_artifacts = runtime_tests.tiny_artifacts  # tiny Qwen3.5 checkpoints as bf16 artifacts
 
 pytestmark = pytest.mark.gpu
 
@@ -86,3 +90,18 @@ def test_fast_attention_matches_cpu(ops, kv_dtype, case):
     rel = np.where(row_is_flash[:, None], 2.0 ** -8, 1e-4)
     assert_close(got, want, 0.0, f"attention {kv_dtype} (flash prefill rows: {int(row_is_flash.sum())})",
                  atol=rel * mag + 1e-6)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+def test_fast_decode_graph_replay_equals_eager(tiny_artifacts, kv_dtype):
+    """The engine on bf16 / fp8 KV (flash prefill for the prompts, split-KV decode for the steps): decode
+    passes replayed as CUDA graphs, while the contexts grow past page boundaries and the split count changes
+    from step to step, give the eager passes' logprobs bit for bit."""
+    results = {}
+    for graphs in (True, False):
+        options = runtime_tests._options(kv_dtype=kv_dtype, cuda_graphs=graphs)
+        with Engine.open_sync(tiny_artifacts["qwen3_5"], options) as engine:
+            prompts = runtime_tests._prompts(engine.info.vocab_size, 3)
+            results[graphs] = runtime_tests._run(engine, prompts, 48)
+            assert (engine.memory_plan()["graph_replays"] >= 20) == graphs
+    assert results[True] == results[False]
