@@ -1,8 +1,8 @@
-"""Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and the chunked
-gated-delta-rule prefill at Qwen3.5 shapes, against the device read bandwidth measured in the same run (and, for
-the prefill, the f32 FMA rate). Run on the accelerator machine:
+"""Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and chunked prefill, and
+paged attention at Qwen3.5 shapes, against the device read bandwidth measured in the same run (the f32 FMA rate for
+the GDN prefill, the dense bf16 matrix rate for prefill attention). Run on the accelerator machine:
 
-    python bench/cuda_kernels.py --out bench/results/cuda_kernels.json
+    python bench/cuda_kernels.py --out bench/results/cuda_kernels.json [--only attention]
 
 Weights are random codes written straight into a synthetic artifact (speed does not depend on values). Each GEMV
 is timed with CUDA events over several device copies of the weight used in turn, so every call streams from
@@ -145,27 +145,76 @@ def bench_gdn_prefill(bandwidth: float) -> list[dict]:
     return rows_out
 
 
+ATTENTION_27B = {"heads": 24, "kv_heads": 4, "head_dim": 256}  # Qwen3.5-27B full-attention layer
+DENSE_BF16_FLOPS = 790e12  # H200 dense bf16 matrix rate (issue 5)
+L2_BYTES = 50 * 2**20
+
+
+def bench_attention(bandwidth: float) -> list[dict]:
+    """Prefill attention (one prompt of P tokens attending causally to itself: 4 * head_dim * heads * P(P+1)/2
+    FLOPs) against the dense bf16 rate, and decode attention (batch B, one new row each over a context of C
+    keys) against the read bandwidth: the K/V bytes of the pool each call must read."""
+    rows_out = []
+    for kv_dtype in ("bf16", "fp8"):
+        for prompt in (1024, 8192, 32768):
+            calls = 2 if prompt > 8192 else 10
+            micros, _ = _engine.cuda.bench_attention(**ATTENTION_27B, kv_dtype=kv_dtype, context=prompt,
+                                                     new_rows=prompt, batch=1, calls=calls, iterations=5)
+            flops = 4 * ATTENTION_27B["head_dim"] * ATTENTION_27B["heads"] * prompt * (prompt + 1) / 2
+            rows_out.append({"kernel": "attention_prefill", "kv_dtype": kv_dtype, "prompt": prompt,
+                             "median_us": micros, "tflop_per_s": flops / micros / 1e6,
+                             "fraction_of_bf16_peak": flops / (micros * 1e-6) / DENSE_BF16_FLOPS})
+        for context in (1024, 8192, 32768):
+            for batch in (1, 8):
+                micros, kv_bytes = _engine.cuda.bench_attention(
+                    **ATTENTION_27B, kv_dtype=kv_dtype, context=context, new_rows=1, batch=batch, calls=20,
+                    iterations=20)
+                rows_out.append({"kernel": "attention_decode", "kv_dtype": kv_dtype, "context": context,
+                                 "batch": batch, "median_us": micros, "bytes": kv_bytes,
+                                 "gb_per_s": kv_bytes / micros / 1e3,
+                                 "fraction_of_bandwidth": kv_bytes / (micros * 1e-6) / bandwidth,
+                                 "fits_in_l2": kv_bytes < L2_BYTES})
+    return rows_out
+
+
+def print_attention(rows: list[dict]) -> None:
+    print(f"{'attention prefill (27B layer)':32} {'kv':5} {'prompt':>6} {'us':>10} {'TFLOP/s':>8} "
+          f"{'of bf16':>8}")
+    for r in (r for r in rows if r["kernel"] == "attention_prefill"):
+        print(f"{'':32} {r['kv_dtype']:5} {r['prompt']:>6} {r['median_us']:10.1f} {r['tflop_per_s']:8.1f} "
+              f"{r['fraction_of_bf16_peak']:8.1%}")
+    print(f"{'attention decode (27B layer)':32} {'kv':5} {'ctx':>6} {'batch':>5} {'us':>9} {'GB/s':>7} "
+          f"{'of BW':>6}")
+    for r in (r for r in rows if r["kernel"] == "attention_decode"):
+        note = "  (KV fits in L2)" if r["fits_in_l2"] else ""
+        print(f"{'':32} {r['kv_dtype']:5} {r['context']:>6} {r['batch']:>5} {r['median_us']:9.1f} "
+              f"{r['gb_per_s']:7.0f} {r['fraction_of_bandwidth']:6.1%}{note}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", choices=["all", "gemv", "gdn"], default="all",
-                        help="run only the GEMV or only the Gated DeltaNet benchmarks")
+    parser.add_argument("--only", choices=["gemv", "gdn", "attention"], help="run one kernel family")
     args = parser.parse_args()
+    run = {name: args.only in (None, name) for name in ("gemv", "gdn", "attention")}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     measured = measure_bandwidth()
     bandwidth = measured["read"]
-    gemv, gdn, prefill = [], [], []
-    if args.only in ("all", "gemv"):
+    gemv, gdn, prefill, attention = [], [], [], []
+    if run["gemv"]:
         with tempfile.TemporaryDirectory() as tmp:
             gemv = bench_gemv(Path(tmp), bandwidth)
-    if args.only in ("all", "gdn"):
+    if run["gdn"]:
         gdn = bench_gdn_decode(bandwidth)
         prefill = bench_gdn_prefill(bandwidth)
+    if run["attention"]:
+        attention = bench_attention(bandwidth)
     result = {
         "device": _engine.cuda.device_name(), "host": platform.node(),
         "commit": commit.stdout.strip() or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "measured_read_gb_per_s": measured["read"] / 1e9, "measured_copy_gb_per_s": measured["copy"] / 1e9, "gemv": gemv, "gdn_decode": gdn,
         "gdn_prefill": prefill, "f32_flops": F32_FLOPS,
+        "attention": attention,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
@@ -186,6 +235,7 @@ def main() -> int:
               f"{48 * r['median_us'] / 1e3:14.2f}")
         if "sequential_twin_us" in r:
             print(f"{'':>6} per-token twin: {r['sequential_twin_us']:.1f} us")
+    print_attention(attention)
     return 0
 
 

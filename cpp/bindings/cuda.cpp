@@ -10,6 +10,7 @@
 #include <nanobind/stl/tuple.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,9 @@
 #include "backend/cuda/gemv_mma.h"
 #include "bindings/array_out.h"
 #include "bindings/artifact_handle.h"
+#include "runtime/kv_codec.h"
+#include "runtime/kv_pool.h"
+#include "runtime/kv_quant.h"
 #endif
 
 namespace nb = nanobind;
@@ -262,6 +266,78 @@ std::tuple<double, double> bench_gdn_prefill(int64_t tokens, int hk, int hv, int
   return {micros, double(workspace.bytes())};
 }
 
+// Median time of CudaBackend::attention for `batch` sequences of `context` positions each, the last `new_rows`
+// of them new (prefill: new_rows = context; decode: 1), over random KV and q. `calls` back-to-back calls are
+// captured in one CUDA graph (no host gaps, as in a captured decode pass); each graph launch is timed.
+// Returns (median microseconds per call, K/V bytes in the pool that the call reads, scales included).
+std::tuple<double, double> bench_attention(int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                           const std::string& kv_dtype, int64_t context, int64_t new_rows,
+                                           int32_t batch, int32_t calls, int32_t iterations) {
+  nb::gil_scoped_release release;
+  cuda::CudaBackend backend(0);
+  const KvDtype dtype = parse_kv_dtype(kv_dtype);
+  const int64_t pages_per_seq = (context + kKvPageTokens - 1) / kKvPageTokens;
+  const int64_t width = int64_t(kv_heads) * head_dim;
+  KvPool pool(1, kv_heads, head_dim, pages_per_seq * batch, dtype, backend.memory());
+  std::vector<std::vector<int32_t>> pages(static_cast<size_t>(batch));
+  for (auto& p : pages) pool.acquire(pages_per_seq, p);
+
+  // K and V: one random chunk of rows written again and again (speed does not depend on the values).
+  const int64_t chunk = std::min<int64_t>(context, 4096);
+  std::vector<float> host(size_t(chunk * width));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = float((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
+  cuda::DeviceBuffer kv(size_t(chunk * width) * sizeof(float));
+  kv.upload(host.data(), kv.bytes());
+  for (int32_t b = 0; b < batch; ++b)
+    for (int64_t start = 0; start < context; start += chunk) {
+      const SequenceRows s{0, std::min(chunk, context - start), start, pages[size_t(b)].data(), -1};
+      backend.kv_write(kv.as<float>(), kv.as<float>(), {&s, 1}, pool, 0);
+    }
+  const int64_t rows = int64_t(batch) * new_rows;
+  cuda::DeviceBuffer q(size_t(rows * heads * head_dim) * sizeof(float)), out(q.bytes());
+  for (size_t at = 0; at < q.bytes(); at += host.size() * sizeof(float))
+    NINFER_CUDA_CHECK(cudaMemcpy(q.as<uint8_t>() + at, host.data(),
+                                 std::min(q.bytes() - at, host.size() * sizeof(float)), cudaMemcpyHostToDevice));
+  std::vector<SequenceRows> seqs;
+  for (int32_t b = 0; b < batch; ++b)
+    seqs.push_back({b * new_rows, new_rows, context - new_rows, pages[size_t(b)].data(), -1});
+  const AttentionShape shape{heads, kv_heads, head_dim, 1.0f / std::sqrt(float(head_dim))};
+  auto attend = [&] {
+    backend.attention(q.as<float>(), int64_t(heads) * head_dim, head_dim, seqs, pool, 0, shape, out.as<float>());
+  };
+  attend();                // grows the decode partials outside the capture
+  backend.begin_pass(0);   // synchronises, empties the table arena
+  cudaStream_t stream = backend.stream();
+  cudaGraph_t graph = nullptr;
+  NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int32_t c = 0; c < calls; ++c) attend();
+  NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  NINFER_CUDA_CHECK(cudaEventCreate(&start));
+  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int32_t it = 0; it <= iterations; ++it) {  // the first launch warms up
+    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
+    NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
+    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (it > 0) times.push_back(ms * 1000.0f / float(calls));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(times.begin(), times.end());
+  const double scale_bytes = kv_dtype_is_quantized(dtype) ? sizeof(float) : 0.0;
+  const double kv_bytes = 2.0 * double(batch) * double(context) * kv_heads *
+                          (double(head_dim) * double(kv_element_bytes(dtype)) + scale_bytes);
+  return {double(times[times.size() / 2]), kv_bytes};
+}
+
 std::string device_name() {
   cudaDeviceProp props{};
   NINFER_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
@@ -285,6 +361,10 @@ void bind_cuda(nb::module_& m) {
   sub.def("bench_linear", &bench_linear, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"),
           nb::arg("copies") = 4, nb::arg("iterations") = 50, nb::arg("impl") = "auto",
           "(median us, weight bytes) of the decode GEMV, cycling over device copies of the weight.");
+  sub.def("bench_attention", &bench_attention, nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"),
+          nb::arg("kv_dtype"), nb::arg("context"), nb::arg("new_rows"), nb::arg("batch"), nb::arg("calls") = 10,
+          nb::arg("iterations") = 20,
+          "(median us per call, K/V bytes read) of CudaBackend::attention, calls captured in a CUDA graph.");
   sub.def("bench_gdn_decode", &bench_gdn_decode, nb::arg("batch"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),
           nb::arg("dv"), nb::arg("iterations") = 50, "(median us, state bytes moved) of one decode step.");
   sub.def("bench_gdn_prefill", &bench_gdn_prefill, nb::arg("tokens"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),

@@ -197,12 +197,10 @@ ATTENTION_CASES = [  # (heads, kv_heads, head_dim, [(history, new) per sequence]
 ]
 
 
-@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("case", ATTENTION_CASES, ids=lambda c: f"h{c[0]}-kv{c[1]}-d{c[2]}-{len(c[3])}seq")
-def test_kv_write_and_attention(ops, kv_dtype, case):
-    """Pages are a random permutation of the pool, so a wrong page or offset shows; q is gated-layout strided."""
-    cuda, cpu = ops
-    heads, kv_heads, d, spec = case
+def attention_inputs(heads: int, kv_heads: int, d: int, spec: list[tuple[int, int]]) -> dict:
+    """Random inputs of Ops.attention for sequences [(history, new rows)]: each sequence's pages are taken
+    from a random permutation of the pool, so a wrong page or offset shows; q is gated-layout strided
+    ([q | gate] per head, as Qwen3.5's gated q_proj lays it out)."""
     width = kv_heads * d
     pages_needed = [(h + n + 63) // 64 for h, n in spec]
     order = rng().permutation(sum(pages_needed) + 3).astype(np.int32).tolist()
@@ -211,10 +209,28 @@ def test_kv_write_and_attention(ops, kv_dtype, case):
         seqs.append((h, n, order[at:at + p]))
         at += p
     hist_rows, rows = sum(h for h, _ in spec), sum(n for _, n in spec)
-    hk, hv, nk, nv = f32(hist_rows, width), f32(hist_rows, width), f32(rows, width), f32(rows, width)
-    q = f32(rows, heads * 2 * d)   # [q | gate] per head, as Qwen3.5's gated q_proj lays it out
-    args = (q, heads * 2 * d, 2 * d, hk, hv, nk, nv, seqs, heads, kv_heads, d, d ** -0.5, kv_dtype, len(order), 2, 1)
-    assert_close(cuda.attention(*args), cpu.attention(*args), 1e-4, f"attention {kv_dtype}", atol=1e-5)
+    return {"q": f32(rows, heads * 2 * d), "hk": f32(hist_rows, width), "hv": f32(hist_rows, width),
+            "nk": f32(rows, width), "nv": f32(rows, width), "seqs": seqs, "pool_pages": len(order)}
+
+
+def run_attention(backend, inputs: dict, heads: int, kv_heads: int, d: int, kv_dtype: str) -> np.ndarray:
+    """kv_write of every sequence's history and new rows into a fresh pool (layer 1 of 2), then attention."""
+    i = inputs
+    return backend.attention(i["q"], heads * 2 * d, 2 * d, i["hk"], i["hv"], i["nk"], i["nv"], i["seqs"],
+                             heads, kv_heads, d, d ** -0.5, kv_dtype, i["pool_pages"], 2, 1)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32"])
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=lambda c: f"h{c[0]}-kv{c[1]}-d{c[2]}-{len(c[3])}seq")
+def test_kv_write_and_attention(ops, kv_dtype, case):
+    """The slow twin (f32 KV: f32 throughout, so only the summation order differs); the fast paths taken by
+    the other KV dtypes are tested against the CPU backend in test_cuda_attention.py."""
+    cuda, cpu = ops
+    heads, kv_heads, d, spec = case
+    inputs = attention_inputs(heads, kv_heads, d, spec)
+    assert_close(run_attention(cuda, inputs, heads, kv_heads, d, kv_dtype),
+                 run_attention(cpu, inputs, heads, kv_heads, d, kv_dtype), 1e-4, f"attention {kv_dtype}",
+                 atol=1e-5)
 
 
 # ---------- mixture of experts ----------

@@ -1,11 +1,21 @@
-// Paged causal attention of the CUDA backend: KV writes into 64-token pages and GQA softmax attention over them,
-// one block per (row, query head) with an online softmax over tiles of keys (no score row in memory).
-#include <cuda_bf16.h>
+// Paged causal attention of the CUDA backend: KV writes into 64-token pages (every KV dtype, 8-bit rows with
+// their per-(token, head) scale) and GQA softmax attention over them.
+//
+// Which kernel attends a call's rows:
+//   - f32 KV, or a head_dim the fast kernels do not take: attention_kernel, the slow obviously-right twin (one
+//     block per (row, query head), an online softmax over tiles of keys, f32 on CUDA cores);
+//   - bf16 / fp8 / int8 KV: sequences with at least kPrefillMinRows new rows go to the tensor-core flash kernel
+//     (flash_prefill.cu), the others (decode: one new row; a few speculative rows) to split-KV decode
+//     (flash_decode.cu), whose kernel count does not depend on the batch's contexts (CUDA-graph replays).
+#include <algorithm>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
-#include "runtime/kv_codec.h"
+#include "backend/cuda/flash_attention.h"
+#include "backend/cuda/kv_device.cuh"
 #include "runtime/kv_pool.h"
 
 namespace ninfer::cuda {
@@ -13,62 +23,56 @@ namespace {
 
 constexpr int kAttnThreads = 128;
 constexpr int kMaxHeadDim = 4 * kAttnThreads;  // each thread owns up to 4 output dims
+// A sequence with this many new rows is worth a 64-row tensor-core tile per GQA group; fewer rows attend on
+// their own with split keys.
+constexpr int64_t kPrefillMinRows = 8;
 
-// The KV element codecs of runtime/kv_codec.h on the device; bf16 rounds to nearest even like f32_to_bf16.
-template <class E>
-struct DeviceCodec;
-template <>
-struct DeviceCodec<float> {
-  __device__ static float load(float e) { return e; }
-  __device__ static float store(float f) { return f; }
-};
-template <>
-struct DeviceCodec<uint16_t> {
-  __device__ static float load(uint16_t e) { return __uint_as_float(uint32_t(e) << 16); }
-  __device__ static uint16_t store(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return uint16_t(u >> 16);
-  }
-};
-
-// Layer `layer`'s K (or V) rows: page p starts at base + p * page_bytes; rows of `width` elements.
-struct PagedRows {
-  uint8_t* base;
-  int64_t page_bytes, width;
-  template <class E>
-  __device__ E* row(const int32_t* pages, int64_t page_offset, int64_t pos) const {
-    return reinterpret_cast<E*>(base + pages[page_offset + pos / kKvPageTokens] * page_bytes) +
-           (pos % kKvPageTokens) * width;
-  }
-};
-
-struct SeqTables {
-  const DeviceSequence* seqs;
-  const int32_t* pages;
-  const int32_t* row_seq;
-};
-
-template <class E>
-__global__ void kv_write_kernel(const float* k, const float* v, SeqTables t, PagedRows kr, PagedRows vr) {
+// One block per row; each warp takes (K or V, KV head) rows: 8-bit rows get scale = max|x| / code max first.
+template <class Kv>
+__global__ void kv_write_kernel(const float* k, const float* v, SeqTables t, PagedRows kr, PagedRows vr,
+                                int32_t head_dim) {
+  using E = typename Kv::Element;
   const int64_t r = blockIdx.x;
   const int32_t si = t.row_seq[r];
   if (si < 0) return;
   const DeviceSequence s = t.seqs[si];
-  const int64_t pos = s.start + (r - s.row0);
-  E* kd = kr.row<E>(t.pages, s.page_offset, pos);
-  E* vd = vr.row<E>(t.pages, s.page_offset, pos);
-  for (int64_t j = threadIdx.x; j < kr.width; j += blockDim.x) {
-    kd[j] = DeviceCodec<E>::store(k[r * kr.width + j]);
-    vd[j] = DeviceCodec<E>::store(v[r * kr.width + j]);
+  const int64_t pos = s.start + (r - s.row0), offset = pos % kKvPageTokens;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int job = warp; job < 2 * kr.kv_heads; job += warps) {
+    const bool values = job >= kr.kv_heads;
+    const int32_t head = job % kr.kv_heads;
+    const PagedRows& pr = values ? vr : kr;
+    const float* src = (values ? v : k) + r * pr.width + int64_t(head) * head_dim;
+    uint8_t* block = pr.page(t.pages, s.page_offset, pos / kKvPageTokens);
+    E* dst = reinterpret_cast<E*>(block) + offset * pr.width + int64_t(head) * head_dim;
+    float inv = 1.0f;
+    if constexpr (Kv::kScaled) {
+      float amax = 0.0f;
+      for (int i = lane; i < head_dim; i += 32) amax = fmaxf(amax, fabsf(src[i]));
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      inv = amax > 0.0f ? Kv::kCodeMax / amax : 0.0f;  // an all-zero row keeps scale 0 and zero codes
+      if (lane == 0) pr.scales(block)[offset * pr.kv_heads + head] = amax / Kv::kCodeMax;
+    }
+    for (int i = lane; i < head_dim; i += 32) dst[i] = Kv::encode(Kv::kScaled ? src[i] * inv : src[i]);
   }
 }
 
-template <class E>
+// The scale of key/value `pos`'s row for `kv_head` (1 for the unscaled dtypes).
+template <class Kv>
+__device__ float row_scale(const PagedRows& pr, const SeqTables& t, int64_t page_offset, int64_t pos,
+                           int32_t kv_head) {
+  if constexpr (Kv::kScaled)
+    return pr.scales(pr.page(t.pages, page_offset, pos / kKvPageTokens))[(pos % kKvPageTokens) * pr.kv_heads +
+                                                                         kv_head];
+  else
+    return 1.0f;
+}
+
+template <class Kv>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(const float* q, int64_t q_row_stride, int64_t q_head_stride, SeqTables t, PagedRows kr,
                      PagedRows vr, AttentionShape shape, float* out) {
+  using E = typename Kv::Element;
   extern __shared__ float q_shared[];  // head_dim
   __shared__ float p_tile[kAttnThreads];
   const int64_t r = blockIdx.x;
@@ -77,7 +81,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   if (si < 0) return;  // a row outside every sequence is left as it was (the CPU twin skips it too)
   const DeviceSequence s = t.seqs[si];
   const int64_t last = s.start + (r - s.row0);
-  const int64_t kv_offset = int64_t(h / (shape.num_heads / shape.num_kv_heads)) * d;
+  const int32_t kv_head = h / (shape.num_heads / shape.num_kv_heads);
+  const int64_t kv_offset = int64_t(kv_head) * d;
   for (int i = threadIdx.x; i < d; i += blockDim.x) q_shared[i] = q[r * q_row_stride + h * q_head_stride + i];
   __syncthreads();
 
@@ -88,14 +93,14 @@ __global__ void __launch_bounds__(kAttnThreads)
     if (j <= last) {
       const E* key = kr.row<E>(t.pages, s.page_offset, j) + kv_offset;
       float dot = 0.0f;
-      for (int i = 0; i < d; ++i) dot += q_shared[i] * DeviceCodec<E>::load(key[i]);
-      score = dot * shape.scale;
+      for (int i = 0; i < d; ++i) dot += q_shared[i] * Kv::load(key[i]);
+      score = dot * row_scale<Kv>(kr, t, s.page_offset, j, kv_head) * shape.scale;
     }
     const float new_max = fmaxf(running_max, block_reduce(score, MaxOp{}));
     const float correction = expf(running_max - new_max);  // 0 on the first tile
     const float p = j <= last ? expf(score - new_max) : 0.0f;
     running_sum = running_sum * correction + block_reduce(p, SumOp{});
-    p_tile[threadIdx.x] = p;
+    p_tile[threadIdx.x] = j <= last ? p * row_scale<Kv>(vr, t, s.page_offset, j, kv_head) : 0.0f;
     __syncthreads();
     const int64_t tile = last - j0 + 1 < kAttnThreads ? last - j0 + 1 : kAttnThreads;
 #pragma unroll
@@ -104,7 +109,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       if (i >= d) break;
       float a = acc[c] * correction;
       for (int64_t jj = 0; jj < tile; ++jj)
-        a += p_tile[jj] * DeviceCodec<E>::load(vr.row<E>(t.pages, s.page_offset, j0 + jj)[kv_offset + i]);
+        a += p_tile[jj] * Kv::load(vr.row<E>(t.pages, s.page_offset, j0 + jj)[kv_offset + i]);
       acc[c] = a;
     }
     running_max = new_max;
@@ -120,18 +125,48 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 PagedRows paged(const KvPool& pool, int32_t layer, bool values) {
   const void* base = values ? pool.v_rows(0, layer) : pool.k_rows(0, layer);
-  return {static_cast<uint8_t*>(const_cast<void*>(base)), pool.page_bytes(), pool.row_elements()};
+  const uint8_t* scales = reinterpret_cast<const uint8_t*>(values ? pool.v_scales(0, layer) : pool.k_scales(0, layer));
+  const int64_t scale_offset = scales ? scales - static_cast<const uint8_t*>(base) : 0;
+  return {static_cast<uint8_t*>(const_cast<void*>(base)), pool.page_bytes(), pool.row_elements(), scale_offset,
+          pool.kv_heads()};
 }
 
-// Calls fn(element{}) for the pool's dtype; the dtypes the CUDA kernels do not store yet are refused.
-template <class Fn>
-void dispatch_kv(KvDtype dtype, Fn&& fn) {
-  switch (dtype) {
-    case KvDtype::F32: return fn(float{});
-    case KvDtype::BF16: return fn(uint16_t{});
-    default: break;
+SeqTables seq_tables(const uint8_t* base, size_t seqs, size_t pages, size_t row_seq) {
+  return {reinterpret_cast<const DeviceSequence*>(base + seqs), reinterpret_cast<const int32_t*>(base + pages),
+          reinterpret_cast<const int32_t*>(base + row_seq)};
+}
+
+// The flash prefill tiles of the sequences with many new rows (heaviest first: the tiles with the most keys
+// start first) and the rows that attend on their own; `longest` is the most keys one of those rows sees.
+struct FastWork {
+  std::vector<PrefillTile> tiles;
+  std::vector<int32_t> decode_rows;
+  int64_t longest = 0;
+};
+
+FastWork split_work(std::span<const SequenceRows> seqs, int32_t group, bool decode_ok) {
+  FastWork w;
+  std::vector<int64_t> tile_keys;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SequenceRows& s = seqs[i];
+    if (s.n <= 0) continue;
+    if (decode_ok && s.n < kPrefillMinRows) {
+      for (int64_t j = 0; j < s.n; ++j) w.decode_rows.push_back(int32_t(s.row0 + j));
+      w.longest = std::max(w.longest, s.start + s.n);
+      continue;
+    }
+    for (int64_t first = 0; first < s.n * group; first += kPrefillTileRows) {
+      w.tiles.push_back({int32_t(i), int32_t(first)});
+      tile_keys.push_back(s.start + std::min(first + kPrefillTileRows, s.n * group) / group);
+    }
   }
-  throw EngineError(std::string("CUDA backend: KV cache dtype ") + kv_dtype_name(dtype) + " is not supported yet");
+  std::vector<size_t> order(w.tiles.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tile_keys[a] > tile_keys[b]; });
+  std::vector<PrefillTile> sorted;
+  for (size_t i : order) sorted.push_back(w.tiles[i]);
+  w.tiles = std::move(sorted);
+  return w;
 }
 
 }  // namespace
@@ -141,12 +176,11 @@ void CudaBackend::kv_write(const float* k, const float* v, std::span<const Seque
   HostTables tables;
   const SequenceOffsets o = add_sequences(seqs, tables);
   if (o.rows <= 0) return;
-  const uint8_t* base = upload(tables);
-  const SeqTables t{reinterpret_cast<const DeviceSequence*>(base + o.seqs),
-                    reinterpret_cast<const int32_t*>(base + o.pages), reinterpret_cast<const int32_t*>(base + o.row_seq)};
-  dispatch_kv(pool.dtype(), [&](auto element) {
-    kv_write_kernel<decltype(element)><<<unsigned(o.rows), kThreads, 0, stream_>>>(k, v, t, paged(pool, layer, false),
-                                                                                    paged(pool, layer, true));
+  const SeqTables t = seq_tables(upload(tables), o.seqs, o.pages, o.row_seq);
+  const int32_t head_dim = int32_t(pool.row_elements() / pool.kv_heads());
+  dispatch_kv_device(pool.dtype(), [&](auto kv) {
+    kv_write_kernel<decltype(kv)><<<unsigned(o.rows), kThreads, 0, stream_>>>(
+        k, v, t, paged(pool, layer, false), paged(pool, layer, true), head_dim);
   });
   NINFER_CUDA_CHECK_LAUNCH();
 }
@@ -160,15 +194,34 @@ void CudaBackend::attention(const float* q, int64_t q_row_stride, int64_t q_head
   HostTables tables;
   const SequenceOffsets o = add_sequences(seqs, tables);
   if (o.rows <= 0) return;
+  const int32_t group = shape.num_heads / shape.num_kv_heads;
+  if (!flash_prefill_supports(pool.dtype(), shape.head_dim)) {
+    const SeqTables t = seq_tables(upload(tables), o.seqs, o.pages, o.row_seq);
+    const dim3 grid(unsigned(o.rows), unsigned(shape.num_heads));
+    dispatch_kv_device(pool.dtype(), [&](auto kv) {
+      attention_kernel<decltype(kv)><<<grid, kAttnThreads, shape.head_dim * sizeof(float), stream_>>>(
+          q, q_row_stride, q_head_stride, t, paged(pool, layer, false), paged(pool, layer, true), shape, out);
+    });
+    NINFER_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const FastWork work = split_work(seqs, group, flash_decode_supports(pool.dtype(), shape.head_dim, group));
+  const size_t tiles_at = tables.add(work.tiles.data(), work.tiles.size());
+  const size_t rows_at = tables.add(work.decode_rows.data(), work.decode_rows.size());
   const uint8_t* base = upload(tables);
-  const SeqTables t{reinterpret_cast<const DeviceSequence*>(base + o.seqs),
-                    reinterpret_cast<const int32_t*>(base + o.pages), reinterpret_cast<const int32_t*>(base + o.row_seq)};
-  const dim3 grid(unsigned(o.rows), unsigned(shape.num_heads));
-  dispatch_kv(pool.dtype(), [&](auto element) {
-    attention_kernel<decltype(element)><<<grid, kAttnThreads, shape.head_dim * sizeof(float), stream_>>>(
-        q, q_row_stride, q_head_stride, t, paged(pool, layer, false), paged(pool, layer, true), shape, out);
-  });
-  NINFER_CUDA_CHECK_LAUNCH();
+  const AttentionArgs args{q, q_row_stride, q_head_stride, seq_tables(base, o.seqs, o.pages, o.row_seq),
+                           paged(pool, layer, false), paged(pool, layer, true), shape, out};
+  flash_prefill(args, pool.dtype(), reinterpret_cast<const PrefillTile*>(base + tiles_at), int32_t(work.tiles.size()),
+                stream_);
+  const int64_t rows = int64_t(work.decode_rows.size());
+  if (rows > 0) {
+    // Sized by the row count alone, so the eager warm-up pass of a decode batch makes it big enough for every
+    // captured replay of that batch (a capture must not reallocate).
+    const int32_t most = flash_decode_max_splits(rows, shape.num_kv_heads);
+    float* partial = scratch(attention_partial_, size_t(flash_decode_partial_floats(rows, shape, most)));
+    flash_decode(args, pool.dtype(), reinterpret_cast<const int32_t*>(base + rows_at), int32_t(rows),
+                 flash_decode_splits(rows, shape.num_kv_heads, work.longest), partial, stream_);
+  }
 }
 
 }  // namespace ninfer::cuda

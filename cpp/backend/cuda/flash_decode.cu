@@ -1,0 +1,279 @@
+// Split-KV decode attention ("flash-decoding"): a row's keys are cut into `splits` runs of whole pages; a block
+// takes one (row, KV head, split) with all the group's query heads, so each K/V byte is read once per group, and
+// writes a partial (max, sum, unnormalised output) per query head; a second kernel combines the splits.
+// Its limit is reading K/V: every K/V load is a vector load (8 elements: 16 bytes of bf16, 8 of fp8/int8).
+//
+// Per page (64 keys) of a split: scores (two threads per key, f32 q in shared memory, f32 dot products of the
+// dequantized codes, times the key scale), an online-softmax update per query head (one warp per head), then
+// P V (each thread 8 output dims of a subset of the keys, one V vector load per key). Everything is f32: the
+// result differs from the CPU twin by summation order only.
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/flash_attention.h"
+
+namespace ninfer::cuda {
+namespace {
+
+constexpr int kThreadsPerBlock = 128;
+constexpr int kWarps = kThreadsPerBlock / 32;
+constexpr int kKeys = int(kKvPageTokens);
+constexpr int kMaxGroup = kDecodeMaxGroup;
+constexpr int32_t kMaxSplits = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kThreadsPerBlock == 2 * kKeys, "scores take two threads per key");
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Where split `split`'s partial results of (decode row i, query head h) live: outputs, then (max, sum) pairs.
+struct Partials {
+  float* base;
+  int32_t heads, splits, head_dim;
+  int64_t rows;
+  __device__ float* output(int64_t i, int64_t h, int32_t split) const {
+    return base + ((i * heads + h) * splits + split) * head_dim;
+  }
+  __device__ float2* max_sum(int64_t i, int64_t h, int32_t split) const {
+    return reinterpret_cast<float2*>(base + rows * heads * splits * head_dim) + (i * heads + h) * splits + split;
+  }
+};
+
+template <class Kv, int D>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    flash_decode_split_kernel(AttentionArgs a, const int32_t* rows, int32_t group, Partials partials) {
+  using E = typename Kv::Element;
+  constexpr int kChunks = D / 8;                              // 8-element vectors per row
+  constexpr int kKeyGroups = kThreadsPerBlock / kChunks;      // P V: threads sharing one output chunk
+  __shared__ __align__(16) float q_s[kMaxGroup][D];           // scale * log2(e) * q
+  __shared__ __align__(16) float p_s[kKeys][kMaxGroup];       // scores, then weights (times the value scale)
+  __shared__ __align__(16) float reduce_s[kKeyGroups][kMaxGroup][D];
+  __shared__ float max_s[kMaxGroup], sum_s[kMaxGroup], correction_s[kMaxGroup];
+
+  const int32_t split = int32_t(blockIdx.x), kv_head = int32_t(blockIdx.y);
+  const int64_t i = blockIdx.z, r = rows[i];
+  const DeviceSequence s = a.t.seqs[a.t.row_seq[r]];
+  const int64_t pos = s.start + (r - s.row0);
+  const int64_t pages = pos / kKeys + 1, per_split = (pages + partials.splits - 1) / partials.splits;
+  const int64_t page_begin = split * per_split, page_end = min(page_begin + per_split, pages);
+
+  const float q_scale = a.shape.scale * kLog2e;
+  for (int e = threadIdx.x; e < group * D; e += kThreadsPerBlock) {
+    const int h = e / D, c = e % D;
+    q_s[h][c] = a.q[r * a.q_row_stride + (int64_t(kv_head) * group + h) * a.q_head_stride + c] * q_scale;
+  }
+  if (threadIdx.x < kMaxGroup) max_s[threadIdx.x] = -INFINITY, sum_s[threadIdx.x] = 0.0f;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunk = threadIdx.x % kChunks, key_group = threadIdx.x / kChunks;
+  const int64_t row_bytes = a.k.width * int64_t(sizeof(E));
+  float acc[kMaxGroup][8];
+#pragma unroll
+  for (int h = 0; h < kMaxGroup; ++h)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+
+  for (int64_t page = page_begin; page < page_end; ++page) {
+    __syncthreads();  // q is in place / the previous page's weights are used up
+    const uint8_t* k_block = a.k.page(a.t.pages, s.page_offset, page);
+    const uint8_t* v_block = a.v.page(a.t.pages, s.page_offset, page);
+    const int valid = int(min(int64_t(kKeys), pos - page * kKeys + 1));
+
+    {  // scores: threads 2j and 2j+1 take the even and odd vectors of key j
+      const int key = threadIdx.x / 2, half = threadIdx.x % 2;
+      float score[kMaxGroup];
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) score[h] = 0.0f;
+      if (key < valid) {
+        const E* k_row = reinterpret_cast<const E*>(k_block + key * row_bytes) + kv_head * D;
+#pragma unroll
+        for (int c = half; c < kChunks; c += 2) {
+          float k8[8];
+          load8<Kv>(k_row + c * 8, k8);
+#pragma unroll
+          for (int h = 0; h < kMaxGroup; ++h) {
+            if (h >= group) break;
+            const float4 qa = *reinterpret_cast<const float4*>(&q_s[h][c * 8]);
+            const float4 qb = *reinterpret_cast<const float4*>(&q_s[h][c * 8 + 4]);
+            score[h] += qa.x * k8[0] + qa.y * k8[1] + qa.z * k8[2] + qa.w * k8[3] + qb.x * k8[4] + qb.y * k8[5] +
+                        qb.z * k8[6] + qb.w * k8[7];
+          }
+        }
+      }
+      float k_scale = 1.0f;
+      if constexpr (Kv::kScaled)
+        if (key < valid) k_scale = a.k.scales(const_cast<uint8_t*>(k_block))[key * a.k.kv_heads + kv_head];
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) {
+        if (h >= group) break;
+        score[h] += __shfl_xor_sync(0xffffffffu, score[h], 1);
+        if (half == 0) p_s[key][h] = key < valid ? score[h] * k_scale : -INFINITY;
+      }
+    }
+    __syncthreads();
+    // Online softmax, one warp per query head; the weights replace the scores.
+    for (int h = warp; h < group; h += kWarps) {
+      const float old_max = max_s[h];
+      float p0 = p_s[lane][h], p1 = p_s[lane + 32][h];
+      const float new_max = fmaxf(old_max, warp_max(fmaxf(p0, p1)));  // finite: key 0 of a page is valid
+      p0 = exp2f(p0 - new_max), p1 = exp2f(p1 - new_max);
+      const float sum = warp_sum(p0 + p1);
+      if constexpr (Kv::kScaled) {
+        const float* v_scales = a.v.scales(const_cast<uint8_t*>(v_block));
+        p0 = lane < valid ? p0 * v_scales[lane * a.v.kv_heads + kv_head] : 0.0f;
+        p1 = lane + 32 < valid ? p1 * v_scales[(lane + 32) * a.v.kv_heads + kv_head] : 0.0f;
+      }
+      p_s[lane][h] = p0, p_s[lane + 32][h] = p1;
+      if (lane == 0) {
+        const float correction = exp2f(old_max - new_max);
+        correction_s[h] = correction;
+        sum_s[h] = sum_s[h] * correction + sum;
+        max_s[h] = new_max;
+      }
+    }
+    __syncthreads();
+    // O = O * correction + P V over the valid keys (rows past them were never written).
+#pragma unroll
+    for (int h = 0; h < kMaxGroup; ++h) {
+      if (h >= group) break;
+      const float correction = correction_s[h];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[h][e] *= correction;
+    }
+#pragma unroll 4
+    for (int key = key_group; key < valid; key += kKeyGroups) {
+      float v8[8];
+      load8<Kv>(reinterpret_cast<const E*>(v_block + key * row_bytes) + kv_head * D + chunk * 8, v8);
+      const float4 pa = *reinterpret_cast<const float4*>(&p_s[key][0]);
+      const float4 pb = *reinterpret_cast<const float4*>(&p_s[key][4]);
+      const float p[kMaxGroup] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+      for (int h = 0; h < kMaxGroup; ++h) {
+        if (h >= group) break;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[h][e] += p[h] * v8[e];
+      }
+    }
+  }
+
+  // Sum the key groups' outputs and write this split's partials (an empty split writes max -inf, sum 0).
+#pragma unroll
+  for (int h = 0; h < kMaxGroup; ++h) {
+    if (h >= group) break;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) reduce_s[key_group][h][chunk * 8 + e] = acc[h][e];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < group * D; e += kThreadsPerBlock) {
+    const int h = e / D, c = e % D;
+    float sum = 0.0f;
+    for (int k = 0; k < kKeyGroups; ++k) sum += reduce_s[k][h][c];
+    partials.output(i, int64_t(kv_head) * group + h, split)[c] = sum;
+  }
+  if (threadIdx.x < group)
+    *partials.max_sum(i, int64_t(kv_head) * group + threadIdx.x, split) =
+        make_float2(max_s[threadIdx.x], sum_s[threadIdx.x]);
+}
+
+// out[row, head] = sum over splits of 2^(max_z - max) O_z / sum over splits of 2^(max_z - max) sum_z.
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    flash_decode_combine_kernel(const int32_t* rows, Partials partials, float* out) {
+  __shared__ float weight_s[kMaxSplits];
+  __shared__ float total_s;
+  const int64_t i = blockIdx.x, h = blockIdx.y, r = rows[i];
+  const int32_t splits = partials.splits, d = partials.head_dim;
+  float best = -INFINITY;
+  for (int32_t z = 0; z < splits; ++z) best = fmaxf(best, partials.max_sum(i, h, z)->x);
+  for (int32_t z = threadIdx.x; z < splits; z += kThreadsPerBlock)
+    weight_s[z] = exp2f(partials.max_sum(i, h, z)->x - best);  // 0 for empty splits
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int32_t z = 0; z < splits; ++z) total += weight_s[z] * partials.max_sum(i, h, z)->y;
+    total_s = total;
+  }
+  __syncthreads();
+  const float inv = 1.0f / total_s;
+  for (int c = threadIdx.x; c < d; c += kThreadsPerBlock) {
+    float sum = 0.0f;
+    for (int32_t z = 0; z < splits; ++z) sum += weight_s[z] * partials.output(i, h, z)[c];
+    out[(r * partials.heads + h) * d + c] = sum * inv;
+  }
+}
+
+template <class Kv, int D>
+void launch_split(const AttentionArgs& a, const int32_t* rows, int32_t row_count, const Partials& p,
+                  cudaStream_t stream) {
+  const dim3 grid(unsigned(p.splits), unsigned(a.shape.num_kv_heads), unsigned(row_count));
+  flash_decode_split_kernel<Kv, D><<<grid, kThreadsPerBlock, 0, stream>>>(
+      a, rows, a.shape.num_heads / a.shape.num_kv_heads, p);
+}
+
+template <class Kv>
+void launch_for_head_dim(const AttentionArgs& a, const int32_t* rows, int32_t row_count, const Partials& p,
+                         cudaStream_t stream) {
+  switch (a.shape.head_dim) {
+    case 16: return launch_split<Kv, 16>(a, rows, row_count, p, stream);
+    case 32: return launch_split<Kv, 32>(a, rows, row_count, p, stream);
+    case 64: return launch_split<Kv, 64>(a, rows, row_count, p, stream);
+    case 128: return launch_split<Kv, 128>(a, rows, row_count, p, stream);
+    case 256: return launch_split<Kv, 256>(a, rows, row_count, p, stream);
+  }
+}
+
+int32_t multiprocessors() {
+  static const int32_t count = [] {
+    int device = 0, n = 0;
+    NINFER_CUDA_CHECK(cudaGetDevice(&device));
+    NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return int32_t(n);
+  }();
+  return count;
+}
+
+}  // namespace
+
+bool flash_decode_supports(KvDtype dtype, int32_t head_dim, int32_t group) {
+  const bool dims = head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return dims && dtype != KvDtype::F32 && group >= 1 && group <= kMaxGroup;
+}
+
+int32_t flash_decode_max_splits(int64_t rows, int32_t kv_heads) {
+  // Enough blocks for four per multiprocessor (a block: 128 threads, ~42 KiB of shared memory).
+  const int64_t target = 4 * int64_t(multiprocessors());
+  const int64_t per_split = std::max<int64_t>(1, rows * kv_heads);
+  return int32_t(std::clamp<int64_t>((target + per_split - 1) / per_split, 1, kMaxSplits));
+}
+
+int32_t flash_decode_splits(int64_t rows, int32_t kv_heads, int64_t longest) {
+  const int64_t pages = (longest + kKeys - 1) / kKeys;
+  return int32_t(std::clamp<int64_t>(pages, 1, flash_decode_max_splits(rows, kv_heads)));
+}
+
+int64_t flash_decode_partial_floats(int64_t rows, const AttentionShape& shape, int32_t splits) {
+  return rows * shape.num_heads * splits * (shape.head_dim + 2);
+}
+
+void flash_decode(const AttentionArgs& a, KvDtype dtype, const int32_t* rows, int32_t row_count, int32_t splits,
+                  float* partial, cudaStream_t stream) {
+  if (row_count <= 0) return;
+  const Partials p{partial, a.shape.num_heads, splits, a.shape.head_dim, row_count};
+  switch (dtype) {
+    case KvDtype::BF16: launch_for_head_dim<KvDevice<KvDtype::BF16>>(a, rows, row_count, p, stream); break;
+    case KvDtype::FP8: launch_for_head_dim<KvDevice<KvDtype::FP8>>(a, rows, row_count, p, stream); break;
+    case KvDtype::INT8: launch_for_head_dim<KvDevice<KvDtype::INT8>>(a, rows, row_count, p, stream); break;
+    case KvDtype::F32: return;
+  }
+  NINFER_CUDA_CHECK_LAUNCH();
+  flash_decode_combine_kernel<<<dim3(unsigned(row_count), unsigned(a.shape.num_heads)), kThreadsPerBlock, 0,
+                                stream>>>(rows, p, a.out);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ninfer::cuda
