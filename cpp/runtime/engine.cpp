@@ -401,6 +401,23 @@ void Engine::fail_step(const std::vector<LaneSlice>& slices, const std::exceptio
     if (scheduler_->lane(s.lane)) end_lane(s.lane, FinishReason::Error, type, error.what());
 }
 
+// On a device backend, decode lanes (one new token each) and prefill chunks run as separate passes, taking turns
+// when both wait: a decode batch then runs as its captured graph, and its rows always take the decode GEMV, so a
+// lane's tokens do not depend on whether a prefill chunk happened to share its step (the prefill GEMM rounds
+// activations differently). Decodes wait at most one chunk. The CPU backend's linear is batch-invariant: it
+// keeps one mixed pass.
+StepPlan Engine::take_turn(StepPlan plan) {
+  const auto first_prefill = std::find_if(plan.slices.begin(), plan.slices.end(),
+                                          [](const LaneSlice& s) { return s.end - s.begin != 1 || s.all_logits; });
+  if (first_prefill == plan.slices.begin() || first_prefill == plan.slices.end()) return plan;
+  if (prefill_turn_)
+    plan.slices.erase(plan.slices.begin(), first_prefill);
+  else
+    plan.slices.erase(first_prefill, plan.slices.end());
+  prefill_turn_ = !prefill_turn_;
+  return plan;
+}
+
 void Engine::step() {
   StepPlan plan;
   std::vector<ForwardItem> items;
@@ -411,6 +428,7 @@ void Engine::step() {
     refresh_stats();
     plan = scheduler_->plan();
     if (plan.slices.empty()) return;
+    if (device_) plan = take_turn(std::move(plan));
     for (const LaneSlice& s : plan.slices) {
       Lane& lane = *scheduler_->lane(s.lane);
       items.push_back({lane.tokens.data() + s.begin, s.end - s.begin, &lane.cache, s.all_logits});

@@ -87,6 +87,7 @@ class Engine {
  private:
   void run();
   void step();
+  StepPlan take_turn(StepPlan plan);
   void apply_cancellations();
   void request_masks(const StepPlan& plan);
   bool awaiting_masks(const StepPlan& plan) const;
@@ -113,6 +114,7 @@ class Engine {
   int64_t in_flight_ = 0;                          // queued + running
   uint64_t next_id_ = 1;
   bool stopping_ = false, closed_ = false;
+  bool prefill_turn_ = false;  // device backends: whose turn it is when decodes and prefills both wait
   EngineStats stats_;
   std::thread thread_;
 };
