@@ -7,7 +7,6 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
-#include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
 #include "runtime/cache.h"
 
@@ -203,7 +202,7 @@ void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, floa
       NINFER_CUDA_CHECK_LAUNCH();
     }
   } else {
-    gemm(x, rows, dw, y, dbias, stream_);
+    prefill_gemm_.run(x, rows, dw, y, dbias, stream_, gemm_impl_);
   }
 }
 

@@ -1,6 +1,7 @@
 // The CUDA backend: every Backend op on device pointers, queued on one stream. Ops are spread over files by job
 // like the CPU twins (cuda_backend.cu: memory, weights, matrices, elementwise; norm.cu, rope.cu, attention.cu,
-// moe.cu, gdn_ops.cu; prefill GEMM in gemm.cu, decode GEMV in gemv.cu, GDN decode step in gdn_decode.cu).
+// moe.cu, gdn_ops.cu; prefill GEMM in prefill_gemm.cu with its f32 twin in gemm.cu, decode GEMV in gemv.cu, GDN
+// decode step in gdn_decode.cu).
 // This first version is correct first: simple kernels (tiled f32 GEMM, one block per row and head for attention,
 // a per-token loop for the chunked delta rule); the fast paths replace them one at a time against these.
 #pragma once
@@ -17,6 +18,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/decode_graphs.h"
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/prefill_gemm.h"
 #include "backend/cuda/step_tables.h"
 #include "runtime/device_runtime.h"
 
@@ -124,6 +126,8 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   StepTables tables_;
   DecodeGraphs graphs_;
   DeviceBuffer moe_hidden_, moe_out_;
+  PrefillGemm prefill_gemm_;
+  GemmImpl gemm_impl_ = gemm_impl_from_environment();
 };
 
 }  // namespace ninfer::cuda
