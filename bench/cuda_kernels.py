@@ -1,7 +1,8 @@
 """Kernel-level benchmark of the CUDA decode GEMV and the gated-delta-rule decode step at Qwen3.5 shapes,
-against the device read bandwidth measured in the same run. Run on the accelerator machine:
+against the device read bandwidth measured in the same run, and of the prefill GEMM in TFLOP/s (bench/cuda_gemm.py).
+Run on the accelerator machine:
 
-    python bench/cuda_kernels.py --out bench/results/cuda_kernels.json
+    python bench/cuda_kernels.py --out bench/results/cuda_kernels.json [--sections gemv,gdn,gemm]
 
 Weights are random codes written straight into a synthetic artifact (speed does not depend on values). Each GEMV
 is timed with CUDA events over several device copies of the weight used in turn, so every call streams from
@@ -108,17 +109,25 @@ def bench_gdn_decode(bandwidth: float) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sections", default="gemv,gdn,gemm", help="comma-separated: gemv, gdn, gemm")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     measured = measure_bandwidth()
     bandwidth = measured["read"]
     with tempfile.TemporaryDirectory() as tmp:
-        gemv = bench_gemv(Path(tmp), bandwidth)
-    gdn = bench_gdn_decode(bandwidth)
+        gemv = bench_gemv(Path(tmp), bandwidth) if "gemv" in sections else []
+        prefill_gemm = []
+        if "gemm" in sections:
+            from cuda_gemm import bench_prefill_gemm
+
+            prefill_gemm = bench_prefill_gemm(Path(tmp), SHAPES_27B, _median_seconds)
+    gdn = bench_gdn_decode(bandwidth) if "gdn" in sections else []
     result = {
         "device": _engine.cuda.device_name(), "host": platform.node(),
         "commit": commit.stdout.strip() or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "measured_read_gb_per_s": measured["read"] / 1e9, "measured_copy_gb_per_s": measured["copy"] / 1e9, "gemv": gemv, "gdn_decode": gdn,
+        "prefill_gemm": prefill_gemm,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
@@ -129,6 +138,10 @@ def main() -> int:
               f"{r['fraction_of_bandwidth']:6.1%}")
     for r in gdn:
         print(f"gdn_decode batch {r['batch']}: {r['median_us']:.1f} us, {r['fraction_of_bandwidth']:.1%} of read BW")
+    if prefill_gemm:
+        from cuda_gemm import print_table
+
+        print_table(prefill_gemm)
     return 0
 
 

@@ -15,4 +15,4 @@ cp build/gpu/_engine*.so python/ninfer/
 export PYTHONPATH=$PWD/python
 python3 -c "from ninfer import _engine; print('cuda built', _engine.cuda.built, 'devices', _engine.cuda.device_count())"
 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
-python3 bench/cuda_kernels.py --out "$OUT/cuda_kernels.json" 2>&1 | tee "$OUT/bench.log"
+python3 bench/cuda_kernels.py --out "$OUT/cuda_kernels.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
