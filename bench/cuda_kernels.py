@@ -1,6 +1,7 @@
-"""Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and chunked prefill, and
-paged attention at Qwen3.5 shapes, against the device read bandwidth measured in the same run (the f32 FMA rate for
-the GDN prefill, the dense bf16 matrix rate for prefill attention). Run on the accelerator machine:
+"""Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and chunked prefill, paged
+attention, and the prefill GEMM (bench/cuda_gemm.py) at Qwen3.5 shapes, against the device read bandwidth measured
+in the same run (the f32 FMA rate for the GDN prefill, the dense bf16 matrix rate for prefill attention, TFLOP/s
+for the GEMM). Run on the accelerator machine:
 
     python bench/cuda_kernels.py --out bench/results/cuda_kernels.json [--only attention]
 
@@ -194,16 +195,20 @@ def print_attention(rows: list[dict]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", choices=["gemv", "gdn", "attention"], help="run one kernel family")
+    parser.add_argument("--only", choices=["gemv", "gdn", "attention", "gemm"], help="run one kernel family")
     args = parser.parse_args()
-    run = {name: args.only in (None, name) for name in ("gemv", "gdn", "attention")}
+    run = {name: args.only in (None, name) for name in ("gemv", "gdn", "attention", "gemm")}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     measured = measure_bandwidth()
     bandwidth = measured["read"]
-    gemv, gdn, prefill, attention = [], [], [], []
-    if run["gemv"]:
-        with tempfile.TemporaryDirectory() as tmp:
+    gemv, gdn, prefill, attention, prefill_gemm = [], [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        if run["gemv"]:
             gemv = bench_gemv(Path(tmp), bandwidth)
+        if run["gemm"]:
+            from cuda_gemm import bench_prefill_gemm
+
+            prefill_gemm = bench_prefill_gemm(Path(tmp), SHAPES_27B, _median_seconds)
     if run["gdn"]:
         gdn = bench_gdn_decode(bandwidth)
         prefill = bench_gdn_prefill(bandwidth)
@@ -215,6 +220,7 @@ def main() -> int:
         "measured_read_gb_per_s": measured["read"] / 1e9, "measured_copy_gb_per_s": measured["copy"] / 1e9, "gemv": gemv, "gdn_decode": gdn,
         "gdn_prefill": prefill, "f32_flops": F32_FLOPS,
         "attention": attention,
+        "prefill_gemm": prefill_gemm,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
@@ -236,6 +242,10 @@ def main() -> int:
         if "sequential_twin_us" in r:
             print(f"{'':>6} per-token twin: {r['sequential_twin_us']:.1f} us")
     print_attention(attention)
+    if prefill_gemm:
+        from cuda_gemm import print_table
+
+        print_table(prefill_gemm)
     return 0
 
 

@@ -6,11 +6,13 @@
 #ifdef NINFER_HAVE_CUDA
 #include <cuda_runtime.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,8 @@
 #include "backend/cuda/gdn_prefill.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/gemv_mma.h"
+#include "backend/cuda/lt_matmul.h"
+#include "backend/cuda/prefill_gemm.h"
 #include "bindings/array_out.h"
 #include "bindings/artifact_handle.h"
 #include "runtime/kv_codec.h"
@@ -104,6 +108,33 @@ FloatArray linear(const InFloats& x, const ArtifactHandle& handle, const std::st
   return to_host(y_device, {rows, host.rows()});
 }
 
+// y = x W^T (+ bias) on the GPU by the prefill GEMM (`impl`: auto, twin, bf16, fp8, fp8_separate_scaling); the
+// output buffer is poisoned (NaN bytes) first. Returns (y, the implementation that ran).
+std::tuple<FloatArray, std::string> gemm(const InFloats& x, const ArtifactHandle& handle, const std::string& name,
+                                         const std::string& impl, std::optional<InFloats> bias) {
+  const TensorView& host = handle.get()->tensor(name);
+  if (x.ndim() != 2 || x.shape(1) != size_t(host.cols()))
+    throw EngineError("cuda.gemm: x must be [rows, " + std::to_string(host.cols()) + "]");
+  if (bias && (bias->ndim() != 1 || bias->shape(0) != size_t(host.rows())))
+    throw EngineError("cuda.gemm: bias must be [" + std::to_string(host.rows()) + "]");
+  const int64_t rows = int64_t(x.shape(0));
+  const cuda::GemmImpl requested = cuda::gemm_impl_from_name(impl);
+  cuda::DeviceWeight weight = cuda::upload_weight(host);
+  cuda::DeviceBuffer x_device = to_device(x);
+  cuda::DeviceBuffer bias_device = bias ? to_device(*bias) : cuda::DeviceBuffer();
+  cuda::DeviceBuffer y_device(size_t(rows) * size_t(host.rows()) * sizeof(float));
+  NINFER_CUDA_CHECK(cudaMemset(y_device.get(), 0xff, y_device.bytes()));
+  cuda::GemmImpl ran;
+  {
+    nb::gil_scoped_release release;
+    cuda::PrefillGemm prefill;
+    ran = prefill.run(x_device.as<float>(), rows, weight.view, y_device.as<float>(), bias_device.as<float>(),
+                      nullptr, requested);
+    NINFER_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  return {to_host(y_device, {rows, host.rows()}), cuda::gemm_impl_name(ran)};
+}
+
 // One decode step of the gated delta rule for a batch: q, k [B, Hk, Dk], v [B, Hv, Dv], g, beta [B, Hv],
 // states [B, Hv, Dk, Dv]. Returns (out [B, Hv, Dv], new states).
 std::tuple<FloatArray, FloatArray> gdn_decode(const InFloats& q, const InFloats& k, const InFloats& v,
@@ -185,6 +216,26 @@ std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std:
     gemv(x.as<float>(), rows, weights[it % copies].view, y.as<float>());
   });
   return {micros, bytes};
+}
+
+// Median time of the prefill GEMM for `rows` rows of x (deterministic values) by `impl`, activation preparation
+// (bf16 or e4m3 rounding) and weight dequantization included. Returns (median microseconds, implementation run).
+std::tuple<double, std::string> bench_gemm(const ArtifactHandle& handle, const std::string& name, int64_t rows,
+                                           const std::string& impl, int iterations) {
+  const TensorView& host = handle.get()->tensor(name);
+  const cuda::GemmImpl requested = cuda::gemm_impl_from_name(impl);
+  cuda::DeviceWeight weight = cuda::upload_weight(host);
+  std::vector<float> x_host(size_t(rows) * size_t(host.cols()));
+  for (size_t i = 0; i < x_host.size(); ++i) x_host[i] = float((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+  cuda::DeviceBuffer x(x_host.size() * sizeof(float));
+  x.upload(x_host.data(), x.bytes());
+  cuda::DeviceBuffer y(size_t(rows) * size_t(host.rows()) * sizeof(float));
+  cuda::PrefillGemm prefill;
+  cuda::GemmImpl ran = requested;
+  const double micros = median_kernel_micros(iterations, [&](int) {
+    ran = prefill.run(x.as<float>(), rows, weight.view, y.as<float>(), nullptr, nullptr, requested);
+  });
+  return {micros, cuda::gemm_impl_name(ran)};
 }
 
 // Median time of one gated-delta-rule decode step (kernel only) for `batch` sequences; states are distinct
@@ -356,6 +407,10 @@ void bind_cuda(nb::module_& m) {
   sub.def("device_name", &device_name);
   sub.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
           "x @ W.T on the GPU with the decode GEMV (1..8 rows), W in its stored encoding; impl: auto, mma, simt.");
+  sub.attr("cublaslt") = cuda::LtMatmul::available();
+  sub.def("gemm", &gemm, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
+          nb::arg("bias") = nb::none(),
+          "(x @ W.T + bias, implementation run) on the GPU by the prefill GEMM, W in its stored encoding.");
   sub.def("gdn_decode", &gdn_decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
           nb::arg("states"), "One gated-delta-rule decode step for a batch of sequences.");
   sub.def("bench_linear", &bench_linear, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"),
@@ -365,6 +420,8 @@ void bind_cuda(nb::module_& m) {
           nb::arg("kv_dtype"), nb::arg("context"), nb::arg("new_rows"), nb::arg("batch"), nb::arg("calls") = 10,
           nb::arg("iterations") = 20,
           "(median us per call, K/V bytes read) of CudaBackend::attention, calls captured in a CUDA graph.");
+  sub.def("bench_gemm", &bench_gemm, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"), nb::arg("impl") = "auto",
+          nb::arg("iterations") = 20, "(median us, implementation run) of the prefill GEMM.");
   sub.def("bench_gdn_decode", &bench_gdn_decode, nb::arg("batch"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),
           nb::arg("dv"), nb::arg("iterations") = 50, "(median us, state bytes moved) of one decode step.");
   sub.def("bench_gdn_prefill", &bench_gdn_prefill, nb::arg("tokens"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),

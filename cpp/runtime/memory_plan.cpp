@@ -50,6 +50,25 @@ int64_t workspace_bytes(const ModelConfig& config, int64_t rows) {
   return rows * per_row * int64_t(sizeof(float));
 }
 
+int64_t gemm_scratch_bytes(const ModelConfig& config, int64_t rows) {
+  const int64_t h = config.hidden_size, attention = int64_t(config.num_heads) * config.head_dim;
+  // The widest inputs (k) and outputs (n) of any linear layer: the MTP head's fc takes 2h; q_proj with its
+  // output gate gives 2 * attention; the lm_head gives the vocabulary.
+  int64_t k = std::max({2 * h, config.intermediate_size, attention});
+  int64_t n = std::max({config.vocab_size, config.intermediate_size, 2 * attention});
+  if (const auto& l = config.linear_attention) {
+    const int64_t value = int64_t(l->num_value_heads) * l->value_head_dim;
+    k = std::max<int64_t>(k, value);
+    n = std::max<int64_t>(n, 2LL * l->num_key_heads * l->key_head_dim + value);
+  }
+  if (const auto& m = config.moe) {
+    k = std::max<int64_t>(k, m->shared_intermediate_size);
+    n = std::max<int64_t>(n, m->shared_intermediate_size);
+  }
+  const int64_t slab = std::min(kGemmWeightSlabBytes, 2 * n * k);
+  return slab + rows * (2 * k + int64_t(sizeof(float))) + kGemmLtWorkspaceBytes;
+}
+
 MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens, int64_t max_context,
                        int32_t slots, int64_t pass_rows, int64_t device_total, int64_t weights,
                        int64_t free_after_weights) {
@@ -59,7 +78,8 @@ MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capa
   p.free_after_weights = free_after_weights;
   p.kv_page_bytes = kv_page_bytes(config, dtype);
   p.gdn_states = gdn_state_bytes(config, slots);
-  p.workspace = workspace_bytes(config, pass_rows);
+  p.gemm_scratch = gemm_scratch_bytes(config, pass_rows);
+  p.workspace = workspace_bytes(config, pass_rows) + p.gemm_scratch;
   const int64_t for_kv = free_after_weights - p.headroom - p.gdn_states - p.workspace;
   const int64_t max_pages = (max_context * slots + kKvPageTokens - 1) / kKvPageTokens;
   const int64_t min_pages = (max_context + kKvPageTokens - 1) / kKvPageTokens;
@@ -86,7 +106,7 @@ std::string describe(const MemoryPlan& p) {
   return "device memory " + mib(p.device_total) + ": weights " + mib(p.weights) + ", KV pool " + mib(p.kv_pool) +
          " (" + std::to_string(p.kv_capacity_tokens) + " tokens, " + std::to_string(p.kv_page_bytes / kKvPageTokens) +
          " B/token), GDN states " + mib(p.gdn_states) + ", workspace (planned) " + mib(p.workspace) +
-         ", headroom " + mib(p.headroom);
+         " (prefill GEMM scratch " + mib(p.gemm_scratch) + "), headroom " + mib(p.headroom);
 }
 
 }  // namespace ninfer

@@ -14,6 +14,12 @@ namespace ninfer {
 
 inline constexpr int64_t kMemoryHeadroomBytes = int64_t(1) << 30;  // left free for the driver, graphs, growth
 
+// The CUDA backend's prefill GEMM (backend/cuda/prefill_gemm.h) sizes its scratch by these: dequantized weights
+// go through a bf16 slab of at most kGemmWeightSlabBytes (bigger weights, the lm_head, run slab by slab), and
+// cuBLASLt gets a workspace of kGemmLtWorkspaceBytes.
+inline constexpr int64_t kGemmWeightSlabBytes = int64_t(256) << 20;
+inline constexpr int64_t kGemmLtWorkspaceBytes = int64_t(32) << 20;
+
 struct MemoryPlan {
   int64_t device_total = 0;       // the device's memory
   int64_t weights = 0;            // measured: device bytes the uploaded weights took
@@ -21,6 +27,7 @@ struct MemoryPlan {
   int64_t kv_page_bytes = 0;      // one page of kKvPageTokens tokens over every KV layer
   int64_t kv_capacity_tokens = 0;
   int64_t kv_pool = 0, gdn_states = 0, workspace = 0;  // planned bytes
+  int64_t gemm_scratch = 0;                            // the part of `workspace` the prefill GEMM takes
   int64_t headroom = kMemoryHeadroomBytes;
 };
 
@@ -31,6 +38,10 @@ int64_t gdn_state_bytes(const ModelConfig& config, int32_t slots);
 // An upper bound on the activation buffers of a pass of `rows` rows (the largest is a prefill chunk plus the
 // decoding lanes): the residual stream and every per-row buffer of the widest layer, in f32.
 int64_t workspace_bytes(const ModelConfig& config, int64_t rows);
+// An upper bound on the prefill GEMM's scratch for a pass of `rows` rows: the weight slab (capped by the largest
+// linear weight), the activations in bf16 (e4m3 takes half of that) with one f32 scale per row, and the
+// cuBLASLt workspace. Part of the planned workspace.
+int64_t gemm_scratch_bytes(const ModelConfig& config, int64_t rows);
 
 // Plans the pools after the weights. `kv_capacity_tokens` < 0 asks for the largest capacity that fits with
 // kMemoryHeadroomBytes to spare (whole pages, at most max_context * slots); otherwise that capacity is checked.

@@ -6,7 +6,8 @@ f32 ops computed in a different order differ by rounding only: bounds are stated
 
 End to end: tiny random Qwen3.5 dense and MoE checkpoints (tests/tiny_models.py) converted to bf16 artifacts run
 on backend="cuda" and backend="cpu" (f32 KV): prefill logits (every row) and 16 greedy decode steps agree within
-LOGIT_TOL * max|logit| and the greedy tokens are identical.
+LOGIT_TOL * max|logit|, and the greedy tokens are identical wherever the CPU's top two logits are further apart
+than the logits may move (both backends are fed the CPU's tokens, so one near-tie does not end the comparison).
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from ninfer import _engine  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-LOGIT_TOL = 1e-3   # f32 rounding through 8 layers: measured CPU-vs-HF parity is ~1e-5 of the scale
+# f32 rounding through 8 layers: measured CPU-vs-HF parity is ~1e-5 of the scale. With cuBLASLt, prefill GEMMs
+# (rows > 8, the lm_head over all_logits rows included) round their activations to bf16 (2^-9 relative): about
+# 1e-3 relative noise per layer, a few 1e-3 of max|logit| after 8 layers and the lm_head; the bound leaves ~5x.
+LOGIT_TOL = 2e-2 if _engine.cuda.cublaslt else 1e-3
 GREEDY_STEPS = 16
 
 
@@ -55,7 +59,22 @@ def assert_close(got: np.ndarray, want: np.ndarray, rtol: float, what: str, atol
 # ---------- matrices ----------
 
 LINEAR_CASES = [("f32", None, 7, 37), ("bf16", None, 70, 1024), ("f16", None, 13, 515), ("fp8_e4m3", None, 65, 2048),
-                ("int8", 32, 11, 544), ("int4", 64, 67, 1088), ("int4", 128, 129, 4096), ("nvfp4", None, 71, 2048)]
+                ("fp8_e4m3", None, 64, 2048), ("int8", 32, 11, 544), ("int4", 64, 67, 1088), ("int4", 128, 129, 4096),
+                ("nvfp4", None, 71, 2048)]
+
+
+def linear_tolerance(enc: str, out: int, cols: int, rows: int) -> float:
+    """Bound on max |cuda - cpu| / max |y| for `linear`. The decode GEMV (rows <= 8) and the f32 twin differ from
+    the CPU by summation order only. The prefill GEMM's fast paths (tests/gpu/test_cuda_gemm.py has their exact
+    bounds) round operands: bf16 x and dequantized weights (unit roundoff 2^-9 each), or, W8A8 for fp8 weights
+    with out and cols multiples of 16, x to e4m3 per row (2^-4). The error of one output is then a sum of cols
+    independent roundings, about u / sqrt(3) times the root sum of squares of the products, while max |y| is
+    several times that sum: one unit roundoff times 2 (bf16, two operands) leaves > 9 sigma, 2^-3 for fp8 > 9."""
+    if rows <= 8 or not _engine.cuda.cublaslt or enc in ("f32", "f16") or cols % 8:
+        return 2e-5 * np.sqrt(cols)
+    if enc == "fp8_e4m3" and cols % 16 == 0 and out % 16 == 0:
+        return 2.0**-3
+    return 2.0**-7
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +115,7 @@ def test_linear_shared_input_equals_separate_linears(ops, weights):
 
 @pytest.mark.parametrize("case", LINEAR_CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}")
 def test_linear_every_row_count(ops, weights, case):
-    """rows <= 8 take the decode GEMV, more the tiled GEMM; with and without bias."""
+    """rows <= 8 take the decode GEMV, more the prefill GEMM; with and without bias."""
     cuda, cpu = ops
     enc, _, out, cols = case
     name = f"{enc}-{out}x{cols}"
@@ -104,9 +123,8 @@ def test_linear_every_row_count(ops, weights, case):
         x = f32(rows, cols)
         bias = f32(out) if rows % 2 else None
         got, want = cuda.linear(x, weights, name, bias), cpu.linear(x, weights, name, bias)
-        # Different summation orders: the error scales with sqrt(cols) * |x| |w| per output.
         scale = np.abs(want).max() + 1e-30
-        assert_close(got, want, 0, f"linear {name} rows={rows}", atol=2e-5 * np.sqrt(cols) * scale)
+        assert_close(got, want, 0, f"linear {name} rows={rows}", atol=linear_tolerance(enc, out, cols, rows) * scale)
 
 
 def test_embed_every_encoding(ops, weights):
@@ -343,6 +361,14 @@ def close_logits(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert err <= LOGIT_TOL * scale, f"{what}: max |Δlogit| {err:.3g} > {LOGIT_TOL} * scale {scale:.3g}"
 
 
+def same_greedy_token(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """The argmax of one row of logits agrees unless the CPU's top two are within what the logits may move."""
+    top2 = np.sort(want)[-2:]
+    margin = float(top2[1] - top2[0])
+    if margin > 2 * LOGIT_TOL * float(np.abs(want).max()):
+        assert int(got.argmax()) == int(want.argmax()), f"{what}: greedy token {got.argmax()} vs {want.argmax()}"
+
+
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
 def test_model_cuda_matches_cpu(tiny_artifacts, kind):
     models = {b: _engine.Model.open(str(tiny_artifacts[kind]), max_context=512, kv_dtype="f32", threads=4,
@@ -354,16 +380,13 @@ def test_model_cuda_matches_cpu(tiny_artifacts, kind):
     want = models["cpu"].prefill(seqs["cpu"], prompt, all_logits=True)
     close_logits(got, want, f"{kind} prefill")
     close_logits(models["cuda"].hidden, models["cpu"].hidden, f"{kind} final hidden")
-    tokens = {b: [] for b in models}
-    nxt = {"cuda": int(got[-1].argmax()), "cpu": int(want[-1].argmax())}
+    same_greedy_token(got[-1], want[-1], f"{kind} prefill")
+    nxt = int(want[-1].argmax())
     for step in range(GREEDY_STEPS):
-        logits = {}
-        for b, m in models.items():
-            tokens[b].append(nxt[b])
-            logits[b] = m.decode(seqs[b], nxt[b])
-            nxt[b] = int(logits[b][-1].argmax())
+        logits = {b: m.decode(seqs[b], nxt) for b, m in models.items()}
         close_logits(logits["cuda"], logits["cpu"], f"{kind} decode step {step}")
-    assert tokens["cuda"] == tokens["cpu"], f"{kind}: greedy tokens differ: {tokens['cuda']} vs {tokens['cpu']}"
+        same_greedy_token(logits["cuda"][-1], logits["cpu"][-1], f"{kind} decode step {step}")
+        nxt = int(logits["cpu"][-1].argmax())
 
     # A batched pass (a prefill next to two decodes) on CUDA equals the CPU one.
     fresh = {b: m.new_sequence() for b, m in models.items()}

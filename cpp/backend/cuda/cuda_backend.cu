@@ -7,7 +7,6 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
-#include "backend/cuda/gemm.h"
 #include "backend/cuda/gemv.h"
 #include "runtime/cache.h"
 
@@ -206,7 +205,7 @@ void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, floa
     linear_shared_input(x, rows, one);
     return;
   }
-  gemm(x, rows, resident(w), y, resident(bias, w.rows()), stream_);
+  prefill_gemm_.run(x, rows, resident(w), y, resident(bias, w.rows()), stream_, gemm_impl_);
 }
 
 // Decode batches: the tensor-core GEMV splits x once per split kind and runs every weight of that kind on it;

@@ -1,10 +1,10 @@
 // The CUDA backend: every Backend op on device pointers, queued on one stream. Ops are spread over files by job
 // like the CPU twins (cuda_backend.cu: memory, weights, matrices, elementwise; norm.cu, rope.cu, attention.cu,
-// moe.cu, gdn_ops.cu; prefill GEMM in gemm.cu, decode GEMV in gemv.cu (CUDA cores) and gemv_mma.cu (tensor
-// cores), GDN decode step in gdn_decode.cu, GDN chunked prefill in gdn_prefill.cu, fast attention in
-// flash_prefill.cu and flash_decode.cu). The first version was correct first: simple kernels (tiled f32 GEMM, one
-// block per row and head for attention, a per-token loop for the delta rule); the fast paths replace them one at
-// a time against these, which stay as twins (set_reference_kernels).
+// moe.cu, gdn_ops.cu; prefill GEMM in prefill_gemm.cu (cuBLASLt) with its f32 twin in gemm.cu, decode GEMV in
+// gemv.cu (CUDA cores) and gemv_mma.cu (tensor cores), GDN decode step in gdn_decode.cu, GDN chunked prefill in
+// gdn_prefill.cu, fast attention in flash_prefill.cu and flash_decode.cu). The first version was correct first:
+// simple kernels (tiled f32 GEMM, one block per row and head for attention, a per-token loop for the delta rule);
+// the fast paths replace them one at a time against these, which stay as twins (set_reference_kernels).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +20,7 @@
 #include "backend/cuda/decode_graphs.h"
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemv_mma.h"
+#include "backend/cuda/prefill_gemm.h"
 #include "backend/cuda/step_tables.h"
 #include "runtime/device_runtime.h"
 
@@ -138,6 +139,8 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   DeviceBuffer gdn_workspace_;  // the chunked delta rule's per-chunk products
   bool reference_kernels_ = false;
   DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)
+  PrefillGemm prefill_gemm_;
+  GemmImpl gemm_impl_ = gemm_impl_from_environment();
 };
 
 }  // namespace ninfer::cuda

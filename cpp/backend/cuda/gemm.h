@@ -1,6 +1,6 @@
 // Prefill-size linear layers on the GPU: y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]) for any number of rows,
 // W in its stored encoding and dequantized as its tiles are loaded (the CPU twin is cpu::linear). A plain tiled
-// f32 GEMM: correct first; tensor-core GEMMs come later and are tested against it.
+// f32 GEMM: the obviously-right twin of the tensor-core paths in prefill_gemm.h, which fall back to it.
 #pragma once
 
 #include <cuda_runtime.h>

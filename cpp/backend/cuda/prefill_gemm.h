@@ -1,0 +1,59 @@
+// Prefill-size linear layers on tensor cores: y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]) for rows above the
+// decode GEMV's range, with x and y f32 and W in its stored encoding. Three implementations:
+//   - Twin: gemm() in gemm.h, the f32 CUDA-core GEMM (exact f32 products; the reference the others are tested
+//     against, and the path for f32/f16 weights and shapes the others do not take);
+//   - Bf16: W dequantized into a bf16 slab (bf16 weights are used as they are), x rounded to bf16, and a cuBLASLt
+//     bf16 x bf16 -> f32 product (f32 accumulation);
+//   - Fp8 (W8A8, for fp8_e4m3 weights): each row of x quantized to e4m3 with its own scale s_x[r] = amax_r / 448
+//     (the per-token dynamic activation quantization SGLang and vLLM use for FP8 models), a cuBLASLt e4m3 x e4m3
+//     -> f32 product, and y[r, o] = acc[r, o] * s_x[r] * s_w[o] applied by cuBLASLt's outer-vector scaling where it
+//     takes it (Fp8), else by a separate epilogue kernel (Fp8SeparateScaling).
+// The bf16 and e4m3 roundings of the operands are the only differences from the twin's products.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "artifact/artifact.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/lt_matmul.h"
+
+namespace ninfer::cuda {
+
+enum class GemmImpl : uint8_t { Auto, Twin, Bf16, Fp8, Fp8SeparateScaling };
+
+const char* gemm_impl_name(GemmImpl impl);
+GemmImpl gemm_impl_from_name(const std::string& name);  // EngineError for an unknown name
+
+// The fastest implementation this weight's encoding and shape allow (never Auto).
+GemmImpl preferred_gemm_impl(const TensorView& w);
+
+// The backend's choice from the environment: NINFER_CUDA_GEMM=twin keeps every prefill GEMM on the f32 twin
+// (f32 activations: results independent of how rows are batched, as the decode GEMV's are), unset or auto lets
+// the fast paths run. EngineError for any other value.
+GemmImpl gemm_impl_from_environment();
+
+class PrefillGemm {
+ public:
+  // x [rows, W.cols()], y [rows, W.rows()], bias [W.rows()] or null: device pointers; `w` holds device pointers.
+  // `impl` Auto runs the preferred implementation, stepping down (Fp8 -> Fp8SeparateScaling -> Bf16 -> Twin)
+  // where cuBLASLt has no algorithm for the problem; any other value runs that one or throws EngineError.
+  // Returns the implementation that ran. Allocates scratch (outside CUDA-graph capture only: decode passes never
+  // come here).
+  GemmImpl run(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, cudaStream_t stream,
+               GemmImpl impl = GemmImpl::Auto);
+
+ private:
+  bool run_bf16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, cudaStream_t stream);
+  bool run_fp8(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, LtScaling scaling,
+               cudaStream_t stream);
+  // A reused device buffer of at least `bytes` (grown after the stream has finished with the old one).
+  void* scratch(DeviceBuffer& buffer, size_t bytes, cudaStream_t stream);
+
+  LtMatmul lt_;
+  DeviceBuffer weight_slab_, x_low_, x_scale_;
+};
+
+}  // namespace ninfer::cuda
