@@ -20,7 +20,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from cuda_kernels import measure_bandwidth  # noqa: E402
+from cuda_kernels import measure_bandwidth, source_commit  # noqa: E402
 from synthetic import MODELS, tensor_shapes, write_synthetic  # noqa: E402
 
 from ninfer.artifact.reader import read_artifact  # noqa: E402
@@ -120,12 +120,12 @@ def main() -> int:
     args = parser.parse_args()
     assert tensor_shapes(MODELS[args.model])
     bandwidth = measure_bandwidth()["read"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    commit = source_commit()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         result = bench(args.model, args.recipe, Path(tmp), bandwidth, args.prompt, args.new_tokens, args.prefill)
     from ninfer import _engine
 
-    result |= {"device": _engine.cuda.device_name(), "commit": commit.stdout.strip(),
+    result |= {"device": _engine.cuda.device_name(), "commit": commit,
                "read_bandwidth_gb_per_s": bandwidth / 1e9, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -39,6 +40,13 @@ SHAPES_27B = {
     "lm_head": (248320, 5120),
 }
 ENCODINGS = [("int4", 128), ("fp8_e4m3", None), ("nvfp4", None), ("bf16", None)]
+
+
+def source_commit() -> str:
+    """The commit the tree was at: NINFER_COMMIT when set (the device tool copies the working tree, whose .git may
+    lag behind), else git."""
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return os.environ.get("NINFER_COMMIT") or git.stdout.strip() or "unknown"
 
 
 def _median_seconds(fn, repeats: int = 20) -> float:
@@ -198,7 +206,7 @@ def main() -> int:
     parser.add_argument("--only", choices=["gemv", "gdn", "attention", "gemm"], help="run one kernel family")
     args = parser.parse_args()
     run = {name: args.only in (None, name) for name in ("gemv", "gdn", "attention", "gemm")}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    commit = source_commit()
     measured = measure_bandwidth()
     bandwidth = measured["read"]
     gemv, gdn, prefill, attention, prefill_gemm = [], [], [], [], []
@@ -216,7 +224,7 @@ def main() -> int:
         attention = bench_attention(bandwidth)
     result = {
         "device": _engine.cuda.device_name(), "host": platform.node(),
-        "commit": commit.stdout.strip() or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "measured_read_gb_per_s": measured["read"] / 1e9, "measured_copy_gb_per_s": measured["copy"] / 1e9, "gemv": gemv, "gdn_decode": gdn,
         "gdn_prefill": prefill, "f32_flops": F32_FLOPS,
         "attention": attention,
