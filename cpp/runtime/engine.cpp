@@ -1,11 +1,12 @@
 #include "runtime/engine.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
 
 #include "artifact/artifact.h"
 #include "errors.h"
@@ -16,11 +17,19 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Plain POSIX reads: iostreams here crashed inside a CUDA process where another libstdc++'s locale facets were
+// loaded first (a segfault in istream::operator>> under Engine::stats, seen with cuda-gdb on the H200).
 int64_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
+  const int fd = open("/proc/self/statm", O_RDONLY);
+  if (fd < 0) return 0;
+  char text[128] = {};
+  const ssize_t n = read(fd, text, sizeof text - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  char* end = nullptr;
+  std::strtoll(text, &end, 10);                        // total program size
+  const long long resident = std::strtoll(end, nullptr, 10);  // resident set, in pages
+  return int64_t(resident) * sysconf(_SC_PAGESIZE);
 }
 
 int64_t pages_for(int64_t tokens) { return (tokens + kKvPageTokens - 1) / kKvPageTokens; }

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.gpu
 # f32 rounding through 8 layers: measured CPU-vs-HF parity is ~1e-5 of the scale. With cuBLASLt, prefill GEMMs
 # (rows > 8, the lm_head over all_logits rows included) round their activations to bf16 (2^-9 relative): about
 # 1e-3 relative noise per layer, a few 1e-3 of max|logit| after 8 layers and the lm_head; the bound leaves ~5x.
-LOGIT_TOL = 2e-2 if _engine.cuda.cublaslt else 1e-3
+LOGIT_TOL = 1e-3  # the tiny models' GEMMs take the exact f32 twin (inner dimensions below the fast paths' minimum)
 GREEDY_STEPS = 16
 
 
@@ -109,6 +109,8 @@ def test_linear_shared_input_equals_separate_linears(ops, weights):
         together = cuda.linear_shared_input(x, weights, names)
         for name, got in zip(names, together):
             np.testing.assert_array_equal(got, cuda.linear(x, weights, name, None), err_msg=f"{name} rows={rows}")
+            if rows > 8:
+                continue  # the prefill GEMM: its own bounds are tested in test_cuda_gemm.py
             want = cpu.linear(x, weights, name, None)
             assert_close(got, want, 0, f"{name} rows={rows}", atol=2e-5 * np.sqrt(1024) * np.abs(want).max())
 

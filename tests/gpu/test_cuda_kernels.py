@@ -37,8 +37,8 @@ WEIGHTS = [
     ("nvfp4", None, 71, 2048),
     # Tensor-core path shapes (whole 128-column tiles): few m-tiles and long rows split the columns over blocks.
     ("int4", 128, 24, 8192),
-    ("int4", 256, 33, 2560),
-    ("int8", 256, 3, 4096),
+    ("int4", 128, 33, 2560),
+    ("int8", 128, 3, 4096),
     ("bf16", None, 5, 640),
     ("fp8_e4m3", None, 17, 256),
     ("nvfp4", None, 3, 1024),
