@@ -254,7 +254,7 @@ __device__ __forceinline__ void load_stage(const MmaArgs& a, const WeightSlice& 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
-      const int64_t group = row[h] * (a.k / w.group_size) + tile * kTileCols / w.group_size;
+      const int64_t group = row[h] * (a.k / kTileCols) + tile;  // one group per tile (group_size == 128)
       s.extra[h].scale = __half2float(reinterpret_cast<const __half*>(w.scale)[group]);
       const __half bias = __ushort2half_rn(uint16_t(1024u + w.zero[group]));
       const __half2 bias2 = __halves2half2(bias, bias);
@@ -499,9 +499,9 @@ int split_kind(const TensorView& w) {
   if (w.shape.size() != 2 || w.cols() % kTileCols != 0) return -1;
   switch (w.encoding) {
     case Encoding::INT4:
-      return w.group_size > 0 && w.group_size % kTileCols == 0 ? kind_of<Encoding::INT4>() : -1;
+      return w.group_size == kTileCols ? kind_of<Encoding::INT4>() : -1;
     case Encoding::INT8:
-      return w.group_size > 0 && w.group_size % kTileCols == 0 ? kind_of<Encoding::INT8>() : -1;
+      return w.group_size == kTileCols ? kind_of<Encoding::INT8>() : -1;
     case Encoding::BF16: return kind_of<Encoding::BF16>();
     case Encoding::FP8_E4M3: return kind_of<Encoding::FP8_E4M3>();
     case Encoding::NVFP4: return kind_of<Encoding::NVFP4>();
