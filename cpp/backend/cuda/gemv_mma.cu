@@ -103,6 +103,14 @@ __global__ void split_activations_kernel(const float* x, int64_t cols, uint16_t*
 
 // --- weights: registers straight into operand pairs ---
 
+__device__ __forceinline__ uint4 load_streaming(const uint8_t* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ uint32_t word_of(const uint4* v, int i) {
   const uint4& u = v[i / 4];
   const int k = i % 4;
@@ -202,57 +210,24 @@ struct MmaArgs {
   int32_t rows;
 };
 
-// Weight codes stream through a per-warp ring of shared memory filled by cp.async, kStages tiles deep: the copies
-// in flight hold no registers, so each SM keeps ~100 KiB of loads outstanding (what ~2 us of HBM latency at
-// 4.3 TB/s / 132 SMs needs). Every lane copies and later reads only its own 16-byte slots, so the ring needs no
-// barrier. The small per-tile data (scales, activations) goes through registers one tile ahead.
+// What one lane loads for one tile: its two weight rows' codes and extras, and activation row g's operands.
 template <Encoding E>
-__host__ __device__ constexpr int ring_stages() { return bits_per_value<E>() == 4 ? 8 : (bits_per_value<E>() == 8 ? 6 : 4); }
-
-template <Encoding E>
-__host__ __device__ constexpr int ring_vectors_per_warp() { return ring_stages<E>() * 2 * row_vectors<E>() * 32; }
-
-template <Encoding E>
-constexpr size_t ring_bytes() { return size_t(kWarps) * ring_vectors_per_warp<E>() * sizeof(uint4); }
-
-__device__ __forceinline__ void copy_async_16(uint4* shared, const uint8_t* global) {
-  const unsigned address = unsigned(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(address), "l"(global));
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;"); }
-template <int kPending>
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending)); }
-
-// The ring slot of (stage, weight row half h, vector v) for this lane.
-template <Encoding E>
-__device__ __forceinline__ uint4* ring_slot(uint4* ring, int stage, int h, int v, int lane) {
-  return ring + ((stage * 2 + h) * row_vectors<E>() + v) * 32 + lane;
-}
-
-template <Encoding E>
-__device__ __forceinline__ void copy_tile(const MmaArgs& a, const WeightSlice& w, const int64_t (&row)[2], int q,
-                                          int64_t tile, uint4* ring, int stage, int lane) {
-  const int64_t col0 = tile * kTileCols + q * kLaneCols;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint8_t* p = w.q + (row[h] * a.k + col0) * bits_per_value<E>() / 8;
-#pragma unroll
-    for (int v = 0; v < row_vectors<E>(); ++v) copy_async_16(ring_slot<E>(ring, stage, h, v, lane), p + 16 * v);
-  }
-}
-
-// What one lane needs besides the codes for one tile: its two rows' extras and activation row g's operands.
 struct Stage {
+  uint4 w[2][row_vectors<E>()];
   RowExtra extra[2];
   uint4 x_hi[4], x_lo[4];
 };
 
 template <Encoding E>
 __device__ __forceinline__ void load_stage(const MmaArgs& a, const WeightSlice& w, const int64_t (&row)[2], int g,
-                                           int q, int64_t tile, Stage& s) {
+                                           int q, int64_t tile, Stage<E>& s) {
+  constexpr int kVectors = row_vectors<E>();
   const int64_t col0 = tile * kTileCols + q * kLaneCols;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    const uint8_t* p = w.q + (row[h] * a.k + col0) * bits_per_value<E>() / 8;
+#pragma unroll
+    for (int v = 0; v < kVectors; ++v) s.w[h][v] = load_streaming(p + 16 * v);
     if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
       const int64_t group = row[h] * (a.k / kTileCols) + tile;  // one group per tile (group_size == 128)
       s.extra[h].scale = __half2float(reinterpret_cast<const __half*>(w.scale)[group]);
@@ -285,19 +260,12 @@ __device__ __forceinline__ void load_stage(const MmaArgs& a, const WeightSlice& 
 
 // acc (the C fragment: rows g, g+8 x activation rows 2q, 2q+1) += this tile's products.
 template <Encoding E>
-__device__ __forceinline__ void compute_stage(const uint4* ring, int stage, int lane, const Stage& s,
-                                              float (&acc)[4]) {
+__device__ __forceinline__ void compute_stage(const Stage<E>& s, float (&acc)[4]) {
   constexpr bool kBf16 = E == Encoding::BF16;
   constexpr bool kGrouped = E == Encoding::INT4 || E == Encoding::INT8;
-  uint4 codes[2][row_vectors<E>()];
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int v = 0; v < row_vectors<E>(); ++v)
-      codes[h][v] = *ring_slot<E>(const_cast<uint4*>(ring), stage, h, v, lane);
   uint32_t a0[16], a1[16];
-  operands<E>(codes[0], s.extra[0], a0);
-  operands<E>(codes[1], s.extra[1], a1);
+  operands<E>(s.w[0], s.extra[0], a0);
+  operands<E>(s.w[1], s.extra[1], a1);
   float tile[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float (&c)[4] = kGrouped ? tile : acc;  // grouped codes: one group per tile, scaled below
 #pragma unroll
@@ -330,35 +298,17 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
   const int64_t tiles = a.k / kTileCols;
   const int64_t first = split * tiles / w.splits, last = (split + 1) * tiles / w.splits;
 
-  // This warp's tiles: mine(i) = first + warp + i * kWarps for i < count.
-  const int64_t mine0 = first + warp;
-  const int64_t count = mine0 < last ? (last - mine0 + kWarps - 1) / kWarps : 0;
-  auto mine = [&](int64_t i) { return mine0 + i * kWarps; };
-  constexpr int kStages = ring_stages<E>();
-  extern __shared__ uint4 ring_memory[];
-  uint4* ring = ring_memory + warp * ring_vectors_per_warp<E>();
-  // One copy group per tile (empty past the end, so that the group count stays uniform).
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < count) copy_tile<E>(a, w, row, q, mine(s), ring, s, lane);
-    commit_copies();
-  }
-
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  Stage even, odd;  // scales and activations: registers, one tile ahead
-  if (count > 0) load_stage<E>(a, w, row, g, q, mine(0), even);
-  for (int64_t i = 0; i < count; i += 2) {
-    if (i + kStages - 1 < count) copy_tile<E>(a, w, row, q, mine(i + kStages - 1), ring, int((i + kStages - 1) % kStages), lane);
-    commit_copies();
-    if (i + 1 < count) load_stage<E>(a, w, row, g, q, mine(i + 1), odd);
-    wait_copies<kStages - 1>();  // tile i's group has landed
-    compute_stage<E>(ring, int(i % kStages), lane, even, acc);
-    if (i + 1 >= count) break;
-    if (i + kStages < count) copy_tile<E>(a, w, row, q, mine(i + kStages), ring, int((i + kStages) % kStages), lane);
-    commit_copies();
-    if (i + 2 < count) load_stage<E>(a, w, row, g, q, mine(i + 2), even);
-    wait_copies<kStages - 1>();
-    compute_stage<E>(ring, int((i + 1) % kStages), lane, odd, acc);
+  // Two register stages: the next tile's loads are in flight while this one is multiplied.
+  Stage<E> even, odd;
+  int64_t t = first + warp;
+  if (t < last) load_stage<E>(a, w, row, g, q, t, even);
+  for (; t < last; t += 2 * kWarps) {
+    if (t + kWarps < last) load_stage<E>(a, w, row, g, q, t + kWarps, odd);
+    compute_stage<E>(even, acc);
+    if (t + kWarps >= last) break;
+    if (t + 2 * kWarps < last) load_stage<E>(a, w, row, g, q, t + 2 * kWarps, even);
+    compute_stage<E>(odd, acc);
   }
 
   // Sum the warps in a fixed order, then (split launches) the blocks of this m-tile in a fixed order.
@@ -462,13 +412,7 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
       partials += slots;
       counters += splits > 1 ? m_tiles : 0;
     }
-    static const bool sized = [] {  // the ring exceeds the default 48 KiB of dynamic shared memory for 8/16 bits
-      NINFER_CUDA_CHECK(cudaFuncSetAttribute(gemv_mma_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(ring_bytes<E>())));
-      return true;
-    }();
-    (void)sized;
-    gemv_mma_kernel<E><<<unsigned(blocks), kBlockThreads, ring_bytes<E>(), stream>>>(a);
+    gemv_mma_kernel<E><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
     NINFER_CUDA_CHECK_LAUNCH();
     begin = end;
   }
