@@ -9,10 +9,10 @@ import contextlib
 import time
 
 import httpx
+import live_servers
 import openai
-import protocol_servers
 
-qwen35_server = protocol_servers.qwen35_server  # fixture
+qwen35_server = live_servers.qwen35_server  # fixture
 
 LONG = 900  # tokens: longer than any test waits for
 

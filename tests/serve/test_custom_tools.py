@@ -10,14 +10,14 @@ from __future__ import annotations
 import random
 import string
 
+import live_servers
 import openai
-import protocol_servers
 import pytest
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
 from ninfer.serve.errors import InvalidRequestError
 
-smollm2_server = protocol_servers.smollm2_server  # fixtures
-qwen35_server = protocol_servers.qwen35_server
+smollm2_server = live_servers.smollm2_server  # fixtures
+qwen35_server = live_servers.qwen35_server
 
 GRAMMAR = {
     "type": "grammar",

@@ -3,14 +3,11 @@ live router server serving the pinned llama-ui bundle (built by `make webui`).""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
-from router_servers import artifact_for, serve_router
+from live_servers import artifact_for, serve_router
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
