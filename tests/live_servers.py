@@ -4,9 +4,9 @@ real CPU engines, run by uvicorn on a loopback port in a background thread.
 - `serve_router(config)`: a router over configured models (tiny checkpoints converted to real `.ninfer` artifacts);
   nothing is resident at first. The router and web UI tests take a fresh one per module or test, since they change
   which model is resident.
-- `qwen35_server` / `smollm2_server` (session fixtures; bind them in a test module with
-  `qwen35_server = live_servers.qwen35_server`): one model each, resident from the start, the one-model case of the
-  same router (as `ninfer-serve MODEL` runs it), so every route, management routes included, is the real one.
+- `qwen35_server` / `smollm2_server` (session fixtures, made available to the serve tests by
+  tests/serve/conftest.py): one model each, resident from the start, the one-model case of the same router (as
+  `ninfer-serve MODEL` runs it), so every route, management routes included, is the real one.
   - `qwen35_server`: the tiny random Qwen3.5 checkpoint (real 248k tokenizer and chat template; thinking on by
     default, so every answer starts as reasoning). Its text is noise, which is fine for checking shapes and
     consistency.
@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,12 @@ def greedy_answer(server: LiveServer, messages: list[dict], max_tokens: int, **r
     frontend = server.engine.frontend
     prompt = frontend.encode(frontend.render(messages, **render).text)
     return prompt, frontend.decode(greedy_tokens(server.engine, prompt, max_tokens))
+
+
+def concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Runs the calls at the same time and returns their results in order. Requests that must give the same answer
+    (a whole and a streamed one) cost one decode instead of two this way: the engine batches their steps, and a
+    lane's tokens do not depend on its neighbours (the runtime tests check that batched equals alone)."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]

@@ -9,10 +9,7 @@ import contextlib
 import time
 
 import httpx
-import live_servers
 import openai
-
-qwen35_server = live_servers.qwen35_server  # fixture
 
 LONG = 900  # tokens: longer than any test waits for
 

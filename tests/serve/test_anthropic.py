@@ -12,9 +12,6 @@ import live_servers
 import pytest
 from ninfer.frontend.reasoning import split_reasoning
 
-qwen35_server = live_servers.qwen35_server  # fixtures
-smollm2_server = live_servers.smollm2_server
-
 GREEDY = {"extra_body": {"temperature": 0}}
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -134,12 +131,17 @@ def test_tool_use_round_trip(smollm2_server, form):
         "messages": _few_shot(form, "Paris"),
         **GREEDY,
     }
-    message = client.messages.create(**body)
+    def helper_stream():
+        with client.messages.stream(**body) as stream:
+            return stream.get_final_message()
+
+    message, events, final = live_servers.concurrently(lambda: client.messages.create(**body),
+                                                       lambda: list(client.messages.create(**body, stream=True)),
+                                                       helper_stream)
     assert message.stop_reason == "tool_use"
     (call,) = [block for block in message.content if block.type == "tool_use"]
     assert call.name == "get_weather" and call.input == {"city": "Paris"} and call.id.startswith("toolu")
 
-    events = list(client.messages.create(**body, stream=True))
     starts = [e for e in events if e.type == "content_block_start" and e.content_block.type == "tool_use"]
     assert len(starts) == 1 and starts[0].content_block.input == {}
     partial = "".join(
@@ -148,8 +150,6 @@ def test_tool_use_round_trip(smollm2_server, form):
         if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
     )
     assert json.loads(partial) == {"city": "Paris"}
-    with client.messages.stream(**body) as stream:
-        final = stream.get_final_message()
     assert [b.input for b in final.content if b.type == "tool_use"] == [{"city": "Paris"}]
 
     # The result goes back as a tool_result block; the prompt is the chat form of the same conversation.

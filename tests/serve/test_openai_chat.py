@@ -14,9 +14,6 @@ import openai
 import pytest
 from ninfer.artifact.reader import read_artifact
 
-qwen35_server = live_servers.qwen35_server  # fixtures
-smollm2_server = live_servers.smollm2_server
-
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 
 
@@ -302,16 +299,13 @@ def _few_shot(form: str) -> list[dict]:
 @pytest.mark.parametrize("form", sorted(CALLS))
 def test_tool_call_round_trip(smollm2_server, form):
     client = _client(smollm2_server)
-    r = client.chat.completions.create(
-        model="m", messages=_few_shot(form), tools=TOOLS, temperature=0, max_tokens=60
-    )
+    body = {"model": "m", "messages": _few_shot(form), "tools": TOOLS, "temperature": 0, "max_tokens": 60}
+    r, stream = live_servers.concurrently(lambda: client.chat.completions.create(**body),
+                                          lambda: list(client.chat.completions.create(**body, stream=True)))
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}  # typed by the schema
     assert r.choices[0].finish_reason == "tool_calls"
-    stream = client.chat.completions.create(
-        model="m", messages=_few_shot(form), tools=TOOLS, temperature=0, max_tokens=60, stream=True
-    )
     names, arguments, ids, finish = {}, {}, {}, None
     for chunk in stream:
         for choice in chunk.choices:

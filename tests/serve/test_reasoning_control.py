@@ -13,13 +13,11 @@ import json
 import threading
 
 import httpx
-import live_servers
+import jsonschema
 import pytest
 from ninfer.engine import Request, SamplingParams
 from ninfer.frontend.reasoning import THINK_END, split_reasoning
 from ninfer.serve.reasoning_control import ReasoningControl
-
-qwen35_server = live_servers.qwen35_server  # fixture
 
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 OTHER = [{"role": "user", "content": "Name three colours."}]
@@ -168,6 +166,26 @@ def test_control_ends_the_reasoning_of_its_target_only(qwen35_server):
     assert out["target"]["reasoning"] and out["target"]["content"]
     assert {k: out["other"][k] for k in ("reasoning", "content")} == other_alone
     assert out["other"]["finish"] == "length"
+
+
+def test_ending_the_reasoning_starts_the_structured_answer(qwen35_server):
+    # The tiny model never closes its reasoning, so without the control this request would reason to the end of
+    # the context and never write the value; once ended, the grammar takes over after the forced `</think>`.
+    schema = {"type": "object", "properties": {"rank": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["rank"], "additionalProperties": False}
+    body = _body(HELLO, 2000, reasoning_control=True,
+                 response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
+    client = httpx.Client(base_url=qwen35_server.url, timeout=300)
+    out: dict = {}
+    reasoning_seen = threading.Event()
+    thread = threading.Thread(target=_stream, args=(client, body, out, reasoning_seen))
+    thread.start()
+    assert reasoning_seen.wait(120) and "id" in out
+    answer = client.post("/v1/chat/completions/control", json={"id": out["id"], "action": "reasoning_end"})
+    assert answer.json()["success"] is True
+    thread.join(300)
+    assert out["reasoning"] and out["finish"] == "stop"
+    jsonschema.validate(json.loads(out["content"]), schema)
 
 
 def test_control_refuses_to_end_what_was_not_armed(qwen35_server):

@@ -13,9 +13,6 @@ import pytest
 from ninfer.frontend.reasoning import split_reasoning
 from ninfer.serve.response_store import ResponseStore, StoredResponse
 
-qwen35_server = live_servers.qwen35_server  # fixtures
-smollm2_server = live_servers.smollm2_server
-
 GREEDY = {"temperature": 0}
 WEATHER_TOOL = {
     "type": "function",
@@ -213,13 +210,13 @@ def test_function_call_round_trip(smollm2_server):
         "max_output_tokens": 48,
         **GREEDY,
     }
-    response = client.responses.create(**request)
+    response, events = live_servers.concurrently(lambda: client.responses.create(**request),
+                                                 lambda: list(client.responses.create(**request, stream=True)))
     assert response.status == "completed"
     (call,) = [item for item in response.output if item.type == "function_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     assert call.call_id.startswith("call") and call.status == "completed"
 
-    events = list(client.responses.create(**request, stream=True))
     added = [
         e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"
     ]

@@ -25,8 +25,6 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-qwen35_server = live_servers.qwen35_server  # fixture
-
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 MAX_FUZZ_TOKENS = 3
 # 3 generated bodies per operation keep the whole run near a minute on two cores (6 took twice that), and

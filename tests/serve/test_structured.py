@@ -12,7 +12,6 @@ import random
 
 import anthropic
 import jsonschema
-import live_servers
 import llguidance
 import numpy as np
 import openai
@@ -374,8 +373,6 @@ def test_build_constraint_for_a_real_engine(pytestconfig, tiny_qwen3_5):
 
 # --- live server: the mask through the engine, clients are the official SDKs -----------------------------------
 
-qwen35_server = live_servers.qwen35_server  # fixtures
-smollm2_server = live_servers.smollm2_server
 
 # Every field bounded, so even a random model under the mask must finish the value within max_tokens.
 BOUNDED = {
