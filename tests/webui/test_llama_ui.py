@@ -19,9 +19,10 @@ SETTLE_MS = 30_000
 PAGE_TIMEOUT_MS = 60_000  # every other page action (Playwright's default is 30 s)
 ASSISTANT = '[aria-label="Assistant message with actions"]'
 ANSWER = f"{ASSISTANT} .markdown-content"  # the answer text alone, without the "Processing..." and model chrome
-# llama-ui sends no max_tokens by default and SmolLM2 samples: an answer could run to the end of the context. The
-# UI's own "max tokens" setting (localStorage, as its settings dialog saves it) bounds every answer.
-UI_SETTINGS = {"max_tokens": 160}
+# llama-ui sends no max_tokens by default and SmolLM2 samples: an answer could run to the end of the context, and a
+# sampled answer need not say what the test looks for. The UI's own settings (localStorage, as its settings dialog
+# saves them) bound every answer and make it greedy.
+UI_SETTINGS = {"max_tokens": 160, "temperature": 0}
 
 
 @pytest.fixture
@@ -67,6 +68,8 @@ def assistant_text(page) -> str:
 
 
 def test_send_a_message_and_see_the_streamed_answer(page, ui_server) -> None:
+    bodies: list[dict] = []
+    page.on("request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
     choose_model(page, "alpha")
     send(page, "What is the capital of France? Answer in one sentence.")
     page.locator(ASSISTANT).last.wait_for(timeout=ANSWER_TIMEOUT_MS)
@@ -75,6 +78,9 @@ def test_send_a_message_and_see_the_streamed_answer(page, ui_server) -> None:
     page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
     page.screenshot(path=str(SCREENSHOTS / "webui-chat.png"))
     assert statuses(ui_server)["alpha"] == "loaded"
+    # The settings reached the request (a greedy answer), and llama-ui arms the reasoning control as it always does.
+    (body,) = bodies
+    assert body["temperature"] == 0 and body["max_tokens"] == 160 and body["reasoning_control"] is True
 
 
 def test_stop_a_generation(page, ui_server) -> None:
