@@ -44,3 +44,11 @@ def ui_server(pytestconfig, smollm2_gguf, llama_ui_bundle) -> Iterator:
                          "beta": {"path": str(smollm2), "max_context": 1024, "max_concurrency": 1}}}
     with serve_router(config, webui_dir=str(llama_ui_bundle)) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def thinking_server(pytestconfig, tiny_qwen3_5, llama_ui_bundle):
+    """The tiny random Qwen3.5 model: it reasons by default and, writing noise, never ends its reasoning itself."""
+    config = {"models": {"thinker": {"path": str(artifact_for(pytestconfig, tiny_qwen3_5)), "max_context": 1024}}}
+    with serve_router(config, webui_dir=str(llama_ui_bundle)) as server:
+        yield server

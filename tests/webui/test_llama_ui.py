@@ -153,8 +153,42 @@ def test_dashboard_shows_live_slot_state(browser, ui_server) -> None:
         page.screenshot(path=str(SCREENSHOTS / "webui-dashboard.png"))
         row = page.locator('#models tr[data-model="alpha"]').inner_text()
         assert "loaded" in row
-        for line in lines:
-            if line == "data: [DONE]":
-                break
+    # Leaving the stream cancels the generation (no need to wait for its 300 tokens): the slot shows free again.
     page.locator("#slots td.state-busy").first.wait_for(state="detached", timeout=SETTLE_MS)
+    context.close()
+
+
+def test_skip_reasoning_ends_it_and_the_answer_follows(browser, thinking_server) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    # Long enough that the reasoning is still running when the button is pressed, however fast the machine.
+    context.add_init_script(f"localStorage.setItem('LlamaUi.config', {json.dumps(json.dumps({'max_tokens': 900}))})")
+    page = context.new_page()
+    page.goto(thinking_server.url + "/")
+    send(page, "Hello")
+    skip = page.get_by_role("button", name="Skip reasoning")
+    skip.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    with page.expect_response("**/v1/chat/completions/control") as control:
+        skip.click()
+    assert control.value.json()["success"] is True
+    skip.wait_for(state="hidden", timeout=SETTLE_MS)  # the UI saw the answer start
+    # The server's recording of the stream (llama-ui sends X-Conversation-Id): reasoning deltas, then the answer's.
+    client = httpx.Client(base_url=thinking_server.url, timeout=60)
+    (stream,) = client.get("/v1/streams").json()
+    kinds: list[str] = []
+    with client.stream("GET", "/v1/stream", params={"conv_id": stream["conversation_id"]}) as replay:
+        for line in replay.iter_lines():
+            if line.startswith("data: {") and '"choices":[{' in line:
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                kinds += [k for k in ("reasoning_content", "content") if delta.get(k)]
+            if kinds.count("content") >= 3:
+                break
+    assert kinds[0] == "reasoning_content" and "content" in kinds
+    first_answer = kinds.index("content")
+    assert all(k == "content" for k in kinds[first_answer:]), "reasoning after the answer started"
+    page.get_by_role("button", name="Stop generation").click()
+    deadline = time.monotonic() + SETTLE_MS / 1000
+    while any(s["is_processing"] for s in client.get("/slots").json()):
+        assert time.monotonic() < deadline, "the stopped generation still holds its lane"
+        time.sleep(0.1)
     context.close()
