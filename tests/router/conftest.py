@@ -1,11 +1,11 @@
-"""Fixtures of the router and web UI tests (helpers in router_servers.py)."""
+"""Fixtures of the router and web UI tests (helpers in tests/live_servers.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from router_servers import artifact_for
+from live_servers import artifact_for
 
 
 @pytest.fixture(scope="session")

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from live_servers import serve_router, two_models
 from ninfer.engine import EngineOptions
 from ninfer.serve.router import RouterConfigError, TrackedEngine, parse_config
-
-from router_servers import serve_router, two_models
 
 
 def chat(client: httpx.Client, model: str, max_tokens: int = 4, **extra) -> httpx.Response:
@@ -35,7 +34,12 @@ def engine_of(server, name: str):
     return served.engine.wrapped
 
 
-def wait_until(predicate, seconds: float) -> bool:
+# Bounds for things that happen within a second or two on an idle machine; generous because the suite also runs on a
+# loaded 2-core machine. Each is a bound, not a delay: the waits end as soon as the condition holds.
+SETTLE_S = 30.0
+
+
+def wait_until(predicate, seconds: float = SETTLE_S) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
@@ -60,7 +64,7 @@ def test_lazy_load_then_swap_frees_the_previous_engine(smollm2: Path) -> None:
         assert second.json()["model"] == "beta"
         assert statuses(client) == {"alpha": "unloaded", "beta": "loaded"}
         # The request that used alpha may still be unwinding in its server task for a moment.
-        assert wait_until(lambda: gc.collect() is not None and alpha() is None, 3.0), \
+        assert wait_until(lambda: gc.collect() is not None and alpha() is None), \
             f"the swapped-out engine is still referenced by {[type(r) for r in gc.get_referrers(alpha())]}"
         assert [m.model_id for m in server.router.models] == ["beta"]
         assert engine_of(server, "beta").info.max_context == 512  # the per-model preset
@@ -72,7 +76,7 @@ def test_ttl_unloads_an_idle_model(smollm2: Path) -> None:
     with serve_router(config) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         assert chat(client, "beta").status_code == 200
         assert statuses(client)["beta"] == "loaded"
-        assert wait_until(lambda: statuses(client)["beta"] == "unloaded", 4.0)
+        assert wait_until(lambda: statuses(client)["beta"] == "unloaded")
         assert server.router.models == []
 
 
@@ -87,7 +91,7 @@ def test_global_ttl_does_not_unload_a_model_in_flight(smollm2: Path) -> None:
         assert frames[-1] == "data: [DONE]", frames[-3:]
         assert json.loads(frames[-2][6:])["choices"][0]["finish_reason"] in ("length", "stop")
         assert took > 1.2, "the generation must outlast the TTL for this test to mean anything"
-        assert wait_until(lambda: statuses(client)["alpha"] == "unloaded", 4.0)
+        assert wait_until(lambda: statuses(client)["alpha"] == "unloaded")
 
 
 def test_in_flight_request_pins_its_model(smollm2: Path) -> None:
@@ -105,7 +109,8 @@ def test_in_flight_request_pins_its_model(smollm2: Path) -> None:
                     if line.startswith("data: "):
                         frames.append(line)
                         streaming.set()
-            events.append(("alpha-done", time.monotonic()))
+                    if line == "data: [DONE]":  # noted before the server can unpin alpha, however slow this thread
+                        events.append(("alpha-done", time.monotonic()))
             return json.loads(frames[-2][6:])["choices"][0]["finish_reason"]
 
         with ThreadPoolExecutor(2) as pool:
@@ -171,13 +176,13 @@ def test_sse_reports_load_swap_and_unload_in_order(smollm2: Path) -> None:
         reader = threading.Thread(target=_sse_events, args=(httpx.Client(base_url=server.url, timeout=60),
                                                             events, ready, stop), daemon=True)
         reader.start()
-        assert ready.wait(10)  # the snapshot of both models
+        assert ready.wait(SETTLE_S)  # the snapshot of both models
         assert client.post("/models/load", json={"model": "alpha"}).json() == {"success": True}  # returns at once
-        assert wait_until(lambda: statuses(client)["alpha"] == "loaded", 60)
+        assert wait_until(lambda: statuses(client)["alpha"] == "loaded", 120)
         assert chat(client, "beta").status_code == 200
         assert client.post("/models/unload", json={"model": "beta"}).json() == {"success": True}
-        assert wait_until(lambda: statuses(client)["beta"] == "unloaded", 30)
-        assert wait_until(lambda: len(events) >= 8, 5)
+        assert wait_until(lambda: statuses(client)["beta"] == "unloaded")
+        assert wait_until(lambda: len(events) >= 8)
         stop.set()
         seen = [(e["model"], e["data"]["status"]) for e in events]
         assert all(e["event"] == "model_status" for e in events)
@@ -202,7 +207,7 @@ def test_management_routes_shapes(smollm2: Path) -> None:
         running = client.get("/running").json()["running"]
         assert [(r["model"], r["state"]) for r in running] == [("alpha", "ready")]
         assert client.get("/unload").text == "OK"
-        assert wait_until(lambda: statuses(client)["alpha"] == "unloaded", 30)
+        assert wait_until(lambda: statuses(client)["alpha"] == "unloaded")
         assert client.get("/tools").json() == []
         refused = client.post("/tools", json={"tool": "read_file", "params": {}})
         assert refused.status_code == 404 and "read_file" in refused.json()["error"]["message"]

@@ -10,9 +10,6 @@ import time
 
 import httpx
 import openai
-import protocol_servers
-
-qwen35_server = protocol_servers.qwen35_server  # fixture
 
 LONG = 900  # tokens: longer than any test waits for
 

@@ -1,21 +1,16 @@
 """Anthropic Messages (`/v1/messages`, `/v1/messages/count_tokens`) through the official `anthropic` SDK, on live
-servers with the real CPU engine (tests/serve/protocol_servers.py). Greedy decoding throughout (the 2.x SDK has no
+servers with the real CPU engine (tests/live_servers.py). Greedy decoding throughout (the 2.x SDK has no
 sampling arguments, so `temperature` goes in `extra_body`, as the server accepts it)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import anthropic
 import httpx2 as httpx
-import protocol_servers
+import live_servers
 import pytest
-from ninfer.engine import Request, SamplingParams
 from ninfer.frontend.reasoning import split_reasoning
-
-qwen35_server = protocol_servers.qwen35_server  # fixtures
-smollm2_server = protocol_servers.smollm2_server
 
 GREEDY = {"extra_body": {"temperature": 0}}
 WEATHER_TOOL = {
@@ -45,20 +40,6 @@ def _few_shot(form: str, city: str) -> list[dict]:
     return messages + [{"role": "user", "content": f"What is the weather in {city}?"}]
 
 
-def _direct_greedy(server, messages: list[dict], max_tokens: int) -> tuple[list[int], str]:
-    frontend = server.engine.frontend
-    prompt = frontend.encode(frontend.render(messages).text)
-
-    async def run() -> list[int]:
-        tokens: list[int] = []
-        request = Request(prompt, SamplingParams(temperature=0.0), max_new_tokens=max_tokens)
-        async for event in server.engine.generate(request):
-            tokens.extend(event.token_ids)
-        return tokens
-
-    return prompt, frontend.decode(asyncio.run(run()))
-
-
 # -- generation ------------------------------------------------------------------------------------------------
 
 
@@ -67,7 +48,7 @@ def test_thinking_block_matches_a_direct_engine_call(qwen35_server):
     message = client.messages.create(
         model="m", max_tokens=16, messages=[{"role": "user", "content": "Hello"}], **GREEDY
     )
-    prompt, text = _direct_greedy(qwen35_server, [{"role": "user", "content": "Hello"}], 16)
+    prompt, text = live_servers.greedy_answer(qwen35_server, [{"role": "user", "content": "Hello"}], 16)
     expected = split_reasoning(text, starts_in_reasoning=True)
     assert (
         message.type == "message" and message.role == "assistant" and message.model == qwen35_server.model_id
@@ -150,12 +131,17 @@ def test_tool_use_round_trip(smollm2_server, form):
         "messages": _few_shot(form, "Paris"),
         **GREEDY,
     }
-    message = client.messages.create(**body)
+    def helper_stream():
+        with client.messages.stream(**body) as stream:
+            return stream.get_final_message()
+
+    message, events, final = live_servers.concurrently(lambda: client.messages.create(**body),
+                                                       lambda: list(client.messages.create(**body, stream=True)),
+                                                       helper_stream)
     assert message.stop_reason == "tool_use"
     (call,) = [block for block in message.content if block.type == "tool_use"]
     assert call.name == "get_weather" and call.input == {"city": "Paris"} and call.id.startswith("toolu")
 
-    events = list(client.messages.create(**body, stream=True))
     starts = [e for e in events if e.type == "content_block_start" and e.content_block.type == "tool_use"]
     assert len(starts) == 1 and starts[0].content_block.input == {}
     partial = "".join(
@@ -164,8 +150,6 @@ def test_tool_use_round_trip(smollm2_server, form):
         if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
     )
     assert json.loads(partial) == {"city": "Paris"}
-    with client.messages.stream(**body) as stream:
-        final = stream.get_final_message()
     assert [b.input for b in final.content if b.type == "tool_use"] == [{"city": "Paris"}]
 
     # The result goes back as a tool_result block; the prompt is the chat form of the same conversation.
@@ -341,4 +325,4 @@ def test_a_disconnected_stream_frees_its_lane(qwen35_server):
         while "thinking_delta" not in next(lines):
             pass
         assert qwen35_server.engine.stats().busy_lanes == 1
-    assert protocol_servers.lanes_free_within(qwen35_server, 1.0)
+    assert live_servers.lanes_free_within(qwen35_server, 1.0)

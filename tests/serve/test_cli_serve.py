@@ -13,8 +13,8 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import live_servers
 import openai
-import protocol_servers
 import pytest
 from ninfer.cli.serve import main
 
@@ -65,7 +65,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def keyed_server(pytestconfig, tiny_qwen3_5, tmp_path_factory) -> Iterator[str]:
-    artifact = protocol_servers._artifact(pytestconfig, tiny_qwen3_5)
+    artifact = live_servers.artifact_for(pytestconfig, tiny_qwen3_5)
     key_file = tmp_path_factory.mktemp("keys") / "keys"
     key_file.write_text(f"# ninfer keys\n{KEYS[0]}\n\n{KEYS[1]}\n", encoding="utf-8")
     port = _free_port()

@@ -10,14 +10,11 @@ from __future__ import annotations
 import random
 import string
 
+import live_servers
 import openai
-import protocol_servers
 import pytest
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
 from ninfer.serve.errors import InvalidRequestError
-
-smollm2_server = protocol_servers.smollm2_server  # fixtures
-qwen35_server = protocol_servers.qwen35_server
 
 GRAMMAR = {
     "type": "grammar",
@@ -50,18 +47,15 @@ def _client(server) -> openai.OpenAI:
 
 def test_chat_custom_tool_call_whole_and_streamed(smollm2_server):
     client = _client(smollm2_server)
-    tools = [{"type": "custom", "custom": CUSTOM}]
-    r = client.chat.completions.create(
-        model="m", messages=_few_shot(), tools=tools, temperature=0, max_tokens=70
-    )
+    body = {"model": "m", "messages": _few_shot(), "tools": [{"type": "custom", "custom": CUSTOM}],
+            "temperature": 0, "max_tokens": 70}
+    r, stream = live_servers.concurrently(lambda: client.chat.completions.create(**body),
+                                          lambda: list(client.chat.completions.create(**body, stream=True)))
     (call,) = r.choices[0].message.tool_calls
     assert call.type == "custom" and call.custom.name == "apply_patch"
     assert call.custom.input == patch("main.py")
     assert r.choices[0].finish_reason == "tool_calls"
 
-    stream = client.chat.completions.create(
-        model="m", messages=_few_shot(), tools=tools, temperature=0, max_tokens=70, stream=True
-    )
     calls, finish = [], None
     for chunk in stream:
         for choice in chunk.choices:
@@ -129,18 +123,13 @@ def _responses_input() -> list[dict]:
 
 def test_responses_custom_tool_call_whole_and_streamed(smollm2_server):
     client = _client(smollm2_server)
-    tools = [{"type": "custom", **CUSTOM}]
-    r = client.responses.create(
-        model="m", input=_responses_input(), tools=tools, temperature=0, max_output_tokens=70
-    )
+    body = {"model": "m", "input": _responses_input(), "tools": [{"type": "custom", **CUSTOM}], "temperature": 0,
+            "max_output_tokens": 70}
+    r, events = live_servers.concurrently(lambda: client.responses.create(**body),
+                                          lambda: list(client.responses.create(**body, stream=True)))
     (call,) = [item for item in r.output if item.type == "custom_tool_call"]
     assert call.name == "apply_patch" and call.input == patch("main.py") and call.id.startswith("ctc")
 
-    events = list(
-        client.responses.create(
-            model="m", input=_responses_input(), tools=tools, temperature=0, max_output_tokens=70, stream=True
-        )
-    )
     kinds = [e.type for e in events]
     assert "response.function_call_arguments.delta" not in kinds
     (done,) = [e for e in events if e.type == "response.custom_tool_call_input.done"]

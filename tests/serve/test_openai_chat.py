@@ -1,42 +1,24 @@
 """OpenAI Chat Completions and Completions through the official `openai` SDK, on the live servers of
-tests/serve/protocol_servers.py (real app, real CPU engine). The tiny Qwen3.5 model writes noise, which is enough
+tests/live_servers.py (real app, real CPU engine). The tiny Qwen3.5 model writes noise, which is enough
 to check shapes, consistency between streamed and whole answers, stops, logprobs and seeds; SmolLM2 copies a
 few-shot tool-call pattern, which gives real tool-call round trips for each written form."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import Counter
 
 import httpx
+import live_servers
 import openai
-import protocol_servers
 import pytest
 from ninfer.artifact.reader import read_artifact
-from ninfer.engine import Request, SamplingParams
-
-qwen35_server = protocol_servers.qwen35_server  # fixtures
-smollm2_server = protocol_servers.smollm2_server
 
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 
 
 def _client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-def _direct_greedy(server, prompt_ids: list[int], max_tokens: int) -> list[int]:
-    """The engine's own greedy answer, without the server."""
-
-    async def run() -> list[int]:
-        tokens: list[int] = []
-        request = Request(prompt_ids, SamplingParams(temperature=0.0), max_new_tokens=max_tokens)
-        async for event in server.engine.generate(request):
-            tokens.extend(event.token_ids)
-        return tokens
-
-    return asyncio.run(run())
 
 
 def _stream_text(stream) -> tuple[str, str, str | None, object]:
@@ -58,7 +40,7 @@ def test_chat_matches_the_engine_and_splits_reasoning(qwen35_server):
     frontend = qwen35_server.engine.frontend
     rendered = frontend.render(HELLO)
     assert rendered.starts_in_reasoning  # Qwen3.5 thinks by default
-    direct = frontend.decode(_direct_greedy(qwen35_server, frontend.encode(rendered.text), 12))
+    direct = frontend.decode(live_servers.greedy_tokens(qwen35_server.engine, frontend.encode(rendered.text), 12))
     # Cut off inside the think block: all of it is reasoning (whitespace around it is layout).
     assert message.model_extra["reasoning_content"] == direct.strip()
     assert message.content == ""
@@ -170,7 +152,7 @@ def test_completions_prompt_forms_and_echo(qwen35_server):
     by_text = client.completions.create(model="m", prompt="Hello there", temperature=0, max_tokens=5)
     by_ids = client.completions.create(model="m", prompt=ids, temperature=0, max_tokens=5)
     assert by_text.choices[0].text == by_ids.choices[0].text
-    assert by_text.choices[0].text == frontend.decode(_direct_greedy(qwen35_server, ids, 5))
+    assert by_text.choices[0].text == frontend.decode(live_servers.greedy_tokens(qwen35_server.engine, ids, 5))
     echoed = client.completions.create(
         model="m", prompt="Hello there", temperature=0, max_tokens=5, echo=True
     )
@@ -317,16 +299,13 @@ def _few_shot(form: str) -> list[dict]:
 @pytest.mark.parametrize("form", sorted(CALLS))
 def test_tool_call_round_trip(smollm2_server, form):
     client = _client(smollm2_server)
-    r = client.chat.completions.create(
-        model="m", messages=_few_shot(form), tools=TOOLS, temperature=0, max_tokens=60
-    )
+    body = {"model": "m", "messages": _few_shot(form), "tools": TOOLS, "temperature": 0, "max_tokens": 60}
+    r, stream = live_servers.concurrently(lambda: client.chat.completions.create(**body),
+                                          lambda: list(client.chat.completions.create(**body, stream=True)))
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}  # typed by the schema
     assert r.choices[0].finish_reason == "tool_calls"
-    stream = client.chat.completions.create(
-        model="m", messages=_few_shot(form), tools=TOOLS, temperature=0, max_tokens=60, stream=True
-    )
     names, arguments, ids, finish = {}, {}, {}, None
     for chunk in stream:
         for choice in chunk.choices:

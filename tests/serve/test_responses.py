@@ -1,22 +1,17 @@
 """OpenAI Responses (`/v1/responses` and friends) through the official `openai` SDK, on live servers with the real
-CPU engine (tests/serve/protocol_servers.py). Greedy decoding throughout, so a streamed and a non-streamed request,
+CPU engine (tests/live_servers.py). Greedy decoding throughout, so a streamed and a non-streamed request,
 or a server request and a direct engine call, must agree exactly."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx2 as httpx
+import live_servers
 import openai
-import protocol_servers
 import pytest
-from ninfer.engine import Request, SamplingParams
 from ninfer.frontend.reasoning import split_reasoning
 from ninfer.serve.response_store import ResponseStore, StoredResponse
-
-qwen35_server = protocol_servers.qwen35_server  # fixtures
-smollm2_server = protocol_servers.smollm2_server
 
 GREEDY = {"temperature": 0}
 WEATHER_TOOL = {
@@ -47,30 +42,13 @@ def _few_shot_tool_input(city: str) -> list[dict]:
     return items + [{"role": "user", "content": f"What is the weather in {city}?"}]
 
 
-def _direct_greedy(server, messages: list[dict], max_tokens: int, **render) -> tuple[list[int], str]:
-    """The same prompt straight through the engine API, for comparison."""
-    frontend = server.engine.frontend
-    rendered = frontend.render(messages, **render)
-    prompt = frontend.encode(rendered.text)
-
-    async def run() -> list[int]:
-        tokens: list[int] = []
-        request = Request(prompt, SamplingParams(temperature=0.0), max_new_tokens=max_tokens)
-        async for event in server.engine.generate(request):
-            tokens.extend(event.token_ids)
-        return tokens
-
-    tokens = asyncio.run(run())
-    return prompt, frontend.decode(tokens)
-
-
 # -- generation ------------------------------------------------------------------------------------------------
 
 
 def test_reasoning_item_matches_a_direct_engine_call(qwen35_server):
     client = _client(qwen35_server)
     response = client.responses.create(model="m", input="Hello there", max_output_tokens=16, **GREEDY)
-    prompt, text = _direct_greedy(qwen35_server, [{"role": "user", "content": "Hello there"}], 16)
+    prompt, text = live_servers.greedy_answer(qwen35_server, [{"role": "user", "content": "Hello there"}], 16)
     expected = split_reasoning(text, starts_in_reasoning=True)
     assert response.object == "response" and response.model == qwen35_server.model_id
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
@@ -148,7 +126,7 @@ def test_reasoning_effort_none_turns_thinking_off(qwen35_server):
     )
     assert [item.type for item in response.output] == ["message"]
     assert response.usage.output_tokens_details.reasoning_tokens == 0
-    _, text = _direct_greedy(qwen35_server, [{"role": "user", "content": "Hi"}], 8, enable_thinking=False)
+    _, text = live_servers.greedy_answer(qwen35_server, [{"role": "user", "content": "Hi"}], 8, enable_thinking=False)
     assert response.output_text == split_reasoning(text, starts_in_reasoning=False).content
 
 
@@ -232,13 +210,13 @@ def test_function_call_round_trip(smollm2_server):
         "max_output_tokens": 48,
         **GREEDY,
     }
-    response = client.responses.create(**request)
+    response, events = live_servers.concurrently(lambda: client.responses.create(**request),
+                                                 lambda: list(client.responses.create(**request, stream=True)))
     assert response.status == "completed"
     (call,) = [item for item in response.output if item.type == "function_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     assert call.call_id.startswith("call") and call.status == "completed"
 
-    events = list(client.responses.create(**request, stream=True))
     added = [
         e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"
     ]
@@ -358,4 +336,4 @@ def test_a_disconnected_stream_frees_its_lane(qwen35_server):
         while "response.reasoning_text.delta" not in next(lines):
             pass
         assert qwen35_server.engine.stats().busy_lanes == 1
-    assert protocol_servers.lanes_free_within(qwen35_server, 1.0)
+    assert live_servers.lanes_free_within(qwen35_server, 1.0)

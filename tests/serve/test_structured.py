@@ -15,7 +15,6 @@ import jsonschema
 import llguidance
 import numpy as np
 import openai
-import protocol_servers
 import pytest
 from ninfer.artifact.tokenizer_build import qwen35_tokenizer_json
 from ninfer.engine import Frontend
@@ -350,11 +349,11 @@ def test_build_constraint_for_a_real_engine(pytestconfig, tiny_qwen3_5):
     """The route-side entry point: the engine's own frontend and logits width, the tokenizer index built once."""
     import asyncio
 
+    from live_servers import artifact_for
     from ninfer.engine import Engine, EngineOptions
     from ninfer.serve.structured import build_constraint
-    from protocol_servers import _artifact
 
-    with Engine.open_sync(_artifact(pytestconfig, tiny_qwen3_5), EngineOptions(max_context=256)) as engine:
+    with Engine.open_sync(artifact_for(pytestconfig, tiny_qwen3_5), EngineOptions(max_context=256)) as engine:
         fmt = OutputFormat("json_schema", PERSON)
         first = asyncio.run(build_constraint(engine, fmt, "text.format.schema", starts_in_reasoning=True))
         second = asyncio.run(build_constraint(engine, fmt, "text.format.schema", starts_in_reasoning=False))
@@ -374,8 +373,6 @@ def test_build_constraint_for_a_real_engine(pytestconfig, tiny_qwen3_5):
 
 # --- live server: the mask through the engine, clients are the official SDKs -----------------------------------
 
-qwen35_server = protocol_servers.qwen35_server  # fixtures
-smollm2_server = protocol_servers.smollm2_server
 
 # Every field bounded, so even a random model under the mask must finish the value within max_tokens.
 BOUNDED = {

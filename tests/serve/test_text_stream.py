@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-import protocol_servers
+import live_servers
 import pytest
 import tokenizers
 from ninfer.artifact.reader import read_artifact
@@ -57,7 +57,7 @@ def _sentencepiece_style() -> Frontend:
 def frontends(pytestconfig, tiny_qwen3_5, smollm2_gguf) -> dict[str, Frontend]:
     found = {"sentencepiece-style": _sentencepiece_style()}
     for name, source in (("qwen3.5", tiny_qwen3_5), ("smollm2", smollm2_gguf)):
-        artifact = read_artifact(protocol_servers._artifact(pytestconfig, source))
+        artifact = read_artifact(live_servers.artifact_for(pytestconfig, source))
         found[name] = Frontend(artifact.frontend, [])
     return found
 

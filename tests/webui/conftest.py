@@ -3,14 +3,11 @@ live router server serving the pinned llama-ui bundle (built by `make webui`).""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
-from router_servers import artifact_for, serve_router
+from live_servers import artifact_for, serve_router
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -45,5 +42,13 @@ def ui_server(pytestconfig, smollm2_gguf, llama_ui_bundle) -> Iterator:
     smollm2 = artifact_for(pytestconfig, smollm2_gguf)
     config = {"models": {"alpha": {"path": str(smollm2), "max_context": 2048},
                          "beta": {"path": str(smollm2), "max_context": 1024, "max_concurrency": 1}}}
+    with serve_router(config, webui_dir=str(llama_ui_bundle)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def thinking_server(pytestconfig, tiny_qwen3_5, llama_ui_bundle):
+    """The tiny random Qwen3.5 model: it reasons by default and, writing noise, never ends its reasoning itself."""
+    config = {"models": {"thinker": {"path": str(artifact_for(pytestconfig, tiny_qwen3_5)), "max_context": 1024}}}
     with serve_router(config, webui_dir=str(llama_ui_bundle)) as server:
         yield server

@@ -11,17 +11,24 @@ import httpx
 import pytest
 from conftest import SCREENSHOTS
 
-ANSWER_TIMEOUT_MS = 90_000
+# Bounds, not delays (every wait ends as soon as its condition holds): an answer, with a model load or swap before it,
+# in a browser on a loaded 2-core machine; and what takes a second or two when idle (the dashboard polls once a second,
+# a stopped generation frees its lane at once).
+ANSWER_TIMEOUT_MS = 180_000
+SETTLE_MS = 30_000
+PAGE_TIMEOUT_MS = 60_000  # every other page action (Playwright's default is 30 s)
 ASSISTANT = '[aria-label="Assistant message with actions"]'
 ANSWER = f"{ASSISTANT} .markdown-content"  # the answer text alone, without the "Processing..." and model chrome
-# llama-ui sends no max_tokens by default and SmolLM2 samples: an answer could run to the end of the context. The
-# UI's own "max tokens" setting (localStorage, as its settings dialog saves it) bounds every answer.
-UI_SETTINGS = {"max_tokens": 160}
+# llama-ui sends no max_tokens by default and SmolLM2 samples: an answer could run to the end of the context, and a
+# sampled answer need not say what the test looks for. The UI's own settings (localStorage, as its settings dialog
+# saves them) bound every answer and make it greedy.
+UI_SETTINGS = {"max_tokens": 160, "temperature": 0}
 
 
 @pytest.fixture
 def page(browser, ui_server):
     context = browser.new_context(viewport={"width": 1280, "height": 860})
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
     context.add_init_script(f"localStorage.getItem('LlamaUi.config') || "
                             f"localStorage.setItem('LlamaUi.config', {json.dumps(json.dumps(UI_SETTINGS))})")
     page = context.new_page()
@@ -61,6 +68,8 @@ def assistant_text(page) -> str:
 
 
 def test_send_a_message_and_see_the_streamed_answer(page, ui_server) -> None:
+    bodies: list[dict] = []
+    page.on("request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
     choose_model(page, "alpha")
     send(page, "What is the capital of France? Answer in one sentence.")
     page.locator(ASSISTANT).last.wait_for(timeout=ANSWER_TIMEOUT_MS)
@@ -69,6 +78,9 @@ def test_send_a_message_and_see_the_streamed_answer(page, ui_server) -> None:
     page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
     page.screenshot(path=str(SCREENSHOTS / "webui-chat.png"))
     assert statuses(ui_server)["alpha"] == "loaded"
+    # The settings reached the request (a greedy answer), and llama-ui arms the reasoning control as it always does.
+    (body,) = bodies
+    assert body["temperature"] == 0 and body["max_tokens"] == 160 and body["reasoning_control"] is True
 
 
 def test_stop_a_generation(page, ui_server) -> None:
@@ -79,9 +91,9 @@ def test_stop_a_generation(page, ui_server) -> None:
     page.wait_for_function(f"([...document.querySelectorAll('{ANSWER}')].pop()?.innerText || '').length > 20",
                            timeout=ANSWER_TIMEOUT_MS)
     stop.click()
-    stop.wait_for(state="hidden", timeout=10_000)
+    stop.wait_for(state="hidden", timeout=SETTLE_MS)
     stopped_at = assistant_text(page)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + SETTLE_MS / 1000
     while time.monotonic() < deadline:  # the server freed the lane: nothing is processing any more
         if not any(s["is_processing"] for s in httpx.get(ui_server.url + "/slots?model=alpha").json()):
             break
@@ -126,6 +138,7 @@ def test_reload_mid_stream_and_see_the_stream_resume(page, ui_server) -> None:
 
 def test_dashboard_shows_live_slot_state(browser, ui_server) -> None:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
     page = context.new_page()
     page.goto(ui_server.url + "/dashboard")
     client = httpx.Client(base_url=ui_server.url, timeout=120)
@@ -135,13 +148,47 @@ def test_dashboard_shows_live_slot_state(browser, ui_server) -> None:
         lines = stream.iter_lines()
         while not next(lines).startswith("data: "):
             pass
-        page.locator("#slots td.state-busy").first.wait_for(timeout=10_000)
-        page.wait_for_function("Number(document.getElementById('tps').textContent) > 0", timeout=10_000)
+        page.locator("#slots td.state-busy").first.wait_for(timeout=SETTLE_MS)
+        page.wait_for_function("Number(document.getElementById('tps').textContent) > 0", timeout=SETTLE_MS)
         page.screenshot(path=str(SCREENSHOTS / "webui-dashboard.png"))
         row = page.locator('#models tr[data-model="alpha"]').inner_text()
         assert "loaded" in row
-        for line in lines:
-            if line == "data: [DONE]":
+    # Leaving the stream cancels the generation (no need to wait for its 300 tokens): the slot shows free again.
+    page.locator("#slots td.state-busy").first.wait_for(state="detached", timeout=SETTLE_MS)
+    context.close()
+
+
+def test_skip_reasoning_ends_it_and_the_answer_follows(browser, thinking_server) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    # Long enough that the reasoning is still running when the button is pressed, however fast the machine.
+    context.add_init_script(f"localStorage.setItem('LlamaUi.config', {json.dumps(json.dumps({'max_tokens': 900}))})")
+    page = context.new_page()
+    page.goto(thinking_server.url + "/")
+    send(page, "Hello")
+    skip = page.get_by_role("button", name="Skip reasoning")
+    skip.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    with page.expect_response("**/v1/chat/completions/control") as control:
+        skip.click()
+    assert control.value.json()["success"] is True
+    skip.wait_for(state="hidden", timeout=SETTLE_MS)  # the UI saw the answer start
+    # The server's recording of the stream (llama-ui sends X-Conversation-Id): reasoning deltas, then the answer's.
+    client = httpx.Client(base_url=thinking_server.url, timeout=60)
+    (stream,) = client.get("/v1/streams").json()
+    kinds: list[str] = []
+    with client.stream("GET", "/v1/stream", params={"conv_id": stream["conversation_id"]}) as replay:
+        for line in replay.iter_lines():
+            if line.startswith("data: {") and '"choices":[{' in line:
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                kinds += [k for k in ("reasoning_content", "content") if delta.get(k)]
+            if kinds.count("content") >= 3:
                 break
-    page.locator("#slots td.state-busy").first.wait_for(state="detached", timeout=10_000)
+    assert kinds[0] == "reasoning_content" and "content" in kinds
+    first_answer = kinds.index("content")
+    assert all(k == "content" for k in kinds[first_answer:]), "reasoning after the answer started"
+    page.get_by_role("button", name="Stop generation").click()
+    deadline = time.monotonic() + SETTLE_MS / 1000
+    while any(s["is_processing"] for s in client.get("/slots").json()):
+        assert time.monotonic() < deadline, "the stopped generation still holds its lane"
+        time.sleep(0.1)
     context.close()

@@ -39,8 +39,9 @@ from ninfer.serve.generation import (
 )
 from ninfer.serve.openai_common import new_id, stop_strings
 from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
+from ninfer.serve.router import ModelRouter
 from ninfer.serve.sse import sse_frame, sse_response
-from ninfer.serve.state import ModelRouter, ServedModel
+from ninfer.serve.state import ServedModel
 from ninfer.serve.structured import anthropic_output_format, build_constraint
 
 _STOP_REASONS = {"length": "max_tokens", "cancelled": "end_turn"}

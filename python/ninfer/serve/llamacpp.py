@@ -58,8 +58,6 @@ def _status(entry: ModelEntry) -> dict[str, Any]:
 def model_rows(router: ModelRouter, loaded_row: Callable[[ServedModel], dict[str, Any]]) -> list[dict[str, Any]]:
     """One `/v1/models` row per configured model: the loaded one's full row (`loaded_row`), the others from their
     config; each with llama.cpp's router fields."""
-    if not isinstance(router, ModelRouter):  # state.py's fixed one-model holder (tests/serve fixtures use it)
-        return [loaded_row(m) for m in router.models]
     rows = []
     for entry in router.entries:
         spec = entry.spec

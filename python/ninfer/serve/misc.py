@@ -18,7 +18,8 @@ from ninfer.serve.generation import ChatPrompt, prepare_prompt
 from ninfer.serve.llamacpp import model_rows
 from ninfer.serve.metrics import CONTENT_TYPE
 from ninfer.serve.openai_chat import ChatMessage
-from ninfer.serve.state import ModelRouter, ServedModel
+from ninfer.serve.router import ModelRouter
+from ninfer.serve.state import ServedModel
 
 PUBLIC = {"public": True}
 

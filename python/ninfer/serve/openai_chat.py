@@ -4,6 +4,9 @@ A thin translator over `ninfer.serve.generation`: the request becomes a ChatProm
 pipeline's Deltas become `chat.completion.chunk`s, its result a `chat.completion`. Reasoning is returned as
 `reasoning_content` (message and delta), as llama.cpp, vLLM and DeepSeek do.
 
+`reasoning_control: true` (llama.cpp's, which llama-ui sends) lets `POST /v1/chat/completions/control` end the
+generation's reasoning while it runs (ninfer.serve.reasoning_control).
+
 Tool calls: `tool_choice: "none"` hides the tools from the template and does not parse calls. `"required"`, a
 named function and `strict: true` are advisory (the engine cannot force a call): the response's `ninfer.tool_choice`
 says so, and parse diagnostics (a truncated call, an unknown tool) are in `ninfer.tool_parse_issues`. Custom
@@ -46,8 +49,9 @@ from ninfer.serve.openai_common import (
     timings_json,
     usage_json,
 )
+from ninfer.serve.reasoning_control import ReasoningControl
+from ninfer.serve.router import ModelRouter
 from ninfer.serve.sse import sse_frame, sse_response
-from ninfer.serve.state import ModelRouter
 from ninfer.serve.structured import build_constraint, chat_response_format
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -78,6 +82,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None
+    reasoning_control: bool = False  # llama.cpp: arms `reasoning_end` through /v1/chat/completions/control
 
 
 def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
@@ -323,6 +328,9 @@ async def chat_completions(data: ChatCompletionRequest, router: ModelRouter, req
             model.engine, output_format, "response_format", starts_in_reasoning=prompt.starts_in_reasoning
         )
         params = replace(params, constraint=constraint)
+    if data.reasoning_control:
+        params = replace(params, constraint=ReasoningControl(
+            model.engine.frontend, starts_in_reasoning=prompt.starts_in_reasoning, inner=params.constraint))
     generation = await start_generation(model, prompt, params, tools=chat.tools)
     shape = _Shape(data, model.model_id)
     if data.stream:

@@ -36,8 +36,8 @@ from ninfer.serve.openai_common import (
     timings_json,
     usage_json,
 )
+from ninfer.serve.router import ModelRouter
 from ninfer.serve.sse import sse_frame, sse_response
-from ninfer.serve.state import ModelRouter
 
 DEFAULT_MAX_TOKENS = 16
 

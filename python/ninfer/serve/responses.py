@@ -56,8 +56,9 @@ from ninfer.serve.output_blocks import (
     OutputBlocks,
 )
 from ninfer.serve.response_store import ResponseStore, StoredResponse
+from ninfer.serve.router import ModelRouter
 from ninfer.serve.sse import sse_frame, sse_response
-from ninfer.serve.state import ModelRouter, ServedModel
+from ninfer.serve.state import ServedModel
 from ninfer.serve.structured import build_constraint, responses_text_format
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")

@@ -33,12 +33,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from litestar.datastructures import State
+from litestar.di import Provide
 from litestar.exceptions import HTTPException
 
 from ninfer.engine import Engine, EngineOptions, EngineStats, GenerationEvent, Request
 from ninfer.errors import NinferError
 from ninfer.serve.metrics import ServerMetrics
-from ninfer.serve import state
+from ninfer.serve.reasoning_control import ReasoningControl
 from ninfer.serve.state import ServedModel
 
 log = logging.getLogger("ninfer.serve.router")
@@ -230,6 +232,10 @@ class Call:
         """Cancels this request's running generations; returns how many were asked to stop."""
         return sum(g.cancel() for g in self.generations if g.finish_reason is None)
 
+    def reasoning_controls(self) -> list[ReasoningControl]:
+        """The reasoning controls of this request's running generations (those sent with reasoning_control)."""
+        return [g.reasoning for g in self.generations if g.finish_reason is None and g.reasoning is not None]
+
 
 @dataclass(eq=False)
 class Activity:
@@ -241,6 +247,7 @@ class Activity:
     n_decoded: int = 0
     finish_reason: str | None = None
     cancel_requested: bool = False
+    reasoning: ReasoningControl | None = None  # armed by the request's reasoning_control
 
     def cancel(self) -> bool:
         self.cancel_requested = True
@@ -268,7 +275,8 @@ class TrackedEngine:
 
     async def generate(self, request: Request) -> AsyncIterator[GenerationEvent]:
         call = CURRENT_CALL.get()
-        activity = Activity(self._engine, n_prompt=len(request.prompt_tokens))
+        control = request.constraint if isinstance(request.constraint, ReasoningControl) else None
+        activity = Activity(self._engine, n_prompt=len(request.prompt_tokens), reasoning=control)
         if call is not None:
             call.generations.append(activity)
         events = self._engine.generate(request)
@@ -356,9 +364,9 @@ _ZERO_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 OpenEngine = Callable[[Path, EngineOptions], Awaitable[Engine]]
 
 
-class ModelRouter(state.ModelRouter):
-    """Replaces state.py's one-model holder (a subclass, so handlers typed with that class accept it); it does not
-    call the parent's __init__: everything the parent offers is redefined here."""
+class ModelRouter:
+    """The configured models by name, one resident at a time (see the module doc). Handlers get it from the
+    `router` dependency (`DEPENDENCIES` below)."""
 
     def __init__(self, config: RouterConfig, *, open_engine: OpenEngine = Engine.open,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -700,6 +708,13 @@ class ModelRouter(state.ModelRouter):
                     self._busy = asyncio.create_task(self._swap(None), name="ninfer-router-ttl-unload")
 
 
+def _router(state: State) -> ModelRouter:
+    return state.router
+
+
+DEPENDENCIES = {"router": Provide(_router, sync_to_thread=False)}
+
+
 # -- the HTTP gate -------------------------------------------------------------------------------------------------
 
 GATE_EXEMPT = "router_gate_exempt"  # route opt: this POST route needs no engine (management, streams, tools)
@@ -729,9 +744,6 @@ class ModelGate:
             await self._app(scope, receive, send)
             return
         router = scope["app"].state.router
-        if not isinstance(router, ModelRouter):  # state.py's fixed one-model holder: nothing to load or pin
-            await self._app(scope, receive, send)
-            return
         chunks, more = [], True
         while more:
             message = await receive()

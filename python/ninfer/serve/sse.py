@@ -77,6 +77,9 @@ class SSEStream(Stream):
     """A Stream whose ASGI response closes its iterator when the client disconnects."""
 
     def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIStreamingResponse:
+        # Litestar prefers the route's media type (JSON by default) to the response's own: an event stream must say
+        # text/event-stream whatever route returns it (EventSource clients refuse anything else).
+        kwargs["media_type"] = self.media_type
         response = super().to_asgi_response(*args, **kwargs)
         # Same slots, one method added: swapping the class keeps every header/cookie rule of Stream's factory.
         response.__class__ = _ClosingStreamingResponse

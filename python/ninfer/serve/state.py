@@ -1,20 +1,12 @@
-"""What the app serves: a `ModelRouter` over `ServedModel`s, reached by handlers through dependency injection.
+"""What the app serves of one loaded model: `ServedModel`, the engine plus how the server presents it.
 
-Today the router holds one model and answers every `model` name with it (as llama.cpp does with one model);
-the router issue grows it into many models without changing the handlers, which only ever call
-`router.resolve(name)`.
-
-Handlers declare `router: ModelRouter` and get it from the `router` dependency (`DEPENDENCIES` below), or
-`model: ServedModel` for the model named in the request body via `router.resolve(body.model)`.
+Handlers get the loaded model a request names from the router (ninfer.serve.router): `router.resolve(body.model)`.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-
-from litestar.datastructures import State
-from litestar.di import Provide
 
 from ninfer.engine import Engine
 from ninfer.serve.generation import GenerationResult
@@ -45,31 +37,3 @@ class ServedModel:
         if result.usage.completion_tokens > 1:
             decode_s = max(result.timings.total_s - result.timings.ttft_s, 0.0)
             m.token_latency.observe(decode_s / (result.usage.completion_tokens - 1))
-
-
-class ModelRouter:
-    """The served models by name. One model now: every name resolves to it."""
-
-    def __init__(self, model: ServedModel) -> None:
-        self._model = model
-        self.metrics = ServerMetrics(model.engine.stats)
-        model.metrics = self.metrics
-
-    @property
-    def models(self) -> list[ServedModel]:
-        return [self._model]
-
-    def resolve(self, name: str | None = None) -> ServedModel:
-        """The model a request names (None or any name: the one model)."""
-        return self._model
-
-    def close(self) -> None:
-        for model in self.models:
-            model.engine.close()
-
-
-def _router(state: State) -> ModelRouter:
-    return state.router
-
-
-DEPENDENCIES = {"router": Provide(_router, sync_to_thread=False)}

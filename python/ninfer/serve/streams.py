@@ -8,7 +8,9 @@ reader that comes back loses nothing:
     POST   /v1/streams/lookup {conversation_ids: [...]} -> [{conversation_id, is_done, total_bytes, started_at, ...}]
     GET    /v1/stream?conv_id=<id>&from=<byte offset>   -> the recorded bytes from the offset, then the live tail
     DELETE /v1/stream?conv_id=<id>                      -> forget it (a running generation is cancelled)
-    POST   /v1/chat/completions/control {id, action}        -> cancel (`stop`) exactly the addressed generation
+    POST   /v1/chat/completions/control {id, action}        -> cancel (`stop`) exactly the addressed generation, or
+                                                                end its reasoning (`reasoning_end`: requests sent
+                                                                with reasoning_control, ninfer.serve.reasoning_control)
 
 Memory is bounded: at most MAX_STREAMS streams and MAX_TOTAL_BYTES bytes; the oldest finished streams are evicted
 first, then the oldest running ones (whose readers then get what is left). A stream larger than MAX_STREAM_BYTES stops
@@ -27,7 +29,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, delete, get, post
-from litestar.exceptions import NotFoundException
+from litestar.exceptions import ClientException, NotFoundException
 from litestar.params import Parameter
 
 from ninfer.serve.errors import InvalidRequestError
@@ -38,7 +40,9 @@ MAX_STREAMS = 64
 MAX_TOTAL_BYTES = 64 * 2**20
 MAX_STREAM_BYTES = 16 * 2**20
 RECORDED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
-CONTROL_ACTIONS = ("stop", "cancel")
+STOP_ACTIONS = ("stop", "cancel")
+END_REASONING_ACTIONS = ("reasoning_end", "end_reasoning")  # llama-ui sends the first
+CONTROL_ACTIONS = STOP_ACTIONS + END_REASONING_ACTIONS
 
 
 @dataclass(eq=False)
@@ -213,9 +217,8 @@ class StreamRecorder:
         async def recording_send(message: Any) -> None:
             nonlocal stream
             if message["type"] == "http.response.start":
-                # Every successful response is recorded (streams are what readers resume; a whole JSON body is
-                # just replayed as is). The status, not the content type, decides: SSE streams here do not all
-                # carry text/event-stream.
+                # Every successful response is recorded, streamed or not (streams are what readers resume; a
+                # whole JSON body is just replayed as is), so the status alone decides.
                 if message["status"] == 200:
                     stream = registry.open(conversation, call.model, call)
             elif message["type"] == "http.response.body":
@@ -291,16 +294,25 @@ async def delete_stream(request: Request, conv_id: str) -> dict[str, Any]:
 
 
 @post("/v1/chat/completions/control", status_code=200, opt=EXEMPT,
-      summary="Stop exactly the addressed in-flight generation")
+      summary="Stop, or end the reasoning of, exactly the addressed in-flight generation")
 async def control(data: ControlRequest, router: ModelRouter, request: Request) -> dict[str, Any]:
     if data.action not in CONTROL_ACTIONS:
         raise InvalidRequestError(f"action {data.action!r} is not supported (supported: "
-                                  f"{', '.join(CONTROL_ACTIONS)}); ending only the reasoning needs a forced-token "
-                                  "engine API this build does not have", param="action")
+                                  f"{', '.join(CONTROL_ACTIONS)})", param="action")
     call = router.find_call(completion_id=data.id) or router.find_call(conversation_id=data.id)
     if call is None:
         raise NotFoundException(detail=f"no in-flight generation {data.id!r}")
-    return {"success": True, "id": data.id, "cancelled": call.cancel()}
+    if data.action in STOP_ACTIONS:
+        return {"success": True, "id": data.id, "cancelled": call.cancel()}
+    controls = call.reasoning_controls()
+    if not controls:
+        raise ClientException(status_code=409, detail=f"generation {data.id!r} cannot have its reasoning ended: "
+                                                      "send the request with reasoning_control: true")
+    ended = sum(c.end_reasoning() for c in controls)
+    answer: dict[str, Any] = {"success": ended > 0, "id": data.id, "reasoning_ended": ended}
+    if not ended:
+        answer["message"] = "the generation's reasoning is not open (it has ended, or the model did not open one)"
+    return answer
 
 
 route_handlers = [lookup_streams, list_streams, read_stream, delete_stream, control]

@@ -1,0 +1,72 @@
+"""Ending a running generation's reasoning on request (llama.cpp's `reasoning_end` control action).
+
+A chat request sent with `reasoning_control: true` (llama-ui always sends it) carries a `ReasoningControl` as its
+engine token constraint. It follows the generated text through the reasoning split and leaves every step
+unconstrained until `end_reasoning()` is called (by `POST /v1/chat/completions/control`); then, if the reasoning
+block is still open, the next sampled tokens are forced, through the token mask, to be the tokens of `</think>`. The
+generation goes on: the model continues with its answer after a block it now sees closed.
+
+A structured-output constraint, when the request has one, is wrapped: it sees every token, forced ones included, so
+its grammar switches on after the forced `</think>` as it would after a natural one.
+
+Why opt-in: an armed request pays a mask round trip to Python before each sampled token, which unarmed requests
+never do (llama.cpp's `reasoning_control` likewise arms its budget sampler only when asked).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ninfer.engine import TextStream, TokenConstraint
+from ninfer.frontend.reasoning import THINK_END, ReasoningParser
+
+if TYPE_CHECKING:
+    from ninfer.engine import Frontend
+
+
+class ReasoningControl:
+    """One request's reasoning watcher and forced close. `fill_next_mask` runs on the engine's pump thread,
+    `end_reasoning` on the event loop: the lock keeps their view of the reasoning state consistent."""
+
+    def __init__(self, frontend: Frontend, *, starts_in_reasoning: bool, inner: TokenConstraint | None = None) -> None:
+        self._text = TextStream(frontend)
+        # The same split the response uses (a tool-call opener inside the reasoning ends it too).
+        self._reasoning = ReasoningParser(starts_in_reasoning=starts_in_reasoning)
+        self._close = tuple(frontend.encode(THINK_END))
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._end_requested = False
+        self._forcing: deque[int] = deque()  # tokens of the close still to force, one per step
+        self.forced_at: int | None = None  # how many tokens had been generated when the close was forced
+        self._generated = 0
+
+    def end_reasoning(self) -> bool:
+        """Asks for the reasoning block to be closed at the next sampled token. False when it is not open (it has
+        ended, or the model has not opened one)."""
+        with self._lock:
+            if self._end_requested:
+                return True
+            if not self._reasoning.in_reasoning:
+                return False
+            self._end_requested = True
+            return True
+
+    def fill_next_mask(self, new_token_ids: Sequence[int], mask: np.ndarray) -> bool:
+        constrained = self._inner.fill_next_mask(new_token_ids, mask) if self._inner is not None else False
+        with self._lock:
+            self._generated += len(new_token_ids)
+            self._reasoning.feed(self._text.push(new_token_ids))
+            if self._end_requested and self.forced_at is None and self._reasoning.in_reasoning:
+                self._forcing.extend(self._close)
+                self.forced_at = self._generated
+            if not self._forcing:
+                return constrained
+            token = self._forcing.popleft()
+        mask[:] = 0
+        mask[token >> 5] = np.uint32(1 << (token & 31))
+        return True

@@ -1,0 +1,171 @@
+"""Live servers for the serve, router and web UI tests: the real app (ninfer.serve.app) over the real ModelRouter, on
+real CPU engines, run by uvicorn on a loopback port in a background thread.
+
+- `serve_router(config)`: a router over configured models (tiny checkpoints converted to real `.ninfer` artifacts);
+  nothing is resident at first. The router and web UI tests take a fresh one per module or test, since they change
+  which model is resident.
+- `qwen35_server` / `smollm2_server` (session fixtures, made available to the serve tests by
+  tests/serve/conftest.py): one model each, resident from the start, the one-model case of the same router (as
+  `ninfer-serve MODEL` runs it), so every route, management routes included, is the real one.
+  - `qwen35_server`: the tiny random Qwen3.5 checkpoint (real 248k tokenizer and chat template; thinking on by
+    default, so every answer starts as reasoning). Its text is noise, which is fine for checking shapes and
+    consistency.
+  - `smollm2_server`: SmolLM2-135M-Instruct (bf16), a real model that answers, stops by itself, and copies a few-shot
+    tool-call pattern under greedy decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from ninfer.artifact.convert import convert
+from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+from ninfer.serve.app import create_app
+from ninfer.serve.router import ModelRouter, parse_config
+from ninfer.serve.state import ServedModel
+
+# Starting the server is quick; the bound only catches a server that cannot start, so it is generous for a loaded
+# 2-core machine.
+STARTUP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class LiveServer:
+    url: str  # http://127.0.0.1:PORT
+    router: ModelRouter
+    app: Any
+    engine: Engine | None = None  # the one-model servers: the engine itself, for direct calls and stats
+    model_id: str | None = None
+
+
+def artifact_for(pytestconfig: pytest.Config, src: Path) -> Path:
+    """The bf16 artifact of a checkpoint folder or GGUF, converted once into the pytest cache (shared with the
+    runtime tests)."""
+    folder = Path(pytestconfig.cache.mkdir("runtime-artifacts"))
+    out = folder / f"{src.name}.bf16.ninfer"
+    if not out.exists():
+        convert(src, out, recipe="bf16", progress=False)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _serve(open_router: Callable[[], Awaitable[ModelRouter]], *, webui_dir: str | None = None,
+           port: int | None = None) -> Iterator[tuple[str, Any]]:
+    app = create_app(open_router, webui_dir=webui_dir)
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the live test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)  # the lifespan closes the router and its engine
+
+
+@contextlib.contextmanager
+def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None
+                 ) -> Iterator[LiveServer]:
+    parsed = parse_config(config, defaults=EngineOptions(max_context=1024, max_concurrency=2))
+    holder: dict[str, ModelRouter] = {}
+
+    async def open_router() -> ModelRouter:
+        holder["router"] = ModelRouter(parsed)
+        return holder["router"]
+
+    with _serve(open_router, webui_dir=webui_dir, port=port) as (url, app):
+        yield LiveServer(url, holder["router"], app)
+
+
+@contextlib.contextmanager
+def serve_model(path: Path, model_id: str, max_context: int) -> Iterator[LiveServer]:
+    engine = Engine.open_sync(path, EngineOptions(max_context=max_context, max_concurrency=2))
+    router = ModelRouter.serving(ServedModel(model_id, engine))
+
+    async def open_router() -> ModelRouter:
+        return router
+
+    with _serve(open_router) as (url, app):
+        yield LiveServer(url, router, app, engine, model_id)
+
+
+def two_models(path: Path, **settings: Any) -> dict[str, Any]:
+    return {"models": {"alpha": {"path": str(path), "max_context": 1024, "aliases": ["a"]},
+                       "beta": {"path": str(path), "max_context": 512, "max_concurrency": 1}},
+            **settings}
+
+
+@pytest.fixture(scope="session")
+def qwen35_server(pytestconfig, tiny_qwen3_5) -> Iterator[LiveServer]:
+    with serve_model(artifact_for(pytestconfig, tiny_qwen3_5), "tiny-qwen3.5", max_context=1024) as live:
+        yield live
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(pytestconfig, smollm2_gguf) -> Iterator[LiveServer]:
+    with serve_model(artifact_for(pytestconfig, smollm2_gguf), "smollm2", max_context=2048) as live:
+        yield live
+
+
+def lanes_free_within(server: LiveServer, seconds: float) -> bool:
+    """True once the engine has no busy lane and nothing queued, polled for up to `seconds`."""
+    assert server.engine is not None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        stats = server.engine.stats()
+        if stats.busy_lanes == 0 and stats.queued == 0:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def greedy_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
+    """The engine's own greedy answer, without the server (what a greedy request must reproduce)."""
+
+    async def run() -> list[int]:
+        tokens: list[int] = []
+        async for event in engine.generate(Request(prompt_ids, SamplingParams(temperature=0.0),
+                                                   max_new_tokens=max_tokens)):
+            tokens.extend(event.token_ids)
+        return tokens
+
+    return asyncio.run(run())
+
+
+def greedy_answer(server: LiveServer, messages: list[dict], max_tokens: int, **render: Any) -> tuple[list[int], str]:
+    """Chat messages rendered with the model's template and answered greedily by its engine: prompt ids and text."""
+    assert server.engine is not None
+    frontend = server.engine.frontend
+    prompt = frontend.encode(frontend.render(messages, **render).text)
+    return prompt, frontend.decode(greedy_tokens(server.engine, prompt, max_tokens))
+
+
+def concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Runs the calls at the same time and returns their results in order. Requests that must give the same answer
+    (a whole and a streamed one) cost one decode instead of two this way: the engine batches their steps, and a
+    lane's tokens do not depend on its neighbours (the runtime tests check that batched equals alone)."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
