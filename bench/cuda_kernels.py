@@ -1,5 +1,6 @@
 """Kernel-level benchmark of the CUDA decode GEMV and the gated-delta-rule decode step at Qwen3.5 shapes,
-against the device read bandwidth measured in the same run. Run on the accelerator machine:
+against the device read bandwidth measured in the same run, and of the device sampler at the Qwen3.5 vocabulary.
+Run on the accelerator machine:
 
     python bench/cuda_kernels.py --out bench/results/cuda_kernels.json
 
@@ -105,6 +106,23 @@ def bench_gdn_decode(bandwidth: float) -> list[dict]:
     return rows_out
 
 
+def bench_sampler() -> list[dict]:
+    """One device-sampler call (pack, upload, kernels, download) at the Qwen3.5 vocabulary, greedy and nucleus."""
+    vocab = 248320
+    cases = {"greedy": dict(temperature=0.0), "top_p": dict(temperature=0.7, top_p=0.95),
+             "top_k_top_p": dict(temperature=0.7, top_k=20, top_p=0.8), "temperature": dict(temperature=1.0)}
+    rows_out = []
+    for name, fields in cases.items():
+        params = _engine.SamplingParams()
+        for k, v in fields.items():
+            setattr(params, k, v)
+        for rows in (1, 8):
+            micros = _engine.cuda.bench_sampler(rows, vocab, params, iterations=100)
+            rows_out.append({"kernel": "sampler", "case": name, "params": fields, "rows": rows, "vocab": vocab,
+                             "median_us": micros})
+    return rows_out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -115,10 +133,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         gemv = bench_gemv(Path(tmp), bandwidth)
     gdn = bench_gdn_decode(bandwidth)
+    sampler = bench_sampler()
     result = {
         "device": _engine.cuda.device_name(), "host": platform.node(),
         "commit": commit.stdout.strip() or "unknown", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "measured_read_gb_per_s": measured["read"] / 1e9, "measured_copy_gb_per_s": measured["copy"] / 1e9, "gemv": gemv, "gdn_decode": gdn,
+        "sampler": sampler,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
@@ -129,6 +149,8 @@ def main() -> int:
               f"{r['fraction_of_bandwidth']:6.1%}")
     for r in gdn:
         print(f"gdn_decode batch {r['batch']}: {r['median_us']:.1f} us, {r['fraction_of_bandwidth']:.1%} of read BW")
+    for r in sampler:
+        print(f"sampler {r['case']:12} rows {r['rows']}: {r['median_us']:.1f} us (vocab {r['vocab']})")
     return 0
 
 

@@ -17,6 +17,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/decode_graphs.h"
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/sampling.h"
 #include "backend/cuda/step_tables.h"
 #include "runtime/device_runtime.h"
 
@@ -59,6 +60,9 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   int64_t graph_bytes() const override { return graphs_.bytes(); }
   int32_t graphs_captured() const override { return graphs_.captured(); }
   int64_t graph_replays() const override { return graphs_.replays(); }
+  void launch_pass() override;
+  void sample(const float* logits, int64_t vocab, std::span<const DeviceSampleRow> rows,
+              std::vector<SampledToken>& out) override;  // in sampling.cu
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) override;
@@ -124,6 +128,7 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   StepTables tables_;
   DecodeGraphs graphs_;
   DeviceBuffer moe_hidden_, moe_out_;
+  DeviceSampler sampler_;
 };
 
 }  // namespace ninfer::cuda
