@@ -41,13 +41,15 @@ struct RowArgs {
 struct ChunkStats {
   double exp_sum;    // sum of exp(logit - logit_max) over the masked logits
   float logit_max;
+  double weight_sum;  // sorted rows: sum of exp((z - z_max) / T) over the chunk (its own z_max)
   float z_max;       // of the penalised logits z, with its first index
   int32_t z_argmax;
   int32_t finite;    // tokens of z above -inf
 };
 
 struct RowState {
-  double log_sum;  // log-sum-exp of the masked logits (the logprobs' normaliser)
+  double log_sum;     // log-sum-exp of the masked logits (the logprobs' normaliser)
+  double weight_sum;  // sorted rows: the CPU's total weight of every finite token
   float z_max;
   int32_t z_argmax, finite;
   int64_t keep;    // sorted rows: the kept prefix of the sorted order
@@ -192,8 +194,12 @@ __global__ void __launch_bounds__(kSampleThreads)
   __syncthreads();
   Candidate best = kNone;
   int32_t finite = 0;
+  double w_sum = 0;  // sorted rows: sum of exp((z - best) / T), rescaled as `best` grows
+  const double inv_t = 1.0 / double(a.temperature);
   for (int64_t t = begin + threadIdx.x; t < end; t += blockDim.x) {
     const float v = zr[t];
+    if (a.sort_segment >= 0 && v > kNegInf)
+      w_sum = v > best.key ? w_sum * weight(float(best.key), v, inv_t) + 1.0 : w_sum + weight(v, best.key, inv_t);
     best = better(best, {double(v), int32_t(t)});
     finite += v > kNegInf;
     if (a.sort_segment >= 0) {
@@ -203,9 +209,12 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   const float m_all = block_all(m, MaxOp());
   const double s_all = block_all(m > kNegInf ? s * exp(double(m) - double(m_all)) : 0.0, SumOp());
+  const Candidate thread_best = best;
   best = block_all(best, BetterOp());
   finite = block_all(finite, SumOp());
-  if (threadIdx.x == 0) stats[row * parts + part] = {s_all, m_all, float(best.key), best.token, finite};
+  if (a.sort_segment >= 0)
+    w_sum = block_all(w_sum > 0.0 ? w_sum * weight(float(thread_best.key), best.key, inv_t) : 0.0, SumOp());
+  if (threadIdx.x == 0) stats[row * parts + part] = {s_all, m_all, w_sum, float(best.key), best.token, finite};
   int head = 0;  // the block's best top_logprobs candidates: one per round, from the threads' sorted lists
   for (int k = 0; k < a.top_logprobs; ++k) {
     const Candidate mine = head < held ? top[head] : kNone;
@@ -230,7 +239,12 @@ __global__ void __launch_bounds__(kSampleThreads)
   const Candidate best = block_all(has ? Candidate{double(cs[p].z_max), cs[p].z_argmax} : kNone, BetterOp());
   const int32_t finite = block_all(has ? cs[p].finite : 0, SumOp());
   const double log_sum = log(s) + double(m);
-  if (p == 0) states[row] = {log_sum, float(best.key), best.token, finite, 0};
+  const double inv_t = 1.0 / double(a.temperature);
+  double weight_sum = 0;
+  if (a.sort_segment >= 0)
+    weight_sum = block_all(
+        has && cs[p].finite > 0 ? cs[p].weight_sum * weight(cs[p].z_max, best.key, inv_t) : 0.0, SumOp());
+  if (p == 0) states[row] = {log_sum, weight_sum, float(best.key), best.token, finite, 0};
   int head = 0;
   for (int k = 0; k < a.top_logprobs; ++k) {
     const Candidate mine = has && head < a.top_logprobs ? tops[(row * parts + p) * kMaxTop + head] : kNone;
@@ -256,9 +270,13 @@ __global__ void __launch_bounds__(kSampleThreads)
   const auto w = [&](int64_t j) { return weight(z_of_key(keys[j]), z_max, inv_t); };
   const int64_t k = a.top_k > 0 ? min(int64_t(a.top_k), vocab) : vocab;
   const int64_t candidates = max(int64_t(1), min(k, int64_t(st.finite)));
-  double total = 0;
-  for (int64_t j = threadIdx.x; j < candidates; j += blockDim.x) total += w(j);
-  total = block_all(total, SumOp());
+  double total = 0;  // every finite token's weight, summed in the prepare pass, unless top-k cuts
+  if (candidates == st.finite) {
+    total = st.weight_sum;
+  } else {
+    for (int64_t j = threadIdx.x; j < candidates; j += blockDim.x) total += w(j);
+    total = block_all(total, SumOp());
+  }
   int64_t keep = candidates;
   if (a.top_p < 1.0f) {
     using Scan = cub::BlockScan<double, kSampleThreads>;
