@@ -1,5 +1,6 @@
 // The device sampler (see sampling.h for the plan). Kernels in the order they run: prepare_chunks, combine_rows,
-// (radix sort), select_sorted, draw_chunks, finish_rows; distribution_rows replaces the draw for tests.
+// (top_logprob_chunks, top_logprob_rows), (radix sort, select_sorted), (distribution_rows, for tests), draw_chunks,
+// finish_rows.
 #include "backend/cuda/sampling.h"
 
 #include <algorithm>
@@ -153,12 +154,11 @@ __device__ void offer(Candidate* top, int& held, int n, Candidate c) {
   top[i] = c;
 }
 
-// Pass 1, grid (parts, rows): a chunk of one row. Masked logits -> z, their max and exp-sum, the chunk's best
-// top_logprobs candidates; then the penalties of the chunk's history tokens; then z's max, finite count, sort keys.
+// Pass 1, grid (parts, rows): a chunk of one row. Masked logits -> z, their max and exp-sum; then the penalties
+// of the chunk's history tokens; then z's max, finite count, (sorted rows) total weight and sort keys.
 __global__ void __launch_bounds__(kSampleThreads)
     prepare_chunks(const float* logits, int64_t vocab, int64_t chunk, const RowArgs* args, const int2* history,
-                   const uint32_t* masks, float* z, ChunkStats* stats, Candidate* tops, uint64_t* sort_keys,
-                   int32_t* sort_tokens) {
+                   const uint32_t* masks, float* z, ChunkStats* stats, uint64_t* sort_keys, int32_t* sort_tokens) {
   const int row = blockIdx.y, part = blockIdx.x, parts = gridDim.x;
   const RowArgs a = args[row];
   const int64_t begin = part * chunk, end = min(begin + chunk, vocab);
@@ -168,8 +168,6 @@ __global__ void __launch_bounds__(kSampleThreads)
 
   float m = kNegInf;
   double s = 0;
-  Candidate top[kMaxTop];
-  int held = 0;
   for (int64_t t = begin + threadIdx.x; t < end; t += blockDim.x) {
     const float v = allowed(mask, t) ? l[t] : kNegInf;
     zr[t] = v;
@@ -179,7 +177,6 @@ __global__ void __launch_bounds__(kSampleThreads)
     } else if (v > kNegInf) {
       s += exp(double(v) - double(m));
     }
-    if (a.top_logprobs > 0) offer(top, held, a.top_logprobs, {double(v), int32_t(t)});
   }
   __syncthreads();
   // Repetition (over prompt + output) before presence / frequency (over the output), as the CPU orders them.
@@ -215,19 +212,11 @@ __global__ void __launch_bounds__(kSampleThreads)
   if (a.sort_segment >= 0)
     w_sum = block_all(w_sum > 0.0 ? w_sum * weight(float(thread_best.key), best.key, inv_t) : 0.0, SumOp());
   if (threadIdx.x == 0) stats[row * parts + part] = {s_all, m_all, w_sum, float(best.key), best.token, finite};
-  int head = 0;  // the block's best top_logprobs candidates: one per round, from the threads' sorted lists
-  for (int k = 0; k < a.top_logprobs; ++k) {
-    const Candidate mine = head < held ? top[head] : kNone;
-    const Candidate win = block_all(mine, BetterOp());
-    if (win.token != kNoToken && mine.token == win.token) ++head;
-    if (threadIdx.x == 0) tops[(row * parts + part) * kMaxTop + k] = win;
-  }
 }
 
-// Pass 2, one block per row: the chunks' figures combined; the top_logprobs merged from the chunks' lists.
+// Pass 2, one block per row: the chunks' figures combined.
 __global__ void __launch_bounds__(kSampleThreads)
-    combine_rows(int parts, const RowArgs* args, const ChunkStats* stats, const Candidate* tops, RowState* states,
-                 RowResult* results) {
+    combine_rows(int parts, const RowArgs* args, const ChunkStats* stats, RowState* states) {
   const int row = blockIdx.x, p = threadIdx.x;
   const RowArgs a = args[row];
   const ChunkStats* cs = stats + row * parts;
@@ -245,15 +234,55 @@ __global__ void __launch_bounds__(kSampleThreads)
     weight_sum = block_all(
         has && cs[p].finite > 0 ? cs[p].weight_sum * weight(cs[p].z_max, best.key, inv_t) : 0.0, SumOp());
   if (p == 0) states[row] = {log_sum, weight_sum, float(best.key), best.token, finite, 0};
+}
+
+// The block's best n candidates (n <= kMaxTop), best first, to out[0..n): each thread offers its own best ones
+// (`held` of `top`, best first), then one winner per round.
+__device__ void block_best(const Candidate* top, int held, int n, Candidate* out) {
   int head = 0;
-  for (int k = 0; k < a.top_logprobs; ++k) {
-    const Candidate mine = has && head < a.top_logprobs ? tops[(row * parts + p) * kMaxTop + head] : kNone;
+  for (int k = 0; k < n; ++k) {
+    const Candidate mine = head < held ? top[head] : kNone;
     const Candidate win = block_all(mine, BetterOp());
     if (win.token != kNoToken && mine.token == win.token) ++head;
-    if (p == 0) {
-      results[row].top_tokens[k] = win.token;
-      results[row].top_logprobs[k] = float(win.key - log_sum);
-    }
+    if (threadIdx.x == 0) out[k] = win;
+  }
+}
+
+// top_logprobs, grid (parts, rows): each chunk's best tokens by the CPU's key, the float logprob
+// float(logit - log_sum) of the masked logits, ties by token id (distinct logits can share a float logprob).
+__global__ void __launch_bounds__(kSampleThreads)
+    top_logprob_chunks(const float* logits, int64_t vocab, int64_t chunk, const RowArgs* args, const uint32_t* masks,
+                       const RowState* states, Candidate* tops) {
+  const int row = blockIdx.y, part = blockIdx.x, parts = gridDim.x;
+  const RowArgs a = args[row];
+  if (a.top_logprobs == 0) return;
+  const double log_sum = states[row].log_sum;
+  const float* l = logits + a.logits_row * vocab;
+  const uint32_t* mask = a.mask_offset >= 0 ? masks + a.mask_offset : nullptr;
+  Candidate top[kMaxTop];
+  int held = 0;
+  for (int64_t t = part * chunk + threadIdx.x; t < min(vocab, (part + 1) * chunk); t += blockDim.x) {
+    const float v = allowed(mask, t) ? l[t] : kNegInf;
+    offer(top, held, a.top_logprobs, {double(float(double(v) - log_sum)), int32_t(t)});
+  }
+  block_best(top, held, a.top_logprobs, tops + (row * parts + part) * kMaxTop);
+}
+
+// top_logprobs, one block per row: the best of the chunks' lists (a thread per chunk).
+__global__ void __launch_bounds__(kSampleThreads)
+    top_logprob_rows(int parts, const RowArgs* args, const Candidate* tops, RowResult* results) {
+  const int row = blockIdx.x, p = threadIdx.x;
+  const int n = args[row].top_logprobs;
+  if (n == 0) return;
+  Candidate best[kMaxTop];
+  const int held = p < parts ? n : 0;
+  for (int k = 0; k < held; ++k) best[k] = tops[(row * parts + p) * kMaxTop + k];
+  __shared__ Candidate merged[kMaxTop];
+  block_best(best, held, n, merged);
+  __syncthreads();
+  if (p < n) {
+    results[row].top_tokens[p] = merged[p].token;
+    results[row].top_logprobs[p] = float(merged[p].key);
   }
 }
 
@@ -457,6 +486,7 @@ void DeviceSampler::run(cudaStream_t stream, const float* logits, int64_t vocab,
   std::vector<int2> pairs;
   int64_t mask_words = 0;
   int32_t sorted_rows = 0;
+  bool top_logprobs = false;
   for (int r = 0; r < n_rows; ++r) {
     const DeviceSampleRow& row = rows[size_t(r)];
     const SamplingParams& p = *row.params;
@@ -472,6 +502,7 @@ void DeviceSampler::run(cudaStream_t stream, const float* logits, int64_t vocab,
       pairs.push_back({token, generated == row.history->generated.end() ? 0 : generated->second});
     }
     a.history_count = int32_t(pairs.size()) - a.history_offset;
+    top_logprobs |= a.top_logprobs > 0;
     if (!row.mask.empty()) mask_words += words;
   }
   const size_t args_at = 0, pairs_at = align16(args.size() * sizeof(RowArgs)),
@@ -511,10 +542,17 @@ void DeviceSampler::run(cudaStream_t stream, const float* logits, int64_t vocab,
   const auto* dpairs = reinterpret_cast<const int2*>(input + pairs_at);
   const auto* dmasks = reinterpret_cast<const uint32_t*>(input + masks_at);
   prepare_chunks<<<dim3(parts, n_rows), kSampleThreads, 0, stream>>>(logits, vocab, chunk, dargs, dpairs, dmasks, z,
-                                                                     stats, tops, keys.Current(), tokens.Current());
+                                                                     stats, keys.Current(), tokens.Current());
   NINFER_CUDA_CHECK_LAUNCH();
-  combine_rows<<<n_rows, kSampleThreads, 0, stream>>>(parts, dargs, stats, tops, states, results);
+  combine_rows<<<n_rows, kSampleThreads, 0, stream>>>(parts, dargs, stats, states);
   NINFER_CUDA_CHECK_LAUNCH();
+  if (top_logprobs) {
+    top_logprob_chunks<<<dim3(parts, n_rows), kSampleThreads, 0, stream>>>(logits, vocab, chunk, dargs, dmasks,
+                                                                           states, tops);
+    NINFER_CUDA_CHECK_LAUNCH();
+    top_logprob_rows<<<n_rows, kSampleThreads, 0, stream>>>(parts, dargs, tops, results);
+    NINFER_CUDA_CHECK_LAUNCH();
+  }
   if (sorted_rows > 0) {
     NINFER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_temp_bytes, keys, tokens, sort_items, 0,
                                                       end_bit, stream));

@@ -3,8 +3,9 @@
 // temperature, top-k, top-p, min-p, the same tie rules), so that decode never copies logits to the host.
 //
 // How (per row, rows in parallel, every pass split over chunks of the vocabulary except where noted):
-//  1. prepare: masked logits -> z (and their log-sum-exp and top_logprobs candidates), then the penalties of the
-//     row's (token, generated count) pairs, then argmax / max of z and, for rows that cut by rank or mass, sort keys;
+//  1. prepare: masked logits -> z (and their log-sum-exp), then the penalties of the row's (token, generated count)
+//     pairs, then argmax / max of z and, for rows that cut by rank or mass, sort keys; top_logprobs are then picked
+//     by the CPU's key (the float logprob, ties by token id);
 //  2. rows with top-k or top-p < 1 sort their z (one stable radix sort for all of them: ties stay in index order,
 //     as the CPU's partial_sort orders them) and find the kept prefix with the CPU's arithmetic (one block per row);
 //  3. draw: Gumbel-max over the kept tokens, argmax of log w + G with G from a Philox4x32-10 stream keyed by the
