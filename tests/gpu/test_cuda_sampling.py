@@ -144,7 +144,8 @@ def chi_square_limit(dof: int, z: float = 4.0) -> float:
 
 
 @pytest.mark.parametrize("case", [
-    dict(temperature=0.9, top_k=30, top_p=0.95),  # the sorted path
+    dict(temperature=0.9, top_k=30, top_p=0.95),  # the radix-sorted path
+    dict(temperature=0.8, top_k=12, min_p=0.05),  # top-k by selection
     dict(temperature=1.3, min_p=0.02),            # the unsorted path with min-p
     dict(temperature=1.0),                        # plain temperature
 ])

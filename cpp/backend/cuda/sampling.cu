@@ -35,14 +35,15 @@ struct RowArgs {
   int32_t top_k, top_logprobs;
   int32_t history_offset, history_count;  // its (token, generated count) pairs
   int64_t mask_offset;                    // its mask's first word; -1: no mask
-  int32_t sort_segment;                   // its segment of the sort; -1: not sorted
+  int32_t sort_segment;                   // its segment of the ordered candidates; -1: not ordered
+  int32_t selected;                       // 1: the segment holds only its top_k (<= kMaxTop) best, selected
 };
 
 // One (row, chunk)'s share of the prepare pass.
 struct ChunkStats {
   double exp_sum;    // sum of exp(logit - logit_max) over the masked logits
   float logit_max;
-  double weight_sum;  // sorted rows: sum of exp((z - z_max) / T) over the chunk (its own z_max)
+  double weight_sum;  // radix-sorted rows: sum of exp((z - z_max) / T) over the chunk (its own z_max)
   float z_max;       // of the penalised logits z, with its first index
   int32_t z_argmax;
   int32_t finite;    // tokens of z above -inf
@@ -50,7 +51,7 @@ struct ChunkStats {
 
 struct RowState {
   double log_sum;     // log-sum-exp of the masked logits (the logprobs' normaliser)
-  double weight_sum;  // sorted rows: the CPU's total weight of every finite token
+  double weight_sum;  // radix-sorted rows: the CPU's total weight of every finite token
   float z_max;
   int32_t z_argmax, finite;
   int64_t keep;    // sorted rows: the kept prefix of the sorted order
@@ -154,11 +155,35 @@ __device__ void offer(Candidate* top, int& held, int n, Candidate c) {
   top[i] = c;
 }
 
+// The block's best n candidates (n <= kMaxTop), best first, to out[0..n): each thread offers its own best ones
+// (`held` of `top`, best first), then one winner per round.
+__device__ void block_best(const Candidate* top, int held, int n, Candidate* out) {
+  int head = 0;
+  for (int k = 0; k < n; ++k) {
+    const Candidate mine = head < held ? top[head] : kNone;
+    const Candidate win = block_all(mine, BetterOp());
+    if (win.token != kNoToken && mine.token == win.token) ++head;
+    if (threadIdx.x == 0) out[k] = win;
+  }
+}
+
+// The best n (<= kMaxTop) of a row's chunk lists (each best first, kMaxTop apart; a thread per chunk) to the
+// shared `merged`.
+__device__ void merge_chunk_lists(int parts, int n, const Candidate* lists, Candidate* merged) {
+  Candidate mine[kMaxTop];
+  const int held = int(threadIdx.x) < parts ? n : 0;
+  for (int k = 0; k < held; ++k) mine[k] = lists[threadIdx.x * kMaxTop + k];
+  block_best(mine, held, n, merged);
+  __syncthreads();
+}
+
 // Pass 1, grid (parts, rows): a chunk of one row. Masked logits -> z, their max and exp-sum; then the penalties
-// of the chunk's history tokens; then z's max, finite count, (sorted rows) total weight and sort keys.
+// of the chunk's history tokens; then z's max and finite count, and for ordered rows the sort keys and total
+// weight (radix-sorted rows) or the chunk's top_k best (selected rows).
 __global__ void __launch_bounds__(kSampleThreads)
     prepare_chunks(const float* logits, int64_t vocab, int64_t chunk, const RowArgs* args, const int2* history,
-                   const uint32_t* masks, float* z, ChunkStats* stats, uint64_t* sort_keys, int32_t* sort_tokens) {
+                   const uint32_t* masks, float* z, ChunkStats* stats, uint64_t* sort_keys, int32_t* sort_tokens,
+                   Candidate* best_lists) {
   const int row = blockIdx.y, part = blockIdx.x, parts = gridDim.x;
   const RowArgs a = args[row];
   const int64_t begin = part * chunk, end = min(begin + chunk, vocab);
@@ -189,27 +214,33 @@ __global__ void __launch_bounds__(kSampleThreads)
     zr[h.x] = v;
   }
   __syncthreads();
+  const bool radix = a.sort_segment >= 0 && !a.selected;
   Candidate best = kNone;
   int32_t finite = 0;
-  double w_sum = 0;  // sorted rows: sum of exp((z - best) / T), rescaled as `best` grows
+  double w_sum = 0;  // radix-sorted rows: sum of exp((z - best) / T), rescaled as `best` grows
   const double inv_t = 1.0 / double(a.temperature);
+  Candidate top[kMaxTop];  // selected rows: this thread's top_k best
+  int held = 0;
   for (int64_t t = begin + threadIdx.x; t < end; t += blockDim.x) {
     const float v = zr[t];
-    if (a.sort_segment >= 0 && v > kNegInf)
+    if (radix && v > kNegInf)
       w_sum = v > best.key ? w_sum * weight(float(best.key), v, inv_t) + 1.0 : w_sum + weight(v, best.key, inv_t);
     best = better(best, {double(v), int32_t(t)});
     finite += v > kNegInf;
-    if (a.sort_segment >= 0) {
+    if (radix) {
       sort_keys[a.sort_segment * vocab + t] = sort_key(a.sort_segment, v);
       sort_tokens[a.sort_segment * vocab + t] = int32_t(t);
+    } else if (a.selected) {
+      offer(top, held, a.top_k, {double(v), int32_t(t)});
     }
   }
+  if (a.selected) block_best(top, held, a.top_k, best_lists + (row * parts + part) * kMaxTop);
   const float m_all = block_all(m, MaxOp());
   const double s_all = block_all(m > kNegInf ? s * exp(double(m) - double(m_all)) : 0.0, SumOp());
   const Candidate thread_best = best;
   best = block_all(best, BetterOp());
   finite = block_all(finite, SumOp());
-  if (a.sort_segment >= 0)
+  if (radix)
     w_sum = block_all(w_sum > 0.0 ? w_sum * weight(float(thread_best.key), best.key, inv_t) : 0.0, SumOp());
   if (threadIdx.x == 0) stats[row * parts + part] = {s_all, m_all, w_sum, float(best.key), best.token, finite};
 }
@@ -230,22 +261,10 @@ __global__ void __launch_bounds__(kSampleThreads)
   const double log_sum = log(s) + double(m);
   const double inv_t = 1.0 / double(a.temperature);
   double weight_sum = 0;
-  if (a.sort_segment >= 0)
+  if (a.sort_segment >= 0 && !a.selected)
     weight_sum = block_all(
         has && cs[p].finite > 0 ? cs[p].weight_sum * weight(cs[p].z_max, best.key, inv_t) : 0.0, SumOp());
   if (p == 0) states[row] = {log_sum, weight_sum, float(best.key), best.token, finite, 0};
-}
-
-// The block's best n candidates (n <= kMaxTop), best first, to out[0..n): each thread offers its own best ones
-// (`held` of `top`, best first), then one winner per round.
-__device__ void block_best(const Candidate* top, int held, int n, Candidate* out) {
-  int head = 0;
-  for (int k = 0; k < n; ++k) {
-    const Candidate mine = head < held ? top[head] : kNone;
-    const Candidate win = block_all(mine, BetterOp());
-    if (win.token != kNoToken && mine.token == win.token) ++head;
-    if (threadIdx.x == 0) out[k] = win;
-  }
 }
 
 // top_logprobs, grid (parts, rows): each chunk's best tokens by the CPU's key, the float logprob
@@ -274,19 +293,31 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int row = blockIdx.x, p = threadIdx.x;
   const int n = args[row].top_logprobs;
   if (n == 0) return;
-  Candidate best[kMaxTop];
-  const int held = p < parts ? n : 0;
-  for (int k = 0; k < held; ++k) best[k] = tops[(row * parts + p) * kMaxTop + k];
   __shared__ Candidate merged[kMaxTop];
-  block_best(best, held, n, merged);
-  __syncthreads();
+  merge_chunk_lists(parts, n, tops + row * parts * kMaxTop, merged);
   if (p < n) {
     results[row].top_tokens[p] = merged[p].token;
     results[row].top_logprobs[p] = float(merged[p].key);
   }
 }
 
-// Pass 3, one block per sorted row: the kept prefix of the sorted order, with the CPU's arithmetic: top-k, the
+// Selected rows, one block per row (after the radix sort): their top_k best, in order, into their segment of the
+// sorted keys and tokens, where the passes after read ordered candidates.
+__global__ void __launch_bounds__(kSampleThreads)
+    place_selected_rows(int64_t vocab, int parts, const RowArgs* args, const Candidate* best_lists,
+                        uint64_t* sorted_keys, int32_t* sorted_tokens) {
+  const int row = blockIdx.x, p = threadIdx.x;
+  const RowArgs a = args[row];
+  if (!a.selected) return;
+  __shared__ Candidate merged[kMaxTop];
+  merge_chunk_lists(parts, a.top_k, best_lists + row * parts * kMaxTop, merged);
+  if (p < a.top_k) {
+    sorted_keys[a.sort_segment * vocab + p] = sort_key(a.sort_segment, float(merged[p].key));
+    sorted_tokens[a.sort_segment * vocab + p] = merged[p].token;
+  }
+}
+
+// Pass 3, one block per ordered row: the kept prefix of the sorted order, with the CPU's arithmetic: top-k, the
 // -inf tail dropped, the smallest prefix whose cumulative probability reaches top_p, then min-p.
 __global__ void __launch_bounds__(kSampleThreads)
     select_sorted(int64_t vocab, const RowArgs* args, const uint64_t* sorted_keys, RowState* states) {
@@ -300,7 +331,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int64_t k = a.top_k > 0 ? min(int64_t(a.top_k), vocab) : vocab;
   const int64_t candidates = max(int64_t(1), min(k, int64_t(st.finite)));
   double total = 0;  // every finite token's weight, summed in the prepare pass, unless top-k cuts
-  if (candidates == st.finite) {
+  if (candidates == st.finite && !a.selected) {
     total = st.weight_sum;
   } else {
     for (int64_t j = threadIdx.x; j < candidates; j += blockDim.x) total += w(j);
@@ -459,15 +490,20 @@ T* at_least(DeviceBuffer& buffer, size_t count) {
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
-bool needs_sort(const SamplingParams& p, int64_t vocab) {
-  return p.temperature != 0.0f && (p.top_p < 1.0f || (p.top_k > 0 && p.top_k < vocab));
+// Rows that cut by rank or mass need their candidates in order: a radix sort of the whole row, or when top-k
+// cuts to at most kMaxTop tokens, a selection of those (much cheaper; what top_k = 20 defaults get).
+enum class Order { None, Sorted, Selected };
+Order order_for(const SamplingParams& p, int64_t vocab) {
+  const bool k_cuts = p.top_k > 0 && p.top_k < vocab;
+  if (p.temperature == 0.0f || (!k_cuts && p.top_p >= 1.0f)) return Order::None;
+  return k_cuts && p.top_k <= kMaxTop ? Order::Selected : Order::Sorted;
 }
 
 }  // namespace
 
 struct DeviceSampler::Workspace {
   PinnedBytes input_host, results_host;
-  DeviceBuffer input, z, stats, tops, states, draws, results, sort_temp;
+  DeviceBuffer input, z, stats, tops, best_lists, states, draws, results, sort_temp;
   DeviceBuffer keys[2], tokens[2];
 };
 
@@ -485,7 +521,7 @@ void DeviceSampler::run(cudaStream_t stream, const float* logits, int64_t vocab,
   std::vector<RowArgs> args(rows.size());
   std::vector<int2> pairs;
   int64_t mask_words = 0;
-  int32_t sorted_rows = 0;
+  int32_t sorted_rows = 0, selected_rows = 0;
   bool top_logprobs = false;
   for (int r = 0; r < n_rows; ++r) {
     const DeviceSampleRow& row = rows[size_t(r)];
@@ -496,7 +532,11 @@ void DeviceSampler::run(cudaStream_t stream, const float* logits, int64_t vocab,
     RowArgs& a = args[size_t(r)];
     a = {row.logits_row, row.seed, row.counter, p.temperature, p.top_p, p.min_p, p.presence_penalty,
          p.frequency_penalty, p.repetition_penalty, p.top_k, int32_t(std::min<int64_t>(p.top_logprobs, vocab)),
-         int32_t(pairs.size()), 0, row.mask.empty() ? -1 : mask_words, needs_sort(p, vocab) ? sorted_rows++ : -1};
+         int32_t(pairs.size()), 0, row.mask.empty() ? -1 : mask_words, -1, 0};
+    const Order order = order_for(p, vocab);
+    if (order == Order::Sorted) a.sort_segment = sorted_rows++;
+    a.selected = order == Order::Selected;
+    selected_rows += a.selected;
     for (const auto& [token, count] : row.history->seen) {
       const auto generated = row.history->generated.find(token);
       pairs.push_back({token, generated == row.history->generated.end() ? 0 : generated->second});
@@ -505,6 +545,8 @@ void DeviceSampler::run(cudaStream_t stream, const float* logits, int64_t vocab,
     top_logprobs |= a.top_logprobs > 0;
     if (!row.mask.empty()) mask_words += words;
   }
+  for (int r = 0, segment = sorted_rows; r < n_rows; ++r)  // selected rows' segments follow the sorted ones'
+    if (args[size_t(r)].selected) args[size_t(r)].sort_segment = segment++;
   const size_t args_at = 0, pairs_at = align16(args.size() * sizeof(RowArgs)),
                masks_at = pairs_at + align16(pairs.size() * sizeof(int2)),
                input_bytes = masks_at + size_t(mask_words) * sizeof(uint32_t);
@@ -518,18 +560,19 @@ void DeviceSampler::run(cudaStream_t stream, const float* logits, int64_t vocab,
 
   const int parts = int(std::clamp<int64_t>((vocab + kTokensPerPart - 1) / kTokensPerPart, 1, kMaxParts));
   const int64_t chunk = (vocab + parts - 1) / parts;
-  const int64_t sort_items = int64_t(sorted_rows) * vocab;
+  const int64_t sort_items = int64_t(sorted_rows) * vocab, ordered_items = sort_items + selected_rows * vocab;
   uint8_t* input = at_least<uint8_t>(ws_->input, input_bytes);
   float* z = at_least<float>(ws_->z, size_t(n_rows * vocab));
   ChunkStats* stats = at_least<ChunkStats>(ws_->stats, size_t(n_rows * parts));
   Candidate* tops = at_least<Candidate>(ws_->tops, size_t(n_rows * parts * kMaxTop));
+  Candidate* best_lists = at_least<Candidate>(ws_->best_lists, size_t(n_rows * parts * kMaxTop));
   RowState* states = at_least<RowState>(ws_->states, size_t(n_rows));
   Candidate* draws = at_least<Candidate>(ws_->draws, size_t(n_rows * parts));
   RowResult* results = at_least<RowResult>(ws_->results, size_t(n_rows));
-  cub::DoubleBuffer<uint64_t> keys(at_least<uint64_t>(ws_->keys[0], size_t(sort_items)),
-                                   at_least<uint64_t>(ws_->keys[1], size_t(sort_items)));
-  cub::DoubleBuffer<int32_t> tokens(at_least<int32_t>(ws_->tokens[0], size_t(sort_items)),
-                                    at_least<int32_t>(ws_->tokens[1], size_t(sort_items)));
+  cub::DoubleBuffer<uint64_t> keys(at_least<uint64_t>(ws_->keys[0], size_t(ordered_items)),
+                                   at_least<uint64_t>(ws_->keys[1], size_t(ordered_items)));
+  cub::DoubleBuffer<int32_t> tokens(at_least<int32_t>(ws_->tokens[0], size_t(ordered_items)),
+                                    at_least<int32_t>(ws_->tokens[1], size_t(ordered_items)));
   const int end_bit = 32 + int(std::bit_width(uint32_t(std::max(sorted_rows, 1) - 1)));
   size_t sort_temp_bytes = 0;
   if (sorted_rows > 0)
@@ -542,7 +585,8 @@ void DeviceSampler::run(cudaStream_t stream, const float* logits, int64_t vocab,
   const auto* dpairs = reinterpret_cast<const int2*>(input + pairs_at);
   const auto* dmasks = reinterpret_cast<const uint32_t*>(input + masks_at);
   prepare_chunks<<<dim3(parts, n_rows), kSampleThreads, 0, stream>>>(logits, vocab, chunk, dargs, dpairs, dmasks, z,
-                                                                     stats, keys.Current(), tokens.Current());
+                                                                     stats, keys.Current(), tokens.Current(),
+                                                                     best_lists);
   NINFER_CUDA_CHECK_LAUNCH();
   combine_rows<<<n_rows, kSampleThreads, 0, stream>>>(parts, dargs, stats, states);
   NINFER_CUDA_CHECK_LAUNCH();
@@ -553,9 +597,15 @@ void DeviceSampler::run(cudaStream_t stream, const float* logits, int64_t vocab,
     top_logprob_rows<<<n_rows, kSampleThreads, 0, stream>>>(parts, dargs, tops, results);
     NINFER_CUDA_CHECK_LAUNCH();
   }
-  if (sorted_rows > 0) {
+  if (sorted_rows > 0)
     NINFER_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_temp, sort_temp_bytes, keys, tokens, sort_items, 0,
                                                       end_bit, stream));
+  if (selected_rows > 0) {
+    place_selected_rows<<<n_rows, kSampleThreads, 0, stream>>>(vocab, parts, dargs, best_lists, keys.Current(),
+                                                                tokens.Current());
+    NINFER_CUDA_CHECK_LAUNCH();
+  }
+  if (sorted_rows + selected_rows > 0) {
     select_sorted<<<n_rows, kSampleThreads, 0, stream>>>(vocab, dargs, keys.Current(), states);
     NINFER_CUDA_CHECK_LAUNCH();
   }

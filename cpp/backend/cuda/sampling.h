@@ -6,8 +6,9 @@
 //  1. prepare: masked logits -> z (and their log-sum-exp), then the penalties of the row's (token, generated count)
 //     pairs, then argmax / max of z and, for rows that cut by rank or mass, sort keys; top_logprobs are then picked
 //     by the CPU's key (the float logprob, ties by token id);
-//  2. rows with top-k or top-p < 1 sort their z (one stable radix sort for all of them: ties stay in index order,
-//     as the CPU's partial_sort orders them) and find the kept prefix with the CPU's arithmetic (one block per row);
+//  2. rows with top-k or top-p < 1 order their candidates as the CPU's partial_sort does (larger z first, ties by
+//     token id): a top-k of at most 20 by selection (k rounds of block argmax), anything else by one stable radix
+//     sort of all such rows; then the kept prefix with the CPU's arithmetic (one block per row);
 //  3. draw: Gumbel-max over the kept tokens, argmax of log w + G with G from a Philox4x32-10 stream keyed by the
 //     request's seed and counted by (tokens generated so far, token id). Exact for the distribution, needs no
 //     running sum, and a seeded request draws the same token whatever else is in the batch. It is not the CPU's
