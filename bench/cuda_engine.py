@@ -69,7 +69,7 @@ async def run_batch(engine: Engine, prompts: list[list[int]], new_tokens: int) -
 
 
 def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: int, new_tokens: int,
-          prefill_lens: list[int]) -> dict:
+          prefill_lens: list[int], device_sampling: bool = True) -> dict:
     path = workdir / f"{model}.{recipe}.ninfer"
     started = time.perf_counter()
     write_synthetic(model, recipe, path, progress=False)
@@ -79,7 +79,8 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
     result = {"model": model, "recipe": recipe, "artifact_bytes": path.stat().st_size, "write_s": written_s,
               "decode": [], "prefill": []}
     options = EngineOptions(backend="cuda", max_context=max(prefill_lens + [prompt_len + new_tokens]) + 64,
-                            max_concurrency=8, kv_capacity="auto", prefill_chunk=512, verify_checksums=False)
+                            max_concurrency=8, kv_capacity="auto", prefill_chunk=512, verify_checksums=False,
+                            device_sampling=device_sampling)
     with Engine.open_sync(path, options) as engine:
         result["memory_plan"] = engine.memory_plan()
         for batch in (1, 2, 4, 8):
@@ -116,16 +117,18 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prefill", type=int, nargs="*", default=[1024])
+    parser.add_argument("--host-sampling", action="store_true", help="copy logits and sample on the host (A/B)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     assert tensor_shapes(MODELS[args.model])
     bandwidth = measure_bandwidth()["read"]
     commit = source_commit()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        result = bench(args.model, args.recipe, Path(tmp), bandwidth, args.prompt, args.new_tokens, args.prefill)
+        result = bench(args.model, args.recipe, Path(tmp), bandwidth, args.prompt, args.new_tokens, args.prefill,
+                       device_sampling=not args.host_sampling)
     from ninfer import _engine
 
-    result |= {"device": _engine.cuda.device_name(), "commit": commit,
+    result |= {"device_sampling": not args.host_sampling, "device": _engine.cuda.device_name(), "commit": commit,
                "read_bandwidth_gb_per_s": bandwidth / 1e9, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

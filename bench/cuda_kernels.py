@@ -1,5 +1,5 @@
 """Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and chunked prefill, paged
-attention, and the prefill GEMM (bench/cuda_gemm.py) at Qwen3.5 shapes, against the device read bandwidth measured
+attention, the prefill GEMM (bench/cuda_gemm.py) and the device sampler at Qwen3.5 shapes, against the device read bandwidth measured
 in the same run (the f32 FMA rate for the GDN prefill, the dense bf16 matrix rate for prefill attention, TFLOP/s
 for the GEMM). Run on the accelerator machine:
 
@@ -200,16 +200,33 @@ def print_attention(rows: list[dict]) -> None:
               f"{r['gb_per_s']:7.0f} {r['fraction_of_bandwidth']:6.1%}{note}")
 
 
+def bench_sampler() -> list[dict]:
+    """One device-sampler call (pack, upload, kernels, download) at the Qwen3.5 vocabulary, greedy and nucleus."""
+    vocab = 248320
+    cases = {"greedy": dict(temperature=0.0), "top_p": dict(temperature=0.7, top_p=0.95),
+             "top_k_top_p": dict(temperature=0.7, top_k=20, top_p=0.8), "temperature": dict(temperature=1.0)}
+    rows_out = []
+    for name, fields in cases.items():
+        params = _engine.SamplingParams()
+        for k, v in fields.items():
+            setattr(params, k, v)
+        for rows in (1, 8):
+            micros = _engine.cuda.bench_sampler(rows, vocab, params, iterations=100)
+            rows_out.append({"kernel": "sampler", "case": name, "params": fields, "rows": rows, "vocab": vocab,
+                             "median_us": micros})
+    return rows_out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", choices=["gemv", "gdn", "attention", "gemm"], help="run one kernel family")
+    parser.add_argument("--only", choices=["gemv", "gdn", "attention", "gemm", "sampler"], help="run one kernel family")
     args = parser.parse_args()
-    run = {name: args.only in (None, name) for name in ("gemv", "gdn", "attention", "gemm")}
+    run = {name: args.only in (None, name) for name in ("gemv", "gdn", "attention", "gemm", "sampler")}
     commit = source_commit()
     measured = measure_bandwidth()
     bandwidth = measured["read"]
-    gemv, gdn, prefill, attention, prefill_gemm = [], [], [], [], []
+    gemv, gdn, prefill, attention, prefill_gemm, sampler = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         if run["gemv"]:
             gemv = bench_gemv(Path(tmp), bandwidth)
@@ -222,6 +239,8 @@ def main() -> int:
         prefill = bench_gdn_prefill(bandwidth)
     if run["attention"]:
         attention = bench_attention(bandwidth)
+    if run["sampler"]:
+        sampler = bench_sampler()
     result = {
         "device": _engine.cuda.device_name(), "host": platform.node(),
         "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -229,6 +248,7 @@ def main() -> int:
         "gdn_prefill": prefill, "f32_flops": F32_FLOPS,
         "attention": attention,
         "prefill_gemm": prefill_gemm,
+        "sampler": sampler,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
@@ -254,6 +274,8 @@ def main() -> int:
         from cuda_gemm import print_table
 
         print_table(prefill_gemm)
+    for r in sampler:
+        print(f"sampler {r['case']:12} rows {r['rows']}: {r['median_us']:.1f} us (vocab {r['vocab']})")
     return 0
 
 

@@ -7,12 +7,16 @@
 #include <cuda_runtime.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -25,6 +29,7 @@
 #include "backend/cuda/gemv_mma.h"
 #include "backend/cuda/lt_matmul.h"
 #include "backend/cuda/prefill_gemm.h"
+#include "backend/cuda/sampling.h"
 #include "bindings/array_out.h"
 #include "bindings/artifact_handle.h"
 #include "runtime/kv_codec.h"
@@ -387,6 +392,107 @@ std::tuple<double, double> bench_attention(int32_t heads, int32_t kv_heads, int3
   const double kv_bytes = 2.0 * double(batch) * double(context) * kv_heads *
                           (double(head_dim) * double(kv_element_bytes(dtype)) + scale_bytes);
   return {double(times[times.size() / 2]), kv_bytes};
+using MaskWords = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using SampledRow = std::tuple<int32_t, float, std::vector<TokenLogprob>>;
+
+// Rows of host logits copied to the device, with what the device sampler reads for each row i (logits row i).
+struct SamplerInputs {
+  cuda::DeviceBuffer logits;
+  int64_t vocab = 0;
+  std::vector<SamplingParams> params;
+  std::vector<TokenHistory> histories;
+  std::vector<std::vector<uint32_t>> masks;
+  std::vector<DeviceSampleRow> rows;
+};
+
+SamplerInputs sampler_inputs(const InFloats& logits, const std::vector<SamplingParams>& params,
+                             const std::vector<uint64_t>& seeds, const std::vector<uint64_t>& counters,
+                             const std::vector<std::vector<int32_t>>& prompts,
+                             const std::vector<std::vector<int32_t>>& generated,
+                             const std::vector<std::optional<MaskWords>>& masks) {
+  if (logits.ndim() != 2) throw EngineError("cuda sampler: logits must be [rows, vocab]");
+  const size_t n = logits.shape(0);
+  for (size_t size : {params.size(), seeds.size(), counters.size(), prompts.size(), generated.size(), masks.size()})
+    if (size != n) throw EngineError("cuda sampler: one params / seed / counter / history / mask per row");
+  SamplerInputs in;
+  in.vocab = int64_t(logits.shape(1));
+  in.logits = to_device(logits);
+  in.params = params;
+  for (const SamplingParams& p : params) sampling_params_validate(p);
+  const auto check = [&](const std::vector<int32_t>& tokens) {
+    for (int32_t t : tokens)
+      if (t < 0 || t >= in.vocab) throw EngineError("cuda sampler: history token " + std::to_string(t));
+  };
+  for (size_t i = 0; i < n; ++i) {
+    check(prompts[i]);
+    check(generated[i]);
+    TokenHistory& h = in.histories.emplace_back();
+    h.add_prompt(prompts[i]);
+    for (int32_t t : generated[i]) h.add_generated(t);
+    std::vector<uint32_t>& words = in.masks.emplace_back();
+    if (masks[i]) words.assign(masks[i]->data(), masks[i]->data() + masks[i]->shape(0));
+  }
+  for (size_t i = 0; i < n; ++i)
+    in.rows.push_back({int64_t(i), &in.params[i], seeds[i], counters[i], &in.histories[i], in.masks[i]});
+  return in;
+}
+
+// One token per row sampled on the device: (token, logprob, top_logprobs).
+std::vector<SampledRow> sample_rows(const InFloats& logits, const std::vector<SamplingParams>& params,
+                                    const std::vector<uint64_t>& seeds, const std::vector<uint64_t>& counters,
+                                    const std::vector<std::vector<int32_t>>& prompts,
+                                    const std::vector<std::vector<int32_t>>& generated,
+                                    const std::vector<std::optional<MaskWords>>& masks) {
+  SamplerInputs in = sampler_inputs(logits, params, seeds, counters, prompts, generated, masks);
+  std::vector<SampledToken> sampled;
+  {
+    nb::gil_scoped_release release;
+    cuda::DeviceSampler sampler;
+    sampler.sample(nullptr, in.logits.as<float>(), in.vocab, in.rows, sampled);
+  }
+  std::vector<SampledRow> out;
+  for (SampledToken& s : sampled) out.emplace_back(s.token, s.logprob, std::move(s.top));
+  return out;
+}
+
+// The distribution each row draws from on the device ([rows, vocab]), Sampler::distribution's twin.
+FloatArray sampling_distribution(const InFloats& logits, const std::vector<SamplingParams>& params,
+                                 const std::vector<std::vector<int32_t>>& prompts,
+                                 const std::vector<std::vector<int32_t>>& generated,
+                                 const std::vector<std::optional<MaskWords>>& masks) {
+  const std::vector<uint64_t> zeros(params.size(), 0);
+  SamplerInputs in = sampler_inputs(logits, params, zeros, zeros, prompts, generated, masks);
+  std::vector<float> probs;
+  {
+    nb::gil_scoped_release release;
+    cuda::DeviceSampler sampler;
+    probs = sampler.distribution(nullptr, in.logits.as<float>(), in.vocab, in.rows);
+  }
+  OwnedFloats out = allocate_floats(probs.size());
+  std::copy(probs.begin(), probs.end(), out.data);
+  return as_array(out, {int64_t(in.rows.size()), in.vocab});
+}
+
+// Median microseconds of one device-sampler call (host packing, upload, kernels, result download) for `rows`
+// rows of random N(0, 2) logits with the same params and a 64-token history each.
+double bench_sampler(int rows, int64_t vocab, const SamplingParams& params, int iterations) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> host(size_t(rows) * size_t(vocab));
+  for (float& v : host) v = normal(rng);
+  cuda::DeviceBuffer logits(host.size() * sizeof(float));
+  logits.upload(host.data(), logits.bytes());
+  std::vector<TokenHistory> histories(static_cast<size_t>(rows));
+  for (TokenHistory& h : histories)
+    for (int i = 0; i < 64; ++i) h.add_generated(int32_t(rng() % uint32_t(vocab)));
+  std::vector<DeviceSampleRow> sample_rows;
+  for (int r = 0; r < rows; ++r) sample_rows.push_back({r, &params, uint64_t(r), 0, &histories[size_t(r)], {}});
+  cuda::DeviceSampler sampler;
+  std::vector<SampledToken> out;
+  return median_kernel_micros(iterations, [&](int it) {
+    for (DeviceSampleRow& row : sample_rows) row.counter = uint64_t(it);
+    sampler.sample(nullptr, logits.as<float>(), vocab, sample_rows, out);
+  });
 }
 
 std::string device_name() {
@@ -427,6 +533,14 @@ void bind_cuda(nb::module_& m) {
   sub.def("bench_gdn_prefill", &bench_gdn_prefill, nb::arg("tokens"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),
           nb::arg("dv"), nb::arg("iterations") = 10, nb::arg("reference") = false,
           "(median us, chunked workspace bytes) of the delta rule over one sequence of `tokens` new tokens.");
+  sub.def("sample_rows", &sample_rows, nb::arg("logits"), nb::arg("params"), nb::arg("seeds"), nb::arg("counters"),
+          nb::arg("prompts"), nb::arg("generated"), nb::arg("masks"),
+          "One token per row of [rows, vocab] logits sampled on the device: [(token, logprob, top_logprobs)].");
+  sub.def("sampling_distribution", &sampling_distribution, nb::arg("logits"), nb::arg("params"),
+          nb::arg("prompts"), nb::arg("generated"), nb::arg("masks"),
+          "The distribution the device sampler draws each row from, [rows, vocab].");
+  sub.def("bench_sampler", &bench_sampler, nb::arg("rows"), nb::arg("vocab"), nb::arg("params"),
+          nb::arg("iterations") = 50, "Median us of one device-sampler call for `rows` rows of random logits.");
 #else
   sub.attr("built") = false;
 #endif

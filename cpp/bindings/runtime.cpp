@@ -63,7 +63,8 @@ void bind_structs(nb::module_& m) {
       .def_rw("threads", &EngineOptions::threads)
       .def_rw("verify_checksums", &EngineOptions::verify_checksums)
       .def_rw("backend", &EngineOptions::backend)
-      .def_rw("cuda_graphs", &EngineOptions::cuda_graphs);
+      .def_rw("cuda_graphs", &EngineOptions::cuda_graphs)
+      .def_rw("device_sampling", &EngineOptions::device_sampling);
 
   nb::class_<Usage>(m, "Usage")
       .def_ro("prompt_tokens", &Usage::prompt_tokens)

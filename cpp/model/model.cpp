@@ -97,16 +97,22 @@ class DecoderModel final : public Model {
                            options_.gdn_chunk};
     for (const LayerWeights& layer : weights_.layers) decoder_layer(pass, layer, hidden);
 
-    out.hidden.resize(size_t(out_rows * h));
-    out.logits.resize(size_t(out_rows * config_.vocab_size));
-    float* final_hidden = output_buffer(out.hidden, Buf::OutRows);
-    float* logits = output_buffer(out.logits, Buf::Logits);
+    const bool on_device = out.keep_on_device && !backend_->memory().host_accessible();
+    out.hidden.resize(on_device ? 0 : size_t(out_rows * h));
+    out.logits.resize(on_device ? 0 : size_t(out_rows * config_.vocab_size));
+    float* final_hidden =
+        on_device ? scratch_.get(Buf::OutRows, out_rows * h) : output_buffer(out.hidden, Buf::OutRows);
+    float* logits = on_device ? scratch_.get(Buf::Logits, out_rows * config_.vocab_size)
+                              : output_buffer(out.logits, Buf::Logits);
     backend_->gather_rows(hidden, h, out_index, out_rows, final_hidden);
     backend_->rmsnorm(final_hidden, out_rows, h, h, weights_.final_norm.data(), pass.norm_kind(), pass.eps(),
                       final_hidden, h);
     backend_->linear(final_hidden, out_rows, *weights_.lm_head, logits);
-    copy_output(out.hidden, final_hidden);
-    copy_output(out.logits, logits);
+    out.device_logits = on_device ? logits : nullptr;
+    if (!on_device) {
+      copy_output(out.hidden, final_hidden);
+      copy_output(out.logits, logits);
+    }
     for (const ForwardItem& item : batch) item.cache->length += item.n_tokens;
   }
 

@@ -34,10 +34,14 @@ struct ForwardItem {
 };
 
 struct ForwardOutput {
+  // Set by the caller: leave logits and hidden in the backend's memory when it is not the host's (a device
+  // sampler reads them there); then `logits` and `hidden` stay empty and device_logits points at the logits.
+  bool keep_on_device = false;
   int64_t vocab = 0, hidden_size = 0;
   std::vector<int64_t> row_offset;  // item i's first output row; its rows follow contiguously
   std::vector<float> logits;        // [rows, vocab]
   std::vector<float> hidden;        // [rows, hidden_size], after the final norm (the MTP head's input)
+  const float* device_logits = nullptr;  // [rows, vocab] in device memory, valid until the next pass
 };
 
 class Model {

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "artifact/artifact.h"
+#include "runtime/sampler.h"
 
 namespace ninfer {
 
@@ -18,6 +21,16 @@ struct DeviceMemoryUse {
 struct GraphPassTimings {
   int64_t passes = 0;
   double capture_host_us = 0, update_host_us = 0, device_us = 0;
+};
+
+// One row of device logits to sample from, with what the CPU Sampler would read for it.
+struct DeviceSampleRow {
+  int64_t logits_row = 0;                // the row of the [rows, vocab] logits
+  const SamplingParams* params = nullptr;
+  uint64_t seed = 0;                     // the request's seed (drawn at admission when it gave none)
+  uint64_t counter = 0;                  // tokens the request generated so far: the draw's RNG counter
+  const TokenHistory* history = nullptr;
+  std::span<const uint32_t> mask;        // token_mask_words(vocab) words, or empty: no mask
 };
 
 class DeviceRuntime {
@@ -33,6 +46,12 @@ class DeviceRuntime {
   virtual int32_t graphs_captured() const = 0; // batch sizes with a graph
   virtual int64_t graph_replays() const = 0;   // passes run as graph launches
   virtual GraphPassTimings graph_timings() const = 0;
+  // Starts the pass queued since begin_pass (a captured decode pass: its graph launch) without waiting for it.
+  virtual void launch_pass() = 0;
+  // Samples each row's next token from `logits` (device memory, [*, vocab], written by the last pass) as
+  // Sampler::sample would (logprobs included); the draw is a counter-based function of (seed, counter).
+  virtual void sample(const float* logits, int64_t vocab, std::span<const DeviceSampleRow> rows,
+                      std::vector<SampledToken>& out) = 0;
 };
 
 }  // namespace ninfer

@@ -351,8 +351,8 @@ void Engine::end_lane(int32_t index, FinishReason reason, const std::string& err
 }
 
 // Takes the forward's output for one slice: scoring lanes collect logprobs, generating lanes that have computed
-// every known token sample the next one.
-void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row) {
+// every known token sample the next one (`sampled`: already sampled on the device; else from host logits).
+void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row, const SampledToken* sampled) {
   Lane& lane = *scheduler_->lane(slice.lane);
   const int64_t vocab = out.vocab;
   stats_.tokens_prefilled += slice.end - slice.begin;
@@ -368,22 +368,28 @@ void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t ro
   }
   if (slice.end < static_cast<int64_t>(lane.tokens.size())) return;  // more prompt to prefill
 
-  const int64_t last_row = row + (slice.all_logits ? slice.end - slice.begin - 1 : 0);
-  std::span<const float> logits(out.logits.data() + last_row * vocab, vocab);
-  std::vector<float> masked;
   if (!lane.mask.error.empty()) {
     end_lane(slice.lane, FinishReason::Error, "EngineError", lane.mask.error);
     return;
   }
-  if (lane.mask.active) {
-    masked.assign(logits.begin(), logits.end());
-    if (apply_token_mask(masked, lane.mask.words) == 0) {
-      end_lane(slice.lane, FinishReason::Error, "EngineError", "the request's token mask allows no token");
-      return;
-    }
-    logits = masked;  // logprobs too are those of the constrained distribution
+  if (lane.mask.active && token_mask_allowed(lane.mask.words, vocab) == 0) {
+    end_lane(slice.lane, FinishReason::Error, "EngineError", "the request's token mask allows no token");
+    return;
   }
-  const SampledToken s = lane.sampler->sample(logits, lane.history);
+  SampledToken s;
+  if (sampled) {
+    s = *sampled;
+  } else {
+    const int64_t last_row = row + (slice.all_logits ? slice.end - slice.begin - 1 : 0);
+    std::span<const float> logits(out.logits.data() + last_row * vocab, vocab);
+    std::vector<float> masked;
+    if (lane.mask.active) {
+      masked.assign(logits.begin(), logits.end());
+      apply_token_mask(masked, lane.mask.words);
+      logits = masked;  // logprobs too are those of the constrained distribution
+    }
+    s = lane.sampler->sample(logits, lane.history);
+  }
   if (lane.job.request.constrained) lane.mask.unreported.push_back(s.token);
   if (lane.generated++ == 0) lane.first_token = Clock::now();
   ++stats_.tokens_generated;
@@ -403,6 +409,40 @@ void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t ro
     end_lane(slice.lane, FinishReason::Stop);
   else if (lane.generated >= req.max_new_tokens || static_cast<int64_t>(lane.tokens.size()) >= lane.job.reservation)
     end_lane(slice.lane, FinishReason::Length);
+}
+
+// Whether the slice's lane samples a token from this step's output (what absorb does without ending the lane).
+bool Engine::samples_now(const LaneSlice& slice) const {
+  const Lane& lane = *scheduler_->lane(slice.lane);
+  return !lane.is_scoring() && slice.end == static_cast<int64_t>(lane.tokens.size()) && lane.mask.error.empty() &&
+         !(lane.mask.active && token_mask_allowed(lane.mask.words, config_.vocab_size) == 0);
+}
+
+// Samples every lane that samples now from the logits the pass left on the device; sampled[i] is slice i's token
+// (nullopt for the others). Runs unlocked: it waits for the pass, and only this thread touches lanes.
+void Engine::sample_on_device(const StepPlan& plan, const ForwardOutput& out,
+                              std::vector<std::optional<SampledToken>>& sampled) {
+  std::vector<DeviceSampleRow> rows;
+  std::vector<size_t> slice_of_row;
+  for (size_t i = 0; i < plan.slices.size(); ++i) {
+    const LaneSlice& s = plan.slices[i];
+    if (!scheduler_->lane(s.lane) || !samples_now(s)) continue;
+    const Lane& lane = *scheduler_->lane(s.lane);
+    DeviceSampleRow row;
+    row.logits_row = out.row_offset[i];  // generation slices have one output row, the last token's
+    row.params = &lane.job.request.sampling;
+    row.seed = lane.sampler->seed();
+    row.counter = static_cast<uint64_t>(lane.generated);
+    row.history = &lane.history;
+    if (lane.mask.active) row.mask = lane.mask.words;
+    rows.push_back(row);
+    slice_of_row.push_back(i);
+  }
+  sampled.assign(plan.slices.size(), std::nullopt);
+  if (rows.empty()) return;
+  std::vector<SampledToken> tokens;
+  device_->sample(out.device_logits, out.vocab, rows, tokens);
+  for (size_t r = 0; r < rows.size(); ++r) sampled[slice_of_row[r]] = std::move(tokens[r]);
 }
 
 void Engine::fail_step(const std::vector<LaneSlice>& slices, const std::exception& error, const char* type) {
@@ -430,6 +470,7 @@ StepPlan Engine::take_turn(StepPlan plan) {
 void Engine::step() {
   StepPlan plan;
   std::vector<ForwardItem> items;
+  ForwardOutput out;
   {
     std::unique_lock lock(mu_);
     apply_cancellations();
@@ -443,32 +484,51 @@ void Engine::step() {
       items.push_back({lane.tokens.data() + s.begin, s.end - s.begin, &lane.cache, s.all_logits});
     }
     request_masks(plan);
+    // A device backend samples on the device unless a lane needs host logits (scoring: every row's logprobs).
+    out.keep_on_device = device_ && options_.device_sampling &&
+                         std::none_of(plan.slices.begin(), plan.slices.end(), [&](const LaneSlice& s) {
+                           return s.all_logits || scheduler_->lane(s.lane)->is_scoring();
+                         });
   }
   // The model runs unlocked: submit, cancel and next_events stay responsive. Only this thread touches lanes'
   // caches and tokens, and no lane is freed until the lock is retaken.
-  ForwardOutput out;
   const char* error_type = nullptr;
   std::string error_message;
-  try {
+  const auto run_unlocked = [&](auto&& work) {
+    try {
+      work();
+    } catch (const EngineError& e) {
+      error_type = "EngineError";
+      error_message = e.what();
+    } catch (const std::exception& e) {
+      error_type = "NinferError";
+      error_message = e.what();
+    }
+  };
+  run_unlocked([&] {
     if (device_) device_->begin_pass(decode_batch(plan));
     model_->forward(items, out);
-  } catch (const EngineError& e) {
-    error_type = "EngineError";
-    error_message = e.what();
-  } catch (const std::exception& e) {
-    error_type = "NinferError";
-    error_message = e.what();
-  }
+    if (out.device_logits) device_->launch_pass();  // it runs while the caller computes masks
+  });
   std::unique_lock lock(mu_);
-  if (error_type) {
-    fail_step(plan.slices, std::runtime_error(error_message), error_type);
-    return;
-  }
+  const auto failed = [&] {
+    if (error_type) fail_step(plan.slices, std::runtime_error(error_message), error_type);
+    return error_type != nullptr;
+  };
+  if (failed()) return;
   masks_cv_.wait(lock, [&] { return stopping_ || !awaiting_masks(plan); });
   if (stopping_) return;  // close() ends every lane
   apply_cancellations();  // a lane cancelled while its mask was awaited ends without sampling
+  std::vector<std::optional<SampledToken>> sampled(plan.slices.size());
+  if (out.device_logits) {
+    lock.unlock();
+    run_unlocked([&] { sample_on_device(plan, out, sampled); });
+    lock.lock();
+    if (stopping_ || failed()) return;
+  }
   for (size_t i = 0; i < plan.slices.size(); ++i)
-    if (scheduler_->lane(plan.slices[i].lane)) absorb(plan.slices[i], out, out.row_offset[i]);
+    if (scheduler_->lane(plan.slices[i].lane))
+      absorb(plan.slices[i], out, out.row_offset[i], sampled[i] ? &*sampled[i] : nullptr);
   refresh_stats();
 }
 

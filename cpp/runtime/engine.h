@@ -39,6 +39,7 @@ struct EngineOptions {
   bool verify_checksums = true;
   std::string backend = "cpu";   // the backend the engine was given (cpu | cuda), for reports
   bool cuda_graphs = true;       // decode passes as CUDA graphs (device backends)
+  bool device_sampling = true;   // device backends sample on the device (false: host logits, the CPU Sampler)
 };
 inline constexpr int64_t kKvCapacityAuto = -1;
 
@@ -93,7 +94,10 @@ class Engine {
   bool awaiting_masks(const StepPlan& plan) const;
   void end_lane(int32_t index, FinishReason reason, const std::string& error_type = {},
                 const std::string& error_message = {});
-  void absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row);
+  void absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row, const SampledToken* sampled);
+  bool samples_now(const LaneSlice& slice) const;
+  void sample_on_device(const StepPlan& plan, const ForwardOutput& out,
+                        std::vector<std::optional<SampledToken>>& sampled);
   void fail_step(const std::vector<LaneSlice>& slices, const std::exception& error, const char* type);
   void publish(EngineEvent event);
   void refresh_stats();

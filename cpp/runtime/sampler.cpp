@@ -1,6 +1,7 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -122,6 +123,16 @@ int64_t apply_token_mask(std::span<float> logits, std::span<const uint32_t> mask
   return allowed;
 }
 
+int64_t token_mask_allowed(std::span<const uint32_t> mask, int64_t vocab) {
+  const int64_t covered = std::min<int64_t>(vocab, static_cast<int64_t>(mask.size()) * 32);
+  int64_t allowed = 0;
+  for (int64_t w = 0; w * 32 < covered; ++w) {
+    const int64_t bits = std::min<int64_t>(32, covered - w * 32);
+    allowed += std::popcount(bits == 32 ? mask[w] : mask[w] & ((1u << bits) - 1u));
+  }
+  return allowed;
+}
+
 std::vector<float> log_softmax(std::span<const float> logits) {
   const float zmax = *std::max_element(logits.begin(), logits.end());
   double sum = 0;
@@ -133,7 +144,7 @@ std::vector<float> log_softmax(std::span<const float> logits) {
 }
 
 Sampler::Sampler(const SamplingParams& params)
-    : params_(params), rng_(params.has_seed ? params.seed : std::random_device{}()) {}
+    : params_(params), seed_(params.has_seed ? params.seed : std::random_device{}()), rng_(seed_) {}
 
 std::vector<float> Sampler::distribution(std::span<const float> logits, const TokenHistory& history) const {
   const Candidates c = filtered(logits, params_, history);

@@ -55,8 +55,12 @@ class Sampler {
   // probabilities over the whole vocabulary; greedy puts 1 on the argmax. Exposed for the reference test.
   std::vector<float> distribution(std::span<const float> logits, const TokenHistory& history) const;
 
+  // The request's seed, or the one drawn for it: a device sampler keys its counter-based draws with it.
+  uint64_t seed() const { return seed_; }
+
  private:
   SamplingParams params_;
+  uint64_t seed_;
   std::mt19937_64 rng_;
 };
 
@@ -65,6 +69,8 @@ inline int64_t token_mask_words(int64_t vocab) { return (vocab + 31) / 32; }
 
 // Sets the logits of tokens `mask` disallows to -inf, in place; returns how many tokens stay allowed.
 int64_t apply_token_mask(std::span<float> logits, std::span<const uint32_t> mask);
+// How many of the first `vocab` tokens `mask` allows (what apply_token_mask returns, without logits).
+int64_t token_mask_allowed(std::span<const uint32_t> mask, int64_t vocab);
 
 // log-softmax of `logits` (numerically stable, double accumulation).
 std::vector<float> log_softmax(std::span<const float> logits);

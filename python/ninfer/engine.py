@@ -50,6 +50,7 @@ class EngineOptions:
     threads: int = 0  # 0 = all cores
     verify_checksums: bool = True
     cuda_graphs: bool = True  # decode passes as CUDA graphs (cuda backend)
+    device_sampling: bool = True  # sample on the GPU (cuda backend; False: copy logits, sample on the host)
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,7 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     native = _engine.EngineOptions()
     native.backend = options.backend
     native.cuda_graphs = options.cuda_graphs
+    native.device_sampling = options.device_sampling
     native.max_context = options.max_context
     native.kv_capacity = _KV_CAPACITY_AUTO if options.kv_capacity == "auto" else options.kv_capacity or 0
     native.max_concurrency = options.max_concurrency

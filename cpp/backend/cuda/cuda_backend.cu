@@ -79,9 +79,7 @@ CudaBackend::CudaBackend(int device)
   NINFER_CUDA_CHECK(cudaStreamCreate(&stream_));
   memory_ = DeviceMemory(stream_);
   // A captured decode pass ends where its outputs are first read back: launch its graph there.
-  memory_.set_before_host_read([this] {
-    if (graphs_.capturing()) graphs_.end_and_launch(stream_, [this] { tables_.copy_all(stream_); });
-  });
+  memory_.set_before_host_read([this] { launch_pass(); });
 }
 
 DeviceMemoryUse CudaBackend::upload_weights(const Artifact& artifact) {
@@ -112,6 +110,10 @@ void CudaBackend::begin_pass(int32_t decode_batch) {
   graphs_.collect_timing();
   tables_.reset();
   if (graphs_.should_capture(decode_batch)) graphs_.begin_capture(stream_, decode_batch);
+}
+
+void CudaBackend::launch_pass() {
+  if (graphs_.capturing()) graphs_.end_and_launch(stream_, [this] { tables_.copy_all(stream_); });
 }
 
 CudaBackend::~CudaBackend() {

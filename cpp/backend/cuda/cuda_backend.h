@@ -21,6 +21,7 @@
 #include "backend/cuda/device_memory.h"
 #include "backend/cuda/gemv_mma.h"
 #include "backend/cuda/prefill_gemm.h"
+#include "backend/cuda/sampling.h"
 #include "backend/cuda/step_tables.h"
 #include "runtime/device_runtime.h"
 
@@ -67,6 +68,9 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   // Use the slow, obviously-right twin where an op has a fast kernel and a reference one (today: gdn_rule's
   // token-by-token kernel instead of the decode and chunked kernels), so that tests can compare the two.
   void set_reference_kernels(bool on) { reference_kernels_ = on; }
+  void launch_pass() override;
+  void sample(const float* logits, int64_t vocab, std::span<const DeviceSampleRow> rows,
+              std::vector<SampledToken>& out) override;  // in sampling.cu
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
@@ -141,6 +145,7 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)
   PrefillGemm prefill_gemm_;
   GemmImpl gemm_impl_ = gemm_impl_from_environment();
+  DeviceSampler sampler_;
 };
 
 }  // namespace ninfer::cuda
