@@ -3,8 +3,9 @@
     python webui/build_llama_ui.py [--dest DIR] [--work DIR]
 
 Steps, each checked: `pip download` the exact sdist named in webui/pin.json (`--no-binary :all: --no-deps`), verify
-its size and sha256, extract only the UI folder, `npm ci && npm run build` there (the lockfile pins every package with
-its integrity hash), and copy `dist/` to DEST (default: the user cache, see ninfer.serve.webui_bundle). A bundle
+its size and sha256, extract only the UI folder, check that its lockfile pins every package by `resolved` URL and
+`integrity` hash (what Nix's importNpmLock needs; the count goes into the bundle as LOCKFILE_RECORD), `npm ci && npm
+run build` there, and copy `dist/` to DEST (default: the user cache, see ninfer.serve.webui_bundle). A bundle
 already installed for this pin is kept: the build runs once per pin.
 """
 
@@ -60,6 +61,20 @@ def extract_ui(sdist: Path, work: Path) -> Path:
     return work / "src" / prefix
 
 
+LOCKFILE_RECORD = "ninfer-lockfile.json"
+
+
+def check_lockfile(ui: Path) -> dict:
+    """Every package of the UI's package-lock.json carries `resolved` and `integrity` (links and the root excepted);
+    refuses the build otherwise. Returns the record written into the bundle."""
+    packages = json.loads((ui / "package-lock.json").read_text())["packages"]
+    pinned = {name: entry for name, entry in packages.items() if name and not entry.get("link")}
+    unpinned = sorted(name for name, entry in pinned.items() if not ("resolved" in entry and "integrity" in entry))
+    if unpinned:
+        sys.exit(f"build_llama_ui: {len(unpinned)} lockfile entries lack resolved/integrity: {unpinned[:5]}")
+    return {"lockfile": f"{PIN['ui_dir']}/package-lock.json", "entries": len(pinned), "unpinned": unpinned}
+
+
 def build(ui: Path) -> Path:
     for cmd in (["npm", "ci", "--no-audit", "--no-fund"], ["npm", "run", "build"]):
         print(f"build_llama_ui: {' '.join(cmd)} in {ui}", file=sys.stderr, flush=True)
@@ -81,7 +96,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="llama-ui-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        dist = build(extract_ui(fetch_sdist(work), work))
+        ui = extract_ui(fetch_sdist(work), work)
+        record = check_lockfile(ui)
+        dist = build(ui)
+        (dist / LOCKFILE_RECORD).write_text(json.dumps(record))
         staging = args.dest.with_name(args.dest.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(dist, staging)

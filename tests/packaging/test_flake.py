@@ -86,10 +86,21 @@ def test_flake_apps_run_the_server_entry_point_that_pyproject_declares():
     assert scripts["ninfer-serve"] == "ninfer.cli.serve:main"
 
 
+def test_pinned_llama_ui_lockfile_carries_resolved_and_integrity():
+    """`make webui` checked the pinned llama-ui's lockfile (inside the sdist) and recorded it in the bundle."""
+    from ninfer.serve.webui_bundle import bundle_dir
+
+    record = bundle_dir() / "ninfer-lockfile.json"
+    if not record.is_file():
+        pytest.skip(f"no lockfile record in {bundle_dir()} (built before the check existed, or not built: make webui)")
+    checked = json.loads(record.read_text())
+    assert checked["unpinned"] == [] and checked["entries"] > 1000, checked
+
+
 @pytest.mark.parametrize("lockfile", sorted(REPO.glob("webui/**/package-lock.json")) or [None])
 def test_webui_lockfiles_carry_resolved_and_integrity(lockfile):
     if lockfile is None:
-        pytest.skip("no webui/ lockfile yet (the web UI issue adds it)")
+        pytest.skip("webui/ has no lockfile of its own (the dashboard uses no npm packages)")
     packages = json.loads(lockfile.read_text())["packages"]
     missing = [
         name
