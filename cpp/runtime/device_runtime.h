@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "artifact/artifact.h"
 
@@ -20,6 +22,13 @@ struct GraphPassTimings {
   double capture_host_us = 0, update_host_us = 0, device_us = 0;
 };
 
+// Device time of one kind of backend op summed over eager passes (the backend's op-timing mode).
+struct OpTime {
+  std::string op;
+  int64_t calls = 0;
+  double device_us = 0;
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -33,6 +42,9 @@ class DeviceRuntime {
   virtual int32_t graphs_captured() const = 0; // batch sizes with a graph
   virtual int64_t graph_replays() const = 0;   // passes run as graph launches
   virtual GraphPassTimings graph_timings() const = 0;
+  // Per-op device times since the engine started, when the backend times its ops (a profiling mode, off by
+  // default: the CUDA backend with NINFER_CUDA_OP_TIMES=1); empty otherwise. Callable from any thread.
+  virtual std::vector<OpTime> op_times() const { return {}; }
 };
 
 }  // namespace ninfer
