@@ -125,8 +125,8 @@ def test_memory_plan_auto_capacity(tiny_artifacts):
 def test_prefill_chunk_auto_runs_a_long_prompt_in_one_pass(tiny_artifacts):
     """prefill_chunk 0 (auto) on CUDA: a tiny model on a big device gets the whole context as its chunk (capped at
     8192), the workspace is planned for that chunk plus every lane, and a 1500-token prompt prefilled in one pass
-    gives the tokens and logprobs of the same prompt in 64-token chunks (f32 GEMMs: chunking changes only the
-    order of f32 sums)."""
+    gives the tokens and logprobs of the same prompt in 64-token chunks (f32 GEMMs; chunking changes the order of
+    sums and, in the bf16 flash attention, where probabilities are rounded: the CPU comparison's bound)."""
     path = tiny_artifacts["qwen3_5"]
     with Engine.open_sync(path, _options(prefill_chunk=0, max_context=4096)) as engine:
         plan = engine.memory_plan()
@@ -138,7 +138,7 @@ def test_prefill_chunk_auto_runs_a_long_prompt_in_one_pass(tiny_artifacts):
         assert engine.memory_plan()["prefill_chunk"] == 64
         chunked = _run(engine, [prompt], 8)
     assert whole[0][0] == chunked[0][0]
-    np.testing.assert_allclose(whole[0][1], chunked[0][1], atol=1e-3)
+    np.testing.assert_allclose(whole[0][1], chunked[0][1], atol=2e-3)
     with Engine.open_sync(path, _options(prefill_chunk=0, max_context=20000)) as engine:
         assert engine.memory_plan()["prefill_chunk"] == 8192
 
