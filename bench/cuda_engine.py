@@ -1,8 +1,13 @@
 """End-to-end decode and prefill on the CUDA backend at the real Qwen3.5 shapes (synthetic weights, see
 bench/synthetic.py), each decode figure against the roofline: the bytes one decode step must move (weights touched,
-GDN states read and written, KV read) over the device read bandwidth measured in the same run.
+GDN states read and written, KV read) over the device read bandwidth measured in the same run. Prefill: TTFT and
+prompt tokens/s of one request alone (after a warm-up prompt of the same length), with the engine's prefill chunk
+(auto unless --prefill-chunk); --op-times adds the device time per backend op of the longest prefill
+(NINFER_CUDA_OP_TIMES=1, CUDA events around each op).
 
     python bench/cuda_engine.py --model qwen3.5-27b --recipe groupwise-int --out bench/results/cuda_engine.json
+    python bench/cuda_engine.py --model qwen3.5-27b --recipe fp8 --decode-batches --prefill 8192 --op-times \
+        --out /tmp/fp8_prefill.json
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -68,8 +74,42 @@ async def run_batch(engine: Engine, prompts: list[list[int]], new_tokens: int) -
     return await asyncio.gather(*(one(p) for p in prompts))
 
 
+def op_time_split(before: dict, after: dict) -> dict:
+    """Device microseconds and calls per backend op between two memory_plan()["op_times"] readings."""
+    split = {}
+    for op, t in after.items():
+        was = before.get(op, {"calls": 0, "device_us": 0.0})
+        if t["calls"] > was["calls"]:
+            split[op] = {"calls": t["calls"] - was["calls"], "device_us": t["device_us"] - was["device_us"]}
+    return dict(sorted(split.items(), key=lambda kv: -kv[1]["device_us"]))
+
+
+def elementwise_bytes(config: dict, rows: int) -> dict[str, float]:
+    """Bytes the f32 elementwise and normalization ops of a dense Qwen3.5 model must move in a prefill of `rows`
+    tokens (each operand read once, each output written once), per op name of the op-times split."""
+    h, layers = config["hidden_size"], config["num_layers"]
+    full = config["layer_types"].count("full_attention")
+    linear = layers - full
+    la = config["linear_attention"]
+    qk, value = la["num_key_heads"] * la["key_head_dim"], la["num_value_heads"] * la["value_head_dim"]
+    q, kv = config["num_heads"] * config["head_dim"], config["num_kv_heads"] * config["head_dim"]
+    f = 4 * rows  # bytes per f32 column over every row
+    out = {
+        "add": 2 * layers * 3 * h * f,                                # hidden += block out, twice per layer
+        "rmsnorm": 2 * layers * 2 * h * f + full * 2 * (q + kv) * f,  # layer norms; q/k head norms
+        "sigmoid_gate": full * 3 * q * f,                             # attn *= sigmoid(gate)
+        "copy_columns": linear * 2 * value * f,                       # v out of the conv output
+        "l2norm_heads": linear * 2 * 2 * qk * f,                      # q and k
+        "gated_rmsnorm": linear * 3 * value * f,                      # out, z -> out
+    }
+    if config.get("intermediate_size"):
+        out["swiglu"] = layers * 3 * config["intermediate_size"] * f  # gate, up -> gate
+    return out
+
+
 def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: int, new_tokens: int,
-          prefill_lens: list[int], device_sampling: bool = True) -> dict:
+          prefill_lens: list[int], decode_batches: list[int], prefill_chunk: int, prefill_repeats: int,
+          device_sampling: bool = True) -> dict:
     path = workdir / f"{model}.{recipe}.ninfer"
     started = time.perf_counter()
     write_synthetic(model, recipe, path, progress=False)
@@ -79,11 +119,11 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
     result = {"model": model, "recipe": recipe, "artifact_bytes": path.stat().st_size, "write_s": written_s,
               "decode": [], "prefill": []}
     options = EngineOptions(backend="cuda", max_context=max(prefill_lens + [prompt_len + new_tokens]) + 64,
-                            max_concurrency=8, kv_capacity="auto", prefill_chunk=512, verify_checksums=False,
-                            device_sampling=device_sampling)
+                            max_concurrency=8, kv_capacity="auto", prefill_chunk=prefill_chunk,
+                            verify_checksums=False, device_sampling=device_sampling)
     with Engine.open_sync(path, options) as engine:
         result["memory_plan"] = engine.memory_plan()
-        for batch in (1, 2, 4, 8):
+        for batch in decode_batches:
             prompts = [rng.integers(0, 200000, prompt_len).tolist() for _ in range(batch)]
             asyncio.run(run_batch(engine, prompts, 4))  # warm-up: graphs for this batch size
             before = engine.memory_plan()
@@ -101,10 +141,17 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
                 "fraction_of_roofline": (moved / bandwidth) / step_s, "graph_pass_ms": passes,
             })
         for length in prefill_lens:
-            prompt = rng.integers(0, 200000, length).tolist()
-            (final,) = asyncio.run(run_batch(engine, [prompt], 1))
-            result["prefill"].append({"prompt_tokens": length, "ttft_s": final.timings.ttft_s,
-                                      "prefill_tokens_per_s": final.timings.prefill_tokens_per_s})
+            # The first prompt of a length grows scratch buffers and picks cuBLASLt algorithms for its shapes.
+            asyncio.run(run_batch(engine, [rng.integers(0, 200000, length).tolist()], 1))
+            ttfts, op_times = [], {}
+            for _ in range(prefill_repeats):
+                before = engine.memory_plan()["op_times"]
+                (final,) = asyncio.run(run_batch(engine, [rng.integers(0, 200000, length).tolist()], 1))
+                ttfts.append(final.timings.ttft_s)
+                op_times = op_time_split(before, engine.memory_plan()["op_times"])
+            ttft = float(np.median(ttfts))
+            result["prefill"].append({"prompt_tokens": length, "ttft_s": ttft, "ttft_runs_s": ttfts,
+                                      "prefill_tokens_per_s": length / ttft, "op_times": op_times})
     path.unlink()
     return result
 
@@ -118,13 +165,22 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--prefill", type=int, nargs="*", default=[1024])
     parser.add_argument("--host-sampling", action="store_true", help="copy logits and sample on the host (A/B)")
+    parser.add_argument("--prefill-repeats", type=int, default=2, help="timed prompts per length (median)")
+    parser.add_argument("--prefill-chunk", type=int, default=0, help="the engine's prefill chunk (0: auto)")
+    parser.add_argument("--decode-batches", type=int, nargs="*", default=[1, 2, 4, 8],
+                        help="decode concurrencies to run (none: prefill only)")
+    parser.add_argument("--op-times", action="store_true",
+                        help="time every backend op (NINFER_CUDA_OP_TIMES=1) and print the longest prefill's split")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.op_times:
+        os.environ["NINFER_CUDA_OP_TIMES"] = "1"
     assert tensor_shapes(MODELS[args.model])
     bandwidth = measure_bandwidth()["read"]
     commit = source_commit()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         result = bench(args.model, args.recipe, Path(tmp), bandwidth, args.prompt, args.new_tokens, args.prefill,
+                       args.decode_batches, args.prefill_chunk, args.prefill_repeats,
                        device_sampling=not args.host_sampling)
     from ninfer import _engine
 
@@ -140,8 +196,22 @@ def main() -> int:
               f"aggregate, {d['fraction_of_roofline']:.1%} of roofline ({d['bytes_per_step'] / 1e9:.2f} GB/step); "
               f"per pass: capture {d['graph_pass_ms']['capture_host']:.2f} ms, update "
               f"{d['graph_pass_ms']['update_host']:.2f} ms, device {d['graph_pass_ms']['device']:.2f} ms")
+    chunk = result["memory_plan"]["prefill_chunk"]
     for p in result["prefill"]:
-        print(f"prefill {p['prompt_tokens']}: TTFT {p['ttft_s']:.2f} s, {p['prefill_tokens_per_s']:.0f} tok/s")
+        runs = ", ".join(f"{t * 1e3:.0f}" for t in p["ttft_runs_s"])
+        print(f"prefill {p['prompt_tokens']} (chunk {chunk}): TTFT {p['ttft_s'] * 1e3:.0f} ms, "
+              f"{p['prefill_tokens_per_s']:.0f} tok/s (runs: {runs} ms)")
+    longest = max(result["prefill"], key=lambda p: p["prompt_tokens"], default=None)
+    if longest and longest["op_times"]:
+        total = sum(t["device_us"] for t in longest["op_times"].values())
+        print(f"device time per op, prefill {longest['prompt_tokens']}: {total / 1e3:.1f} ms in ops "
+              f"of {longest['ttft_s'] * 1e3:.0f} ms TTFT")
+        moved = elementwise_bytes(MODELS[args.model], longest["prompt_tokens"])
+        for op, t in longest["op_times"].items():
+            rate = f" {moved[op] / t['device_us'] / 1e3:7.0f} GB/s" if op in moved and not MODELS[args.model]["moe"] \
+                else ""
+            print(f"  {op:22s} {t['calls']:6d} calls {t['device_us'] / 1e3:9.2f} ms {t['device_us'] / total:6.1%}"
+                  f"{rate}")
     return 0
 
 

@@ -166,6 +166,7 @@ nb::dict memory_plan(const Engine& e) {
   d["gdn_states"] = p.gdn_states;
   d["workspace"] = p.workspace;
   d["headroom"] = p.headroom;
+  d["prefill_chunk"] = e.options().prefill_chunk;  // resolved: never 0 (auto) here
   d["graph_bytes"] = e.device() ? e.device()->graph_bytes() : 0;
   d["graphs_captured"] = e.device() ? e.device()->graphs_captured() : 0;
   d["graph_replays"] = e.device() ? e.device()->graph_replays() : 0;
@@ -174,6 +175,15 @@ nb::dict memory_plan(const Engine& e) {
   d["graph_capture_host_us"] = t.capture_host_us;
   d["graph_update_host_us"] = t.update_host_us;
   d["graph_device_us"] = t.device_us;
+  nb::dict op_times;  // empty unless the backend times its ops (NINFER_CUDA_OP_TIMES=1)
+  if (e.device())
+    for (const OpTime& t : e.device()->op_times()) {
+      nb::dict one;
+      one["calls"] = t.calls;
+      one["device_us"] = t.device_us;
+      op_times[t.op.c_str()] = one;
+    }
+  d["op_times"] = op_times;
   d["summary"] = e.device() ? describe(p) : std::string("cpu backend: host memory");
   return d;
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "artifact/artifact.h"
@@ -33,6 +34,13 @@ struct DeviceSampleRow {
   std::span<const uint32_t> mask;        // token_mask_words(vocab) words, or empty: no mask
 };
 
+// Device time of one kind of backend op summed over eager passes (the backend's op-timing mode).
+struct OpTime {
+  std::string op;
+  int64_t calls = 0;
+  double device_us = 0;
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -52,6 +60,9 @@ class DeviceRuntime {
   // Sampler::sample would (logprobs included); the draw is a counter-based function of (seed, counter).
   virtual void sample(const float* logits, int64_t vocab, std::span<const DeviceSampleRow> rows,
                       std::vector<SampledToken>& out) = 0;
+  // Per-op device times since the engine started, when the backend times its ops (a profiling mode, off by
+  // default: the CUDA backend with NINFER_CUDA_OP_TIMES=1); empty otherwise. Callable from any thread.
+  virtual std::vector<OpTime> op_times() const { return {}; }
 };
 
 }  // namespace ninfer

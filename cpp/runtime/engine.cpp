@@ -49,8 +49,8 @@ void validate_options(const EngineOptions& o) {
   if (o.max_queue < 0) fail("max_queue = " + std::to_string(o.max_queue) + " (must be >= 0)");
   if (o.kv_capacity < 0 && o.kv_capacity != kKvCapacityAuto)
     fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0; 0 = max_context * max_concurrency)");
-  if (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens != 0)
-    fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64)");
+  if (o.prefill_chunk != kPrefillChunkAuto && (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens))
+    fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64, or 0 = auto)");
 }
 
 }  // namespace
@@ -81,6 +81,10 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   if (device_) {
     const ModelConfig config = ModelConfig::from_json(artifact->config(), path);
     const DeviceMemoryUse use = device_->upload_weights(*artifact);
+    if (options_.prefill_chunk == kPrefillChunkAuto)
+      options_.prefill_chunk =
+          choose_prefill_chunk(config, options_.kv_dtype, options_.kv_capacity, options_.max_context,
+                               options_.max_concurrency, use.device_total, use.weights, use.free_after_weights);
     memory_plan_ = plan_memory(config, options_.kv_dtype, options_.kv_capacity, options_.max_context,
                                options_.max_concurrency, options_.prefill_chunk + options_.max_concurrency,
                                use.device_total, use.weights, use.free_after_weights);
@@ -88,6 +92,7 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     device_->set_graphs_enabled(options_.cuda_graphs);
     std::fprintf(stderr, "ninfer: %s\n", describe(memory_plan_).c_str());
   }
+  if (options_.prefill_chunk == kPrefillChunkAuto) options_.prefill_chunk = kDefaultPrefillChunk;
   model_ = Model::load(std::move(artifact), mo, std::move(backend));
   config_ = model_->config();
   Model* model = model_.get();

@@ -33,7 +33,11 @@ struct EngineOptions {
                                  // kKvCapacityAuto = the most that fits (device backends; else as 0)
   int32_t max_concurrency = 1;   // lanes, 1..8
   int32_t max_queue = 16;        // requests that may wait for a lane; one more is refused with EngineBusyError
-  int64_t prefill_chunk = 512;   // tokens per prefill chunk (and the per-step prefill budget), a multiple of 64
+  // Tokens per prefill chunk (and the per-step prefill budget), a multiple of 64, or kPrefillChunkAuto: 512 on
+  // the CPU backend; on a device backend the largest chunk up to 8192 the memory plan allows
+  // (choose_prefill_chunk). Decoding lanes wait at most one chunk's pass, so the chunk trades a long prompt's
+  // time to first token (fewer, more efficient passes) against other lanes' worst inter-token gap.
+  int64_t prefill_chunk = kPrefillChunkAuto;
   KvDtype kv_dtype = KvDtype::BF16;
   int32_t threads = 0;           // 0 = all cores
   bool verify_checksums = true;

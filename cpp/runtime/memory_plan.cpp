@@ -32,22 +32,28 @@ int64_t gdn_state_bytes(const ModelConfig& config, int32_t slots) {
   return int64_t(slots) * config.num_linear_attention_layers() * per_layer * int64_t(sizeof(float));
 }
 
-int64_t workspace_bytes(const ModelConfig& config, int64_t rows) {
+int64_t workspace_bytes(const ModelConfig& config, int64_t rows, int32_t sequences) {
   const int64_t h = config.hidden_size;
   const int64_t attention = 2LL * config.num_heads * config.head_dim + 2LL * config.num_kv_heads * config.head_dim +
                             int64_t(config.num_heads) * config.head_dim;
-  int64_t gdn = 0;
+  int64_t gdn = 0, gdn_chunk_work = 0;
   if (const auto& l = config.linear_attention) {
     const int64_t value = int64_t(l->num_value_heads) * l->value_head_dim;
     const int64_t channels = 2LL * l->num_key_heads * l->key_head_dim + value;
-    gdn = 2 * channels + 3 * value + 4LL * l->num_value_heads;  // mixed, conv, z, q/k/v views, out, gates
+    // mixed, conv and the contiguous q | k | v copies (channels each); z and the rule's output; a, b, g, beta.
+    gdn = 3 * channels + 2 * value + 4LL * l->num_value_heads;
+    // The chunked rule's products per chunk and value head: [L, Dk] + [L, Dv] + [L, L] + 2 L floats; every
+    // sequence may end in a partial chunk.
+    const int64_t chunks = rows / kGdnPrefillChunkTokens + sequences;
+    gdn_chunk_work = chunks * l->num_value_heads * kGdnPrefillChunkTokens *
+                     (l->key_head_dim + l->value_head_dim + kGdnPrefillChunkTokens + 2);
   }
   int64_t ffn = 2 * config.intermediate_size;
   if (const auto& m = config.moe)
     ffn = int64_t(m->top_k) * (2LL * m->intermediate_size + h) + 2LL * m->shared_intermediate_size + m->num_experts;
   // Residual stream, its normed copy, the block output, the widest mixer, the FFN; logits for every row at most.
   const int64_t per_row = 3 * h + std::max(attention, gdn) + ffn + config.vocab_size + h;
-  return rows * per_row * int64_t(sizeof(float));
+  return (rows * per_row + gdn_chunk_work) * int64_t(sizeof(float));
 }
 
 int64_t gemm_scratch_bytes(const ModelConfig& config, int64_t rows) {
@@ -78,8 +84,9 @@ MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capa
   p.free_after_weights = free_after_weights;
   p.kv_page_bytes = kv_page_bytes(config, dtype);
   p.gdn_states = gdn_state_bytes(config, slots);
+  p.pass_rows = pass_rows;
   p.gemm_scratch = gemm_scratch_bytes(config, pass_rows);
-  p.workspace = workspace_bytes(config, pass_rows) + p.gemm_scratch;
+  p.workspace = workspace_bytes(config, pass_rows, slots) + p.gemm_scratch;
   const int64_t for_kv = free_after_weights - p.headroom - p.gdn_states - p.workspace;
   const int64_t max_pages = (max_context * slots + kKvPageTokens - 1) / kKvPageTokens;
   const int64_t min_pages = (max_context + kKvPageTokens - 1) / kKvPageTokens;
@@ -102,11 +109,38 @@ MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capa
   return p;
 }
 
+int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens,
+                             int64_t max_context, int32_t slots, int64_t device_total, int64_t weights,
+                             int64_t free_after_weights) {
+  const int64_t available = free_after_weights - kMemoryHeadroomBytes - gdn_state_bytes(config, slots);
+  const int64_t longest = (max_context + kKvPageTokens - 1) / kKvPageTokens * kKvPageTokens;
+  int64_t chunk = std::clamp(longest, kDefaultPrefillChunk, kMaxAutoPrefillChunk);
+  while (chunk > kDefaultPrefillChunk) {
+    const int64_t rows = chunk + slots;
+    if ((workspace_bytes(config, rows, slots) + gemm_scratch_bytes(config, rows)) * kAutoChunkMemoryShare <=
+        available) {
+      try {
+        plan_memory(config, dtype, kv_capacity_tokens, max_context, slots, rows, device_total, weights,
+                    free_after_weights);
+        return chunk;
+      } catch (const OutOfMemoryError&) {
+        // the KV pool asked for does not fit next to this chunk's workspace: try a smaller chunk
+      }
+    }
+    // The next power of two below (a multiple of 64, since kDefaultPrefillChunk is one).
+    int64_t below = kDefaultPrefillChunk;
+    while (below * 2 < chunk) below *= 2;
+    chunk = below;
+  }
+  return kDefaultPrefillChunk;
+}
+
 std::string describe(const MemoryPlan& p) {
   return "device memory " + mib(p.device_total) + ": weights " + mib(p.weights) + ", KV pool " + mib(p.kv_pool) +
          " (" + std::to_string(p.kv_capacity_tokens) + " tokens, " + std::to_string(p.kv_page_bytes / kKvPageTokens) +
          " B/token), GDN states " + mib(p.gdn_states) + ", workspace (planned) " + mib(p.workspace) +
-         " (prefill GEMM scratch " + mib(p.gemm_scratch) + "), headroom " + mib(p.headroom);
+         " (" + std::to_string(p.pass_rows) + " rows; prefill GEMM scratch " + mib(p.gemm_scratch) + "), headroom " +
+         mib(p.headroom);
 }
 
 }  // namespace ninfer

@@ -46,7 +46,9 @@ class EngineOptions:
     max_concurrency: int = 1  # lanes, 1..8
     max_queue: int = 16  # requests that may wait for a lane
     kv_dtype: str = "bf16"  # f32 | bf16 | fp8 | int8
-    prefill_chunk: int = 512  # a multiple of 64
+    # tokens per prefill chunk, a multiple of 64; 0 = auto: 512 on the CPU backend, on CUDA the largest chunk up to
+    # 8192 the memory plan allows (memory_plan()["prefill_chunk"] says which). Decoding lanes wait at most one chunk.
+    prefill_chunk: int = 0
     threads: int = 0  # 0 = all cores
     verify_checksums: bool = True
     cuda_graphs: bool = True  # decode passes as CUDA graphs (cuda backend)

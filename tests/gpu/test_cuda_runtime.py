@@ -17,12 +17,14 @@ pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def f32_prefill_gemm(monkeypatch):
-    """These tests compare token for token (graphs vs eager vs CPU, lanes vs single runs), so the prefill GEMM stays
-    on its f32 twin: its fast paths round activations to bf16, and a lane's decode rows batched next to a prefill
-    would then differ (by bf16 rounding) from the same rows alone, which the f32 decode GEMV runs. The fast paths'
-    accuracy is tested in test_cuda_gemm.py and, end to end, in test_cuda_backend.py."""
+    """For tests that compare prefill logits (the first token's logprob comes from them) tightly: against the CPU
+    backend, or a prompt prefilled alone against the same prompt batched with others, where a prompt of <= 8
+    tokens alone takes the decode GEMV (f32 activations) but batched takes the prefill GEMM. The prefill GEMM then
+    stays on its f32 twin: its fast paths round activations to bf16 (or e4m3). Decode rows never reach the prefill
+    GEMM (on device backends decode and prefill passes take turns). The fast paths' accuracy is tested in
+    test_cuda_gemm.py and, end to end, in test_cuda_backend.py."""
     monkeypatch.setenv("NINFER_CUDA_GEMM", "twin")
 
 
@@ -70,6 +72,7 @@ def _options(**kw) -> EngineOptions:
     return EngineOptions(**(base | kw))
 
 
+@pytest.mark.usefixtures("f32_prefill_gemm")
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
 def test_graph_replay_equals_eager_and_cpu(tiny_artifacts, kind):
     path = tiny_artifacts[kind]
@@ -94,6 +97,7 @@ def test_graph_replay_equals_eager_and_cpu(tiny_artifacts, kind):
         np.testing.assert_allclose(gpu_lp, cpu_lp, atol=2e-3)
 
 
+@pytest.mark.usefixtures("f32_prefill_gemm")
 def test_lanes_equal_single_runs_with_graphs(tiny_artifacts):
     path = tiny_artifacts["qwen3_5"]
     with Engine.open_sync(path, _options()) as engine:
@@ -115,6 +119,28 @@ def test_memory_plan_auto_capacity(tiny_artifacts):
         assert plan["kv_capacity_tokens"] == 4096 * 3
         assert engine.stats().kv_capacity_tokens == plan["kv_capacity_tokens"]
         assert "weights" in plan["summary"] and "KV pool" in plan["summary"]
+
+
+@pytest.mark.usefixtures("f32_prefill_gemm")
+def test_prefill_chunk_auto_runs_a_long_prompt_in_one_pass(tiny_artifacts):
+    """prefill_chunk 0 (auto) on CUDA: a tiny model on a big device gets the whole context as its chunk (capped at
+    8192), the workspace is planned for that chunk plus every lane, and a 1500-token prompt prefilled in one pass
+    gives the tokens and logprobs of the same prompt in 64-token chunks (f32 GEMMs; chunking changes the order of
+    sums and, in the bf16 flash attention, where probabilities are rounded: the CPU comparison's bound)."""
+    path = tiny_artifacts["qwen3_5"]
+    with Engine.open_sync(path, _options(prefill_chunk=0, max_context=4096)) as engine:
+        plan = engine.memory_plan()
+        assert plan["prefill_chunk"] == 4096, plan
+        assert f"{4096 + 3} rows" in plan["summary"], plan["summary"]
+        prompt = np.random.default_rng(3).integers(0, engine.info.vocab_size, 1500).tolist()
+        whole = _run(engine, [prompt], 8)
+    with Engine.open_sync(path, _options(prefill_chunk=64, max_context=4096)) as engine:
+        assert engine.memory_plan()["prefill_chunk"] == 64
+        chunked = _run(engine, [prompt], 8)
+    assert whole[0][0] == chunked[0][0]
+    np.testing.assert_allclose(whole[0][1], chunked[0][1], atol=2e-3)
+    with Engine.open_sync(path, _options(prefill_chunk=0, max_context=20000)) as engine:
+        assert engine.memory_plan()["prefill_chunk"] == 8192
 
 
 def test_kv_capacity_beyond_the_device_is_out_of_memory(tiny_artifacts):

@@ -190,6 +190,14 @@ def test_invalid_engine_options_name_the_option(tiny_llama_artifact, options):
         Engine.open_sync(tiny_llama_artifact, EngineOptions(**options))
 
 
+def test_prefill_chunk_auto_is_512_on_the_cpu(tiny_llama_artifact):
+    """prefill_chunk 0 (the default) resolves to 512 on the CPU backend; only device backends plan a larger one."""
+    with Engine.open_sync(tiny_llama_artifact, EngineOptions(backend="cpu", max_context=4096)) as engine:
+        assert engine.memory_plan()["prefill_chunk"] == 512
+    with open_engine(tiny_llama_artifact, backend="cpu", prefill_chunk=192) as engine:
+        assert engine.memory_plan()["prefill_chunk"] == 192
+
+
 def test_score_matches_hf_log_softmax_up_to_the_full_context(tiny_llama_artifact, tiny_llama):
     rng = np.random.default_rng()
     reference = load_reference_model(tiny_llama)

@@ -8,11 +8,15 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/op_timing.h"
 #include "runtime/cache.h"
 
 namespace ninfer {
 
-std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  if (cuda::op_timing_requested()) return cuda::make_timed_cuda_backend(device);
+  return std::make_unique<cuda::CudaBackend>(device);
+}
 
 namespace cuda {
 namespace {
@@ -211,11 +215,13 @@ void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, floa
 }
 
 // Decode batches: the tensor-core GEMV splits x once per split kind and runs every weight of that kind on it;
-// other weights take the CUDA-core GEMV. Prefill batches: linear() per weight.
+// other weights take the CUDA-core GEMV. Prefill batches: the prefill GEMM converts x once for all weights.
 void CudaBackend::linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) {
   if (rows <= 0) return;
   if (rows > kMaxGemvRows) {
-    for (const LinearOut& o : outs) linear(x, rows, *o.w, o.y, o.bias);
+    std::vector<GemmOutput> gemm_outs;
+    for (const LinearOut& o : outs) gemm_outs.push_back({&resident(*o.w), o.y, resident(o.bias, o.w->rows())});
+    prefill_gemm_.run_shared(x, rows, gemm_outs, stream_, gemm_impl_);
     return;
   }
   std::vector<bool> done(outs.size(), false);

@@ -49,7 +49,7 @@ struct DeviceSequence {
   int64_t page_offset;
 };
 
-class CudaBackend final : public Backend, public DeviceRuntime {
+class CudaBackend : public Backend, public DeviceRuntime {
  public:
   explicit CudaBackend(int device);
   ~CudaBackend() override;

@@ -191,6 +191,24 @@ GemmImpl gemm_impl_from_environment() {
 
 GemmImpl PrefillGemm::run(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias,
                           cudaStream_t stream, GemmImpl impl) {
+  prepared_ = {};
+  return run_one(x, rows, w, y, bias, stream, impl);
+}
+
+void PrefillGemm::run_shared(const float* x, int64_t rows, std::span<const GemmOutput> outs, cudaStream_t stream,
+                             GemmImpl impl) {
+  prepared_ = {};
+  for (const GemmOutput& o : outs) run_one(x, rows, *o.w, o.y, o.bias, stream, impl);
+}
+
+bool PrefillGemm::input_ready(InputForm form, const float* x, int64_t rows, int64_t k) {
+  const bool ready = prepared_.form == form && prepared_.x == x && prepared_.rows == rows && prepared_.k == k;
+  prepared_ = {form, x, rows, k};
+  return ready;
+}
+
+GemmImpl PrefillGemm::run_one(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias,
+                              cudaStream_t stream, GemmImpl impl) {
   const auto attempt = [&](GemmImpl which) {
     switch (which) {
       case GemmImpl::Bf16: return run_bf16(x, rows, w, y, bias, stream);
@@ -232,9 +250,11 @@ bool PrefillGemm::run_bf16(const float* x, int64_t rows, const TensorView& w, fl
   void* xb = scratch(x_low_, size_t(rows * k) * 2, stream);
   const LtProblem first{LtOperands::BF16, LtScaling::None, dequantize ? slab : w.data, xb, y, slab_rows, rows, k, n};
   if (!lt_.supports(first)) return false;
-  to_bf16_kernel<<<blocks_for(rows * k / 8), kThreads, 0, stream>>>(reinterpret_cast<const float4*>(x), rows * k / 8,
-                                                                     static_cast<uint4*>(xb));
-  NINFER_CUDA_CHECK_LAUNCH();
+  if (!input_ready(InputForm::Bf16, x, rows, k)) {
+    to_bf16_kernel<<<blocks_for(rows * k / 8), kThreads, 0, stream>>>(reinterpret_cast<const float4*>(x),
+                                                                       rows * k / 8, static_cast<uint4*>(xb));
+    NINFER_CUDA_CHECK_LAUNCH();
+  }
   if (!dequantize) {
     if (!lt_.run(first, stream)) return false;
   } else {
@@ -264,8 +284,10 @@ bool PrefillGemm::run_fp8(const float* x, int64_t rows, const TensorView& w, flo
   const auto* w_scale = reinterpret_cast<const float*>(w.scale);
   const LtProblem problem{LtOperands::E4M3, scaling, w.data, xq, y, n, rows, k, n, w_scale, x_scale};
   if (!lt_.supports(problem)) return false;
-  quantize_rows_e4m3_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, k, xq, x_scale);
-  NINFER_CUDA_CHECK_LAUNCH();
+  if (!input_ready(InputForm::E4m3, x, rows, k)) {
+    quantize_rows_e4m3_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, k, xq, x_scale);
+    NINFER_CUDA_CHECK_LAUNCH();
+  }
   if (!lt_.run(problem, stream)) return false;
   if (scaling == LtScaling::None)
     scale_and_bias(y, rows, n, x_scale, w_scale, bias, stream);
@@ -282,6 +304,7 @@ void* PrefillGemm::scratch(DeviceBuffer& buffer, size_t bytes, cudaStream_t stre
       throw EngineError("prefill GEMM: scratch of " + std::to_string(bytes) + " bytes needed inside a graph capture");
     NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));  // queued work may still read the old buffer
     buffer = DeviceBuffer(bytes);
+    prepared_ = {};
   }
   return buffer.get();
 }

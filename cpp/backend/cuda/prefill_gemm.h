@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "artifact/artifact.h"
@@ -35,6 +36,13 @@ GemmImpl preferred_gemm_impl(const TensorView& w);
 // the fast paths run. EngineError for any other value.
 GemmImpl gemm_impl_from_environment();
 
+// One product of PrefillGemm::run_shared: y = x W^T (+ bias), device pointers (`w` holds device pointers).
+struct GemmOutput {
+  const TensorView* w = nullptr;
+  float* y = nullptr;     // [rows, w->rows()]
+  const float* bias = nullptr;  // [w->rows()] or null
+};
+
 class PrefillGemm {
  public:
   // x [rows, W.cols()], y [rows, W.rows()], bias [W.rows()] or null: device pointers; `w` holds device pointers.
@@ -44,16 +52,32 @@ class PrefillGemm {
   // come here).
   GemmImpl run(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, cudaStream_t stream,
                GemmImpl impl = GemmImpl::Auto);
+  // run() for several weights on the same x (a layer's projections): x is rounded to bf16, or quantized to e4m3
+  // with its row scales, once for all products that take that form, not once per weight.
+  void run_shared(const float* x, int64_t rows, std::span<const GemmOutput> outs, cudaStream_t stream,
+                  GemmImpl impl = GemmImpl::Auto);
 
  private:
+  enum class InputForm : uint8_t { None, Bf16, E4m3 };
+  GemmImpl run_one(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias,
+                   cudaStream_t stream, GemmImpl impl);
   bool run_bf16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, cudaStream_t stream);
   bool run_fp8(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, LtScaling scaling,
                cudaStream_t stream);
-  // A reused device buffer of at least `bytes` (grown after the stream has finished with the old one).
+  // A reused device buffer of at least `bytes` (grown after the stream has finished with the old one; growing
+  // forgets the prepared input).
   void* scratch(DeviceBuffer& buffer, size_t bytes, cudaStream_t stream);
+  // Whether x_low_ (and x_scale_) already hold `x` [rows, k] in `form` (queued by this run_shared call); marks it
+  // so for the caller, which then queues the conversion, when not.
+  bool input_ready(InputForm form, const float* x, int64_t rows, int64_t k);
 
   LtMatmul lt_;
   DeviceBuffer weight_slab_, x_low_, x_scale_;
+  struct {
+    InputForm form = InputForm::None;
+    const float* x = nullptr;
+    int64_t rows = 0, k = 0;
+  } prepared_;  // what x_low_ holds; reset at every run()/run_shared() (x's contents may change between calls)
 };
 
 }  // namespace ninfer::cuda

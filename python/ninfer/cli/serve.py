@@ -108,10 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument(
         "--prefill-chunk",
-        type=_positive("--prefill-chunk", 64),
-        default=512,
+        type=_positive("--prefill-chunk", 0),
+        default=0,
         metavar="N",
-        help="prompt tokens per prefill step, a multiple of 64 (default 512)",
+        help="prompt tokens per prefill step, a multiple of 64; 0 (default) = auto: 512 on the CPU, up to 8192 "
+        "on a GPU as memory allows (decoding requests wait at most one chunk)",
     )
     engine.add_argument(
         "--threads",

@@ -129,8 +129,9 @@ def _engine_options(entry: Mapping[str, Any], defaults: EngineOptions, where: st
         raise RouterConfigError(f"{where}.max_concurrency must be in 1..8, got {options.max_concurrency}")
     if options.max_context < 1:
         raise RouterConfigError(f"{where}.max_context must be >= 1, got {options.max_context}")
-    if options.prefill_chunk < 64 or options.prefill_chunk % 64:
-        raise RouterConfigError(f"{where}.prefill_chunk must be a positive multiple of 64, got {options.prefill_chunk}")
+    if options.prefill_chunk < 0 or options.prefill_chunk % 64:
+        raise RouterConfigError(f"{where}.prefill_chunk must be a positive multiple of 64 or 0 (auto), "
+                                f"got {options.prefill_chunk}")
     if options.kv_capacity is not None and options.kv_capacity < options.max_context:
         raise RouterConfigError(f"{where}.kv_capacity ({options.kv_capacity}) must hold one full context "
                                 f"(max_context {options.max_context})")
