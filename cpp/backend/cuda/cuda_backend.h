@@ -67,6 +67,9 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   // Use the slow, obviously-right twin where an op has a fast kernel and a reference one (today: gdn_rule's
   // token-by-token kernel instead of the decode and chunked kernels), so that tests can compare the two.
   void set_reference_kernels(bool on) { reference_kernels_ = on; }
+  // Use the f32 CUDA-core twin where an op has a tensor-core kernel whose operands are rounded (today: the GDN
+  // chunked scan), so that tests can measure the rounding against an otherwise identical path.
+  void set_f32_twins(bool on) { f32_twins_ = on; }
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
@@ -138,6 +141,7 @@ class CudaBackend final : public Backend, public DeviceRuntime {
   GemvWorkspace gemv_workspace_;  // after tables_: constructed once the device is selected
   DeviceBuffer gdn_workspace_;  // the chunked delta rule's per-chunk products
   bool reference_kernels_ = false;
+  bool f32_twins_ = false;
   DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)
   PrefillGemm prefill_gemm_;
   GemmImpl gemm_impl_ = gemm_impl_from_environment();
