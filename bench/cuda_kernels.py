@@ -121,35 +121,48 @@ def bench_gdn_decode(bandwidth: float) -> list[dict]:
 F32_FLOPS = 132 * 128 * 2 * 1.98e9
 
 
-def gdn_chunked_flops(tokens: int, hv: int, dk: int, dv: int, chunk: int = 64) -> float:
-    """FLOPs of the chunked form as gdn_prefill.cu computes it, per (chunk, value head) of L rows: k.k and q.k
-    (full L x L squares, 2 * 2 L^2 Dk), the forward substitution over Dk + Dv columns ((Dk + Dv) L (L - 1)),
-    W S and Q S (2 * 2 L Dk Dv), P u (L (L + 1) Dv) and the state update (2 L Dk Dv)."""
-    total = 0.0
+# H200 SXM dense tf32 tensor-core rate (NVIDIA's datasheet: 989 TFLOP/s with 2:4 sparsity, half of it dense).
+TF32_FLOPS = 494.7e12
+
+
+def gdn_chunked_flops(tokens: int, hv: int, dk: int, dv: int, chunk: int = 64) -> tuple[float, float]:
+    """(prepare, scan) FLOPs of the chunked form as gdn_prefill.cu computes it, per (chunk, value head) of L rows.
+    Prepare (f32 CUDA cores): k.k and q.k (full L x L squares, 2 * 2 L^2 Dk) and the forward substitution over
+    Dk + Dv columns ((Dk + Dv) L (L - 1)). Scan (tensor cores): W S and Q S (2 * 2 L Dk Dv), P u (L (L + 1) Dv)
+    and the state update (2 L Dk Dv)."""
+    prepare = scan = 0.0
     for start in range(0, tokens, chunk):
         n = min(chunk, tokens - start)
-        total += 4 * n * n * dk + (dk + dv) * n * (n - 1) + 6 * n * dk * dv + n * (n + 1) * dv
-    return total * hv
+        prepare += 4 * n * n * dk + (dk + dv) * n * (n - 1)
+        scan += 6 * n * dk * dv + n * (n + 1) * dv
+    return prepare * hv, scan * hv
 
 
 def bench_gdn_prefill(bandwidth: float) -> list[dict]:
     """The delta rule over one sequence of 512 (the engine's default prefill chunk), 1k and 8k new tokens at the
-    27B shape (kernels only), against its limits: FLOPs over the f32 rate, and the bytes that must move (q, k, v,
-    g, beta in; out; the state in and out) over the read bandwidth. The workspace (written once, read back by the
-    scan) is listed apart."""
+    27B shape (kernels only), against its limits: FLOPs over the rates they run at (prepare: f32 CUDA cores;
+    scan: dense tf32 tensor cores), and the bytes that must move (q, k, v, g, beta in; out; the state in and out)
+    over the read bandwidth. The workspace (written once, read back by the scan) is listed apart. Timed: the
+    chunked form with the tensor-core scan, its prepare kernel alone (so the scan is the difference), and the
+    chunked form with the f32 scan (the twin)."""
     hk, hv, dk, dv = 16, 48, 128, 128
     rows_out = []
     for tokens in (512, 1024, 8192):
-        micros, workspace = _engine.cuda.bench_gdn_prefill(tokens, hk, hv, dk, dv, iterations=10)
-        flops = gdn_chunked_flops(tokens, hv, dk, dv)
+        timed = {impl: _engine.cuda.bench_gdn_prefill(tokens, hk, hv, dk, dv, iterations=10, impl=impl)
+                for impl in ("mma", "prepare", "f32")}
+        micros, workspace = timed["mma"]
+        prepare_flops, scan_flops = gdn_chunked_flops(tokens, hv, dk, dv)
+        flops = prepare_flops + scan_flops
         io = 4 * (tokens * (2 * hk * dk + 2 * hv * dv + 2 * hv) + 2 * hv * dk * dv)
         row = {"kernel": "gdn_prefill_chunked", "tokens": tokens, "shape": [hk, hv, dk, dv], "median_us": micros,
-               "flops": flops, "tflop_per_s": flops / micros / 1e6, "flop_limit_us": flops / F32_FLOPS * 1e6,
+               "prepare_us": timed["prepare"][0], "scan_us": micros - timed["prepare"][0],
+               "f32_scan_total_us": timed["f32"][0], "flops": flops, "tflop_per_s": flops / micros / 1e6,
+               "flop_limit_us": (prepare_flops / F32_FLOPS + scan_flops / TF32_FLOPS) * 1e6,
                "io_bytes": io, "io_limit_us": io / bandwidth * 1e6, "workspace_bytes": workspace,
                "workspace_limit_us": 2 * workspace / bandwidth * 1e6, "tokens_per_s": tokens / micros * 1e6}
         if tokens == 1024:
             row["sequential_twin_us"], _ = _engine.cuda.bench_gdn_prefill(tokens, hk, hv, dk, dv, iterations=3,
-                                                                          reference=True)
+                                                                          impl="sequential")
         rows_out.append(row)
     return rows_out
 
@@ -245,7 +258,7 @@ def main() -> int:
         "device": _engine.cuda.device_name(), "host": platform.node(),
         "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "measured_read_gb_per_s": measured["read"] / 1e9, "measured_copy_gb_per_s": measured["copy"] / 1e9, "gemv": gemv, "gdn_decode": gdn,
-        "gdn_prefill": prefill, "f32_flops": F32_FLOPS,
+        "gdn_prefill": prefill, "f32_flops": F32_FLOPS, "tf32_flops": TF32_FLOPS,
         "attention": attention,
         "prefill_gemm": prefill_gemm,
         "sampler": sampler,
@@ -259,12 +272,13 @@ def main() -> int:
               f"{r['gb_per_s']:7.0f} {r['fraction_of_bandwidth']:6.1%}")
     for r in gdn:
         print(f"gdn_decode batch {r['batch']}: {r['median_us']:.1f} us, {r['fraction_of_bandwidth']:.1%} of read BW")
-    print(f"gdn prefill, 27B linear-attention layer (16/48 heads, 128/128), batch 1; "
-          f"f32 rate {F32_FLOPS / 1e12:.1f} TFLOP/s")
-    print(f"{'tokens':>6} {'us':>9} {'tok/s':>10} {'TFLOP/s':>8} {'FLOP limit us':>13} {'I/O limit us':>12} "
-          f"{'workspace us':>12} {'x 48 layers ms':>14}")
+    print(f"gdn prefill, 27B linear-attention layer (16/48 heads, 128/128), batch 1; f32 rate "
+          f"{F32_FLOPS / 1e12:.1f}, tf32 rate {TF32_FLOPS / 1e12:.1f} TFLOP/s; scan = total - prepare")
+    print(f"{'tokens':>6} {'us':>9} {'prepare':>8} {'scan':>8} {'f32 scan':>9} {'tok/s':>10} {'TFLOP/s':>8} "
+          f"{'FLOP limit us':>13} {'I/O limit us':>12} {'workspace us':>12} {'x 48 layers ms':>14}")
     for r in prefill:
-        print(f"{r['tokens']:>6} {r['median_us']:9.1f} {r['tokens_per_s']:10.0f} {r['tflop_per_s']:8.2f} "
+        print(f"{r['tokens']:>6} {r['median_us']:9.1f} {r['prepare_us']:8.1f} {r['scan_us']:8.1f} "
+              f"{r['f32_scan_total_us']:9.1f} {r['tokens_per_s']:10.0f} {r['tflop_per_s']:8.2f} "
               f"{r['flop_limit_us']:13.1f} {r['io_limit_us']:12.1f} {r['workspace_limit_us']:12.1f} "
               f"{48 * r['median_us'] / 1e3:14.2f}")
         if "sequential_twin_us" in r:

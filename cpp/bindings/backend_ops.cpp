@@ -47,12 +47,18 @@ using IntArray = nb::ndarray<nb::numpy, int32_t>;
 using PySeq = std::tuple<int64_t, int64_t, std::vector<int32_t>>;
 
 // A backend by name, plus "cuda-reference": the CUDA backend with its slow, obviously-right twins in place of the
-// fast kernels (CudaBackend::set_reference_kernels), so that tests can compare the two on the GPU.
+// fast kernels (CudaBackend::set_reference_kernels), and "cuda-f32": with the f32 twins of its tensor-core kernels
+// (CudaBackend::set_f32_twins), so that tests can compare them on the GPU.
 std::unique_ptr<Backend> make_ops_backend(const std::string& name) {
 #ifdef NINFER_HAVE_CUDA
   if (name == "cuda-reference") {
     std::unique_ptr<Backend> backend = make_cuda_backend(0);
     static_cast<cuda::CudaBackend&>(*backend).set_reference_kernels(true);
+    return backend;
+  }
+  if (name == "cuda-f32") {
+    std::unique_ptr<Backend> backend = make_cuda_backend(0);
+    static_cast<cuda::CudaBackend&>(*backend).set_f32_twins(true);
     return backend;
   }
 #endif
@@ -344,7 +350,8 @@ class Ops {
 
 void bind_backend_ops(nb::module_& m) {
   nb::class_<Ops>(m, "Ops", "Every Backend op on numpy arrays, for one backend (\"cpu\", \"cuda\" or "
-                            "\"cuda-reference\": CUDA with its slow twins); outputs are NaN-poisoned before each op.")
+                            "\"cuda-reference\": CUDA with its slow twins; \"cuda-f32\": with the f32 twins of its "
+                            "tensor-core kernels); outputs are NaN-poisoned before each op.")
       .def(nb::init<const std::string&>(), nb::arg("backend"))
       .def_prop_ro("backend", &Ops::name)
       .def("linear", &Ops::linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("bias").none() = nb::none())

@@ -272,10 +272,13 @@ std::tuple<double, double> bench_gdn_decode(int batch, int hk, int hv, int dk, i
   return {micros, 2.0 * double(states.bytes())};
 }
 
-// Median time of the gated delta rule over one sequence of `tokens` new tokens (kernels only; the chunked form,
-// or with `reference` the token-by-token twin). Returns (median microseconds, workspace bytes of the chunked form).
+// Median time of the gated delta rule over one sequence of `tokens` new tokens (kernels only). `impl`: "mma"
+// (the chunked form with the tensor-core scan), "f32" (with the f32 scan), "prepare" (the chunked form's first
+// kernel alone), "sequential" (the token-by-token twin). Returns (median microseconds, chunked workspace bytes).
 std::tuple<double, double> bench_gdn_prefill(int64_t tokens, int hk, int hv, int dk, int dv, int iterations,
-                                             bool reference) {
+                                             const std::string& impl) {
+  if (impl != "mma" && impl != "f32" && impl != "prepare" && impl != "sequential")
+    throw EngineError("bench_gdn_prefill: impl is one of mma, f32, prepare, sequential; got " + impl);
   cuda::DeviceBuffer q(size_t(tokens) * hk * dk * 4), k(q.bytes()), v(size_t(tokens) * hv * dv * 4),
       g(size_t(tokens) * hv * 4), beta(g.bytes()), state(size_t(hv) * dk * dv * 4), out(v.bytes());
   // Values do not change the work done; these keep every product finite (0x3c3c3c3c ~ 0.0115, g ~ -0.0115).
@@ -314,10 +317,13 @@ std::tuple<double, double> bench_gdn_prefill(int64_t tokens, int hk, int hv, int
   tables.chunks = device_chunks.as<const cuda::GdnChunkRef>();
   tables.first_chunk = device_first.as<const int64_t>();
   const double micros = median_kernel_micros(iterations, [&](int) {
-    if (reference)
+    if (impl == "sequential")
       cuda::gdn_prefill_sequential(args, nullptr);
+    else if (impl == "prepare")
+      cuda::gdn_chunk_prepare(args, tables, workspace.as<float>(), nullptr);
     else
-      cuda::gdn_prefill_chunked(args, tables, workspace.as<float>(), nullptr);
+      cuda::gdn_prefill_chunked(args, tables, workspace.as<float>(),
+                                impl == "f32" ? cuda::GdnScanImpl::f32 : cuda::GdnScanImpl::tensor_cores, nullptr);
   });
   return {micros, double(workspace.bytes())};
 }
@@ -531,8 +537,9 @@ void bind_cuda(nb::module_& m) {
   sub.def("bench_gdn_decode", &bench_gdn_decode, nb::arg("batch"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),
           nb::arg("dv"), nb::arg("iterations") = 50, "(median us, state bytes moved) of one decode step.");
   sub.def("bench_gdn_prefill", &bench_gdn_prefill, nb::arg("tokens"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),
-          nb::arg("dv"), nb::arg("iterations") = 10, nb::arg("reference") = false,
-          "(median us, chunked workspace bytes) of the delta rule over one sequence of `tokens` new tokens.");
+          nb::arg("dv"), nb::arg("iterations") = 10, nb::arg("impl") = "mma",
+          "(median us, chunked workspace bytes) of the delta rule over one sequence of `tokens` new tokens; "
+          "impl: mma, f32, prepare (first kernel alone), sequential.");
   sub.def("sample_rows", &sample_rows, nb::arg("logits"), nb::arg("params"), nb::arg("seeds"), nb::arg("counters"),
           nb::arg("prompts"), nb::arg("generated"), nb::arg("masks"),
           "One token per row of [rows, vocab] logits sampled on the device: [(token, logprob, top_logprobs)].");

@@ -71,6 +71,9 @@ class CudaBackend : public Backend, public DeviceRuntime {
   void launch_pass() override;
   void sample(const float* logits, int64_t vocab, std::span<const DeviceSampleRow> rows,
               std::vector<SampledToken>& out) override;  // in sampling.cu
+  // Use the f32 CUDA-core twin where an op has a tensor-core kernel whose operands are rounded (today: the GDN
+  // chunked scan), so that tests can measure the rounding against an otherwise identical path.
+  void set_f32_twins(bool on) { f32_twins_ = on; }
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
@@ -142,6 +145,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   GemvWorkspace gemv_workspace_;  // after tables_: constructed once the device is selected
   DeviceBuffer gdn_workspace_;  // the chunked delta rule's per-chunk products
   bool reference_kernels_ = false;
+  bool f32_twins_ = false;
   DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)
   PrefillGemm prefill_gemm_;
   GemmImpl gemm_impl_ = gemm_impl_from_environment();

@@ -161,7 +161,8 @@ void CudaBackend::gdn_rule(const float* q, const float* k, const float* v, const
   float* workspace = scratch(gdn_workspace_, gdn_chunked_workspace_floats(device_chunks.total_chunks,
                                                                           shape.num_value_heads, shape.key_head_dim,
                                                                           shape.value_head_dim));
-  gdn_prefill_chunked(args, device_chunks, workspace, stream_);
+  gdn_prefill_chunked(args, device_chunks, workspace, f32_twins_ ? GdnScanImpl::f32 : GdnScanImpl::tensor_cores,
+                      stream_);
 }
 
 }  // namespace ninfer::cuda
