@@ -398,6 +398,8 @@ std::tuple<double, double> bench_attention(int32_t heads, int32_t kv_heads, int3
   const double kv_bytes = 2.0 * double(batch) * double(context) * kv_heads *
                           (double(head_dim) * double(kv_element_bytes(dtype)) + scale_bytes);
   return {double(times[times.size() / 2]), kv_bytes};
+}
+
 using MaskWords = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using SampledRow = std::tuple<int32_t, float, std::vector<TokenLogprob>>;
 
