@@ -329,8 +329,9 @@ GDN_TF32_REL = 3e-3
 
 def gdn_rule_rel(dk: int, ns: list[int]) -> float:
     """The bound for CudaBackend::gdn_rule against an f32 path: the chunked form's tensor-core scan runs when some
-    sequence has several tokens and the key head dim is one it takes (gdn_scan_mma_supported), else f32 only."""
-    tensor_cores = any(n > 1 for n in ns) and dk % 16 == 0 and dk <= 128
+    sequence has several tokens and the key head dim is one it takes (gdn_scan_mma_supported) and at least 64
+    (smaller ones take the f32 scan), else f32 only."""
+    tensor_cores = any(n > 1 for n in ns) and dk % 16 == 0 and 64 <= dk <= 128
     return GDN_TF32_REL if tensor_cores else 2e-4
 
 
