@@ -179,6 +179,8 @@ void attend_one_avx2(const float* q, const SequenceRows& s, int64_t last, int32_
 
 #endif  // NINFER_ATTENTION_AVX2
 
+constexpr int64_t kParallelMinMacs = 1 << 20;
+
 }  // namespace
 
 void CpuBackend::attention(const float* q, int64_t q_row_stride, int64_t q_head_stride,
@@ -198,9 +200,15 @@ void CpuBackend::attention(const float* q, int64_t q_row_stride, int64_t q_head_
   const int32_t group = shape.num_heads / shape.num_kv_heads;
   const int64_t work = rows * shape.num_heads;
 
+  // Spread over threads only when there is enough of it (a few hundred thousand multiply-adds): a decode step's
+  // attention over a few hundred positions takes tens of microseconds, about what a fork and join cost.
+  int64_t visits = 0;
+  for (const SequenceRows& s : seqs) visits += s.n * (s.start + s.n);
+  const bool parallel = work > 1 && visits * shape.num_heads * shape.head_dim >= kParallelMinMacs;
+
   dispatch_kv_dtype(pool.dtype(), [&](auto codec) {
     using Codec = decltype(codec);
-#pragma omp parallel for schedule(dynamic) if (work > 1)
+#pragma omp parallel for schedule(dynamic) if (parallel)
     for (int64_t w = 0; w < work; ++w) {
       const int64_t r = w / shape.num_heads;
       const int32_t h = int32_t(w % shape.num_heads);
