@@ -69,8 +69,20 @@ def test_other_dtypes_are_not_row_formats():
 
 # ---------- the pool and the CPU attention on 8-bit rows ----------
 
+def bf16_rounded(x: np.ndarray) -> np.ndarray:
+    """x rounded to bf16 (nearest even) and back, as the bf16 pool stores it."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
 def quantized(rows: np.ndarray, kv_heads: int, dtype: str) -> np.ndarray:
-    """What an 8-bit pool holds for [tokens, kv_heads * d] rows: each (token, head) row round-tripped alone."""
+    """What a pool of `dtype` holds for [tokens, kv_heads * d] rows: f32 as is, bf16 rounded, 8-bit rows (each
+    (token, head) row) round-tripped alone."""
+    if dtype == "f32":
+        return rows
+    if dtype == "bf16":
+        return bf16_rounded(rows)
     d = rows.shape[1] // kv_heads
     out = [_engine.kv_quant_roundtrip(r.tolist(), dtype) for r in rows.reshape(-1, d)]
     return np.array(out, dtype=np.float32).reshape(rows.shape)
@@ -95,14 +107,16 @@ def attention_reference(q, keys, values, starts, counts, heads, kv_heads, d, sca
     return np.array(out)
 
 
-@pytest.mark.parametrize("dtype", ["fp8", "int8"])
-def test_attention_reads_8bit_pages_with_their_scales(dtype):
-    """kv_write quantizes each (token, head) row and stores its scale beside the page; attention must then equal
-    exact attention over the round-tripped K and V (f32 rounding only). Pages are a random permutation of the pool
-    and rows are scaled per head, so a wrong page, offset, head or scale slot shows."""
+@pytest.mark.parametrize("d", [32, 36], ids=["d32-vector", "d36-scalar"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "fp8", "int8"])
+def test_attention_reads_pages_with_their_scales(dtype, d):
+    """kv_write stores each (token, head) row (8-bit dtypes: quantized, its scale beside the page); attention must
+    then equal exact attention over the stored K and V (f32 rounding only). Pages are a random permutation of the
+    pool and rows are scaled per head, so a wrong page, offset, head or scale slot shows. head_dim 32 takes the
+    vectorised kernel (vector exp included), 36 the scalar one."""
     rng = np.random.default_rng()
     ops = _engine.cuda.Ops("cpu")
-    heads, kv_heads, d = 4, 2, 32
+    heads, kv_heads = 4, 2
     spec = [(63, 2), (0, 5), (100, 30)]  # (history, new): page-crossing history, an empty one, a prefill
     pages_needed = [(h + n + 63) // 64 for h, n in spec]
     order = rng.permutation(sum(pages_needed) + 2).astype(np.int32).tolist()
@@ -124,11 +138,13 @@ def test_attention_reads_8bit_pages_with_their_scales(dtype):
     want = attention_reference(q, keys, values, [h for h, _ in spec], [n for _, n in spec], heads, kv_heads, d,
                                d ** -0.5)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    # ... and the 8-bit rows are really used: exact (f32) K/V give a different answer.
+    if dtype == "f32":
+        return
+    # ... and the stored rows are really used: exact (f32) K/V give a different answer.
     exact = ops.attention(q, heads * 2 * d, 2 * d, np.concatenate(hist_k), np.concatenate(hist_v),
                           np.concatenate(new_k), np.concatenate(new_v), seqs, heads, kv_heads, d, d ** -0.5, "f32",
                           len(order), 2, 1)
-    assert np.abs(exact - got).max() > 1e-3 * np.abs(want).max()
+    assert np.abs(exact - got).max() > (1e-5 if dtype == "bf16" else 1e-3) * np.abs(want).max()
 
 
 # ---------- whole models ----------

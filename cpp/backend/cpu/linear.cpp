@@ -12,6 +12,8 @@
 #include <string>
 
 #include "backend/cpu/linear_decode.h"
+#include "backend/cpu/linear_grouped.h"
+#include "backend/cpu/linear_tiling.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -28,21 +30,9 @@ namespace ninfer::cpu {
 
 namespace {
 
-constexpr int64_t kTileRows = 4;      // weight rows decoded and multiplied together (the micro-kernel's width)
-constexpr int64_t kChunkCols = 512;   // columns per decoded chunk: a multiple of every group size and of 16
-constexpr int64_t kMaxRowBlock = 256; // input rows per block, at most
-constexpr int64_t kRowBlockBytes = 256 * 1024;  // input-row block sized to stay in L2 with room to spare
-
 // acc[r * kTileRows + t] += dot(x[r, 0:n], wbuf[t, 0:n]) for r < rows; x rows are `ldx` floats apart, the decoded
 // weight rows kChunkCols apart (zero rows pad a short last tile).
 #ifdef NINFER_LINEAR_AVX2
-
-// The four lane-sums of a, b, c, d as one 4-vector.
-inline __m128 sum_lanes4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
-  const __m256 abcd = _mm256_hadd_ps(ab, cd);
-  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-}
 
 // Scalar tail of columns [from, n) for one input row.
 inline __m128 tail_dot(const float* x, const float* wbuf, int64_t from, int64_t n) {
@@ -158,11 +148,6 @@ void tile_dot(const float* x, int64_t ldx, int64_t rows, const float* wbuf, int6
 
 #endif
 
-int64_t input_row_block(int64_t cols) {
-  const int64_t fit = kRowBlockBytes / (cols * int64_t(sizeof(float)));
-  return std::clamp<int64_t>(fit & ~int64_t(1), 8, kMaxRowBlock);
-}
-
 }  // namespace
 
 void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
@@ -176,6 +161,10 @@ void linear(const float* x, int64_t rows, const TensorView& w, float* y, const f
   // not by its whole static share.
   const int64_t chunk = std::max<int64_t>(1, tiles / (8 * omp_get_max_threads()));
 
+  if (linear_grouped_applies(w)) {
+    linear_grouped(x, rows, w, y, bias, chunk);
+    return;
+  }
 #ifdef NINFER_LINEAR_DIRECT
   if (rows == 1 && cols % 16 == 0) {
     simd::dispatch_decoder(w, [&](auto* tag) {

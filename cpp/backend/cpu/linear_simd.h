@@ -57,6 +57,16 @@ struct DecodeHalf {
 
 // e4m3 shifted into an f16's bit positions is the same number times 2^-8 (subnormals included, since both
 // formats' subnormals continue their normals), so F16C converts it and a scale times 2^8 restores it exactly.
+// 8 e4m3 codes at p times 2^-8 (0x7f above: NaN).
+inline __m256 e4m3x8_over_256(const uint8_t* p) {
+  const __m128i magnitude_mask = _mm_set1_epi16(0x7f), sign_mask = _mm_set1_epi16(0x80);
+  const __m128i codes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i magnitude = _mm_and_si128(codes, magnitude_mask);
+  __m128i half = _mm_or_si128(_mm_slli_epi16(magnitude, 7), _mm_slli_epi16(_mm_and_si128(codes, sign_mask), 8));
+  half = _mm_or_si128(half, _mm_and_si128(_mm_cmpeq_epi16(magnitude, magnitude_mask), _mm_set1_epi16(0x7e00)));
+  return _mm256_cvtph_ps(half);
+}
+
 struct DecodeFp8 {
   const uint8_t* q;
   __m256 scale256;
@@ -65,14 +75,7 @@ struct DecodeFp8 {
     std::memcpy(&scale, w.scale + 4 * row, 4);
     scale256 = _mm256_set1_ps(scale * 256.0f);
   }
-  __m256 eight(const uint8_t* p) const {
-    const __m128i magnitude_mask = _mm_set1_epi16(0x7f), sign_mask = _mm_set1_epi16(0x80);
-    const __m128i codes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m128i magnitude = _mm_and_si128(codes, magnitude_mask);
-    __m128i half = _mm_or_si128(_mm_slli_epi16(magnitude, 7), _mm_slli_epi16(_mm_and_si128(codes, sign_mask), 8));
-    half = _mm_or_si128(half, _mm_and_si128(_mm_cmpeq_epi16(magnitude, magnitude_mask), _mm_set1_epi16(0x7e00)));
-    return _mm256_mul_ps(_mm256_cvtph_ps(half), scale256);  // 0x7f above: NaN
-  }
+  __m256 eight(const uint8_t* p) const { return _mm256_mul_ps(e4m3x8_over_256(p), scale256); }
   void at(int64_t c, __m256& lo, __m256& hi) const {
     lo = eight(q + c);
     hi = eight(q + c + 8);

@@ -1,0 +1,35 @@
+// The tiling that every linear() kernel of the CPU backend shares: 4 weight rows per tile, columns taken a
+// 512-column chunk at a time, input rows in L2-sized blocks. The kernels of one encoding must agree on it (and on
+// the order of their sums) so that a row's result does not depend on how many rows share the call.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace ninfer::cpu {
+
+constexpr int64_t kTileRows = 4;      // weight rows decoded and multiplied together (the micro-kernel's width)
+constexpr int64_t kChunkCols = 512;   // columns per decoded chunk: a multiple of every group size and of 16
+constexpr int64_t kMaxRowBlock = 256; // input rows per block, at most
+constexpr int64_t kRowBlockBytes = 256 * 1024;  // input-row block sized to stay in L2 with room to spare
+
+// Input rows per block for rows of `cols` floats: even, 8 .. kMaxRowBlock.
+inline int64_t input_row_block(int64_t cols) {
+  const int64_t fit = kRowBlockBytes / (cols * int64_t(sizeof(float)));
+  return std::clamp<int64_t>(fit & ~int64_t(1), 8, kMaxRowBlock);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// The four lane-sums of a, b, c, d as one 4-vector.
+inline __m128 sum_lanes4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+#endif
+
+}  // namespace ninfer::cpu
