@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cpu_linear import cpu_name  # bench/ is the script's directory
 from ninfer.artifact.reader import read_artifact
 from ninfer.default_model import default_model_path
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
@@ -144,16 +144,6 @@ def _commit() -> str:
         return "unknown"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifact", help="default: the embedded SmolLM2-135M-Instruct (groupwise-int)")
@@ -172,7 +162,7 @@ def main() -> None:
         print(json.dumps(runs[-1]), flush=True)
     record = {
         "bench": "cpu_engine", "commit": _commit(), "model": "SmolLM2-135M-Instruct", "artifact": artifact.name,
-        "recipe": read_artifact(artifact).recipe.get("name"), "cpu": _cpu_model(), "cores": os.cpu_count(),
+        "recipe": read_artifact(artifact).recipe.get("name"), "cpu": cpu_name(), "cores": os.cpu_count(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"), "runs": runs,
     }
     if args.llama_gguf:

@@ -84,7 +84,7 @@ def main() -> None:
                               f"{row['weight_GBps_per_cpu_second']:>6.2f} GB/s")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
-    record = {"machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
+    record = {"machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform(),
                           "load_average_1m": os.getloadavg()[0]},
               "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)),
               "commit": commit, "results": results}
@@ -93,14 +93,14 @@ def main() -> None:
     print(f"wrote {args.out}")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,22 @@ def _gpu_unavailable_reason() -> str | None:
     return None
 
 
+@pytest.fixture(scope="session")
+def tiny_artifacts(tmp_path_factory):
+    """Tiny random Qwen3.5 dense and MoE checkpoints (tests/tiny_models.py) converted to bf16 artifacts."""
+    from tiny_models import build_tiny_checkpoint
+
+    from ninfer.artifact.convert import convert
+
+    root = tmp_path_factory.mktemp("tiny")
+    out = {}
+    for kind in ("qwen3_5", "qwen3_5_moe"):
+        src = build_tiny_checkpoint(kind, root)
+        out[kind] = root / f"{kind}.bf16.ninfer"
+        convert(src, out[kind], recipe="bf16", progress=False)
+    return out
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = _gpu_unavailable_reason()
     for item in items:

@@ -29,7 +29,6 @@ from test_cuda_backend import assert_close, attention_inputs, run_attention
 from ninfer.engine import Engine
 
 ops = backend_tests.ops  # the (cuda, cpu) Ops fixture
-tiny_artifacts = runtime_tests.tiny_artifacts  # tiny Qwen3.5 checkpoints as bf16 artifacts
 
 pytestmark = pytest.mark.gpu
 

@@ -357,21 +357,6 @@ def test_gdn_rule(ops, case):
 
 # ---------- end to end ----------
 
-@pytest.fixture(scope="module")
-def tiny_artifacts(tmp_path_factory):
-    from tiny_models import build_tiny_checkpoint
-
-    from ninfer.artifact.convert import convert
-
-    root = tmp_path_factory.mktemp("tiny")
-    out = {}
-    for kind in ("qwen3_5", "qwen3_5_moe"):
-        src = build_tiny_checkpoint(kind, root)
-        out[kind] = root / f"{kind}.bf16.ninfer"
-        convert(src, out[kind], recipe="bf16", progress=False)
-    return out
-
-
 def close_logits(got: np.ndarray, want: np.ndarray, what: str) -> None:
     scale = float(np.abs(want).max())
     assert np.isfinite(got).all(), f"{what}: non-finite logits"

@@ -28,21 +28,6 @@ def f32_prefill_gemm(monkeypatch):
     monkeypatch.setenv("NINFER_CUDA_GEMM", "twin")
 
 
-@pytest.fixture(scope="module")
-def tiny_artifacts(tmp_path_factory):
-    from tiny_models import build_tiny_checkpoint
-
-    from ninfer.artifact.convert import convert
-
-    root = tmp_path_factory.mktemp("tiny_runtime")
-    out = {}
-    for kind in ("qwen3_5", "qwen3_5_moe"):
-        src = build_tiny_checkpoint(kind, root)
-        out[kind] = root / f"{kind}.bf16.ninfer"
-        convert(src, out[kind], recipe="bf16", progress=False)
-    return out
-
-
 def _run(engine: Engine, prompts: list[list[int]], new_tokens: int) -> list[tuple[list[int], list[float]]]:
     """All prompts at once (as many lanes as the engine has); each one's greedy tokens and their logprobs."""
 
