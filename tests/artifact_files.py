@@ -83,6 +83,20 @@ def random_codes(rng: np.random.Generator, encoding: str, shape: tuple[int, ...]
 # --- byte-level edits -----------------------------------------------------------------------------------------
 
 
+def weight_pairs_artifact(path: Path, cases: list[tuple[str, str, int | None, tuple[int, ...]]],
+                          rng: np.random.Generator) -> tuple[Path, dict[str, np.ndarray]]:
+    """An artifact with two weights per case (name, encoding, group, shape): "codes/<name>", random codes (no NaN
+    codes), and "real/<name>", standard-normal values encoded. Returns its path and each weight's decoded values."""
+    from ninfer.artifact.encodings import decode
+
+    tensors = {}
+    for name, encoding, group, shape in cases:
+        tensors["codes/" + name] = random_codes(rng, encoding, shape, group, nan_codes=False)
+        tensors["real/" + name] = encoded(rng.standard_normal(shape).astype(np.float32), encoding, group)
+    reference = {name: decode(blobs, enc, shape_of(enc, blobs), group) for name, (enc, group, blobs) in tensors.items()}
+    return write_artifact(path, tensors), reference
+
+
 def read_header(path: Path) -> Header:
     return Header.unpack(path.read_bytes()[:HEADER_SIZE])
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from artifact_files import encoded, random_codes, shape_of, write_artifact
+from artifact_files import weight_pairs_artifact
 from ninfer import _engine
-from ninfer.artifact.encodings import bf16_bits_to_f32, decode, e4m3_to_f32, f32_to_bf16_bits, f32_to_e4m3
+from ninfer.artifact.encodings import bf16_bits_to_f32, e4m3_to_f32, f32_to_bf16_bits, f32_to_e4m3
 
 pytestmark = pytest.mark.gpu
 
@@ -64,16 +64,10 @@ def case_id(case: tuple) -> str:
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory):
-    rng = np.random.default_rng()
-    tensors = {}
-    for case in CASES:
-        encoding, group, out, cols, _ = case
-        tensors["codes/" + case_id(case)] = random_codes(rng, encoding, (out, cols), group, nan_codes=False)
-        tensors["real/" + case_id(case)] = encoded(rng.standard_normal((out, cols)).astype(np.float32), encoding,
-                                                    group)
-    path = write_artifact(tmp_path_factory.mktemp("cuda-gemm") / "w.ninfer", tensors)
+    cases = [(case_id(case), case[0], case[1], (case[2], case[3])) for case in CASES]
+    path, reference = weight_pairs_artifact(tmp_path_factory.mktemp("cuda-gemm") / "w.ninfer", cases,
+                                            np.random.default_rng())
     art = _engine.Artifact.open(path)
-    reference = {name: decode(blobs, enc, shape_of(enc, blobs), group) for name, (enc, group, blobs) in tensors.items()}
     yield art, reference
     art.close()
 

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from artifact_files import encoded, random_codes, shape_of, write_artifact  # noqa: E402
+from artifact_files import weight_pairs_artifact  # noqa: E402
 
 from ninfer import _engine  # noqa: E402
-from ninfer.artifact.encodings import decode  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -62,16 +61,10 @@ def case_id(case: tuple) -> str:
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory):
-    rng = np.random.default_rng()
-    tensors = {}
-    for case in WEIGHTS:
-        encoding, group, out, cols = case
-        tensors["codes/" + case_id(case)] = random_codes(rng, encoding, (out, cols), group, nan_codes=False)
-        tensors["real/" + case_id(case)] = encoded(rng.standard_normal((out, cols)).astype(np.float32), encoding,
-                                                    group)
-    path = write_artifact(tmp_path_factory.mktemp("cuda") / "w.ninfer", tensors)
+    cases = [(case_id(case), case[0], case[1], (case[2], case[3])) for case in WEIGHTS]
+    path, reference = weight_pairs_artifact(tmp_path_factory.mktemp("cuda") / "w.ninfer", cases,
+                                            np.random.default_rng())
     art = _engine.Artifact.open(path)
-    reference = {name: decode(blobs, enc, shape_of(enc, blobs), group) for name, (enc, group, blobs) in tensors.items()}
     yield art, reference
     art.close()
 
