@@ -100,8 +100,27 @@ def test_stop_a_generation(page, ui_server) -> None:
         time.sleep(0.1)
     else:
         pytest.fail("the stopped generation still holds its lane")
+    # llama-ui may still render chunks it had received before the stop, so the text settles a moment later; it only
+    # extends what was shown, and it stays far short of the answer's full 160 tokens.
+    settled = settled_text(page)
+    assert settled.startswith(stopped_at)
+    tokens = httpx.post(ui_server.url + "/tokenize", json={"content": settled, "model": "alpha"}).json()["tokens"]
+    assert len(tokens) < UI_SETTINGS["max_tokens"] // 2
     time.sleep(1.0)
-    assert assistant_text(page) == stopped_at  # no more text arrives
+    assert assistant_text(page) == settled  # no more text arrives
+
+
+def settled_text(page, quiet_s: float = 1.0) -> str:
+    """The answer once it has not changed for quiet_s."""
+    deadline = time.monotonic() + SETTLE_MS / 1000
+    text, since = assistant_text(page), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        if time.monotonic() > deadline:
+            pytest.fail("the stopped answer kept changing")
+        time.sleep(0.1)
+        if (now := assistant_text(page)) != text:
+            text, since = now, time.monotonic()
+    return text
 
 
 def test_switch_models_and_see_the_status_change(page, ui_server) -> None:
