@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <optional>
 #include <random>
@@ -328,6 +329,37 @@ std::tuple<double, double> bench_gdn_prefill(int64_t tokens, int hk, int hv, int
   return {micros, double(workspace.bytes())};
 }
 
+// Median microseconds per call of `calls` back-to-back calls call(0 .. calls - 1), captured in one CUDA graph on
+// `stream` (no host gaps, as in a captured decode pass); each of `iterations` graph launches is timed.
+template <class Call>
+double graph_median_micros(cudaStream_t stream, int32_t calls, int32_t iterations, Call call) {
+  cudaGraph_t graph = nullptr;
+  NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int32_t c = 0; c < calls; ++c) call(c);
+  NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  NINFER_CUDA_CHECK(cudaEventCreate(&start));
+  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int32_t it = 0; it <= iterations; ++it) {  // the first launch warms up
+    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
+    NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
+    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (it > 0) times.push_back(ms * 1000.0f / float(calls));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(times.begin(), times.end());
+  return double(times[times.size() / 2]);
+}
+
 // Median time of CudaBackend::attention for `batch` sequences of `context` positions each, the last `new_rows`
 // of them new (prefill: new_rows = context; decode: 1), over random KV and q. `calls` back-to-back calls are
 // captured in one CUDA graph (no host gaps, as in a captured decode pass); each graph launch is timed.
@@ -369,35 +401,11 @@ std::tuple<double, double> bench_attention(int32_t heads, int32_t kv_heads, int3
   };
   attend();                // grows the decode partials outside the capture
   backend.begin_pass(0);   // synchronises, empties the table arena
-  cudaStream_t stream = backend.stream();
-  cudaGraph_t graph = nullptr;
-  NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int32_t c = 0; c < calls; ++c) attend();
-  NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  NINFER_CUDA_CHECK(cudaEventCreate(&start));
-  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int32_t it = 0; it <= iterations; ++it) {  // the first launch warms up
-    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
-    NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
-    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (it > 0) times.push_back(ms * 1000.0f / float(calls));
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  std::sort(times.begin(), times.end());
+  const double micros = graph_median_micros(backend.stream(), calls, iterations, [&](int32_t) { attend(); });
   const double scale_bytes = kv_dtype_is_quantized(dtype) ? sizeof(float) : 0.0;
   const double kv_bytes = 2.0 * double(batch) * double(context) * kv_heads *
                           (double(head_dim) * double(kv_element_bytes(dtype)) + scale_bytes);
-  return {double(times[times.size() / 2]), kv_bytes};
+  return {micros, kv_bytes};
 }
 
 using MaskWords = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -503,6 +511,62 @@ double bench_sampler(int rows, int64_t vocab, const SamplingParams& params, int 
   });
 }
 
+// Median time of CudaBackend::moe_experts (the routed experts: bucketing, gate/up + SwiGLU, down, weighted sum) for
+// `rows` rows of deterministic x, each routed to `top_k` distinct experts drawn uniformly (seeded). `copies` device
+// copies of the stacked weights, each with its own routing, are used in turn, calls captured in one CUDA graph, so
+// that the weights stream from device memory. impl: "grouped" (what the backend runs) or "reference" (the simple
+// twin). Returns (median microseconds per call, mean weight bytes a call must read: its distinct experts' gate, up
+// and down matrices with their scales).
+std::tuple<double, double> bench_moe(const ArtifactHandle& handle, const std::string& gate, const std::string& up,
+                                     const std::string& down, int64_t rows, int32_t top_k, int32_t copies,
+                                     int32_t iterations, const std::string& impl) {
+  if (impl != "grouped" && impl != "reference")
+    throw EngineError("bench_moe: impl is grouped or reference, not " + impl);
+  const Artifact& art = *handle.get();
+  const TensorView* host[3] = {&art.tensor(gate), &art.tensor(up), &art.tensor(down)};
+  const int64_t experts = host[0]->matrices(), hidden = host[0]->cols();
+  if (top_k < 1 || top_k > experts) throw EngineError("bench_moe: top_k outside 1.." + std::to_string(experts));
+  nb::gil_scoped_release release;
+  cuda::CudaBackend backend(0);
+  backend.set_reference_kernels(impl == "reference");
+  double expert_bytes = 0;
+  for (const TensorView* w : host)
+    expert_bytes += double(cuda::data_bytes(*w) + cuda::scale_bytes(*w) + cuda::zero_bytes(*w)) / double(experts);
+  std::vector<cuda::DeviceWeight> weights;
+  std::vector<cuda::DeviceBuffer> ids;
+  std::mt19937 random(12345);
+  std::vector<int32_t> order(static_cast<size_t>(experts)), routing(static_cast<size_t>(rows * top_k));
+  double read_bytes = 0;
+  for (int32_t c = 0; c < copies; ++c) {
+    for (const TensorView* w : host) weights.push_back(cuda::upload_weight(*w));
+    std::vector<bool> used(size_t(experts), false);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::iota(order.begin(), order.end(), 0);
+      for (int32_t j = 0; j < top_k; ++j) {  // a partial Fisher-Yates shuffle: top_k distinct experts
+        std::swap(order[size_t(j)], order[size_t(j) + random() % size_t(experts - j)]);
+        routing[size_t(r * top_k + j)] = order[size_t(j)];
+        used[size_t(order[size_t(j)])] = true;
+      }
+    }
+    read_bytes += expert_bytes * double(std::count(used.begin(), used.end(), true)) / copies;
+    ids.emplace_back(routing.size() * sizeof(int32_t));
+    ids.back().upload(routing.data(), ids.back().bytes());
+  }
+  std::vector<float> x_host(size_t(rows * hidden)), w_host(size_t(rows * top_k), 1.0f / float(top_k));
+  for (size_t i = 0; i < x_host.size(); ++i) x_host[i] = float((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+  cuda::DeviceBuffer x(x_host.size() * sizeof(float)), route_weights(w_host.size() * sizeof(float)), out(x.bytes());
+  x.upload(x_host.data(), x.bytes());
+  route_weights.upload(w_host.data(), route_weights.bytes());
+  auto call = [&](int32_t c) {
+    const cuda::DeviceWeight* w = &weights[size_t(c) * 3];
+    backend.moe_experts(x.as<float>(), rows, hidden, ids[size_t(c)].as<int32_t>(), route_weights.as<float>(), top_k,
+                        w[0].view, w[1].view, w[2].view, out.as<float>());
+  };
+  call(0);  // grows the scratch buffers outside the capture
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
+  return {graph_median_micros(backend.stream(), copies, iterations, call), read_bytes};
+}
+
 std::string device_name() {
   cudaDeviceProp props{};
   NINFER_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
@@ -534,6 +598,10 @@ void bind_cuda(nb::module_& m) {
           nb::arg("kv_dtype"), nb::arg("context"), nb::arg("new_rows"), nb::arg("batch"), nb::arg("calls") = 10,
           nb::arg("iterations") = 20,
           "(median us per call, K/V bytes read) of CudaBackend::attention, calls captured in a CUDA graph.");
+  sub.def("bench_moe", &bench_moe, nb::arg("artifact"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
+          nb::arg("rows"), nb::arg("top_k"), nb::arg("copies") = 2, nb::arg("iterations") = 10,
+          nb::arg("impl") = "grouped",
+          "(median us, weight bytes read) of CudaBackend::moe_experts on random routings; impl: grouped, reference.");
   sub.def("bench_gemm", &bench_gemm, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"), nb::arg("impl") = "auto",
           nb::arg("iterations") = 20, "(median us, implementation run) of the prefill GEMM.");
   sub.def("bench_gdn_decode", &bench_gdn_decode, nb::arg("batch"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"),

@@ -66,7 +66,8 @@ class CudaBackend : public Backend, public DeviceRuntime {
   int64_t graph_replays() const override { return graphs_.replays(); }
   GraphPassTimings graph_timings() const override { return graphs_.timings(); }
   // Use the slow, obviously-right twin where an op has a fast kernel and a reference one (today: gdn_rule's
-  // token-by-token kernel instead of the decode and chunked kernels), so that tests can compare the two.
+  // token-by-token kernel instead of the decode and chunked kernels; moe_experts' simple kernels instead of the
+  // grouped matmul), so that tests can compare the two.
   void set_reference_kernels(bool on) { reference_kernels_ = on; }
   void launch_pass() override;
   void sample(const float* logits, int64_t vocab, std::span<const DeviceSampleRow> rows,
@@ -141,7 +142,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   std::unordered_map<const float*, DeviceBuffer> constants_;
   StepTables tables_;
   DecodeGraphs graphs_;
-  DeviceBuffer moe_hidden_, moe_out_;
+  DeviceBuffer moe_hidden_, moe_out_, moe_split_, moe_routing_;  // moe.cu
   GemvWorkspace gemv_workspace_;  // after tables_: constructed once the device is selected
   DeviceBuffer gdn_workspace_;  // the chunked delta rule's per-chunk products
   bool reference_kernels_ = false;

@@ -1,10 +1,14 @@
 // Mixture of experts on the CUDA backend: routing (softmax, top-k, renormalise) one thread per row, and the routed
-// experts as three simple passes over the (row, slot) pairs: gate/up + SwiGLU, down, weighted sum. Correct first:
-// one warp per output value; the grouped expert GEMM replaces it later.
+// experts: per (row, slot) pair y = down_e(silu(gate_e x) * up_e x), then out[r] = sum_j weights[r, j] y[r, j]
+// (j in order, so a row's result does not depend on the batch). y comes from the grouped tensor-core matmul
+// (moe_grouped.cu) where it takes the weights, else from the simple kernels here: one warp per output value and
+// scalar decoding, the obviously-right twin (set_reference_kernels) and the path for widths and encodings the
+// grouped one does not take (f32, f16, int groups below 128, widths not multiples of 128).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
+#include "backend/cuda/moe_grouped.h"
 
 namespace ninfer::cuda {
 namespace {
@@ -117,19 +121,28 @@ void CudaBackend::moe_experts(const float* x, int64_t rows, int64_t hidden, cons
                       std::string(encoding_name(g.encoding)) + ", " + encoding_name(u.encoding) + ", " +
                       encoding_name(d.encoding) + ")");
   const int64_t pairs = rows * top_k, inter = g.rows();
-  if ((inter + kWarps - 1) / kWarps > 65535 || (hidden + kWarps - 1) / kWarps > 65535)
-    throw EngineError("CUDA moe_experts: expert width above one launch's grid");
-  float* h = scratch(moe_hidden_, size_t(pairs * inter));
   float* y = scratch(moe_out_, size_t(pairs * hidden));
-  dispatch_encoding(g.encoding, [&](auto encoding) {
-    constexpr Encoding E = decltype(encoding)::value;
-    experts_up_kernel<E><<<dim3(unsigned(pairs), unsigned((inter + kWarps - 1) / kWarps)), kWarps * 32, 0, stream_>>>(
-        x, pairs, hidden, ids, top_k, weight_ref(g), weight_ref(u), inter, h);
-    NINFER_CUDA_CHECK_LAUNCH();
-    experts_down_kernel<E><<<dim3(unsigned(pairs), unsigned((hidden + kWarps - 1) / kWarps)), kWarps * 32, 0,
-                             stream_>>>(h, inter, ids, weight_ref(d), hidden, y);
-    NINFER_CUDA_CHECK_LAUNCH();
-  });
+  if (!reference_kernels_ && moe_grouped_supports(g, u, d, hidden)) {
+    const auto floats = [](size_t bytes) { return (bytes + sizeof(float) - 1) / sizeof(float); };
+    MoeScratch s;
+    s.x_split = scratch(moe_split_, floats(moe_grouped_x_split_bytes(rows, hidden)));
+    s.h_split = scratch(moe_hidden_, floats(moe_grouped_h_split_bytes(pairs, inter)));
+    s.routing = scratch(moe_routing_, floats(moe_grouped_routing_bytes(pairs)));
+    moe_grouped_experts(x, rows, hidden, ids, top_k, g, u, d, s, y, stream_);
+  } else {
+    if ((inter + kWarps - 1) / kWarps > 65535 || (hidden + kWarps - 1) / kWarps > 65535)
+      throw EngineError("CUDA moe_experts: expert width above one launch's grid");
+    float* h = scratch(moe_hidden_, size_t(pairs * inter));
+    dispatch_encoding(g.encoding, [&](auto encoding) {
+      constexpr Encoding E = decltype(encoding)::value;
+      experts_up_kernel<E><<<dim3(unsigned(pairs), unsigned((inter + kWarps - 1) / kWarps)), kWarps * 32, 0,
+                             stream_>>>(x, pairs, hidden, ids, top_k, weight_ref(g), weight_ref(u), inter, h);
+      NINFER_CUDA_CHECK_LAUNCH();
+      experts_down_kernel<E><<<dim3(unsigned(pairs), unsigned((hidden + kWarps - 1) / kWarps)), kWarps * 32, 0,
+                               stream_>>>(h, inter, ids, weight_ref(d), hidden, y);
+      NINFER_CUDA_CHECK_LAUNCH();
+    });
+  }
   experts_sum_kernel<<<blocks_for(rows * hidden), kThreads, 0, stream_>>>(y, rows, hidden, weights, top_k, out);
   NINFER_CUDA_CHECK_LAUNCH();
 }
