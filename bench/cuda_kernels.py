@@ -1,5 +1,5 @@
 """Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and chunked prefill, paged
-attention, the prefill GEMM (bench/cuda_gemm.py) and the device sampler at Qwen3.5 shapes, against the device read bandwidth measured
+attention, the prefill GEMM (bench/cuda_gemm.py), the device sampler and the MoE routed experts at Qwen3.5 shapes, against the device read bandwidth measured
 in the same run (the f32 FMA rate for the GDN prefill, the dense bf16 matrix rate for prefill attention, TFLOP/s
 for the GEMM). Run on the accelerator machine:
 
@@ -213,6 +213,54 @@ def print_attention(rows: list[dict]) -> None:
               f"{r['gb_per_s']:7.0f} {r['fraction_of_bandwidth']:6.1%}{note}")
 
 
+# Qwen3.5-35B-A3B routed experts (reference section 8): 256 experts, top-8, hidden 2048, expert width 512.
+MOE_35B_A3B = {"experts": 256, "top_k": 8, "hidden": 2048, "inter": 512}
+MOE_ENCODINGS = [("int4", 128), ("int8", 128), ("fp8_e4m3", None), ("nvfp4", None), ("bf16", None)]
+
+
+def bench_moe(workdir: Path, bandwidth: float) -> list[dict]:
+    """CudaBackend::moe_experts at the 35B-A3B shape on uniform random routings (the bench_moe binding): decode
+    (rows 1, 8) against the read bandwidth (bytes: the distinct routed experts' weights with their scales, x and
+    the output), prefill (rows 1024, 8192) against the dense bf16 rate (FLOPs: 2 * rows * top_k * 3 * hidden *
+    inter; the grouped kernel multiplies each weight by x's bf16 hi and lo planes, so it issues twice these) and
+    the simple twin at decode rows for comparison."""
+    m = MOE_35B_A3B
+    e, k, h, i = m["experts"], m["top_k"], m["hidden"], m["inter"]
+    rng = np.random.default_rng(0)
+    rows_out = []
+    for encoding, group in MOE_ENCODINGS:
+        tensors = {"gate": random_codes(rng, encoding, (e, i, h), group, nan_codes=False),
+                   "up": random_codes(rng, encoding, (e, i, h), group, nan_codes=False),
+                   "down": random_codes(rng, encoding, (e, h, i), group, nan_codes=False)}
+        path = write_artifact(workdir / f"moe-{encoding}.ninfer", tensors)
+        art = _engine.Artifact.open(path, verify_checksums=False)
+        for impl, rows in [("grouped", 1), ("grouped", 8), ("reference", 1), ("reference", 8), ("grouped", 1024),
+                           ("grouped", 8192)]:
+            prefill = rows > 8
+            micros, weight_bytes = _engine.cuda.bench_moe(art, "gate", "up", "down", rows, k, copies=2,
+                                                          calls=2 if prefill else 16, iterations=3 if prefill else 20,
+                                                          impl=impl)
+            moved = weight_bytes + 2 * 4 * rows * h
+            flops = 2.0 * rows * k * 3 * h * i
+            rows_out.append({
+                "kernel": "moe_experts", "impl": impl, "encoding": encoding, "group_size": group, "rows": rows,
+                "shape": m, "median_us": micros, "bytes": moved, "gb_per_s": moved / micros / 1e3,
+                "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth, "flops": flops,
+                "tflop_per_s": flops / micros / 1e6, "fraction_of_bf16_peak": flops / (micros * 1e-6) / DENSE_BF16_FLOPS,
+            })
+        art.close()
+        path.unlink()
+    return rows_out
+
+
+def print_moe(rows: list[dict]) -> None:
+    print(f"{'moe_experts (35B-A3B: 256 x top-8, 2048 x 512)':48} {'impl':9} {'rows':>5} {'us':>9} {'GB/s':>7} "
+          f"{'of BW':>6} {'TFLOP/s':>8} {'of bf16':>8}")
+    for r in rows:
+        print(f"{r['encoding']:48} {r['impl']:9} {r['rows']:>5} {r['median_us']:9.1f} {r['gb_per_s']:7.0f} "
+              f"{r['fraction_of_bandwidth']:6.1%} {r['tflop_per_s']:8.1f} {r['fraction_of_bf16_peak']:8.1%}")
+
+
 def bench_sampler() -> list[dict]:
     """One device-sampler call (pack, upload, kernels, download) at the Qwen3.5 vocabulary, greedy and nucleus."""
     vocab = 248320
@@ -233,16 +281,19 @@ def bench_sampler() -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--only", choices=["gemv", "gdn", "attention", "gemm", "sampler"], help="run one kernel family")
+    families = ("gemv", "gdn", "attention", "gemm", "sampler", "moe")
+    parser.add_argument("--only", choices=families, help="run one kernel family")
     args = parser.parse_args()
-    run = {name: args.only in (None, name) for name in ("gemv", "gdn", "attention", "gemm", "sampler")}
+    run = {name: args.only in (None, name) for name in families}
     commit = source_commit()
     measured = measure_bandwidth()
     bandwidth = measured["read"]
-    gemv, gdn, prefill, attention, prefill_gemm, sampler = [], [], [], [], [], []
+    gemv, gdn, prefill, attention, prefill_gemm, sampler, moe = [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         if run["gemv"]:
             gemv = bench_gemv(Path(tmp), bandwidth)
+        if run["moe"]:
+            moe = bench_moe(Path(tmp), bandwidth)
         if run["gemm"]:
             from cuda_gemm import bench_prefill_gemm
 
@@ -262,6 +313,7 @@ def main() -> int:
         "attention": attention,
         "prefill_gemm": prefill_gemm,
         "sampler": sampler,
+        "moe": moe,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
@@ -288,6 +340,8 @@ def main() -> int:
         from cuda_gemm import print_table
 
         print_table(prefill_gemm)
+    if moe:
+        print_moe(moe)
     for r in sampler:
         print(f"sampler {r['case']:12} rows {r['rows']}: {r['median_us']:.1f} us (vocab {r['vocab']})")
     return 0

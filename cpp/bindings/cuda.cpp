@@ -512,20 +512,21 @@ double bench_sampler(int rows, int64_t vocab, const SamplingParams& params, int 
 }
 
 // Median time of CudaBackend::moe_experts (the routed experts: bucketing, gate/up + SwiGLU, down, weighted sum) for
-// `rows` rows of deterministic x, each routed to `top_k` distinct experts drawn uniformly (seeded). `copies` device
-// copies of the stacked weights, each with its own routing, are used in turn, calls captured in one CUDA graph, so
-// that the weights stream from device memory. impl: "grouped" (what the backend runs) or "reference" (the simple
-// twin). Returns (median microseconds per call, mean weight bytes a call must read: its distinct experts' gate, up
-// and down matrices with their scales).
+// `rows` rows of deterministic x, each routed to `top_k` distinct experts drawn uniformly (seeded). `calls` calls,
+// each with its own routing, use `copies` device copies of the stacked weights in turn, captured in one CUDA graph,
+// so that an expert's weights are rarely still in L2 from a recent call. impl: "grouped" (what the backend runs) or
+// "reference" (the simple twin). Returns (median microseconds per call, mean weight bytes a call must read: its
+// distinct experts' gate, up and down matrices with their scales).
 std::tuple<double, double> bench_moe(const ArtifactHandle& handle, const std::string& gate, const std::string& up,
                                      const std::string& down, int64_t rows, int32_t top_k, int32_t copies,
-                                     int32_t iterations, const std::string& impl) {
+                                     int32_t calls, int32_t iterations, const std::string& impl) {
   if (impl != "grouped" && impl != "reference")
     throw EngineError("bench_moe: impl is grouped or reference, not " + impl);
   const Artifact& art = *handle.get();
   const TensorView* host[3] = {&art.tensor(gate), &art.tensor(up), &art.tensor(down)};
   const int64_t experts = host[0]->matrices(), hidden = host[0]->cols();
   if (top_k < 1 || top_k > experts) throw EngineError("bench_moe: top_k outside 1.." + std::to_string(experts));
+  if (copies < 1 || calls < 1) throw EngineError("bench_moe: copies and calls must be positive");
   nb::gil_scoped_release release;
   cuda::CudaBackend backend(0);
   backend.set_reference_kernels(impl == "reference");
@@ -533,12 +534,13 @@ std::tuple<double, double> bench_moe(const ArtifactHandle& handle, const std::st
   for (const TensorView* w : host)
     expert_bytes += double(cuda::data_bytes(*w) + cuda::scale_bytes(*w) + cuda::zero_bytes(*w)) / double(experts);
   std::vector<cuda::DeviceWeight> weights;
+  for (int32_t c = 0; c < copies; ++c)
+    for (const TensorView* w : host) weights.push_back(cuda::upload_weight(*w));
   std::vector<cuda::DeviceBuffer> ids;
   std::mt19937 random(12345);
   std::vector<int32_t> order(static_cast<size_t>(experts)), routing(static_cast<size_t>(rows * top_k));
   double read_bytes = 0;
-  for (int32_t c = 0; c < copies; ++c) {
-    for (const TensorView* w : host) weights.push_back(cuda::upload_weight(*w));
+  for (int32_t c = 0; c < calls; ++c) {
     std::vector<bool> used(size_t(experts), false);
     for (int64_t r = 0; r < rows; ++r) {
       std::iota(order.begin(), order.end(), 0);
@@ -548,7 +550,7 @@ std::tuple<double, double> bench_moe(const ArtifactHandle& handle, const std::st
         used[size_t(order[size_t(j)])] = true;
       }
     }
-    read_bytes += expert_bytes * double(std::count(used.begin(), used.end(), true)) / copies;
+    read_bytes += expert_bytes * double(std::count(used.begin(), used.end(), true)) / calls;
     ids.emplace_back(routing.size() * sizeof(int32_t));
     ids.back().upload(routing.data(), ids.back().bytes());
   }
@@ -558,13 +560,13 @@ std::tuple<double, double> bench_moe(const ArtifactHandle& handle, const std::st
   x.upload(x_host.data(), x.bytes());
   route_weights.upload(w_host.data(), route_weights.bytes());
   auto call = [&](int32_t c) {
-    const cuda::DeviceWeight* w = &weights[size_t(c) * 3];
+    const cuda::DeviceWeight* w = &weights[size_t(c % copies) * 3];
     backend.moe_experts(x.as<float>(), rows, hidden, ids[size_t(c)].as<int32_t>(), route_weights.as<float>(), top_k,
                         w[0].view, w[1].view, w[2].view, out.as<float>());
   };
   call(0);  // grows the scratch buffers outside the capture
   NINFER_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
-  return {graph_median_micros(backend.stream(), copies, iterations, call), read_bytes};
+  return {graph_median_micros(backend.stream(), calls, iterations, call), read_bytes};
 }
 
 std::string device_name() {
@@ -599,7 +601,7 @@ void bind_cuda(nb::module_& m) {
           nb::arg("iterations") = 20,
           "(median us per call, K/V bytes read) of CudaBackend::attention, calls captured in a CUDA graph.");
   sub.def("bench_moe", &bench_moe, nb::arg("artifact"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
-          nb::arg("rows"), nb::arg("top_k"), nb::arg("copies") = 2, nb::arg("iterations") = 10,
+          nb::arg("rows"), nb::arg("top_k"), nb::arg("copies") = 2, nb::arg("calls") = 16, nb::arg("iterations") = 10,
           nb::arg("impl") = "grouped",
           "(median us, weight bytes read) of CudaBackend::moe_experts on random routings; impl: grouped, reference.");
   sub.def("bench_gemm", &bench_gemm, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"), nb::arg("impl") = "auto",

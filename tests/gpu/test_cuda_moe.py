@@ -1,0 +1,152 @@
+"""The routed experts on the GPU (CudaBackend::moe_experts): the grouped tensor-core matmul (moe_grouped.cu) and its
+simple twin ("cuda-reference": one warp per output value) against a float64 reference and the CPU backend, for
+every expert weight encoding the grouped path takes, on fresh random codes (every code value, not only what the
+encoder emits) and random routings: 1..8 rows (decode) and a few hundred (prefill), experts left with no token, one
+expert taking every row. Outputs are NaN-poisoned by the bindings first.
+
+Tolerance. The grouped path decodes every weight exactly into bf16 and splits its activations (x, then the SwiGLU
+output h) into bf16 hi + lo, |v - hi - lo| <= 2^-16 |v|; products and sums are f32. So each of the two matrix
+stages errs by at most 2^-16 of its sum of |products| plus f32 summation (typically sqrt(K) 2^-24 of it, < 2^-19
+here), and SwiGLU passes errors of gate and up on with factors |silu'(g) u| (|silu'| < 1.1) and |silu(g)|.
+`magnitude` carries these sums of |products| through the block in float64; the bound TOL = 2^-14 of it is 2x the
+~2^-15 total. A wrong code, scale, zero point, column order or a lost lo plane is off by 2^-8 of it or more."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from artifact_files import weight_pairs_artifact  # noqa: E402
+
+from ninfer import _engine  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TOL = 2.0**-14
+# (encoding, group): what the grouped path takes (int groups a multiple of 128).
+ENCODINGS = [("int4", 128), ("int4", 256), ("int8", 128), ("fp8_e4m3", None), ("nvfp4", None), ("bf16", None)]
+# (experts, hidden, inter, top_k): fewer 128-column tiles than the block's 4 warps (256, 128 wide) and tile counts
+# 4 does not divide (384, 640); Qwen3.5-MoE's top-8, and top-3 over 9 experts (most of them shared by many rows).
+SHAPES = [(40, 256, 384, 8), (9, 640, 128, 3)]
+ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 300]
+
+
+def shape_id(shape: tuple) -> str:
+    experts, hidden, inter, top_k = shape
+    return f"E{experts}-h{hidden}-i{inter}-k{top_k}"
+
+
+def enc_id(enc: tuple) -> str:
+    return f"{enc[0]}{'-g' + str(enc[1]) if enc[1] else ''}"
+
+
+def names(enc: tuple, shape: tuple) -> tuple[str, str, str]:
+    base = f"codes/{enc_id(enc)}-{shape_id(shape)}"
+    return f"{base}-gate", f"{base}-up", f"{base}-down"
+
+
+@pytest.fixture(scope="module")
+def experts(tmp_path_factory: pytest.TempPathFactory):
+    cases = []
+    for enc in ENCODINGS:
+        for shape in SHAPES:
+            e, hidden, inter, _ = shape
+            base = f"{enc_id(enc)}-{shape_id(shape)}"
+            cases += [(f"{base}-gate", enc[0], enc[1], (e, inter, hidden)),
+                      (f"{base}-up", enc[0], enc[1], (e, inter, hidden)),
+                      (f"{base}-down", enc[0], enc[1], (e, hidden, inter))]
+    path, reference = weight_pairs_artifact(tmp_path_factory.mktemp("moe") / "experts.ninfer", cases,
+                                            np.random.default_rng())
+    art = _engine.Artifact.open(path)
+    yield art, reference
+    art.close()
+
+
+@pytest.fixture(scope="module")
+def backends():
+    return _engine.cuda.Ops("cuda"), _engine.cuda.Ops("cuda-reference"), _engine.cuda.Ops("cpu")
+
+
+def routing(rng: np.random.Generator, rows: int, experts: int, top_k: int, hot: int | None,
+            unused: set[int]) -> tuple[np.ndarray, np.ndarray]:
+    """top_k distinct experts per row (never one of `unused`; `hot`, if given, in every row) and renormalised
+    weights."""
+    allowed = np.array([e for e in range(experts) if e not in unused and e != hot])
+    ids = np.stack([rng.choice(allowed, top_k, replace=False) for _ in range(rows)]).astype(np.int32)
+    if hot is not None:
+        ids[:, rng.integers(top_k)] = hot
+    w = rng.random((rows, top_k)).astype(np.float32) + 0.05
+    return ids, (w / w.sum(1, keepdims=True)).astype(np.float32)
+
+
+def silu(v: np.ndarray) -> np.ndarray:
+    return v / (1.0 + np.exp(-v))
+
+
+def exact(x: np.ndarray, ids: np.ndarray, w: np.ndarray, gate: np.ndarray, up: np.ndarray,
+          down: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the block's output in float64, the sums of |products| its error is measured against)."""
+    x64, ax = x.astype(np.float64), np.abs(x.astype(np.float64))
+    out, magnitude = np.zeros((x.shape[0], down.shape[1])), np.zeros((x.shape[0], down.shape[1]))
+    for e in np.unique(ids):
+        r, j = np.nonzero(ids == e)
+        g, u = x64[r] @ gate[e].T, x64[r] @ up[e].T
+        ga, ua = ax[r] @ np.abs(gate[e]).T, ax[r] @ np.abs(up[e]).T
+        h = silu(g) * u
+        ha = np.abs(silu(g)) * ua + 1.1 * np.abs(u) * ga + np.abs(h)
+        np.add.at(out, r, w[r, j, None] * (h @ down[e].T))
+        np.add.at(magnitude, r, w[r, j, None] * (ha @ np.abs(down[e]).T))
+    return out, magnitude
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+@pytest.mark.parametrize("enc", ENCODINGS, ids=enc_id)
+def test_moe_experts_match_exact_and_cpu(experts, backends, enc, shape):
+    art, reference = experts
+    cuda, cuda_reference, cpu = backends
+    n_experts, hidden, _, top_k = shape
+    gate, up, down = names(enc, shape)
+    weights64 = [reference[name].astype(np.float64) for name in (gate, up, down)]
+    rng = np.random.default_rng()
+    for rows in ROW_COUNTS:
+        # Decode batches leave most experts empty; the prefill batch gets unused experts and one hot expert.
+        hot, unused = (int(rng.integers(n_experts)), {0, n_experts - 1}) if rows > 8 else (None, set())
+        ids, w = routing(rng, rows, n_experts, top_k, hot, unused)
+        x = rng.standard_normal((rows, hidden)).astype(np.float32)
+        want, magnitude = exact(x, ids, w, *weights64)
+        got = cuda.moe_experts(x, rows, hidden, ids, w, top_k, art, gate, up, down)
+        twin = cuda_reference.moe_experts(x, rows, hidden, ids, w, top_k, art, gate, up, down)
+        on_cpu = cpu.moe_experts(x, rows, hidden, ids, w, top_k, art, gate, up, down)
+        bound = TOL * magnitude + 1e-30
+        for what, y in (("grouped", got), ("simple twin", twin), ("cpu", on_cpu)):
+            assert np.isfinite(y).all(), f"{what} rows={rows}: unwritten or non-finite outputs"
+            err = np.abs(y - want)
+            worst = np.unravel_index(np.argmax(err / bound), err.shape)
+            assert (err <= bound).all(), (f"{what} rows={rows}: {int((err > bound).sum())} values off, worst at "
+                                          f"{worst}: {y[worst]} vs {want[worst]} (bound {bound[worst]:.3g})")
+        assert (np.abs(got - on_cpu) <= 2 * bound).all(), f"rows={rows}: grouped and CPU backends disagree"
+
+
+@pytest.mark.parametrize("enc", ENCODINGS, ids=enc_id)
+def test_moe_experts_rows_are_batch_invariant(experts, backends, enc):
+    """A row's result is bit-identical alone, in any batch, and from run to run (its place in its experts' buckets
+    comes from atomics and varies)."""
+    art, _ = experts
+    cuda = backends[0]
+    shape = SHAPES[0]
+    n_experts, hidden, _, top_k = shape
+    gate, up, down = names(enc, shape)
+    rng = np.random.default_rng()
+    rows = 200
+    ids, w = routing(rng, rows, n_experts, top_k, hot=3, unused=set())
+    x = rng.standard_normal((rows, hidden)).astype(np.float32)
+    full = cuda.moe_experts(x, rows, hidden, ids, w, top_k, art, gate, up, down)
+    np.testing.assert_array_equal(cuda.moe_experts(x, rows, hidden, ids, w, top_k, art, gate, up, down), full)
+    for first, last in ((0, 1), (7, 15), (50, 90), (199, 200)):
+        n = last - first
+        alone = cuda.moe_experts(x[first:last], n, hidden, ids[first:last], w[first:last], top_k, art, gate, up, down)
+        np.testing.assert_array_equal(alone, full[first:last], err_msg=f"rows {first}..{last - 1}")
