@@ -12,7 +12,7 @@ namespace ninfer::cuda {
 namespace {
 
 // Work layout of a pass. A block of kWarps warps computes a 16-row tile of one expert's matrix (two matrices, gate
-// and up, in the gate/up pass) against that expert's tokens, kChunk tokens (kNTiles n-tiles of 8) at a time. Lane
+// and up, in the gate/up pass) against that expert's tokens, kNTiles n-tiles of 8 tokens at a time. Lane
 // (g = lane / 4, q = lane % 4) holds weight rows g and g + 8 and, per n-tile, token g of it; the columns are split
 // in 128-column tiles, lane q taking columns [128 t + 32 q, +32) (tc::Segment), and the warps take interleaved tiles,
 // summed in a fixed order at the end: every token's result goes through the same operations whatever the others.
@@ -20,8 +20,11 @@ constexpr int kWarps = 4;
 constexpr int kBlockThreads = 32 * kWarps;
 constexpr int kTileCols = 128;
 constexpr int kMTile = 16;
-constexpr int kNTiles = kWarps;  // the final sum gives one n-tile to each warp
-constexpr int kChunk = 8 * kNTiles;
+// n-tiles per pass over the weights: decode batches (<= 8 rows) have at most 8 tokens per expert, so one n-tile
+// and fewer registers; larger batches take kWarps (the final sum gives one n-tile to each warp). A token's result
+// does not depend on this (each n-tile's sums are its own), so batches of either kind agree bit for bit.
+constexpr int kDecodeNTiles = 1, kPrefillNTiles = kWarps;
+constexpr int kDecodeRows = 8;
 constexpr int kBucketThreads = 1024;
 static_assert(kMoeMaxExperts == kBucketThreads, "the bucketing scan gives each thread one expert");
 
@@ -141,7 +144,7 @@ __device__ __forceinline__ void load_tile(const PassArgs& a, const int64_t (&row
 
 // acc[m][nt] (the C fragments: rows g, g + 8 x tokens 2q, 2q + 1 of n-tile nt) += this tile's products with the
 // B rows b_row (x or h split into bf16 hi and lo: two products per weight keep f32-like accuracy).
-template <Encoding E, int kMats>
+template <Encoding E, int kMats, int kNTiles>
 __device__ __forceinline__ void multiply_tile(const PassArgs& a, const Tile<E, kMats>& w, int64_t col0,
                                               const int64_t (&b_row)[kNTiles], int n_tiles,
                                               float (&acc)[kMats][kNTiles][4]) {
@@ -190,9 +193,10 @@ __device__ __forceinline__ void multiply_tile(const PassArgs& a, const Tile<E, k
   }
 }
 
-template <Encoding E, bool kGateUp>
+template <Encoding E, bool kGateUp, int kNTiles>
 __global__ void __launch_bounds__(kBlockThreads) expert_pass_kernel(PassArgs a) {
-  constexpr int kMats = kGateUp ? 2 : 1;
+  static_assert(kNTiles <= kWarps, "the final sum gives each n-tile to one warp");
+  constexpr int kMats = kGateUp ? 2 : 1, kChunk = 8 * kNTiles;
   const int64_t item = blockIdx.x / a.m_tiles, m_tile = blockIdx.x % a.m_tiles;
   if (item >= *a.routing.active) return;
   const ExpertRun run = a.routing.runs[item];
@@ -220,10 +224,10 @@ __global__ void __launch_bounds__(kBlockThreads) expert_pass_kernel(PassArgs a) 
     if (t < tiles) load_tile<E, kMats>(a, row, t * kTileCols + lane_col, even);
     for (; t < tiles; t += 2 * kWarps) {
       if (t + kWarps < tiles) load_tile<E, kMats>(a, row, (t + kWarps) * kTileCols + lane_col, odd);
-      multiply_tile<E, kMats>(a, even, t * kTileCols + lane_col, b_row, n_tiles, acc);
+      multiply_tile<E, kMats, kNTiles>(a, even, t * kTileCols + lane_col, b_row, n_tiles, acc);
       if (t + kWarps >= tiles) break;
       if (t + 2 * kWarps < tiles) load_tile<E, kMats>(a, row, (t + 2 * kWarps) * kTileCols + lane_col, even);
-      multiply_tile<E, kMats>(a, odd, (t + kWarps) * kTileCols + lane_col, b_row, n_tiles, acc);
+      multiply_tile<E, kMats, kNTiles>(a, odd, (t + kWarps) * kTileCols + lane_col, b_row, n_tiles, acc);
     }
 
     // The warps' sums in a fixed order; warp w finishes n-tile w.
@@ -266,44 +270,66 @@ __global__ void __launch_bounds__(kBlockThreads) expert_pass_kernel(PassArgs a) 
   }
 }
 
-template <Encoding E>
-void launch(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, int32_t top_k, const TensorView& gate,
-            const TensorView& up, const TensorView& down, const MoeScratch& scratch, float* y, cudaStream_t stream) {
-  const int64_t experts = gate.matrices(), inter = gate.rows(), pairs = rows * top_k;
-  const Routing routing = routing_of(scratch.routing);
+// The two passes' arguments: gate/up reads x's planes and writes h's; down reads h's and writes y.
+struct Passes {
+  PassArgs gate_up, down;
+};
+
+Passes pass_args(int64_t rows, int64_t hidden, int32_t top_k, const TensorView& gate, const TensorView& up,
+                 const TensorView& down, const MoeScratch& scratch, float* y) {
+  const int64_t inter = gate.rows(), pairs = rows * top_k;
   uint16_t* x_hi = static_cast<uint16_t*>(scratch.x_split);
   uint16_t* h_hi = static_cast<uint16_t*>(scratch.h_split);
-  const int64_t split_blocks = std::min<int64_t>((rows * hidden + kBucketThreads - 1) / kBucketThreads, 2048);
-  prepare_kernel<tc::order<E>()><<<unsigned(1 + split_blocks), kBucketThreads, 0, stream>>>(
-      x, rows, hidden, ids, pairs, int32_t(experts), routing, x_hi, x_hi + rows * hidden);
-  NINFER_CUDA_CHECK_LAUNCH();
-  // Enough blocks for every expert that can have tokens; those past the active count return at once.
-  const int64_t items = std::min(experts, pairs);
-  PassArgs a{};
-  a.routing = routing;
-  a.top_k = top_k;
+  Passes p{};
+  PassArgs& a = p.gate_up;
   a.w[0] = weight_ref(gate);
   a.w[1] = weight_ref(up);
   a.n = inter;
   a.k = hidden;
-  a.m_tiles = (inter + kMTile - 1) / kMTile;
   a.b_hi = x_hi;
   a.b_lo = x_hi + rows * hidden;
   a.h_hi = h_hi;
   a.h_lo = h_hi + pairs * inter;
-  expert_pass_kernel<E, true><<<unsigned(items * a.m_tiles), kBlockThreads, 0, stream>>>(a);
+  PassArgs& d = p.down;
+  d.w[0] = weight_ref(down);
+  d.n = hidden;
+  d.k = inter;
+  d.b_hi = h_hi;
+  d.b_lo = h_hi + pairs * inter;
+  d.y = y;
+  for (PassArgs* pass : {&a, &d}) {
+    pass->m_tiles = (pass->n + kMTile - 1) / kMTile;
+    pass->routing = routing_of(scratch.routing);
+    pass->top_k = top_k;
+  }
+  return p;
+}
+
+template <Encoding E, int kNTiles>
+void launch_passes(const Passes& p, int64_t items, cudaStream_t stream) {
+  expert_pass_kernel<E, true, kNTiles><<<unsigned(items * p.gate_up.m_tiles), kBlockThreads, 0, stream>>>(p.gate_up);
   NINFER_CUDA_CHECK_LAUNCH();
-  a.w[0] = weight_ref(down);
-  a.w[1] = {};
-  a.n = hidden;
-  a.k = inter;
-  a.m_tiles = (hidden + kMTile - 1) / kMTile;
-  a.b_hi = h_hi;
-  a.b_lo = h_hi + pairs * inter;
-  a.h_hi = a.h_lo = nullptr;
-  a.y = y;
-  expert_pass_kernel<E, false><<<unsigned(items * a.m_tiles), kBlockThreads, 0, stream>>>(a);
+  expert_pass_kernel<E, false, kNTiles><<<unsigned(items * p.down.m_tiles), kBlockThreads, 0, stream>>>(p.down);
   NINFER_CUDA_CHECK_LAUNCH();
+}
+
+template <Encoding E>
+void launch(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, int32_t top_k, const TensorView& gate,
+            const TensorView& up, const TensorView& down, const MoeScratch& scratch, float* y, cudaStream_t stream) {
+  const int64_t experts = gate.matrices(), pairs = rows * top_k;
+  const Passes p = pass_args(rows, hidden, top_k, gate, up, down, scratch, y);
+  const int64_t split_blocks = std::min<int64_t>((rows * hidden + kBucketThreads - 1) / kBucketThreads, 2048);
+  prepare_kernel<tc::order<E>()><<<unsigned(1 + split_blocks), kBucketThreads, 0, stream>>>(
+      x, rows, hidden, ids, pairs, int32_t(experts), p.gate_up.routing, const_cast<uint16_t*>(p.gate_up.b_hi),
+      const_cast<uint16_t*>(p.gate_up.b_lo));
+  NINFER_CUDA_CHECK_LAUNCH();
+  // Enough blocks for every expert that can have tokens; those past the active count return at once.
+  const int64_t items = std::min(experts, pairs);
+  if (rows <= kDecodeRows) {
+    launch_passes<E, kDecodeNTiles>(p, items, stream);
+  } else {
+    launch_passes<E, kPrefillNTiles>(p, items, stream);
+  }
 }
 
 bool takes_encoding(const TensorView& w) {
