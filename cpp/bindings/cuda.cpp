@@ -29,6 +29,7 @@
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/gemv_mma.h"
 #include "backend/cuda/lt_matmul.h"
+#include "backend/cuda/moe_grouped.h"
 #include "backend/cuda/prefill_gemm.h"
 #include "backend/cuda/sampling.h"
 #include "bindings/array_out.h"
@@ -569,6 +570,12 @@ std::tuple<double, double> bench_moe(const ArtifactHandle& handle, const std::st
   return {graph_median_micros(backend.stream(), calls, iterations, call), read_bytes};
 }
 
+bool moe_grouped_supports(const ArtifactHandle& handle, const std::string& gate, const std::string& up,
+                          const std::string& down) {
+  const Artifact& a = *handle.get();
+  return cuda::moe_grouped_supports(a.tensor(gate), a.tensor(up), a.tensor(down), a.tensor(gate).cols());
+}
+
 std::string device_name() {
   cudaDeviceProp props{};
   NINFER_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
@@ -600,6 +607,8 @@ void bind_cuda(nb::module_& m) {
           nb::arg("kv_dtype"), nb::arg("context"), nb::arg("new_rows"), nb::arg("batch"), nb::arg("calls") = 10,
           nb::arg("iterations") = 20,
           "(median us per call, K/V bytes read) of CudaBackend::attention, calls captured in a CUDA graph.");
+  sub.def("moe_grouped_supports", &moe_grouped_supports, nb::arg("artifact"), nb::arg("gate"), nb::arg("up"),
+          nb::arg("down"), "Whether moe_experts takes these stacked expert weights on the grouped tensor-core path.");
   sub.def("bench_moe", &bench_moe, nb::arg("artifact"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
           nb::arg("rows"), nb::arg("top_k"), nb::arg("copies") = 2, nb::arg("calls") = 16, nb::arg("iterations") = 10,
           nb::arg("impl") = "grouped",

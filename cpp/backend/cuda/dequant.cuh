@@ -138,7 +138,8 @@ __device__ __forceinline__ uint32_t bf16x2_of_half2(uint32_t h) {
 template <Encoding E>
 struct Segment {
   uint4 codes[segment_vectors<E>()];
-  uint32_t zero2 = 0;                 // int4: bf16 pair of 128 + zero; int8: fp16 pair of 1024 + zero
+  uint32_t zero2 = 0;                 // int4: bf16 pair of 128 + zero (exact for zero < 128; the encoder's are
+                                      // < 16); int8: fp16 pair of 1024 + zero
   uint32_t block_scale[2] = {0, 0};   // nvfp4: fp16 pairs of half of each 16-column block's scale
   float group_scale = 1.0f;           // int8/int4: the group's scale (the caller keeps one group per segment run)
 };
