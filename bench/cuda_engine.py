@@ -35,7 +35,8 @@ from ninfer.engine import Engine, EngineOptions, Request, SamplingParams  # noqa
 
 def decode_step_bytes(artifact: Path, config: dict, batch: int, context: int) -> float:
     """Bytes one decode step moves: every weight once (the embedding only `batch` rows; for MoE only the routed
-    experts, at most top_k per row, plus shared ones), each sequence's GDN state read and written, its KV read."""
+    experts: the expected share of distinct experts that `batch` rows of top_k uniform picks touch, plus the shared
+    ones), each sequence's GDN state read and written, its KV read."""
     info = read_artifact(artifact)
     by_name = {t["name"]: sum(b["nbytes"] for b in t["blobs"].values()) for t in info.tensors}
     total = 0.0
@@ -44,7 +45,7 @@ def decode_step_bytes(artifact: Path, config: dict, batch: int, context: int) ->
         if name == "embed":
             total += nbytes / config["vocab_size"] * batch
         elif moe and ".moe.experts_" in name:
-            total += nbytes * min(1.0, batch * moe["top_k"] / moe["num_experts"])
+            total += nbytes * (1.0 - (1.0 - moe["top_k"] / moe["num_experts"]) ** batch)
         else:
             total += nbytes
     la = config["linear_attention"]
