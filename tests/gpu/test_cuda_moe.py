@@ -31,9 +31,10 @@ TOL = 2.0**-14
 # to the simple kernels (smaller int groups).
 ENCODINGS = [("int4", 128), ("int8", 128), ("fp8_e4m3", None), ("nvfp4", None), ("bf16", None)]
 SIMPLE_ONLY = [("int4", 64), ("int8", 32)]
-# (experts, hidden, inter, top_k): fewer 128-column tiles than the block's 4 warps (256, 128 wide) and tile counts
-# 4 does not divide (384, 640); Qwen3.5-MoE's top-8, and top-3 over 9 experts (most of them shared by many rows).
-SHAPES = [(24, 256, 384, 8), (9, 640, 128, 3)]
+# (experts, hidden, inter, top_k): fewer 128-column tiles than the block's 4 warps (256, 128 wide), tile counts 4
+# does not divide (384, 640, 1152), and more than 8 (1152, 1280: a warp's register stages are each reloaded);
+# Qwen3.5-MoE's top-8, and top-3 / top-2 over a few experts (each shared by many rows).
+SHAPES = [(24, 256, 384, 8), (9, 640, 128, 3), (4, 1152, 1280, 2)]
 ROW_COUNTS = [1, 2, 3, 4, 5, 6, 7, 8, 300]
 
 
