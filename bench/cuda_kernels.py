@@ -1,7 +1,7 @@
 """Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and chunked prefill, paged
-attention, the prefill GEMM (bench/cuda_gemm.py), the device sampler and the MoE routed experts at Qwen3.5 shapes, against the device read bandwidth measured
-in the same run (the f32 FMA rate for the GDN prefill, the dense bf16 matrix rate for prefill attention, TFLOP/s
-for the GEMM). Run on the accelerator machine:
+attention, the prefill GEMM (bench/cuda_gemm.py), the device sampler and the MoE routed experts at Qwen3.5 shapes,
+against the device read bandwidth measured in the same run (the f32 FMA rate for the GDN prefill, the dense bf16
+matrix rate for prefill attention and the MoE prefill, TFLOP/s for the GEMM). Run on the accelerator machine:
 
     python bench/cuda_kernels.py --out bench/results/cuda_kernels.json [--only attention]
 
@@ -248,7 +248,8 @@ def bench_moe(workdir: Path, bandwidth: float) -> list[dict]:
                 "kernel": "moe_experts", "impl": impl, "encoding": encoding, "group_size": group, "rows": rows,
                 "shape": m, "median_us": micros, "bytes": moved, "gb_per_s": moved / micros / 1e3,
                 "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth, "flops": flops,
-                "tflop_per_s": flops / micros / 1e6, "fraction_of_bf16_peak": flops / (micros * 1e-6) / DENSE_BF16_FLOPS,
+                "tflop_per_s": flops / micros / 1e6,
+                "fraction_of_bf16_peak": flops / (micros * 1e-6) / DENSE_BF16_FLOPS,
             })
         art.close()
         path.unlink()

@@ -361,8 +361,8 @@ size_t moe_grouped_h_split_bytes(int64_t pairs, int64_t inter) { return size_t(p
 size_t moe_grouped_routing_bytes(int64_t pairs) { return size_t(4 + 3 * kMoeMaxExperts + pairs) * sizeof(int32_t); }
 
 void moe_grouped_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, int32_t top_k,
-                         const TensorView& gate, const TensorView& up, const TensorView& down, const MoeScratch& scratch,
-                         float* y, cudaStream_t stream) {
+                         const TensorView& gate, const TensorView& up, const TensorView& down,
+                         const MoeScratch& scratch, float* y, cudaStream_t stream) {
   if (rows <= 0) return;
   if (!moe_grouped_supports(gate, up, down, hidden))
     throw EngineError("moe_grouped_experts: the grouped path does not take " + gate.name + " / " + up.name + " / " +

@@ -33,7 +33,7 @@ size_t moe_grouped_routing_bytes(int64_t pairs);
 // 0..E-1), as f32 [rows * top_k, hidden]. Each pair's result is computed the same way wherever it lands in its
 // expert's bucket, so it does not depend on the other rows of the batch.
 void moe_grouped_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, int32_t top_k,
-                         const TensorView& gate, const TensorView& up, const TensorView& down, const MoeScratch& scratch,
-                         float* y, cudaStream_t stream);
+                         const TensorView& gate, const TensorView& up, const TensorView& down,
+                         const MoeScratch& scratch, float* y, cudaStream_t stream);
 
 }  // namespace ninfer::cuda
