@@ -193,8 +193,12 @@ __device__ __forceinline__ void multiply_tile(const PassArgs& a, const Tile<E, k
   }
 }
 
+// A decode down pass has many small blocks (each streams 16 x K weights, K = 512 at 35B-A3B) and little else in
+// registers: at most 128 (ptxas: no or a few bytes of spill), so that 4 blocks fit per SM and more of them have
+// their loads in flight at once.
 template <Encoding E, bool kGateUp, int kNTiles>
-__global__ void __launch_bounds__(kBlockThreads) expert_pass_kernel(PassArgs a) {
+__global__ void __launch_bounds__(kBlockThreads, !kGateUp && kNTiles == kDecodeNTiles ? 4 : 1)
+    expert_pass_kernel(PassArgs a) {
   static_assert(kNTiles <= kWarps, "the final sum gives each n-tile to one warp");
   constexpr int kMats = kGateUp ? 2 : 1, kChunk = 8 * kNTiles;
   const int64_t item = blockIdx.x / a.m_tiles, m_tile = blockIdx.x % a.m_tiles;
