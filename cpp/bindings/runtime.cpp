@@ -171,9 +171,10 @@ nb::dict memory_plan(const Engine& e) {
   d["graphs_captured"] = e.device() ? e.device()->graphs_captured() : 0;
   d["graph_replays"] = e.device() ? e.device()->graph_replays() : 0;
   const GraphPassTimings t = e.device() ? e.device()->graph_timings() : GraphPassTimings{};
-  d["graph_passes_timed"] = t.passes;
+  d["graph_captures"] = t.captures;
   d["graph_capture_host_us"] = t.capture_host_us;
-  d["graph_update_host_us"] = t.update_host_us;
+  d["graph_replay_host_us"] = t.replay_host_us;
+  d["graph_passes_timed"] = t.passes;
   d["graph_device_us"] = t.device_us;
   nb::dict op_times;  // empty unless the backend times its ops (NINFER_CUDA_OP_TIMES=1)
   if (e.device())

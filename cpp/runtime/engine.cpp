@@ -90,6 +90,7 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
                                use.device_total, use.weights, use.free_after_weights);
     mo.kv_capacity = memory_plan_.kv_capacity_tokens;
     device_->set_graphs_enabled(options_.cuda_graphs);
+    device_->set_max_sequence_tokens(options_.max_context);
     std::fprintf(stderr, "ninfer: %s\n", describe(memory_plan_).c_str());
   }
   if (options_.prefill_chunk == kPrefillChunkAuto) options_.prefill_chunk = kDefaultPrefillChunk;

@@ -61,6 +61,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   DeviceMemoryUse upload_weights(const Artifact& artifact) override;
   void begin_pass(int32_t decode_batch) override;
   void set_graphs_enabled(bool enabled) override { graphs_.enabled = enabled; }
+  void set_max_sequence_tokens(int64_t tokens) override { max_sequence_tokens_ = tokens; }
   int64_t graph_bytes() const override { return graphs_.bytes(); }
   int32_t graphs_captured() const override { return graphs_.captured(); }
   int64_t graph_replays() const override { return graphs_.replays(); }
@@ -123,12 +124,20 @@ class CudaBackend : public Backend, public DeviceRuntime {
   const float* resident(const float* values, int64_t count);
   // Puts `tables` into this pass's next slot of the step arena; returns its device address (valid for the pass).
   const uint8_t* upload(const HostTables& tables);
-  // Adds the tables every sequence op needs: sequences, their pages, and each row's sequence (-1: none).
-  struct SequenceOffsets {
-    size_t seqs, pages, row_seq;
-    int64_t rows;  // 1 + the last row of any sequence
+  // Whether this pass's ops only write their step tables, launching nothing (a decode graph's replay). An op
+  // uploads exactly what it uploads when it runs, then returns before its first launch.
+  bool tables_only() const { return graphs_.tables_only(); }
+  // The tables every paged sequence op reads (device addresses in the step arena): sequences, their pages, and
+  // each row's sequence (-1: none), with `rows` = 1 + the last row of any sequence. In a decode graph's pass
+  // the page list is padded to a size fixed by the batch (so the pass's tables keep their offsets from step to
+  // step) and uploaded once for all the pass's ops on the same sequences.
+  struct SequenceSlots {
+    const DeviceSequence* seqs;
+    const int32_t* pages;
+    const int32_t* row_seq;
+    int64_t rows;
   };
-  static SequenceOffsets add_sequences(std::span<const SequenceRows> seqs, HostTables& tables);
+  SequenceSlots sequence_tables(std::span<const SequenceRows> seqs, const KvPool& pool);
   // y[r, :] += bias for rows of w.rows() values (nothing when bias is null).
   void add_bias(float* y, int64_t rows, const TensorView& w, const float* bias);
   // A reused device buffer of at least `floats` floats.
@@ -141,6 +150,10 @@ class CudaBackend : public Backend, public DeviceRuntime {
   std::unordered_map<const float*, DeviceBuffer> constants_;
   StepTables tables_;
   DecodeGraphs graphs_;
+  int64_t max_sequence_tokens_ = 0;  // the engine's max_context (0: unknown, the KV pool bounds a sequence)
+  // This graph pass's sequence tables and the sequences they were made for (cleared by begin_pass).
+  std::vector<SequenceRows> pass_seqs_;
+  SequenceSlots pass_seq_slots_{};
   DeviceBuffer moe_hidden_, moe_out_;
   GemvWorkspace gemv_workspace_;  // after tables_: constructed once the device is selected
   DeviceBuffer gdn_workspace_;  // the chunked delta rule's per-chunk products
