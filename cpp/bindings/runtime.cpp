@@ -188,7 +188,11 @@ nb::dict memory_plan(const Engine& e) {
       op_times[t.op.c_str()] = one;
     }
   d["op_times"] = op_times;
-  d["summary"] = e.device() ? describe(p) : std::string("cpu backend: host memory");
+  // Graphs are captured as batch sizes first run, so their memory is what the captures so far measured.
+  d["summary"] = e.device() ? describe(p) + ", CUDA graphs " + std::to_string(e.device()->graph_bytes() >> 20) +
+                                  " MiB measured (batch sizes captured so far: " +
+                                  std::to_string(e.device()->graphs_captured()) + ")"
+                            : std::string("cpu backend: host memory");
   return d;
 }
 
