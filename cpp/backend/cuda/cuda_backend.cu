@@ -288,11 +288,11 @@ void CudaBackend::linear_shared_input(const float* x, int64_t rows, std::span<co
 
 void CudaBackend::embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) {
   if (n <= 0) return;
-  const TensorView& dt = resident(table);
   HostTables tables;
   const size_t at = tables.add(tokens, size_t(n));
   const int32_t* dtokens = reinterpret_cast<const int32_t*>(upload(tables) + at);
   if (tables_only()) return;
+  const TensorView& dt = resident(table);
   dispatch_encoding(dt.encoding, [&](auto encoding) {
     embed_kernel<decltype(encoding)::value>
         <<<blocks_for(n * dt.cols()), kThreads, 0, stream_>>>(dtokens, n, weight_ref(dt), out);
