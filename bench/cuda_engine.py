@@ -3,7 +3,7 @@ bench/synthetic.py), each decode figure against the roofline: the bytes one deco
 GDN states read and written, KV read) over the device read bandwidth measured in the same run. Prefill: TTFT and
 prompt tokens/s of one request alone (after a warm-up prompt of the same length), with the engine's prefill chunk
 (auto unless --prefill-chunk); --op-times adds the device time per backend op of the longest prefill
-(NINFER_CUDA_OP_TIMES=1, CUDA events around each op).
+(EngineOptions.cuda_op_times, CUDA events around each op).
 
     python bench/cuda_engine.py --model qwen3.5-27b --recipe groupwise-int --out bench/results/cuda_engine.json
     python bench/cuda_engine.py --model qwen3.5-27b --recipe fp8 --decode-batches --prefill 8192 --op-times \
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -57,11 +56,17 @@ def decode_step_bytes(artifact: Path, config: dict, batch: int, context: int) ->
 
 
 def graph_pass_split(before: dict, after: dict) -> dict:
-    """Mean milliseconds per graph-launched decode pass between two memory_plan() readings: host capture of the
-    model's ops, executable update, device time."""
-    passes = after["graph_passes_timed"] - before["graph_passes_timed"]
-    keys = {"capture_host": "graph_capture_host_us", "update_host": "graph_update_host_us", "device": "graph_device_us"}
-    return {name: (after[k] - before[k]) / max(passes, 1) / 1e3 for name, k in keys.items()} | {"passes": passes}
+    """Decode graph figures between two memory_plan() readings: the captures in the window (count, mean host ms
+    each: issuing the model's ops into the capture and instantiating or updating the executable), the replays
+    (count, mean host ms per step: the model writing its step tables, their copy and the graph launch), and the
+    mean device ms per graph launch."""
+    def delta(key: str) -> float:
+        return after[key] - before[key]
+
+    captures, replays, passes = delta("graph_captures"), delta("graph_replays"), delta("graph_passes_timed")
+    return {"captures": captures, "capture_host": delta("graph_capture_host_us") / max(captures, 1) / 1e3,
+            "replays": replays, "replay_host": delta("graph_replay_host_us") / max(replays, 1) / 1e3,
+            "passes": passes, "device": delta("graph_device_us") / max(passes, 1) / 1e3}
 
 
 async def run_batch(engine: Engine, prompts: list[list[int]], new_tokens: int) -> list:
@@ -110,7 +115,7 @@ def elementwise_bytes(config: dict, rows: int) -> dict[str, float]:
 
 def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: int, new_tokens: int,
           prefill_lens: list[int], decode_batches: list[int], prefill_chunk: int, prefill_repeats: int,
-          device_sampling: bool = True) -> dict:
+          device_sampling: bool = True, cuda_gemm: str = "auto", op_times: bool = False) -> dict:
     path = workdir / f"{model}.{recipe}.ninfer"
     started = time.perf_counter()
     write_synthetic(model, recipe, path, progress=False)
@@ -121,17 +126,21 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
               "decode": [], "prefill": []}
     options = EngineOptions(backend="cuda", max_context=max(prefill_lens + [prompt_len + new_tokens]) + 64,
                             max_concurrency=8, kv_capacity="auto", prefill_chunk=prefill_chunk,
-                            verify_checksums=False, device_sampling=device_sampling)
+                            verify_checksums=False, device_sampling=device_sampling, cuda_gemm=cuda_gemm,
+                            cuda_op_times=op_times)
     with Engine.open_sync(path, options) as engine:
         result["memory_plan"] = engine.memory_plan()
         for batch in decode_batches:
             prompts = [rng.integers(0, 200000, prompt_len).tolist() for _ in range(batch)]
+            start_plan = engine.memory_plan()
             asyncio.run(run_batch(engine, prompts, 4))  # warm-up: graphs for this batch size
             before = engine.memory_plan()
             start = time.perf_counter()
             finals = asyncio.run(run_batch(engine, prompts, new_tokens))
             wall = time.perf_counter() - start
-            passes = graph_pass_split(before, engine.memory_plan())
+            after = engine.memory_plan()
+            passes = graph_pass_split(before, after)
+            passes["warm_up"] = graph_pass_split(start_plan, before)  # where this batch size's capture is
             per_seq = [f.timings.decode_tokens_per_s for f in finals]
             step_s = 1.0 / float(np.median(per_seq))
             moved = decode_step_bytes(path, config, batch, prompt_len + new_tokens // 2)
@@ -157,6 +166,17 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
     return result
 
 
+def graph_line(g: dict) -> str:
+    """The decode graph figures of one batch size: host time per replayed step (the timed run), host time per
+    capture (taken once, in the warm-up; again only if the timed run had to recapture), device time per pass."""
+    w = g["warm_up"]
+    line = (f"replay host {g['replay_host'] * 1e3:.0f} us/step over {g['replays']} steps, device "
+            f"{g['device']:.2f} ms/pass; capture {w['capture_host']:.2f} ms host x {w['captures']} in the warm-up")
+    if g["captures"]:
+        line += f", {g['captures']} more in the timed run ({g['capture_host']:.2f} ms each)"
+    return line
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), required=True)
@@ -171,18 +191,18 @@ def main() -> int:
     parser.add_argument("--decode-batches", type=int, nargs="*", default=[1, 2, 4, 8],
                         help="decode concurrencies to run (none: prefill only)")
     parser.add_argument("--op-times", action="store_true",
-                        help="time every backend op (NINFER_CUDA_OP_TIMES=1) and print the longest prefill's split")
+                        help="time every backend op (EngineOptions.cuda_op_times); print the longest prefill's split")
+    parser.add_argument("--cuda-gemm", choices=["auto", "twin"], default="auto",
+                        help="the prefill GEMM (EngineOptions.cuda_gemm): auto, or the f32 twin for every weight")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    if args.op_times:
-        os.environ["NINFER_CUDA_OP_TIMES"] = "1"
     assert tensor_shapes(MODELS[args.model])
     bandwidth = measure_bandwidth()["read"]
     commit = source_commit()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         result = bench(args.model, args.recipe, Path(tmp), bandwidth, args.prompt, args.new_tokens, args.prefill,
                        args.decode_batches, args.prefill_chunk, args.prefill_repeats,
-                       device_sampling=not args.host_sampling)
+                       device_sampling=not args.host_sampling, cuda_gemm=args.cuda_gemm, op_times=args.op_times)
     from ninfer import _engine
 
     result |= {"device_sampling": not args.host_sampling, "device": _engine.cuda.device_name(), "commit": commit,
@@ -195,8 +215,7 @@ def main() -> int:
     for d in result["decode"]:
         print(f"decode C={d['batch']}: {d['tokens_per_s_per_seq']:.1f} tok/s/seq, {d['aggregate_tokens_per_s']:.1f} "
               f"aggregate, {d['fraction_of_roofline']:.1%} of roofline ({d['bytes_per_step'] / 1e9:.2f} GB/step); "
-              f"per pass: capture {d['graph_pass_ms']['capture_host']:.2f} ms, update "
-              f"{d['graph_pass_ms']['update_host']:.2f} ms, device {d['graph_pass_ms']['device']:.2f} ms")
+              f"graphs: {graph_line(d['graph_pass_ms'])}")
     chunk = result["memory_plan"]["prefill_chunk"]
     for p in result["prefill"]:
         runs = ", ".join(f"{t * 1e3:.0f}" for t in p["ttft_runs_s"])

@@ -64,7 +64,9 @@ void bind_structs(nb::module_& m) {
       .def_rw("verify_checksums", &EngineOptions::verify_checksums)
       .def_rw("backend", &EngineOptions::backend)
       .def_rw("cuda_graphs", &EngineOptions::cuda_graphs)
-      .def_rw("device_sampling", &EngineOptions::device_sampling);
+      .def_rw("device_sampling", &EngineOptions::device_sampling)
+      .def_rw("cuda_gemm", &EngineOptions::cuda_gemm)
+      .def_rw("cuda_op_times", &EngineOptions::cuda_op_times);
 
   nb::class_<Usage>(m, "Usage")
       .def_ro("prompt_tokens", &Usage::prompt_tokens)
@@ -143,7 +145,7 @@ void bind_test_hooks(nb::module_& m) {
 std::unique_ptr<Backend> engine_backend(EngineOptions& options) {
   if (options.backend == "auto") {
     try {
-      std::unique_ptr<Backend> cuda = make_backend_named("cuda", 0);
+      std::unique_ptr<Backend> cuda = make_engine_cuda_backend(options);
       options.backend = "cuda";
       return cuda;
     } catch (const EngineError&) {
@@ -151,6 +153,7 @@ std::unique_ptr<Backend> engine_backend(EngineOptions& options) {
     }
   }
   if (options.backend == "cpu") return nullptr;
+  if (options.backend == "cuda") return make_engine_cuda_backend(options);
   return make_backend_named(options.backend, options.threads);
 }
 
@@ -171,11 +174,12 @@ nb::dict memory_plan(const Engine& e) {
   d["graphs_captured"] = e.device() ? e.device()->graphs_captured() : 0;
   d["graph_replays"] = e.device() ? e.device()->graph_replays() : 0;
   const GraphPassTimings t = e.device() ? e.device()->graph_timings() : GraphPassTimings{};
-  d["graph_passes_timed"] = t.passes;
+  d["graph_captures"] = t.captures;
   d["graph_capture_host_us"] = t.capture_host_us;
-  d["graph_update_host_us"] = t.update_host_us;
+  d["graph_replay_host_us"] = t.replay_host_us;
+  d["graph_passes_timed"] = t.passes;
   d["graph_device_us"] = t.device_us;
-  nb::dict op_times;  // empty unless the backend times its ops (NINFER_CUDA_OP_TIMES=1)
+  nb::dict op_times;  // empty unless the backend times its ops (EngineOptions::cuda_op_times)
   if (e.device())
     for (const OpTime& t : e.device()->op_times()) {
       nb::dict one;
@@ -184,7 +188,11 @@ nb::dict memory_plan(const Engine& e) {
       op_times[t.op.c_str()] = one;
     }
   d["op_times"] = op_times;
-  d["summary"] = e.device() ? describe(p) : std::string("cpu backend: host memory");
+  // Graphs are captured as batch sizes first run, so their memory is what the captures so far measured.
+  d["summary"] = e.device() ? describe(p) + ", CUDA graphs " + std::to_string(e.device()->graph_bytes() >> 20) +
+                                  " MiB measured (batch sizes captured so far: " +
+                                  std::to_string(e.device()->graphs_captured()) + ")"
+                            : std::string("cpu backend: host memory");
   return d;
 }
 

@@ -17,11 +17,14 @@ struct DeviceMemoryUse {
   int64_t device_total = 0, weights = 0, free_after_weights = 0;
 };
 
-// Totals over the decode passes run as graph launches: host time issuing the model's ops into the capture,
-// host time updating (or instantiating) the executable graph, and the graph's time on the device.
+// Totals over the decode passes run as graph launches. A batch size is captured once (again only after a device
+// buffer moved); its capture_host_us is the host time of issuing the model's ops into the capture plus
+// instantiating (or updating) the executable. replay_host_us is the host time of every later pass of a captured
+// batch size: the model writing its step tables, their copy to the device and the graph launch. device_us is the
+// graphs' time on the device, over `passes` launches (captured and replayed).
 struct GraphPassTimings {
-  int64_t passes = 0;
-  double capture_host_us = 0, update_host_us = 0, device_us = 0;
+  int64_t captures = 0, replays = 0, passes = 0;
+  double capture_host_us = 0, replay_host_us = 0, device_us = 0;
 };
 
 // One row of device logits to sample from, with what the CPU Sampler would read for it.
@@ -50,6 +53,8 @@ class DeviceRuntime {
   // (then it may run as the captured graph of that batch size), 0 for any other pass (eager).
   virtual void begin_pass(int32_t decode_batch) = 0;
   virtual void set_graphs_enabled(bool enabled) = 0;
+  // The most tokens one sequence holds (the engine's max_context): bounds the page tables of a decode graph.
+  virtual void set_max_sequence_tokens(int64_t tokens) = 0;
   virtual int64_t graph_bytes() const = 0;     // device memory the instantiated graphs took (measured)
   virtual int32_t graphs_captured() const = 0; // batch sizes with a graph
   virtual int64_t graph_replays() const = 0;   // passes run as graph launches
@@ -61,7 +66,7 @@ class DeviceRuntime {
   virtual void sample(const float* logits, int64_t vocab, std::span<const DeviceSampleRow> rows,
                       std::vector<SampledToken>& out) = 0;
   // Per-op device times since the engine started, when the backend times its ops (a profiling mode, off by
-  // default: the CUDA backend with NINFER_CUDA_OP_TIMES=1); empty otherwise. Callable from any thread.
+  // default: the CUDA backend made with EngineOptions::cuda_op_times); empty otherwise. Callable from any thread.
   virtual std::vector<OpTime> op_times() const { return {}; }
 };
 

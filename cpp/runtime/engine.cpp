@@ -49,6 +49,8 @@ void validate_options(const EngineOptions& o) {
   if (o.max_queue < 0) fail("max_queue = " + std::to_string(o.max_queue) + " (must be >= 0)");
   if (o.kv_capacity < 0 && o.kv_capacity != kKvCapacityAuto)
     fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0; 0 = max_context * max_concurrency)");
+  if (o.cuda_gemm != "auto" && o.cuda_gemm != "twin")
+    fail("cuda_gemm = \"" + o.cuda_gemm + "\" (must be auto or twin)");
   if (o.prefill_chunk != kPrefillChunkAuto && (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens))
     fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64, or 0 = auto)");
 }
@@ -90,6 +92,7 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
                                use.device_total, use.weights, use.free_after_weights);
     mo.kv_capacity = memory_plan_.kv_capacity_tokens;
     device_->set_graphs_enabled(options_.cuda_graphs);
+    device_->set_max_sequence_tokens(options_.max_context);
     std::fprintf(stderr, "ninfer: %s\n", describe(memory_plan_).c_str());
   }
   if (options_.prefill_chunk == kPrefillChunkAuto) options_.prefill_chunk = kDefaultPrefillChunk;
@@ -216,6 +219,7 @@ bool Engine::provide_mask(uint64_t id, std::optional<std::vector<uint32_t>> word
   mask.pending = false;
   mask.active = words.has_value();
   if (words) mask.words = std::move(*words);
+  mask.allows_none = mask.active && token_mask_allowed(mask.words, config_.vocab_size) == 0;
   masks_cv_.notify_all();
   return true;
 }
@@ -377,7 +381,7 @@ void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t ro
     end_lane(slice.lane, FinishReason::Error, "EngineError", lane.mask.error);
     return;
   }
-  if (lane.mask.active && token_mask_allowed(lane.mask.words, vocab) == 0) {
+  if (lane.mask.allows_none) {
     end_lane(slice.lane, FinishReason::Error, "EngineError", "the request's token mask allows no token");
     return;
   }
@@ -420,7 +424,7 @@ void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t ro
 bool Engine::samples_now(const LaneSlice& slice) const {
   const Lane& lane = *scheduler_->lane(slice.lane);
   return !lane.is_scoring() && slice.end == static_cast<int64_t>(lane.tokens.size()) && lane.mask.error.empty() &&
-         !(lane.mask.active && token_mask_allowed(lane.mask.words, config_.vocab_size) == 0);
+         !lane.mask.allows_none;
 }
 
 // Samples every lane that samples now from the logits the pass left on the device; sampled[i] is slice i's token

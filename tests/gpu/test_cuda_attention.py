@@ -94,8 +94,9 @@ def test_fast_attention_matches_cpu(ops, kv_dtype, case):
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
 def test_fast_decode_graph_replay_equals_eager(tiny_artifacts, kv_dtype):
     """The engine on bf16 / fp8 KV (flash prefill for the prompts, split-KV decode for the steps): decode
-    passes replayed as CUDA graphs, while the contexts grow past page boundaries and the split count changes
-    from step to step, give the eager passes' logprobs bit for bit."""
+    passes replayed as CUDA graphs (captured at one context, replayed at longer ones: the split count is fixed
+    by the row count, splits past a row's pages stay empty), while the contexts grow past page boundaries, give
+    the eager passes' logprobs bit for bit."""
     results = {}
     for graphs in (True, False):
         options = runtime_tests._options(kv_dtype=kv_dtype, cuda_graphs=graphs)

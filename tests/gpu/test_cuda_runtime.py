@@ -17,6 +17,9 @@ pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0.0)
 
 
+OPTION_DEFAULTS = dict(backend="cuda", max_context=512, kv_dtype="f32", max_concurrency=3, prefill_chunk=64)
+
+
 @pytest.fixture
 def f32_prefill_gemm(monkeypatch):
     """For tests that compare prefill logits (the first token's logprob comes from them) tightly: against the CPU
@@ -25,7 +28,7 @@ def f32_prefill_gemm(monkeypatch):
     stays on its f32 twin: its fast paths round activations to bf16 (or e4m3). Decode rows never reach the prefill
     GEMM (on device backends decode and prefill passes take turns). The fast paths' accuracy is tested in
     test_cuda_gemm.py and, end to end, in test_cuda_backend.py."""
-    monkeypatch.setenv("NINFER_CUDA_GEMM", "twin")
+    monkeypatch.setitem(OPTION_DEFAULTS, "cuda_gemm", "twin")
 
 
 def _run(engine: Engine, prompts: list[list[int]], new_tokens: int) -> list[tuple[list[int], list[float]]]:
@@ -53,8 +56,7 @@ def _prompts(vocab: int, count: int) -> list[list[int]]:
 
 
 def _options(**kw) -> EngineOptions:
-    base = dict(backend="cuda", max_context=512, kv_dtype="f32", max_concurrency=3, prefill_chunk=64)
-    return EngineOptions(**(base | kw))
+    return EngineOptions(**(OPTION_DEFAULTS | kw))
 
 
 @pytest.mark.usefixtures("f32_prefill_gemm")
@@ -69,8 +71,10 @@ def test_graph_replay_equals_eager_and_cpu(tiny_artifacts, kind):
             results[name] = _run(engine, prompts, 12)
             plan = engine.memory_plan()
             if name == "graphs":
-                # 3 lanes finish at different steps only if stopped; here all run 12 tokens: batch 3 replays.
-                assert plan["graphs_captured"] >= 1 and plan["graph_replays"] >= 5, plan
+                # Lanes start decoding at different steps (prompts of one or two chunks), so batch sizes 1..3 each
+                # take a warm-up and a capture; the rest are replays.
+                assert plan["graphs_captured"] >= 1 and plan["graph_captures"] >= 1, plan
+                assert plan["graph_captures"] + plan["graph_replays"] >= 5 and plan["graph_replays"] >= 1, plan
                 assert plan["graph_bytes"] >= 0
             if name == "eager":
                 assert plan["graph_replays"] == 0, plan
@@ -91,6 +95,111 @@ def test_lanes_equal_single_runs_with_graphs(tiny_artifacts):
     with Engine.open_sync(path, _options(max_concurrency=1)) as engine:
         alone = [_run(engine, [p], 10)[0] for p in prompts]
     for (t_tokens, t_lp), (a_tokens, a_lp) in zip(together, alone, strict=True):
+        assert t_tokens == a_tokens
+        np.testing.assert_allclose(t_lp, a_lp, atol=1e-4)
+
+
+def _run_staggered(engine: Engine, prompts: list[list[int]], new_tokens: list[int],
+                   stop_after: dict[int, int] | None = None) -> list[tuple[list[int], list[float]]]:
+    """Like _run, with each prompt's own token budget (lanes leave at different steps, and waiting prompts join
+    as they do: the decode batch size changes between steps). A prompt in `stop_after` has its request cancelled
+    once it has that many tokens (the loop leaves early)."""
+    stop_after = stop_after or {}
+
+    async def one(i: int) -> tuple[list[int], list[float]]:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        request = Request(prompt_tokens=prompts[i], sampling=GREEDY, max_new_tokens=new_tokens[i],
+                          stop_token_ids=(), logprobs=True)
+        async for ev in engine.generate(request):
+            tokens += ev.token_ids
+            logprobs += ev.logprobs or ()
+            if i in stop_after and len(tokens) >= stop_after[i]:
+                break
+        return tokens, logprobs
+
+    async def everything() -> list[tuple[list[int], list[float]]]:
+        return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+    return asyncio.run(everything())
+
+
+def _graph_counts(engine: Engine) -> dict[str, float]:
+    plan = engine.memory_plan()
+    return {k: plan[k] for k in ("graph_captures", "graph_replays", "graph_capture_host_us", "graph_replay_host_us")}
+
+
+# Prompt lengths next to page boundaries (64 tokens a page) and token budgets that carry contexts across several
+# more: the replayed graphs' page tables grow while their addresses stay.
+BOUNDARY_PROMPTS = [60, 3, 127, 64, 90]
+BOUNDARY_BUDGETS = [70, 40, 75, 30, 20]
+
+
+@pytest.mark.usefixtures("f32_prefill_gemm")
+@pytest.mark.parametrize(("kind", "kv_dtype"), [("qwen3_5", "f32"), ("qwen3_5", "bf16"), ("qwen3_5", "fp8"),
+                                                ("qwen3_5_moe", "bf16")])
+def test_graph_replays_across_pages_and_batch_changes_equal_eager(tiny_artifacts, kind, kv_dtype):
+    """Decode graphs captured once per batch size and replayed with new step tables: lanes joining and leaving
+    (batch 3 -> 2 -> 3 -> ...), contexts growing across page boundaries. Every lane's tokens are the eager run's;
+    logprobs agree to 1e-4 (a lane admitted one step earlier or later in one of the runs meets other batch sizes,
+    whose GEMV rounds the same row differently; test_graph_replay_equals_eager_and_cpu checks bit equality at a
+    fixed batch). bf16 / fp8 KV take the split-KV decode kernel, whose split count no longer follows the context;
+    the MoE model has ops the replay does not skip (they land in a discarded capture)."""
+    path = tiny_artifacts[kind]
+    results, counts = {}, {}
+    for name, graphs in (("graphs", True), ("eager", False)):
+        with Engine.open_sync(path, _options(kv_dtype=kv_dtype, cuda_graphs=graphs)) as engine:
+            vocab = engine.info.vocab_size
+            prompts = [np.random.default_rng(n).integers(0, vocab, n).tolist() for n in BOUNDARY_PROMPTS]
+            results[name] = _run_staggered(engine, prompts, BOUNDARY_BUDGETS)
+            counts[name] = _graph_counts(engine)
+    for (g_tokens, g_lp), (e_tokens, e_lp), budget in zip(results["graphs"], results["eager"], BOUNDARY_BUDGETS,
+                                                           strict=True):
+        assert len(g_tokens) == budget
+        assert g_tokens == e_tokens
+        np.testing.assert_allclose(g_lp, e_lp, atol=1e-4)
+    g, e = counts["graphs"], counts["eager"]
+    assert e["graph_replays"] == 0 and e["graph_captures"] == 0, e
+    # ~95 decode passes: most are replays; captures happen once per batch size (again only after a buffer grew).
+    assert g["graph_replays"] >= 50 and g["graph_captures"] <= g["graph_replays"] / 4, g
+
+
+@pytest.mark.usefixtures("f32_prefill_gemm")
+def test_graph_of_a_batch_size_is_captured_once(tiny_artifacts):
+    """A second request of the same shape replays the graph the first one captured: no capture, a replay per
+    decode step, the same tokens (on other KV pages and another state slot's history), and host time per replay
+    well under the capture's."""
+    with Engine.open_sync(tiny_artifacts["qwen3_5"], _options(kv_dtype="bf16", max_concurrency=1)) as engine:
+        prompt = np.random.default_rng(5).integers(0, engine.info.vocab_size, 100).tolist()
+        first = _run(engine, [prompt], 40)
+        before = _graph_counts(engine)
+        assert before["graph_captures"] >= 1
+        assert "batch sizes captured so far: 1" in engine.memory_plan()["summary"]
+        second = _run(engine, [prompt], 40)
+        after = _graph_counts(engine)
+    assert second == first
+    assert after["graph_captures"] == before["graph_captures"], (before, after)
+    replays = after["graph_replays"] - before["graph_replays"]
+    assert replays >= 38, (before, after)  # 39 decode steps: the first token comes from the prefill
+    per_replay = (after["graph_replay_host_us"] - before["graph_replay_host_us"]) / replays
+    per_capture = before["graph_capture_host_us"] / before["graph_captures"]
+    assert per_replay < per_capture, (per_replay, per_capture)
+
+
+@pytest.mark.usefixtures("f32_prefill_gemm")
+def test_cancelled_lane_leaves_the_others_as_single_runs(tiny_artifacts):
+    """With graphs: a lane cancelled mid-generation (its batch shrinks at whatever step the cancel lands) leaves the
+    other lanes' tokens those of their single runs."""
+    path = tiny_artifacts["qwen3_5"]
+    with Engine.open_sync(path, _options(kv_dtype="bf16")) as engine:
+        prompts = _prompts(engine.info.vocab_size, 3)
+        together = _run_staggered(engine, prompts, [30, 30, 30], stop_after={1: 6})
+        plan = engine.memory_plan()
+        assert plan["graph_replays"] > 0, plan
+    with Engine.open_sync(path, _options(kv_dtype="bf16", max_concurrency=1)) as engine:
+        alone = [_run(engine, [prompts[i]], 30)[0] for i in (0, 2)]
+    assert len(together[1][0]) >= 6
+    for (t_tokens, t_lp), (a_tokens, a_lp) in zip([together[0], together[2]], alone, strict=True):
         assert t_tokens == a_tokens
         np.testing.assert_allclose(t_lp, a_lp, atol=1e-4)
 

@@ -131,17 +131,11 @@ PagedRows paged(const KvPool& pool, int32_t layer, bool values) {
           pool.kv_heads()};
 }
 
-SeqTables seq_tables(const uint8_t* base, size_t seqs, size_t pages, size_t row_seq) {
-  return {reinterpret_cast<const DeviceSequence*>(base + seqs), reinterpret_cast<const int32_t*>(base + pages),
-          reinterpret_cast<const int32_t*>(base + row_seq)};
-}
-
 // The flash prefill tiles of the sequences with many new rows (heaviest first: the tiles with the most keys
-// start first) and the rows that attend on their own; `longest` is the most keys one of those rows sees.
+// start first) and the rows that attend on their own.
 struct FastWork {
   std::vector<PrefillTile> tiles;
   std::vector<int32_t> decode_rows;
-  int64_t longest = 0;
 };
 
 FastWork split_work(std::span<const SequenceRows> seqs, int32_t group, bool decode_ok) {
@@ -152,7 +146,6 @@ FastWork split_work(std::span<const SequenceRows> seqs, int32_t group, bool deco
     if (s.n <= 0) continue;
     if (decode_ok && s.n < kPrefillMinRows) {
       for (int64_t j = 0; j < s.n; ++j) w.decode_rows.push_back(int32_t(s.row0 + j));
-      w.longest = std::max(w.longest, s.start + s.n);
       continue;
     }
     for (int64_t first = 0; first < s.n * group; first += kPrefillTileRows) {
@@ -173,10 +166,9 @@ FastWork split_work(std::span<const SequenceRows> seqs, int32_t group, bool deco
 
 void CudaBackend::kv_write(const float* k, const float* v, std::span<const SequenceRows> seqs, KvPool& pool,
                            int32_t layer) {
-  HostTables tables;
-  const SequenceOffsets o = add_sequences(seqs, tables);
-  if (o.rows <= 0) return;
-  const SeqTables t = seq_tables(upload(tables), o.seqs, o.pages, o.row_seq);
+  const SequenceSlots o = sequence_tables(seqs, pool);
+  if (o.rows <= 0 || tables_only()) return;
+  const SeqTables t{o.seqs, o.pages, o.row_seq};
   const int32_t head_dim = int32_t(pool.row_elements() / pool.kv_heads());
   dispatch_kv_device(pool.dtype(), [&](auto kv) {
     kv_write_kernel<decltype(kv)><<<unsigned(o.rows), kThreads, 0, stream_>>>(
@@ -191,12 +183,12 @@ void CudaBackend::attention(const float* q, int64_t q_row_stride, int64_t q_head
   if (shape.head_dim > kMaxHeadDim)
     throw EngineError("CUDA attention: head_dim " + std::to_string(shape.head_dim) + " above " +
                       std::to_string(kMaxHeadDim));
-  HostTables tables;
-  const SequenceOffsets o = add_sequences(seqs, tables);
+  const SequenceSlots o = sequence_tables(seqs, pool);
   if (o.rows <= 0) return;
+  const SeqTables t{o.seqs, o.pages, o.row_seq};
   const int32_t group = shape.num_heads / shape.num_kv_heads;
   if (!flash_prefill_supports(pool.dtype(), shape.head_dim)) {
-    const SeqTables t = seq_tables(upload(tables), o.seqs, o.pages, o.row_seq);
+    if (tables_only()) return;
     const dim3 grid(unsigned(o.rows), unsigned(shape.num_heads));
     dispatch_kv_device(pool.dtype(), [&](auto kv) {
       attention_kernel<decltype(kv)><<<grid, kAttnThreads, shape.head_dim * sizeof(float), stream_>>>(
@@ -206,21 +198,24 @@ void CudaBackend::attention(const float* q, int64_t q_row_stride, int64_t q_head
     return;
   }
   const FastWork work = split_work(seqs, group, flash_decode_supports(pool.dtype(), shape.head_dim, group));
+  HostTables tables;
   const size_t tiles_at = tables.add(work.tiles.data(), work.tiles.size());
   const size_t rows_at = tables.add(work.decode_rows.data(), work.decode_rows.size());
   const uint8_t* base = upload(tables);
-  const AttentionArgs args{q, q_row_stride, q_head_stride, seq_tables(base, o.seqs, o.pages, o.row_seq),
-                           paged(pool, layer, false), paged(pool, layer, true), shape, out};
+  if (tables_only()) return;
+  const AttentionArgs args{q, q_row_stride, q_head_stride, t, paged(pool, layer, false), paged(pool, layer, true),
+                           shape, out};
   flash_prefill(args, pool.dtype(), reinterpret_cast<const PrefillTile*>(base + tiles_at), int32_t(work.tiles.size()),
                 stream_);
   const int64_t rows = int64_t(work.decode_rows.size());
   if (rows > 0) {
-    // Sized by the row count alone, so the eager warm-up pass of a decode batch makes it big enough for every
-    // captured replay of that batch (a capture must not reallocate).
-    const int32_t most = flash_decode_max_splits(rows, shape.num_kv_heads);
-    float* partial = scratch(attention_partial_, size_t(flash_decode_partial_floats(rows, shape, most)));
-    flash_decode(args, pool.dtype(), reinterpret_cast<const int32_t*>(base + rows_at), int32_t(rows),
-                 flash_decode_splits(rows, shape.num_kv_heads, work.longest), partial, stream_);
+    // The split count depends on the row count alone, never on the context: a decode graph captured at one
+    // context length replays at any other (splits past a row's last page exit at once), and the eager warm-up
+    // pass of a decode batch makes the partials buffer big enough for its captures.
+    const int32_t splits = flash_decode_max_splits(rows, shape.num_kv_heads);
+    float* partial = scratch(attention_partial_, size_t(flash_decode_partial_floats(rows, shape, splits)));
+    flash_decode(args, pool.dtype(), reinterpret_cast<const int32_t*>(base + rows_at), int32_t(rows), splits, partial,
+                 stream_);
   }
 }
 

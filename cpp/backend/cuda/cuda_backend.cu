@@ -10,11 +10,12 @@
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/op_timing.h"
 #include "runtime/cache.h"
+#include "runtime/kv_pool.h"
 
 namespace ninfer {
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  if (cuda::op_timing_requested()) return cuda::make_timed_cuda_backend(device);
+std::unique_ptr<Backend> make_cuda_backend(int device, bool time_ops) {
+  if (time_ops) return cuda::make_timed_cuda_backend(device);
   return std::make_unique<cuda::CudaBackend>(device);
 }
 
@@ -109,16 +110,16 @@ DeviceMemoryUse CudaBackend::upload_weights(const Artifact& artifact) {
 
 void CudaBackend::begin_pass(int32_t decode_batch) {
   bind_calling_thread();
-  if (graphs_.capturing()) graphs_.abandon(stream_);  // the previous pass threw before its outputs were read
+  // The previous pass threw before its outputs were read.
+  if (graphs_.mode() != DecodeGraphs::Mode::eager) graphs_.abandon(stream_);
   NINFER_CUDA_CHECK(cudaStreamSynchronize(stream_));  // nothing queued still reads the arena's slots
   graphs_.collect_timing();
   tables_.reset();
-  if (graphs_.should_capture(decode_batch)) graphs_.begin_capture(stream_, decode_batch);
+  pass_seqs_.clear();
+  graphs_.begin(stream_, decode_batch, device_allocation_epoch());
 }
 
-void CudaBackend::launch_pass() {
-  if (graphs_.capturing()) graphs_.end_and_launch(stream_, [this] { tables_.copy_all(stream_); });
-}
+void CudaBackend::launch_pass() { graphs_.launch(stream_, tables_, device_allocation_epoch()); }
 
 CudaBackend::~CudaBackend() {
   if (stream_) {
@@ -155,7 +156,7 @@ const float* CudaBackend::resident(const float* values, int64_t count) {
 
 const uint8_t* CudaBackend::upload(const HostTables& tables) {
   const std::vector<uint8_t>& bytes = tables.bytes();
-  const bool eager = !graphs_.capturing();  // a captured pass copies all its slots at once before the launch
+  const bool eager = !graphs_.fixed_layout();  // a graph pass copies all its slots at once before the launch
   bool fits = false;
   const uint8_t* slot = tables_.put(bytes.data(), bytes.size(), eager, stream_, fits);
   if (!fits && eager) {  // ops called outside passes fill the arena up: start again once its copies are done
@@ -169,7 +170,19 @@ const uint8_t* CudaBackend::upload(const HostTables& tables) {
   return slot;
 }
 
-CudaBackend::SequenceOffsets CudaBackend::add_sequences(std::span<const SequenceRows> seqs, HostTables& tables) {
+namespace {
+
+bool same_sequences(std::span<const SequenceRows> a, std::span<const SequenceRows> b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const SequenceRows& x, const SequenceRows& y) {
+    return x.row0 == y.row0 && x.n == y.n && x.start == y.start && x.pages == y.pages && x.state_slot == y.state_slot;
+  });
+}
+
+}  // namespace
+
+CudaBackend::SequenceSlots CudaBackend::sequence_tables(std::span<const SequenceRows> seqs, const KvPool& pool) {
+  const bool fixed = graphs_.fixed_layout();
+  if (fixed && !pass_seqs_.empty() && same_sequences(seqs, pass_seqs_)) return pass_seq_slots_;
   std::vector<DeviceSequence> device_seqs;
   std::vector<int32_t> pages;
   int64_t rows = 0;
@@ -179,15 +192,32 @@ CudaBackend::SequenceOffsets CudaBackend::add_sequences(std::span<const Sequence
     pages.insert(pages.end(), s.pages, s.pages + page_count);
     rows = std::max(rows, s.row0 + s.n);
   }
+  if (fixed) {
+    // No sequence holds more pages than max_context needs, and all together no more than the pool has.
+    int64_t bound = pool.total_pages();
+    if (max_sequence_tokens_ > 0)
+      bound = std::min(bound, int64_t(seqs.size()) * ((max_sequence_tokens_ + kKvPageTokens - 1) / kKvPageTokens));
+    if (int64_t(pages.size()) > bound)
+      throw EngineError("CUDA decode graph: " + std::to_string(pages.size()) + " KV pages in one pass, above the " +
+                        std::to_string(bound) + " its page table holds");
+    pages.resize(size_t(bound), 0);
+  }
   std::vector<int32_t> row_seq(size_t(rows), -1);
   for (size_t i = 0; i < seqs.size(); ++i)
     std::fill_n(row_seq.begin() + seqs[i].row0, seqs[i].n, int32_t(i));
-  SequenceOffsets o;
-  o.seqs = tables.add(device_seqs.data(), device_seqs.size());
-  o.pages = tables.add(pages.data(), pages.size());
-  o.row_seq = tables.add(row_seq.data(), row_seq.size());
-  o.rows = rows;
-  return o;
+  HostTables tables;
+  const size_t at_seqs = tables.add(device_seqs.data(), device_seqs.size());
+  const size_t at_pages = tables.add(pages.data(), pages.size());
+  const size_t at_row_seq = tables.add(row_seq.data(), row_seq.size());
+  const uint8_t* base = upload(tables);
+  const SequenceSlots slots{reinterpret_cast<const DeviceSequence*>(base + at_seqs),
+                            reinterpret_cast<const int32_t*>(base + at_pages),
+                            reinterpret_cast<const int32_t*>(base + at_row_seq), rows};
+  if (fixed) {
+    pass_seqs_.assign(seqs.begin(), seqs.end());
+    pass_seq_slots_ = slots;
+  }
+  return slots;
 }
 
 float* CudaBackend::scratch(DeviceBuffer& buffer, size_t floats) {
@@ -205,7 +235,7 @@ void CudaBackend::add_bias(float* y, int64_t rows, const TensorView& w, const fl
 }
 
 void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
-  if (rows <= 0) return;
+  if (rows <= 0 || tables_only()) return;
   if (rows <= kMaxGemvRows) {
     const LinearOut one[] = {{&w, y, bias}};
     linear_shared_input(x, rows, one);
@@ -217,7 +247,7 @@ void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, floa
 // Decode batches: the tensor-core GEMV splits x once per split kind and runs every weight of that kind on it;
 // other weights take the CUDA-core GEMV. Prefill batches: the prefill GEMM converts x once for all weights.
 void CudaBackend::linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) {
-  if (rows <= 0) return;
+  if (rows <= 0 || tables_only()) return;
   if (rows > kMaxGemvRows) {
     std::vector<GemmOutput> gemm_outs;
     for (const LinearOut& o : outs) gemm_outs.push_back({&resident(*o.w), o.y, resident(o.bias, o.w->rows())});
@@ -258,10 +288,11 @@ void CudaBackend::linear_shared_input(const float* x, int64_t rows, std::span<co
 
 void CudaBackend::embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) {
   if (n <= 0) return;
-  const TensorView& dt = resident(table);
   HostTables tables;
   const size_t at = tables.add(tokens, size_t(n));
   const int32_t* dtokens = reinterpret_cast<const int32_t*>(upload(tables) + at);
+  if (tables_only()) return;
+  const TensorView& dt = resident(table);
   dispatch_encoding(dt.encoding, [&](auto encoding) {
     embed_kernel<decltype(encoding)::value>
         <<<blocks_for(n * dt.cols()), kThreads, 0, stream_>>>(dtokens, n, weight_ref(dt), out);
@@ -274,30 +305,31 @@ void CudaBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, 
   HostTables tables;
   const size_t at = tables.add(rows, size_t(n));
   const int64_t* drows = reinterpret_cast<const int64_t*>(upload(tables) + at);
+  if (tables_only()) return;
   gather_rows_kernel<<<blocks_for(n * dim), kThreads, 0, stream_>>>(x, dim, drows, n, out);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::add(float* inout, const float* x, int64_t n) {
-  if (n <= 0) return;
+  if (n <= 0 || tables_only()) return;
   add_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(inout, x, n);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
-  if (n <= 0) return;
+  if (n <= 0 || tables_only()) return;
   swiglu_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(gate, up, n, out);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) {
-  if (rows * dim <= 0) return;
+  if (rows * dim <= 0 || tables_only()) return;
   scale_rows_by_sigmoid_kernel<<<blocks_for(rows * dim), kThreads, 0, stream_>>>(x, rows, dim, logit);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) {
-  if (rows * cols <= 0) return;
+  if (rows * cols <= 0 || tables_only()) return;
   copy_columns_kernel<<<blocks_for(rows * cols), kThreads, 0, stream_>>>(x, rows, x_stride, cols, out);
   NINFER_CUDA_CHECK_LAUNCH();
 }
@@ -305,7 +337,7 @@ void CudaBackend::copy_columns(const float* x, int64_t rows, int64_t x_stride, i
 void CudaBackend::sigmoid_gate(float* x, int64_t rows, int32_t heads, int32_t dim, const float* gate,
                                int64_t gate_row_stride, int64_t gate_head_stride) {
   const int64_t n = rows * heads * dim;
-  if (n <= 0) return;
+  if (n <= 0 || tables_only()) return;
   sigmoid_gate_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x, rows, heads, dim, gate, gate_row_stride,
                                                                 gate_head_stride);
   NINFER_CUDA_CHECK_LAUNCH();

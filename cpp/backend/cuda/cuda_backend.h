@@ -61,6 +61,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   DeviceMemoryUse upload_weights(const Artifact& artifact) override;
   void begin_pass(int32_t decode_batch) override;
   void set_graphs_enabled(bool enabled) override { graphs_.enabled = enabled; }
+  void set_max_sequence_tokens(int64_t tokens) override { max_sequence_tokens_ = tokens; }
   int64_t graph_bytes() const override { return graphs_.bytes(); }
   int32_t graphs_captured() const override { return graphs_.captured(); }
   int64_t graph_replays() const override { return graphs_.replays(); }
@@ -75,6 +76,8 @@ class CudaBackend : public Backend, public DeviceRuntime {
   // Use the f32 CUDA-core twin where an op has a tensor-core kernel whose operands are rounded (today: the GDN
   // chunked scan), so that tests can measure the rounding against an otherwise identical path.
   void set_f32_twins(bool on) { f32_twins_ = on; }
+  // The prefill GEMM's implementation (EngineOptions::cuda_gemm): Auto (the fastest for each weight) or Twin.
+  void set_prefill_gemm(GemmImpl impl) { gemm_impl_ = impl; }
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
@@ -124,12 +127,20 @@ class CudaBackend : public Backend, public DeviceRuntime {
   const float* resident(const float* values, int64_t count);
   // Puts `tables` into this pass's next slot of the step arena; returns its device address (valid for the pass).
   const uint8_t* upload(const HostTables& tables);
-  // Adds the tables every sequence op needs: sequences, their pages, and each row's sequence (-1: none).
-  struct SequenceOffsets {
-    size_t seqs, pages, row_seq;
-    int64_t rows;  // 1 + the last row of any sequence
+  // Whether this pass's ops only write their step tables, launching nothing (a decode graph's replay). An op
+  // uploads exactly what it uploads when it runs, then returns before its first launch.
+  bool tables_only() const { return graphs_.tables_only(); }
+  // The tables every paged sequence op reads (device addresses in the step arena): sequences, their pages, and
+  // each row's sequence (-1: none), with `rows` = 1 + the last row of any sequence. In a decode graph's pass
+  // the page list is padded to a size fixed by the batch (so the pass's tables keep their offsets from step to
+  // step) and uploaded once for all the pass's ops on the same sequences.
+  struct SequenceSlots {
+    const DeviceSequence* seqs;
+    const int32_t* pages;
+    const int32_t* row_seq;
+    int64_t rows;
   };
-  static SequenceOffsets add_sequences(std::span<const SequenceRows> seqs, HostTables& tables);
+  SequenceSlots sequence_tables(std::span<const SequenceRows> seqs, const KvPool& pool);
   // y[r, :] += bias for rows of w.rows() values (nothing when bias is null).
   void add_bias(float* y, int64_t rows, const TensorView& w, const float* bias);
   // A reused device buffer of at least `floats` floats.
@@ -142,6 +153,10 @@ class CudaBackend : public Backend, public DeviceRuntime {
   std::unordered_map<const float*, DeviceBuffer> constants_;
   StepTables tables_;
   DecodeGraphs graphs_;
+  int64_t max_sequence_tokens_ = 0;  // the engine's max_context (0: unknown, the KV pool bounds a sequence)
+  // This graph pass's sequence tables and the sequences they were made for (cleared by begin_pass).
+  std::vector<SequenceRows> pass_seqs_;
+  SequenceSlots pass_seq_slots_{};
   DeviceBuffer moe_hidden_, moe_out_, moe_split_, moe_routing_;  // moe.cu
   GemvWorkspace gemv_workspace_;  // after tables_: constructed once the device is selected
   DeviceBuffer gdn_workspace_;  // the chunked delta rule's per-chunk products
@@ -149,13 +164,14 @@ class CudaBackend : public Backend, public DeviceRuntime {
   bool f32_twins_ = false;
   DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)
   PrefillGemm prefill_gemm_;
-  GemmImpl gemm_impl_ = gemm_impl_from_environment();
+  GemmImpl gemm_impl_ = GemmImpl::Auto;
   DeviceSampler sampler_;
 };
 
 }  // namespace ninfer::cuda
 
 namespace ninfer {
-// The CUDA backend on `device`. Throws EngineError when no usable device is there.
-std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+// The CUDA backend on `device`, timing its ops when `time_ops` (op_timing.h). Throws EngineError when no usable
+// device is there.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0, bool time_ops = false);
 }  // namespace ninfer

@@ -1,6 +1,9 @@
 #include "backend/cuda/decode_graphs.h"
 
+#include <string>
+
 #include "backend/cuda/cuda_check.h"
+#include "errors.h"
 
 namespace ninfer::cuda {
 namespace {
@@ -15,62 +18,99 @@ double micros_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Ends the capture on `stream`, if one is in progress, discarding what it caught.
+void discard_capture(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &status);
+  if (status == cudaStreamCaptureStatusNone) return;
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream, &graph);
+  if (graph) cudaGraphDestroy(graph);
+}
+
 }  // namespace
 
 DecodeGraphs::~DecodeGraphs() {
-  for (cudaGraphExec_t e : execs_)
-    if (e) cudaGraphExecDestroy(e);
+  for (Batch& b : batches_)
+    if (b.exec) cudaGraphExecDestroy(b.exec);
   if (launch_start_) cudaEventDestroy(launch_start_);
   if (launch_end_) cudaEventDestroy(launch_end_);
 }
 
-bool DecodeGraphs::should_capture(int32_t batch) {
-  if (!enabled || batch <= 0 || size_t(batch) >= execs_.size()) return false;
-  if (warm_[size_t(batch)]) return true;
-  warm_[size_t(batch)] = true;
-  return false;
-}
-
-void DecodeGraphs::begin_capture(cudaStream_t stream, int32_t batch) {
-  // Relaxed: allocations made by the host side of a pass (none once warm) are not refused mid-capture.
-  NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  batch_ = batch;
-  capture_started_ = std::chrono::steady_clock::now();
-}
-
-cudaGraph_t DecodeGraphs::end_capture(cudaStream_t stream) {
-  cudaGraph_t graph = nullptr;
-  pending_ = batch_;
+DecodeGraphs::Mode DecodeGraphs::begin(cudaStream_t stream, int32_t batch, uint64_t epoch) {
+  mode_ = Mode::eager;
   batch_ = 0;
-  NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  timings_.capture_host_us += micros_since(capture_started_);
-  return graph;
+  if (!enabled || batch <= 0 || size_t(batch) >= batches_.size()) return mode_;
+  Batch& b = batches_[size_t(batch)];
+  if (!b.warm) {
+    b.warm = true;
+    return mode_;
+  }
+  batch_ = batch;
+  epoch_at_begin_ = epoch;
+  started_ = std::chrono::steady_clock::now();
+  mode_ = b.exec && b.replayable && b.epoch == epoch ? Mode::replay : Mode::capture;
+  // A replay captures too, into a graph it throws away: an op that launches kernels without asking
+  // tables_only() (none should) then lands there instead of running outside the replayed graph. Relaxed: the
+  // host side of a pass may allocate (never once warm; a capture that did is not replayed).
+  NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  return mode_;
 }
 
-void DecodeGraphs::launch(cudaStream_t stream, cudaGraph_t graph) {
+void DecodeGraphs::install(cudaStream_t stream, Batch& b, cudaGraph_t graph) {
+  if (b.exec) {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(b.exec, graph, &info) == cudaSuccess) return;
+    cudaGetLastError();
+    cudaGraphExecDestroy(b.exec);
+    b.exec = nullptr;
+  }
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int64_t before = free_device_bytes();
+  NINFER_CUDA_CHECK(cudaGraphInstantiate(&b.exec, graph, 0));
+  NINFER_CUDA_CHECK(cudaGraphUpload(b.exec, stream));
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
+  bytes_ += before - free_device_bytes();
+}
+
+void DecodeGraphs::launch(cudaStream_t stream, const StepTables& tables, uint64_t epoch) {
+  if (mode_ == Mode::eager) return;
+  Batch& b = batches_[size_t(batch_)];
+  const Mode mode = mode_;
+  mode_ = Mode::eager;  // the pass is over whatever happens below
+  cudaGraph_t graph = nullptr;
+  NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   struct Destroy {
     cudaGraph_t g;
-    ~Destroy() { cudaGraphDestroy(g); }
-  } destroy{graph};
-  const auto update_started = std::chrono::steady_clock::now();
-  cudaGraphExec_t& exec = execs_[size_t(pending_)];
-  if (exec) {
-    cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(exec, graph, &info) != cudaSuccess) {
-      cudaGetLastError();
-      cudaGraphExecDestroy(exec);
-      exec = nullptr;
+    ~Destroy() {
+      if (g) cudaGraphDestroy(g);
     }
+  } destroy{graph};
+  if (mode == Mode::capture) {
+    install(stream, b, graph);
+    // Replayable only when no buffer moved while the pass was being captured (its first half may have used
+    // one that its second half freed); else the next pass captures again.
+    b.replayable = epoch == epoch_at_begin_;
+    b.epoch = epoch;
+    b.layout = tables.layout();
+  } else if (epoch != epoch_at_begin_ || tables.layout() != b.layout) {
+    b.replayable = false;
+    throw EngineError(std::string("CUDA decode graph of batch ") + std::to_string(batch_) + ": the replayed pass " +
+                      (epoch != epoch_at_begin_ ? "allocated device memory" : "wrote other step tables") +
+                      " than its capture (a bug: the graph would read the wrong addresses)");
   }
-  if (!exec) {
-    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const int64_t before = free_device_bytes();
-    NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    NINFER_CUDA_CHECK(cudaGraphUpload(exec, stream));
-    NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
-    bytes_ += before - free_device_bytes();
+  tables.copy_all(stream);
+  launch_timed(stream, b.exec);
+  if (mode == Mode::capture) {
+    ++timings_.captures;
+    timings_.capture_host_us += micros_since(started_);
+  } else {
+    ++timings_.replays;
+    timings_.replay_host_us += micros_since(started_);
   }
-  timings_.update_host_us += micros_since(update_started);
+}
+
+void DecodeGraphs::launch_timed(cudaStream_t stream, cudaGraphExec_t exec) {
   if (!launch_start_) {
     NINFER_CUDA_CHECK(cudaEventCreate(&launch_start_));
     NINFER_CUDA_CHECK(cudaEventCreate(&launch_end_));
@@ -79,7 +119,6 @@ void DecodeGraphs::launch(cudaStream_t stream, cudaGraph_t graph) {
   NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
   NINFER_CUDA_CHECK(cudaEventRecord(launch_end_, stream));
   launch_timed_ = true;
-  ++replays_;
 }
 
 void DecodeGraphs::collect_timing() {
@@ -92,20 +131,15 @@ void DecodeGraphs::collect_timing() {
 }
 
 void DecodeGraphs::abandon(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  cudaStreamIsCapturing(stream, &status);
-  if (status != cudaStreamCaptureStatusNone) {
-    cudaGraph_t graph = nullptr;
-    cudaStreamEndCapture(stream, &graph);
-    if (graph) cudaGraphDestroy(graph);
-  }
+  discard_capture(stream);
   cudaGetLastError();
-  batch_ = 0;
+  if (mode_ == Mode::capture) batches_[size_t(batch_)].replayable = false;
+  mode_ = Mode::eager;
 }
 
 int32_t DecodeGraphs::captured() const {
   int32_t n = 0;
-  for (cudaGraphExec_t e : execs_) n += e != nullptr;
+  for (const Batch& b : batches_) n += b.exec != nullptr;
   return n;
 }
 

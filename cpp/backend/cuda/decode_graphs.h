@@ -1,10 +1,17 @@
-// Exact-batch CUDA graphs of the decode pass: one executable graph per batch size (1..max lanes). A decode pass
-// of batch B is captured on the backend's stream as the model issues its ops; the captured graph then updates
-// B's executable (cudaGraphExecUpdate: same topology, new kernel arguments — buffers may have moved) or is
-// instantiated the first time, and is launched. So every decode pass runs as one graph launch on the GPU, with
-// no gaps between its ~1000 kernels, and stays correct when activation buffers are reallocated.
-// The first decode pass of each batch size runs eagerly: it makes every weight constant resident and grows the
-// activation buffers, neither of which may happen inside a capture.
+// Exact-batch CUDA graphs of the decode pass: one executable graph per batch size (1..max lanes), captured once
+// and then replayed step after step.
+//
+// A decode pass of batch B goes through three modes:
+//   - eager: B's first pass (the warm-up). It makes every weight constant resident and grows the activation
+//     buffers, neither of which may happen inside a capture.
+//   - capture: B's second pass, or the first after any device buffer was allocated or freed (the allocation
+//     epoch moved: a buffer the graph reads may have moved). The model's ops are captured on the backend's
+//     stream, the graph instantiated (or B's executable updated in place), its step tables copied, launched.
+//   - replay: every later pass of B. The model's ops run on the host only as far as writing their step tables
+//     (StepTables, at the same offsets as in the capture: a graph pass pads every table to a size fixed by B);
+//     no kernel is launched. Then one copy of the tables and one graph launch.
+// A replay checks that it wrote the captured layout of tables and that no buffer moved; either failing is a bug
+// and throws rather than launch a graph on the wrong addresses.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,29 +20,33 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cuda/step_tables.h"
 #include "runtime/device_runtime.h"
 
 namespace ninfer::cuda {
 
 class DecodeGraphs {
  public:
-  explicit DecodeGraphs(int32_t max_batch = 64) : execs_(size_t(max_batch) + 1, nullptr), warm_(execs_.size()) {}
+  enum class Mode { eager, capture, replay };
+
+  explicit DecodeGraphs(int32_t max_batch = 64) : batches_(size_t(max_batch) + 1) {}
   ~DecodeGraphs();
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
 
-  // Whether a pass of `batch` should be captured (graphs on, batch known, warmed up); records the warm-up.
-  bool should_capture(int32_t batch);
-  void begin_capture(cudaStream_t stream, int32_t batch);
-  bool capturing() const { return batch_ > 0; }
-  // Ends the capture, runs `before_launch` (the tables copy), then launches the batch's executable.
-  template <class Fn>
-  void end_and_launch(cudaStream_t stream, Fn&& before_launch) {
-    cudaGraph_t graph = end_capture(stream);
-    before_launch();
-    launch(stream, graph);
-  }
-  // Leaves a capture broken by an error, discarding it.
+  // Starts a pass of `batch` lanes (0: not a decode batch) and says how it runs; `epoch` is
+  // device_allocation_epoch() now. The stream must be idle (nothing queued reads the step tables).
+  Mode begin(cudaStream_t stream, int32_t batch, uint64_t epoch);
+  Mode mode() const { return mode_; }
+  // Whether the pass's ops write their tables without launching kernels (a replay).
+  bool tables_only() const { return mode_ == Mode::replay; }
+  // Whether the pass's tables must keep the layout fixed for its batch (capture and replay).
+  bool fixed_layout() const { return mode_ != Mode::eager; }
+  int32_t batch() const { return batch_; }
+  // Ends a captured or replayed pass: copies `tables` to the device and launches the batch's graph. Nothing
+  // for an eager pass. Throws EngineError when a replay's tables or buffers differ from the capture's.
+  void launch(cudaStream_t stream, const StepTables& tables, uint64_t epoch);
+  // Leaves a pass broken by an error, discarding a capture in progress.
   void abandon(cudaStream_t stream);
   // Adds the previous graph launch's device time to the timings; call once the stream is idle.
   void collect_timing();
@@ -44,21 +55,28 @@ class DecodeGraphs {
   bool enabled = true;
   int64_t bytes() const { return bytes_; }
   int32_t captured() const;
-  int64_t replays() const { return replays_; }
+  int64_t replays() const { return timings_.replays; }
 
  private:
-  cudaGraph_t end_capture(cudaStream_t stream);
-  void launch(cudaStream_t stream, cudaGraph_t graph);
+  struct Batch {
+    cudaGraphExec_t exec = nullptr;
+    bool warm = false;              // ran eagerly once
+    bool replayable = false;        // exec matches the buffers of `epoch` and the tables of `layout`
+    uint64_t epoch = 0;
+    std::vector<uint32_t> layout;   // the step-table slot sizes the capture wrote
+  };
 
-  std::vector<cudaGraphExec_t> execs_;
-  std::vector<bool> warm_;
-  int32_t batch_ = 0;    // the batch being captured, 0 when none
-  int32_t pending_ = 0;  // the batch whose captured graph launch() takes
-  int64_t bytes_ = 0, replays_ = 0;
-  // Where a captured pass's time goes: the host issuing the model's ops into the capture, the executable's
-  // update, and the graph on the device (events around the launch).
+  // Instantiates the captured graph as `b`'s executable, or updates the one it has.
+  void install(cudaStream_t stream, Batch& b, cudaGraph_t graph);
+  void launch_timed(cudaStream_t stream, cudaGraphExec_t exec);
+
+  std::vector<Batch> batches_;
+  Mode mode_ = Mode::eager;
+  int32_t batch_ = 0;
+  uint64_t epoch_at_begin_ = 0;
+  int64_t bytes_ = 0;
   GraphPassTimings timings_;
-  std::chrono::steady_clock::time_point capture_started_;
+  std::chrono::steady_clock::time_point started_;
   cudaEvent_t launch_start_ = nullptr, launch_end_ = nullptr;
   bool launch_timed_ = false;
 };

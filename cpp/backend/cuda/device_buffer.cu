@@ -1,20 +1,35 @@
 #include "backend/cuda/device_buffer.h"
 
+#include <atomic>
+
 #include "backend/cuda/cuda_check.h"
 
 namespace ninfer::cuda {
+namespace {
+std::atomic<uint64_t> allocation_epoch{0};
+}  // namespace
+
+uint64_t device_allocation_epoch() { return allocation_epoch.load(std::memory_order_relaxed); }
+void note_device_allocation_change() { allocation_epoch.fetch_add(1, std::memory_order_relaxed); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes) NINFER_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  if (ptr_) note_device_allocation_change();
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr_) cudaFree(ptr_);
+  if (ptr_) {
+    cudaFree(ptr_);
+    note_device_allocation_change();
+  }
 }
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) {
+      cudaFree(ptr_);
+      note_device_allocation_change();
+    }
     ptr_ = std::exchange(other.ptr_, nullptr);
     bytes_ = other.bytes_;
   }

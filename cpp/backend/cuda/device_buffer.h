@@ -31,6 +31,11 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
+// A count of the device allocations and frees made through DeviceBuffer and DeviceMemory. While it stays the
+// same, every device buffer is where it was (what a captured CUDA graph's kernel arguments point at).
+uint64_t device_allocation_epoch();
+void note_device_allocation_change();
+
 // A weight on the device: the blobs of its encoding copied as they are, and a TensorView whose pointers are
 // device pointers (what the kernels take).
 struct DeviceWeight {

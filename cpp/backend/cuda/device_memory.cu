@@ -3,6 +3,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_buffer.h"
 
 namespace ninfer::cuda {
 
@@ -18,6 +19,7 @@ void* DeviceMemory::allocate(size_t bytes, const std::string& what) {
                            " MiB)");
   }
   NINFER_CUDA_CHECK(status);
+  note_device_allocation_change();
   NINFER_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
   return p;
 }
@@ -25,6 +27,7 @@ void* DeviceMemory::allocate(size_t bytes, const std::string& what) {
 void DeviceMemory::deallocate(void* p) noexcept {
   cudaStreamSynchronize(stream_);  // kernels queued before the free may still read it
   cudaFree(p);
+  note_device_allocation_change();
 }
 
 void DeviceMemory::fill(void* p, uint8_t byte, size_t bytes) {

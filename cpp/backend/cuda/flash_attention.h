@@ -26,15 +26,13 @@ void flash_prefill(const AttentionArgs& a, KvDtype dtype, const PrefillTile* til
 // --- decode ---
 constexpr int32_t kDecodeMaxGroup = 8;  // query heads per KV head
 bool flash_decode_supports(KvDtype dtype, int32_t head_dim, int32_t group);
-// The split count for `rows` rows whose longest context is `longest` keys, and the most it can be for `rows`
-// (sizes the partial buffer, so that it depends on the batch only: CUDA-graph replays never reallocate).
-int32_t flash_decode_splits(int64_t rows, int32_t kv_heads, int64_t longest);
+// The split count for `rows` rows: enough blocks to fill the device, whatever the context (rows with fewer pages
+// than splits leave the rest empty), so that a decode graph's launch shapes depend on its batch only.
 int32_t flash_decode_max_splits(int64_t rows, int32_t kv_heads);
 // Floats of partial results for `rows` rows with `splits` splits.
 int64_t flash_decode_partial_floats(int64_t rows, const AttentionShape& shape, int32_t splits);
 // Attends the rows listed in `rows` (device, `row_count` of them), each over positions 0 .. its own, keys split
-// `splits` ways; `partial` holds flash_decode_partial_floats. Always two kernels (split, combine), so a captured
-// decode pass keeps its topology when the split count changes from step to step.
+// `splits` ways; `partial` holds flash_decode_partial_floats. Always two kernels (split, combine).
 void flash_decode(const AttentionArgs& a, KvDtype dtype, const int32_t* rows, int32_t row_count, int32_t splits,
                   float* partial, cudaStream_t stream);
 

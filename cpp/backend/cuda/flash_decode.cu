@@ -1,6 +1,8 @@
 // Split-KV decode attention ("flash-decoding"): a row's keys are cut into `splits` runs of whole pages; a block
 // takes one (row, KV head, split) with all the group's query heads, so each K/V byte is read once per group, and
 // writes a partial (max, sum, unnormalised output) per query head; a second kernel combines the splits.
+// The split count is fixed by the row count (never by the context), so a captured decode graph replays at any
+// context length: a split past its row's last page writes (max -inf, sum 0) and exits, and the combine skips it.
 // Its limit is reading K/V: every K/V load is a vector load (8 elements: 16 bytes of bf16, 8 of fp8/int8).
 //
 // Per page (64 keys) of a split: scores (two threads per key, f32 q in shared memory, f32 dot products of the
@@ -62,6 +64,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t pos = s.start + (r - s.row0);
   const int64_t pages = pos / kKeys + 1, per_split = (pages + partials.splits - 1) / partials.splits;
   const int64_t page_begin = split * per_split, page_end = min(page_begin + per_split, pages);
+  if (page_begin >= page_end) {  // nothing of this row's context: an empty partial (its outputs are not read)
+    if (threadIdx.x < group)
+      *partials.max_sum(i, int64_t(kv_head) * group + threadIdx.x, split) = make_float2(-INFINITY, 0.0f);
+    return;
+  }
 
   const float q_scale = a.shape.scale * kLog2e;
   for (int e = threadIdx.x; e < group * D; e += kThreadsPerBlock) {
@@ -162,7 +169,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
   }
 
-  // Sum the key groups' outputs and write this split's partials (an empty split writes max -inf, sum 0).
+  // Sum the key groups' outputs and write this split's partials.
 #pragma unroll
   for (int h = 0; h < kMaxGroup; ++h) {
     if (h >= group) break;
@@ -181,7 +188,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         make_float2(max_s[threadIdx.x], sum_s[threadIdx.x]);
 }
 
-// out[row, head] = sum over splits of 2^(max_z - max) O_z / sum over splits of 2^(max_z - max) sum_z.
+// out[row, head] = sum over splits of 2^(max_z - max) O_z / sum over splits of 2^(max_z - max) sum_z, over the
+// splits that hold keys (an empty split's weight is 0 and its O_z unwritten). Split 0 always holds key 0.
 __global__ void __launch_bounds__(kThreadsPerBlock)
     flash_decode_combine_kernel(const int32_t* rows, Partials partials, float* out) {
   __shared__ float weight_s[kMaxSplits];
@@ -195,14 +203,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   __syncthreads();
   if (threadIdx.x == 0) {
     float total = 0.0f;
-    for (int32_t z = 0; z < splits; ++z) total += weight_s[z] * partials.max_sum(i, h, z)->y;
+    for (int32_t z = 0; z < splits; ++z)
+      if (weight_s[z] != 0.0f) total += weight_s[z] * partials.max_sum(i, h, z)->y;
     total_s = total;
   }
   __syncthreads();
   const float inv = 1.0f / total_s;
   for (int c = threadIdx.x; c < d; c += kThreadsPerBlock) {
     float sum = 0.0f;
-    for (int32_t z = 0; z < splits; ++z) sum += weight_s[z] * partials.output(i, h, z)[c];
+    for (int32_t z = 0; z < splits; ++z)
+      if (weight_s[z] != 0.0f) sum += weight_s[z] * partials.output(i, h, z)[c];
     out[(r * partials.heads + h) * d + c] = sum * inv;
   }
 }
@@ -249,11 +259,6 @@ int32_t flash_decode_max_splits(int64_t rows, int32_t kv_heads) {
   const int64_t target = 4 * int64_t(multiprocessors());
   const int64_t per_split = std::max<int64_t>(1, rows * kv_heads);
   return int32_t(std::clamp<int64_t>((target + per_split - 1) / per_split, 1, kMaxSplits));
-}
-
-int32_t flash_decode_splits(int64_t rows, int32_t kv_heads, int64_t longest) {
-  const int64_t pages = (longest + kKeys - 1) / kKeys;
-  return int32_t(std::clamp<int64_t>(pages, 1, flash_decode_max_splits(rows, kv_heads)));
 }
 
 int64_t flash_decode_partial_floats(int64_t rows, const AttentionShape& shape, int32_t splits) {

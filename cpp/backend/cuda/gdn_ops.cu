@@ -74,6 +74,7 @@ void CudaBackend::gdn_conv(const float* mixed, std::span<const SequenceRows> seq
   const size_t at_seqs = tables.add(device_seqs.data(), device_seqs.size());
   const size_t at_states = tables.add(conv_states.data(), conv_states.size());
   const uint8_t* base = upload(tables);
+  if (tables_only()) return;
   const dim3 grid(blocks_for(C, 128), unsigned(seqs.size()));
   gdn_conv_kernel<<<grid, 128, 0, stream_>>>(mixed, reinterpret_cast<const DeviceSequence*>(base + at_seqs),
                                              reinterpret_cast<float* const*>(base + at_states), C,
@@ -83,7 +84,7 @@ void CudaBackend::gdn_conv(const float* mixed, std::span<const SequenceRows> seq
 
 void CudaBackend::gdn_gates(const float* a, const float* b, int64_t rows, int32_t heads, const float* A_log,
                             const float* dt_bias, float* g, float* beta) {
-  if (rows * heads <= 0) return;
+  if (rows * heads <= 0 || tables_only()) return;
   gdn_gates_kernel<<<blocks_for(rows * heads), kThreads, 0, stream_>>>(a, b, rows, heads, resident(A_log, heads),
                                                                        resident(dt_bias, heads), g, beta);
   NINFER_CUDA_CHECK_LAUNCH();
@@ -108,6 +109,7 @@ void CudaBackend::gdn_rule(const float* q, const float* k, const float* v, const
   const size_t at_seqs = tables.add(device_seqs.data(), device_seqs.size());
   const size_t at_states = tables.add(recurrent.data(), recurrent.size());
   const uint8_t* base = upload(tables);
+  if (tables_only()) return;  // a decode graph pass: no chunk tables follow (one token per sequence)
   float* const* device_states = reinterpret_cast<float* const*>(base + at_states);
   if (decode_batch) {  // rows 0..B-1 are the B sequences' single tokens: the layout gdn_decode takes
     GdnDecodeArgs args;

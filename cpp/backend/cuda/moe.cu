@@ -105,6 +105,7 @@ void CudaBackend::moe_route(const float* logits, int64_t rows, int32_t experts, 
   if (rows <= 0) return;
   if (top_k <= 0 || top_k > experts)
     throw EngineError("moe_route: top_k " + std::to_string(top_k) + " outside 1.." + std::to_string(experts));
+  if (tables_only()) return;  // a replayed decode pass: the routing is in the graph and writes no step tables
   moe_route_kernel<<<blocks_for(rows, 64), 64, 0, stream_>>>(logits, rows, experts, top_k, ids, weights);
   NINFER_CUDA_CHECK_LAUNCH();
 }
@@ -112,7 +113,7 @@ void CudaBackend::moe_route(const float* logits, int64_t rows, int32_t experts, 
 void CudaBackend::moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
                               int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
                               float* out) {
-  if (rows <= 0) return;
+  if (rows <= 0 || tables_only()) return;
   const TensorView& g = resident(gate);
   const TensorView& u = resident(up);
   const TensorView& d = resident(down);

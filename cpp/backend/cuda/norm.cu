@@ -48,7 +48,7 @@ void check_grid(int64_t blocks, const char* op) {
 
 void CudaBackend::rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind,
                           float eps, float* out, int64_t out_stride) {
-  if (rows <= 0) return;
+  if (rows <= 0 || tables_only()) return;
   check_grid(rows, "rmsnorm");
   rmsnorm_kernel<<<unsigned(rows), kNormThreads, 0, stream_>>>(x, dim, x_stride, resident(w, dim),
                                                                kind == NormKind::Offset ? 1.0f : 0.0f, eps, out,
@@ -58,7 +58,7 @@ void CudaBackend::rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_s
 
 void CudaBackend::gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim,
                                 const float* w, float eps, float* out) {
-  if (rows * heads <= 0) return;
+  if (rows * heads <= 0 || tables_only()) return;
   check_grid(rows * heads, "gated_rmsnorm");
   gated_rmsnorm_kernel<<<unsigned(rows * heads), kNormThreads, 0, stream_>>>(x, z, dim, resident(w, dim), eps, out);
   NINFER_CUDA_CHECK_LAUNCH();
@@ -66,7 +66,7 @@ void CudaBackend::gated_rmsnorm(const float* x, const float* z, int64_t rows, in
 
 void CudaBackend::l2norm_heads(const float* x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride,
                                float scale, float* out) {
-  if (rows * heads <= 0) return;
+  if (rows * heads <= 0 || tables_only()) return;
   check_grid(rows * heads, "l2norm_heads");
   l2norm_heads_kernel<<<unsigned(rows * heads), kNormThreads, 0, stream_>>>(x, heads, dim, x_stride, scale, out);
   NINFER_CUDA_CHECK_LAUNCH();

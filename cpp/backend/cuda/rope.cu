@@ -32,6 +32,7 @@ void CudaBackend::rope(float* x, int64_t rows, int32_t heads, int64_t head_strid
   const size_t at_positions = tables.add(positions, size_t(rows));
   const size_t at_freq = tables.add(rope.inv_freq, size_t(half));
   const uint8_t* base = upload(tables);
+  if (tables_only()) return;
   rope_kernel<<<blocks_for(rows * heads * half), kThreads, 0, stream_>>>(
       x, rows, heads, head_stride, row_stride, reinterpret_cast<const int64_t*>(base + at_positions),
       reinterpret_cast<const float*>(base + at_freq), half, rope.pairing == RopePairing::Interleaved);

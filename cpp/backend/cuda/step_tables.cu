@@ -20,6 +20,7 @@ const uint8_t* StepTables::put(const void* data, size_t bytes, bool copy_now, cu
   if (!fits) return nullptr;
   if (bytes) std::memcpy(host_ + at, data, bytes);
   used_ = at + bytes;
+  layout_.push_back(uint32_t(bytes));
   uint8_t* slot = device_.as<uint8_t>() + at;
   if (copy_now && bytes)
     NINFER_CUDA_CHECK(cudaMemcpyAsync(slot, host_ + at, bytes, cudaMemcpyHostToDevice, stream));
