@@ -1,7 +1,7 @@
-// Gated DeltaNet ops of the CUDA backend: the causal conv (one thread per sequence and channel, carrying the
-// window in registers), the gates, and the delta rule: the decode kernel (gdn_decode.cu) when every sequence has
-// one new token, else the chunked prefill kernels (gdn_prefill.cu), or their token-by-token twin when the key
-// head dim is one the chunked kernels do not take or the backend is set to use the slow twins.
+// Gated DeltaNet ops of the CUDA backend: the causal conv (parallel over tiles of a sequence's rows and over
+// channels), the gates, and the delta rule: the decode kernel (gdn_decode.cu) when every sequence has one new token,
+// else the chunked prefill kernels (gdn_prefill.cu), or their token-by-token twin when the key head dim is one the
+// chunked kernels do not take or the backend is set to use the slow twins.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -13,29 +13,72 @@ namespace ninfer::cuda {
 namespace {
 
 constexpr int kMaxConvKernel = 8;
+// Rows of one sequence per conv tile. A tile re-reads the K-1 rows before it, so longer tiles read less twice;
+// at least K-1 rows, so that only a sequence's first tile reads its carried history.
+constexpr int32_t kConvTileRows = 32;
+constexpr int kConvThreads = 128;  // channels per block
+static_assert(kConvTileRows >= kMaxConvKernel - 1);
 
-// out[t, c] = silu(sum_j w[c, j] * input(t - (K-1) + j, c)); the window starts as the carried history (oldest
-// first) and the last K-1 inputs become the new history.
-__global__ void gdn_conv_kernel(const float* mixed, const DeviceSequence* seqs, float* const* conv_states, int64_t C,
-                                const float* weight, int32_t K, float* out) {
-  const DeviceSequence s = seqs[blockIdx.y];
-  float* state = conv_states[blockIdx.y];
-  const int32_t hist = K - 1;
-  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < C; c += int64_t(gridDim.x) * blockDim.x) {
-    float window[kMaxConvKernel], taps[kMaxConvKernel];
-    for (int32_t j = 0; j < K; ++j) taps[j] = weight[c * K + j];
-    for (int32_t j = 0; j < hist; ++j) window[j] = state[c * hist + j];
-    for (int64_t t = 0; t < s.n; ++t) {
-      const float x = mixed[(s.row0 + t) * C + c];
-      float acc = 0.0f;
-      for (int32_t j = 0; j < hist; ++j) acc += taps[j] * window[j];
-      acc += taps[hist] * x;
-      out[(s.row0 + t) * C + c] = silu(acc);
-      for (int32_t j = 0; j + 1 < hist; ++j) window[j] = window[j + 1];
-      if (hist > 0) window[hist - 1] = x;
-    }
-    for (int32_t j = 0; j < hist; ++j) state[c * hist + j] = window[j];
+// Rows [t0, t0 + kConvTileRows) (clipped to its length) of sequence `seq`.
+struct ConvTile {
+  int32_t seq;
+  int32_t t0;
+};
+
+// out[t, c] = silu(sum_j w[c, j] * input(t - (K-1) + j, c)), where input(t) for t < 0 is the carried history
+// (oldest first), for the tile's rows of one sequence and one channel per thread. The thread with a sequence's
+// first tile also writes that sequence's new history (the last K-1 entries of [old history | inputs]): no other
+// thread reads the history, since later tiles start at least K-1 rows in.
+template <int K>
+__global__ void __launch_bounds__(kConvThreads) gdn_conv_kernel(const float* mixed, const ConvTile* tiles,
+                                                                const DeviceSequence* seqs,
+                                                                float* const* conv_states, int64_t C,
+                                                                const float* weight, float* out) {
+  constexpr int hist = K - 1;
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const ConvTile tile = tiles[blockIdx.x];
+  const DeviceSequence s = seqs[tile.seq];
+  float* state = conv_states[tile.seq] + c * hist;
+  const float* x = mixed + s.row0 * C + c;  // x[t * C]: input t of this sequence and channel
+  float taps[K], window[K];                 // window[j]: input t - (K-1) + j
+#pragma unroll
+  for (int j = 0; j < K; ++j) taps[j] = weight[c * K + j];
+  float old_history[hist > 0 ? hist : 1];
+#pragma unroll
+  for (int j = 0; j < hist; ++j) {
+    const int64_t t = int64_t(tile.t0) - hist + j;
+    if (tile.t0 == 0) old_history[j] = state[j];
+    window[j] = t >= 0 ? x[t * C] : state[hist + t];
   }
+  const int64_t t1 = min(s.n, int64_t(tile.t0) + kConvTileRows);
+  for (int64_t t = tile.t0; t < t1; ++t) {
+    window[hist] = x[t * C];
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < K; ++j) acc += taps[j] * window[j];
+    out[(s.row0 + t) * C + c] = silu(acc);
+#pragma unroll
+    for (int j = 0; j < hist; ++j) window[j] = window[j + 1];
+  }
+  if (tile.t0 != 0) return;
+#pragma unroll
+  for (int i = 0; i < hist; ++i) {  // entry i is position i + n of [old history | inputs]
+    const int64_t from = i + s.n;
+    float v = 0.0f;
+    if (from >= hist) v = x[(from - hist) * C];
+#pragma unroll
+    for (int j = 0; j < hist; ++j)  // select rather than index, so that old_history stays in registers
+      if (from == j) v = old_history[j];
+    state[i] = v;
+  }
+}
+
+template <int K>
+void launch_gdn_conv(dim3 grid, cudaStream_t stream, const float* mixed, const ConvTile* tiles,
+                     const DeviceSequence* seqs, float* const* conv_states, int64_t C, const float* weight,
+                     float* out) {
+  gdn_conv_kernel<K><<<grid, kConvThreads, 0, stream>>>(mixed, tiles, seqs, conv_states, C, weight, out);
 }
 
 __device__ __forceinline__ float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
@@ -70,14 +113,26 @@ void CudaBackend::gdn_conv(const float* mixed, std::span<const SequenceRows> seq
     device_seqs.push_back({s.row0, s.n, s.start, 0});
     conv_states.push_back(states.conv(s.state_slot, layer));
   }
+  std::vector<ConvTile> tiles;
+  for (size_t i = 0; i < seqs.size(); ++i)
+    for (int64_t t0 = 0; t0 < seqs[i].n; t0 += kConvTileRows) tiles.push_back({int32_t(i), int32_t(t0)});
+  if (tiles.empty()) return;
+  if (tiles.size() > 0x7fffffffu) throw EngineError("CUDA gdn_conv: too many rows for one launch");
   HostTables tables;
   const size_t at_seqs = tables.add(device_seqs.data(), device_seqs.size());
   const size_t at_states = tables.add(conv_states.data(), conv_states.size());
+  const size_t at_tiles = tables.add(tiles.data(), tiles.size());
   const uint8_t* base = upload(tables);
-  const dim3 grid(blocks_for(C, 128), unsigned(seqs.size()));
-  gdn_conv_kernel<<<grid, 128, 0, stream_>>>(mixed, reinterpret_cast<const DeviceSequence*>(base + at_seqs),
-                                             reinterpret_cast<float* const*>(base + at_states), C,
-                                             resident(weight, C * shape.conv_kernel), shape.conv_kernel, out);
+  const dim3 grid(unsigned(tiles.size()), unsigned((C + kConvThreads - 1) / kConvThreads));
+  using Launch = void (*)(dim3, cudaStream_t, const float*, const ConvTile*, const DeviceSequence*, float* const*,
+                          int64_t, const float*, float*);
+  constexpr Launch launches[kMaxConvKernel] = {launch_gdn_conv<1>, launch_gdn_conv<2>, launch_gdn_conv<3>,
+                                               launch_gdn_conv<4>, launch_gdn_conv<5>, launch_gdn_conv<6>,
+                                               launch_gdn_conv<7>, launch_gdn_conv<8>};
+  launches[shape.conv_kernel - 1](grid, stream_, mixed, reinterpret_cast<const ConvTile*>(base + at_tiles),
+                                  reinterpret_cast<const DeviceSequence*>(base + at_seqs),
+                                  reinterpret_cast<float* const*>(base + at_states), C,
+                                  resident(weight, C * shape.conv_kernel), out);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
