@@ -94,6 +94,10 @@ class Backend {
   // RMSNorm of `rows` vectors of `dim` values at `x_stride`, into `out` at `out_stride` (may alias x).
   virtual void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind,
                        float eps, float* out, int64_t out_stride) = 0;
+  // hidden += delta, then out = RMSNorm(hidden), over rows of `dim` contiguous values: a residual add and the norm
+  // after it in one pass over the rows. `out` aliases neither input.
+  virtual void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w,
+                           NormKind kind, float eps, float* out) = 0;
 
   // --- full attention ---
   // Rotates the first rotary_dim values of each of `heads` heads (head h of row r at x + r*row_stride + h*head_stride)

@@ -161,6 +161,17 @@ class Ops {
     return get(out, {rows, out_stride});
   }
 
+  // (hidden + delta, rmsnorm of it), both [rows, dim].
+  std::tuple<FloatArray, FloatArray> add_rmsnorm(In<float> hidden, In<float> delta, int64_t rows, int64_t dim,
+                                                 In<float> w, bool offset, float eps) {
+    MemoryBlock dh = put(hidden), dd = put(delta), dw = put(w), out = poisoned<float>(rows * dim);
+    run([&] {
+      be_->add_rmsnorm(dh.get<float>(), dd.get<float>(), rows, dim, dw.get<float>(),
+                       offset ? NormKind::Offset : NormKind::Plain, eps, out.get<float>());
+    });
+    return {get(dh, {rows, dim}), get(out, {rows, dim})};
+  }
+
   FloatArray gated_rmsnorm(In<float> x, In<float> z, int64_t rows, int32_t heads, int32_t dim, In<float> w, float eps) {
     MemoryBlock dx = put(x), dz = put(z), dw = put(w), out = poisoned<float>(rows * heads * dim);
     run([&] { be_->gated_rmsnorm(dx.get<float>(), dz.get<float>(), rows, heads, dim, dw.get<float>(), eps, out.get<float>()); });
@@ -364,6 +375,7 @@ void bind_backend_ops(nb::module_& m) {
       .def("copy_columns", &Ops::copy_columns)
       .def("sigmoid_gate", &Ops::sigmoid_gate)
       .def("rmsnorm", &Ops::rmsnorm)
+      .def("add_rmsnorm", &Ops::add_rmsnorm)
       .def("gated_rmsnorm", &Ops::gated_rmsnorm)
       .def("l2norm_heads", &Ops::l2norm_heads)
       .def("gdn_gates", &Ops::gdn_gates)

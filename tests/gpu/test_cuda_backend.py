@@ -143,7 +143,7 @@ def test_embed_every_encoding(ops, weights):
 
 # ---------- elementwise ----------
 
-@pytest.mark.parametrize("n", [1, 257, 100_003])
+@pytest.mark.parametrize("n", [1, 257, 100_003, 4, 65_536])  # multiples of 4 take the float4 kernels
 def test_elementwise(ops, n):
     cuda, cpu = ops
     a, b = f32(n), f32(n)
@@ -180,6 +180,21 @@ def test_rmsnorm(ops, rows, dim, offset):
     want = cpu.rmsnorm(x, rows, dim, dim + 3, w, offset, 1e-6, dim + 2)
     assert_close(got[:, :dim], want[:, :dim], 1e-5, f"rmsnorm {rows}x{dim}", atol=1e-6)
     assert np.isnan(got[:, dim:]).all(), "rmsnorm wrote past dim in the output stride"
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 8), (7, 255), (70, 1024), (3, 5120), (2, 2050)])
+@pytest.mark.parametrize("offset", [False, True], ids=["plain", "offset"])
+def test_add_rmsnorm(ops, rows, dim, offset):
+    """The fused residual add + norm (float4 rows when dim % 4 == 0, else scalar) against the CPU twin, and against
+    the separate add and rmsnorm ops."""
+    cuda, cpu = ops
+    hidden, delta, w = f32(rows, dim), f32(rows, dim), f32(dim)
+    got_sum, got = cuda.add_rmsnorm(hidden, delta, rows, dim, w, offset, 1e-6)
+    want_sum, want = cpu.add_rmsnorm(hidden, delta, rows, dim, w, offset, 1e-6)
+    assert_close(got_sum, want_sum, 0, f"add_rmsnorm sum {rows}x{dim}")
+    assert_close(got, want, 1e-5, f"add_rmsnorm {rows}x{dim}", atol=1e-6)
+    separate = cuda.rmsnorm(cuda.add(hidden, delta).reshape(rows, dim), rows, dim, dim, w, offset, 1e-6, dim)
+    assert_close(got, separate, 1e-5, f"add_rmsnorm vs add + rmsnorm {rows}x{dim}", atol=1e-6)
 
 
 @pytest.mark.parametrize("rows,heads,dim", [(1, 2, 16), (9, 3, 96), (40, 4, 128)])
@@ -284,7 +299,14 @@ def test_moe_experts(ops, weights, enc, rows):
 
 # ---------- Gated DeltaNet ----------
 
-@pytest.mark.parametrize("channels,kernel,ns", [(7, 4, [1]), (96, 4, [5, 1, 2]), (1000, 3, [70, 1]), (33, 2, [1, 1])])
+# The CUDA conv splits each sequence into tiles of 32 rows: sequences of one tile, several, and a partial last one,
+# sequences shorter than the kernel's history or empty, and kernel widths 2 .. 8.
+GDN_CONV_CASES = [(7, 4, [1]), (96, 4, [5, 1, 2]), (1000, 3, [70, 1]), (33, 2, [1, 1]), (300, 4, [100, 3, 1, 64, 32]),
+                  (130, 8, [2, 6, 7, 40]), (17, 2, [3, 33]), (129, 5, [1, 2, 3, 4, 97]), (64, 6, [31, 32, 33]),
+                  (40, 7, [0, 5, 70])]
+
+
+@pytest.mark.parametrize("channels,kernel,ns", GDN_CONV_CASES)
 def test_gdn_conv(ops, channels, kernel, ns):
     cuda, cpu = ops
     slots = list(range(len(ns)))[::-1]   # sequence i uses slot n-1-i
@@ -293,6 +315,29 @@ def test_gdn_conv(ops, channels, kernel, ns):
     (go, gs), (co, cs) = (o.gdn_conv(mixed, ns, slots, channels, w, kernel, states) for o in (cuda, cpu))
     assert_close(go, co, 1e-5, "gdn_conv out", atol=1e-6)
     assert_close(gs, cs, 0, "gdn_conv history")
+
+
+@pytest.mark.parametrize("channels,kernel,first,second", [(96, 4, [40, 2, 1], [1, 70, 3]), (50, 8, [3, 33], [65, 2])])
+def test_gdn_conv_chunk_continuation(ops, channels, kernel, first, second):
+    """A prefill split into two calls (the second starting from the history the first left) gives the same rows
+    and history as the CPU conv over each whole sequence at once."""
+    cuda, cpu = ops
+    slots = list(range(len(first)))
+    w = f32(channels, kernel)
+    states = f32(len(first), channels * (kernel - 1))
+    whole = [f32(a + b, channels) for a, b in zip(first, second)]
+    part1 = np.concatenate([m[:a] for m, a in zip(whole, first)])
+    part2 = np.concatenate([m[a:] for m, a in zip(whole, first)])
+    out1, mid = cuda.gdn_conv(part1, first, slots, channels, w, kernel, states)
+    out2, end = cuda.gdn_conv(part2, second, slots, channels, w, kernel, mid)
+    want_out, want_end = cpu.gdn_conv(np.concatenate(whole), [a + b for a, b in zip(first, second)], slots, channels,
+                                      w, kernel, states)
+    rows1 = np.cumsum([0] + first)
+    rows2 = np.cumsum([0] + second)
+    got = np.concatenate([np.concatenate([out1[rows1[i]:rows1[i + 1]], out2[rows2[i]:rows2[i + 1]]])
+                          for i in range(len(first))])
+    assert_close(got, want_out, 1e-5, "gdn_conv out over two calls", atol=1e-6)
+    assert_close(end, want_end, 0, "gdn_conv history after two calls")
 
 
 GDN_CASES = [  # (Hk, Hv, Dk, Dv, tokens per sequence, chunk)

@@ -23,6 +23,8 @@ class CpuBackend final : public Backend {
   void scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) override;
   void copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) override;
 
+  void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w, NormKind kind,
+                   float eps, float* out) override;
   void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind, float eps,
                float* out, int64_t out_stride) override;
 

@@ -88,6 +88,9 @@ class CudaBackend : public Backend, public DeviceRuntime {
   void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind, float eps,
                float* out, int64_t out_stride) override;
 
+  void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w, NormKind kind,
+                   float eps, float* out) override;
+
   void rope(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride, const int64_t* positions,
             const RopeSpec& rope) override;
   void kv_write(const float* k, const float* v, std::span<const SequenceRows> seqs, KvPool& pool,

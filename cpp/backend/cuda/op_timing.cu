@@ -155,6 +155,11 @@ class TimedCudaBackend final : public CudaBackend {
     OpTimer::Scope s(timer_, "rmsnorm");
     CudaBackend::rmsnorm(x, rows, dim, x_stride, w, kind, eps, out, out_stride);
   }
+  void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w, NormKind kind,
+                   float eps, float* out) override {
+    OpTimer::Scope s(timer_, "add_rmsnorm");
+    CudaBackend::add_rmsnorm(hidden, delta, rows, dim, w, kind, eps, out);
+  }
   void rope(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride, const int64_t* positions,
             const RopeSpec& rope) override {
     OpTimer::Scope s(timer_, "rope");
