@@ -1,5 +1,5 @@
 """Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and chunked prefill, the prefill
-row ops (GDN conv, fused residual add + RMSNorm, SwiGLU), paged attention, the prefill GEMM (bench/cuda_gemm.py) and the device sampler at Qwen3.5 shapes, against the device read bandwidth measured
+row ops (GDN conv, alone and fused with its split, fused residual add + RMSNorm, SwiGLU), paged attention, the prefill GEMM (bench/cuda_gemm.py) and the device sampler at Qwen3.5 shapes, against the device read bandwidth measured
 in the same run (the f32 FMA rate for the GDN prefill, the dense bf16 matrix rate for prefill attention, TFLOP/s
 for the GEMM). Run on the accelerator machine:
 
@@ -167,7 +167,7 @@ def bench_gdn_prefill(bandwidth: float) -> list[dict]:
     return rows_out
 
 
-ROW_OPS = ["gdn_conv", "add_rmsnorm", "add_then_rmsnorm", "swiglu"]
+ROW_OPS = ["gdn_conv", "gdn_conv_qkv", "add_rmsnorm", "add_then_rmsnorm", "swiglu"]
 
 
 def bench_row_ops(bandwidth: float) -> list[dict]:

@@ -331,14 +331,16 @@ std::tuple<double, double> bench_gdn_prefill(int64_t tokens, int hk, int hv, int
 }
 
 // Median time of one CudaBackend call of a prefill row op over `rows` rows (one sequence) at the Qwen3.5-27B shape:
-// "gdn_conv" (10240 channels, kernel 4), "add_rmsnorm" (hidden 5120), "add_then_rmsnorm" (the separate add and
-// rmsnorm that add_rmsnorm replaces), "swiglu" (intermediate 17408). Returns (median microseconds, the bytes the
-// op's contract must move: each input read once, each output written once).
+// "gdn_conv" (10240 channels, kernel 4), "gdn_conv_qkv" (the same, L2-normed and split into q, k, v),
+// "add_rmsnorm" (hidden 5120), "add_then_rmsnorm" (the separate add and rmsnorm that add_rmsnorm replaces),
+// "swiglu" (intermediate 17408). Returns (median microseconds, the bytes the op's contract must move: each input
+// read once, each output written once).
 std::tuple<double, double> bench_prefill_op(const std::string& op, int64_t rows, int iterations) {
   constexpr int64_t kConvChannels = 10240, kConvKernel = 4, kHidden = 5120, kIntermediate = 17408;
   nb::gil_scoped_release release;
   cuda::CudaBackend backend(0);
-  const int64_t width = op == "gdn_conv" ? kConvChannels : op == "swiglu" ? kIntermediate : kHidden;
+  const bool conv = op == "gdn_conv" || op == "gdn_conv_qkv";
+  const int64_t width = conv ? kConvChannels : op == "swiglu" ? kIntermediate : kHidden;
   cuda::DeviceBuffer a(size_t(rows * width) * sizeof(float)), b(a.bytes()), out(a.bytes());
   std::vector<float> weight_host(size_t(kConvChannels * kConvKernel));
   for (size_t i = 0; i < weight_host.size(); ++i) weight_host[i] = float((i * 2654435761u) % 2001) / 2000.0f - 0.5f;
@@ -352,6 +354,14 @@ std::tuple<double, double> bench_prefill_op(const std::string& op, int64_t rows,
   if (op == "gdn_conv") {
     call = [&] {
       backend.gdn_conv(a.as<float>(), {&seq, 1}, conv_shape, weight_host.data(), states, 0, out.as<float>());
+    };
+    bytes = 2.0 * double(a.bytes());
+  } else if (op == "gdn_conv_qkv") {  // q, k and v side by side fill `out`
+    const int64_t qk = int64_t(conv_shape.num_key_heads) * conv_shape.key_head_dim;
+    call = [&] {
+      float* q = out.as<float>();
+      backend.gdn_conv_qkv(a.as<float>(), {&seq, 1}, conv_shape, weight_host.data(), states, 0, 0.088f, q,
+                           q + rows * qk, q + 2 * rows * qk);
     };
     bytes = 2.0 * double(a.bytes());
   } else if (op == "add_rmsnorm") {
@@ -371,7 +381,8 @@ std::tuple<double, double> bench_prefill_op(const std::string& op, int64_t rows,
     call = [&] { backend.swiglu(a.as<float>(), b.as<float>(), rows * kIntermediate, out.as<float>()); };
     bytes = 3.0 * double(a.bytes());
   } else {
-    throw EngineError("bench_prefill_op: op is one of gdn_conv, add_rmsnorm, add_then_rmsnorm, swiglu; got " + op);
+    throw EngineError("bench_prefill_op: op is one of gdn_conv, gdn_conv_qkv, add_rmsnorm, add_then_rmsnorm, "
+                      "swiglu; got " + op);
   }
   cudaStream_t stream = backend.stream();
   cudaEvent_t start, stop;
@@ -610,7 +621,7 @@ void bind_cuda(nb::module_& m) {
           "impl: mma, f32, prepare (first kernel alone), sequential.");
   sub.def("bench_prefill_op", &bench_prefill_op, nb::arg("op"), nb::arg("rows"), nb::arg("iterations") = 20,
           "(median us, bytes its contract moves) of one CudaBackend prefill row op at the 27B shape; op: gdn_conv, "
-          "add_rmsnorm, add_then_rmsnorm, swiglu.");
+          "gdn_conv_qkv, add_rmsnorm, add_then_rmsnorm, swiglu.");
   sub.def("sample_rows", &sample_rows, nb::arg("logits"), nb::arg("params"), nb::arg("seeds"), nb::arg("counters"),
           nb::arg("prompts"), nb::arg("generated"), nb::arg("masks"),
           "One token per row of [rows, vocab] logits sampled on the device: [(token, logprob, top_logprobs)].");

@@ -317,6 +317,34 @@ def test_gdn_conv(ops, channels, kernel, ns):
     assert_close(gs, cs, 0, "gdn_conv history")
 
 
+GDN_CONV_QKV_CASES = [  # (Hk, Hv, Dk, Dv, kernel, tokens per sequence)
+    (2, 4, 128, 128, 4, [100, 1, 33]),   # the 27B head shape: one key head per 128-thread block
+    (1, 2, 16, 48, 4, [5, 1]),           # a head narrower than a warp
+    (2, 3, 40, 24, 3, [70, 2]),          # Dk not a multiple of 32; the last value group is partial (72 = 40 + 32)
+    (1, 1, 256, 64, 4, [40]),            # the widest head the fused kernel takes
+    (1, 1, 300, 16, 4, [3, 2]),          # wider: the unfused twin
+    (2, 4, 64, 64, 4, [1, 1, 1]),        # a decode batch
+]
+
+
+@pytest.mark.parametrize("case", GDN_CONV_QKV_CASES, ids=str)
+def test_gdn_conv_qkv(case):
+    """The fused conv + per-head L2 norms + split against the CPU (gdn_conv, l2norm_heads, copy_columns) and
+    against the CUDA twin that runs those three ops."""
+    hk, hv, dk, dv, kernel, ns = case
+    channels = 2 * hk * dk + hv * dv
+    slots = list(range(len(ns)))[::-1]
+    mixed, w = f32(sum(ns), channels), f32(channels, kernel)
+    states = f32(len(ns), channels * (kernel - 1))
+    q_scale = dk ** -0.5
+    want = _engine.cuda.Ops("cpu").gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, q_scale, states)
+    for backend in ("cuda", "cuda-reference"):
+        got = _engine.cuda.Ops(backend).gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, q_scale, states)
+        for g, c, what in zip(got[:3], want[:3], "qkv"):
+            assert_close(g, c, 1e-5, f"{backend} gdn_conv_qkv {what}", atol=1e-6)
+        assert_close(got[3], want[3], 0, f"{backend} gdn_conv_qkv history")
+
+
 @pytest.mark.parametrize("channels,kernel,first,second", [(96, 4, [40, 2, 1], [1, 70, 3]), (50, 8, [3, 33], [65, 2])])
 def test_gdn_conv_chunk_continuation(ops, channels, kernel, first, second):
     """A prefill split into two calls (the second starting from the history the first left) gives the same rows

@@ -45,6 +45,9 @@ class CpuBackend final : public Backend {
 
   void gdn_conv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape, const float* weight,
                 StatePool& states, int32_t layer, float* out) override;
+  void gdn_conv_qkv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
+                    const float* weight, StatePool& states, int32_t layer, float q_scale, float* q, float* k,
+                    float* v) override;
   void l2norm_heads(const float* x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride, float scale,
                     float* out) override;
   void gdn_gates(const float* a, const float* b, int64_t rows, int32_t heads, const float* A_log,
@@ -64,6 +67,7 @@ class CpuBackend final : public Backend {
   std::vector<int64_t> moe_rows_;
   std::vector<float> moe_probs_;             // one row's routing probabilities
   std::vector<int32_t> moe_order_;
+  std::vector<float> gdn_conv_rows_;          // gdn_conv_qkv: the conv rows before the split
 };
 
 }  // namespace ninfer::cpu
