@@ -290,38 +290,29 @@ void CudaBackend::gdn_rule(const float* q, const float* k, const float* v, const
   const size_t at_seqs = tables.add(device_seqs.data(), device_seqs.size());
   const size_t at_states = tables.add(recurrent.data(), recurrent.size());
   const uint8_t* base = upload(tables);
-  float* const* device_states = reinterpret_cast<float* const*>(base + at_states);
+  GdnRuleArgs rule;
+  rule.num_key_heads = shape.num_key_heads;
+  rule.num_value_heads = shape.num_value_heads;
+  rule.key_head_dim = shape.key_head_dim;
+  rule.value_head_dim = shape.value_head_dim;
+  rule.q = q;
+  rule.k = k;
+  rule.v = v;
+  rule.g = g;
+  rule.beta = beta;
+  rule.states = reinterpret_cast<float* const*>(base + at_states);
+  rule.out = out;
   if (decode_batch) {  // rows 0..B-1 are the B sequences' single tokens: the layout gdn_decode takes
     GdnDecodeArgs args;
+    static_cast<GdnRuleArgs&>(args) = rule;
     args.batch = int32_t(seqs.size());
-    args.num_key_heads = shape.num_key_heads;
-    args.num_value_heads = shape.num_value_heads;
-    args.key_head_dim = shape.key_head_dim;
-    args.value_head_dim = shape.value_head_dim;
-    args.q = q;
-    args.k = k;
-    args.v = v;
-    args.g = g;
-    args.beta = beta;
-    args.states = device_states;
-    args.out = out;
     gdn_decode(args, stream_);
     return;
   }
   GdnPrefillArgs args;
-  args.num_key_heads = shape.num_key_heads;
-  args.num_value_heads = shape.num_value_heads;
-  args.key_head_dim = shape.key_head_dim;
-  args.value_head_dim = shape.value_head_dim;
-  args.q = q;
-  args.k = k;
-  args.v = v;
-  args.g = g;
-  args.beta = beta;
+  static_cast<GdnRuleArgs&>(args) = rule;
   args.num_seqs = int32_t(seqs.size());
   args.seqs = reinterpret_cast<const DeviceSequence*>(base + at_seqs);
-  args.states = device_states;
-  args.out = out;
   if (reference_kernels_ || !many_tokens || !gdn_chunked_supported(shape.key_head_dim))
     return gdn_prefill_sequential(args, stream_);
 
