@@ -135,6 +135,7 @@ __global__ void __launch_bounds__(kMaxConvSplitThreads) gdn_conv_qkv_kernel(cons
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
 #pragma unroll
   for (int i = 0; i < kConvTileRows; ++i) {
+    if (i >= rows) break;  // the same for the whole block (a decode tile has one row)
     float sq = active ? y[i] * y[i] : 0.0f;
     for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
     if (lane == 0) partial[i][warp] = sq;
