@@ -197,7 +197,7 @@ def test_add_rmsnorm(ops, rows, dim, offset):
     assert_close(got, separate, 1e-5, f"add_rmsnorm vs add + rmsnorm {rows}x{dim}", atol=1e-6)
 
 
-@pytest.mark.parametrize("rows,heads,dim", [(1, 2, 16), (9, 3, 96), (40, 4, 128)])
+@pytest.mark.parametrize("rows,heads,dim", [(1, 2, 16), (9, 3, 96), (40, 4, 128), (5, 3, 30), (3, 2, 260)])
 def test_gdn_norms_and_gates(ops, rows, heads, dim):
     cuda, cpu = ops
     x, z, w = f32(rows, heads * dim), f32(rows, heads * dim), f32(dim)

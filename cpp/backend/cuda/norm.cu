@@ -1,6 +1,6 @@
 // Normalisations of the CUDA backend: RMSNorm in both conventions (alone, or after a residual add), the GDN gated
-// RMSNorm, per-head L2 norm. One block per vector; each thread reads its elements before writing them, so `out` may
-// alias `x`.
+// RMSNorm, per-head L2 norm. One block per vector (gated RMSNorm: one warp per vector where float4 fits); each thread
+// reads its elements before writing them, so `out` may alias `x`.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -81,6 +81,33 @@ __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int32_t dim
     out[base + j] = (w[j] * (x[base + j] * inv)) * silu(z[base + j]);
 }
 
+// gated_rmsnorm with one warp per (row, head) vector and float4 accesses (dim % 4 == 0, 16-byte aligned): a
+// head of 128 values is one float4 per lane, reduced by shuffles alone.
+constexpr int kWarpNormWarps = 8;
+
+__global__ void __launch_bounds__(32 * kWarpNormWarps) gated_rmsnorm_warp_kernel(const float* x, const float* z,
+                                                                                 int64_t vectors, int32_t dim,
+                                                                                 const float* w, float eps,
+                                                                                 float* out) {
+  const int64_t vec = int64_t(blockIdx.x) * kWarpNormWarps + threadIdx.x / 32;
+  if (vec >= vectors) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t base = vec * dim;
+  float s = 0.0f;
+  for (int j = 4 * lane; j < dim; j += 128) {
+    const Floats<4> v = Floats<4>::load(x + base + j);
+    for (int i = 0; i < 4; ++i) s += v.v[i] * v.v[i];
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float inv = 1.0f / sqrtf(s / float(dim) + eps);
+  for (int j = 4 * lane; j < dim; j += 128) {
+    Floats<4> y = Floats<4>::load(x + base + j);
+    const Floats<4> zj = Floats<4>::load(z + base + j), wj = Floats<4>::load(w + j);
+    for (int i = 0; i < 4; ++i) y.v[i] = (wj.v[i] * (y.v[i] * inv)) * silu(zj.v[i]);
+    y.store(out + base + j);
+  }
+}
+
 __global__ void l2norm_heads_kernel(const float* x, int32_t heads, int32_t dim, int64_t x_stride, float scale,
                                     float* out) {
   const int64_t r = blockIdx.x / heads, h = blockIdx.x % heads;
@@ -122,8 +149,17 @@ void CudaBackend::add_rmsnorm(float* hidden, const float* delta, int64_t rows, i
 void CudaBackend::gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim,
                                 const float* w, float eps, float* out) {
   if (rows * heads <= 0) return;
-  check_grid(rows * heads, "gated_rmsnorm");
-  gated_rmsnorm_kernel<<<unsigned(rows * heads), kNormThreads, 0, stream_>>>(x, z, dim, resident(w, dim), eps, out);
+  const float* dw = resident(w, dim);
+  const int64_t vectors = rows * heads;
+  if (dim % 4 == 0 && aligned16(x) && aligned16(z) && aligned16(dw) && aligned16(out)) {
+    const int64_t blocks = (vectors + kWarpNormWarps - 1) / kWarpNormWarps;
+    check_grid(blocks, "gated_rmsnorm");
+    gated_rmsnorm_warp_kernel<<<unsigned(blocks), 32 * kWarpNormWarps, 0, stream_>>>(x, z, vectors, dim, dw, eps,
+                                                                                     out);
+  } else {
+    check_grid(vectors, "gated_rmsnorm");
+    gated_rmsnorm_kernel<<<unsigned(vectors), kNormThreads, 0, stream_>>>(x, z, dim, dw, eps, out);
+  }
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
