@@ -101,12 +101,12 @@ def elementwise_bytes(config: dict, rows: int) -> dict[str, float]:
     q, kv = config["num_heads"] * config["head_dim"], config["num_kv_heads"] * config["head_dim"]
     f = 4 * rows  # bytes per f32 column over every row
     out = {
-        "add": 2 * layers * 3 * h * f,                                # hidden += block out, twice per layer
-        "rmsnorm": 2 * layers * 2 * h * f + full * 2 * (q + kv) * f,  # layer norms; q/k head norms
-        "sigmoid_gate": full * 3 * q * f,                             # attn *= sigmoid(gate)
-        "copy_columns": linear * 2 * value * f,                       # v out of the conv output
-        "l2norm_heads": linear * 2 * 2 * qk * f,                      # q and k
-        "gated_rmsnorm": linear * 3 * value * f,                      # out, z -> out
+        "add": 3 * h * f,                                       # the last layer's hidden += block out
+        "add_rmsnorm": (2 * layers - 1) * 4 * h * f,            # every other residual add with the norm after it
+        "rmsnorm": 2 * h * f + full * 2 * (q + kv) * f,         # the first layer's input norm; q/k head norms
+        "sigmoid_gate": full * 3 * q * f,                       # attn *= sigmoid(gate)
+        "gdn_conv_qkv": linear * 2 * (2 * qk + value) * f,      # mixed -> q, k, v
+        "gated_rmsnorm": linear * 3 * value * f,                # out, z -> out
     }
     if config.get("intermediate_size"):
         out["swiglu"] = layers * 3 * config["intermediate_size"] * f  # gate, up -> gate

@@ -1,9 +1,10 @@
-"""Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and chunked prefill, paged
-attention, the prefill GEMM (bench/cuda_gemm.py), the device sampler and the MoE routed experts at Qwen3.5 shapes,
-against the device read bandwidth measured in the same run (the f32 FMA rate for the GDN prefill, the dense bf16
-matrix rate for prefill attention and the MoE prefill, TFLOP/s for the GEMM). Run on the accelerator machine:
+"""Kernel-level benchmark of the CUDA decode GEMV, the gated-delta-rule decode step and chunked prefill, the prefill
+row ops (GDN conv, alone and fused with its split, fused residual add + RMSNorm, SwiGLU), paged attention, the
+prefill GEMM (bench/cuda_gemm.py), the device sampler and the MoE routed experts at Qwen3.5 shapes, against the
+device read bandwidth measured in the same run (the f32 FMA rate for the GDN prefill, the dense bf16 matrix rate for
+prefill attention and the MoE prefill, TFLOP/s for the GEMM). Run on the accelerator machine:
 
-    python bench/cuda_kernels.py --out bench/results/cuda_kernels.json [--only attention]
+    python bench/cuda_kernels.py --out bench/results/cuda_kernels.json [--only attention rowops]
 
 Weights are random codes written straight into a synthetic artifact (speed does not depend on values). Each GEMV
 is timed with CUDA events over several device copies of the weight used in turn, so every call streams from
@@ -167,6 +168,31 @@ def bench_gdn_prefill(bandwidth: float) -> list[dict]:
     return rows_out
 
 
+ROW_OPS = ["gdn_conv", "gdn_conv_qkv", "add_rmsnorm", "add_then_rmsnorm", "swiglu"]
+
+
+def bench_row_ops(bandwidth: float) -> list[dict]:
+    """The memory-bound prefill ops at the 27B shape over 512 and 8192 rows (one CudaBackend call each, op tables
+    included): time against the bytes their contract must move over the measured read bandwidth. add_then_rmsnorm
+    is the pair of ops that add_rmsnorm replaces in the model."""
+    rows_out = []
+    for rows in (512, 8192):
+        for op in ROW_OPS:
+            micros, moved = _engine.cuda.bench_prefill_op(op, rows, iterations=20)
+            rows_out.append({"op": op, "rows": rows, "median_us": micros, "bytes": moved,
+                             "gb_per_s": moved / micros / 1e3,
+                             "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth})
+    return rows_out
+
+
+def print_row_ops(rows: list[dict]) -> None:
+    if rows:
+        print(f"{'row op (27B shape)':18} {'rows':>5} {'us':>9} {'GB/s':>7} {'of BW':>6}")
+    for r in rows:
+        print(f"{r['op']:18} {r['rows']:>5} {r['median_us']:9.1f} {r['gb_per_s']:7.0f} "
+              f"{r['fraction_of_bandwidth']:6.1%}")
+
+
 ATTENTION_27B = {"heads": 24, "kv_heads": 4, "head_dim": 256}  # Qwen3.5-27B full-attention layer
 DENSE_BF16_FLOPS = 790e12  # H200 dense bf16 matrix rate (issue 5)
 L2_BYTES = 50 * 2**20
@@ -284,14 +310,14 @@ def bench_sampler() -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    families = ("gemv", "gdn", "attention", "gemm", "sampler", "moe")
-    parser.add_argument("--only", choices=families, help="run one kernel family")
+    families = ["gemv", "gdn", "rowops", "attention", "gemm", "sampler", "moe"]
+    parser.add_argument("--only", nargs="+", choices=families, help="run these kernel families (default: all)")
     args = parser.parse_args()
-    run = {name: args.only in (None, name) for name in families}
+    run = {name: args.only is None or name in args.only for name in families}
     commit = source_commit()
     measured = measure_bandwidth()
     bandwidth = measured["read"]
-    gemv, gdn, prefill, attention, prefill_gemm, sampler, moe = [], [], [], [], [], [], []
+    gemv, gdn, prefill, row_ops, attention, prefill_gemm, sampler, moe = [], [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         if run["gemv"]:
             gemv = bench_gemv(Path(tmp), bandwidth)
@@ -304,6 +330,8 @@ def main() -> int:
     if run["gdn"]:
         gdn = bench_gdn_decode(bandwidth)
         prefill = bench_gdn_prefill(bandwidth)
+    if run["rowops"]:
+        row_ops = bench_row_ops(bandwidth)
     if run["attention"]:
         attention = bench_attention(bandwidth)
     if run["sampler"]:
@@ -312,7 +340,7 @@ def main() -> int:
         "device": _engine.cuda.device_name(), "host": platform.node(),
         "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "measured_read_gb_per_s": measured["read"] / 1e9, "measured_copy_gb_per_s": measured["copy"] / 1e9, "gemv": gemv, "gdn_decode": gdn,
-        "gdn_prefill": prefill, "f32_flops": F32_FLOPS, "tf32_flops": TF32_FLOPS,
+        "gdn_prefill": prefill, "row_ops": row_ops, "f32_flops": F32_FLOPS, "tf32_flops": TF32_FLOPS,
         "attention": attention,
         "prefill_gemm": prefill_gemm,
         "sampler": sampler,
@@ -338,6 +366,7 @@ def main() -> int:
               f"{48 * r['median_us'] / 1e3:14.2f}")
         if "sequential_twin_us" in r:
             print(f"{'':>6} per-token twin: {r['sequential_twin_us']:.1f} us")
+    print_row_ops(row_ops)
     print_attention(attention)
     if prefill_gemm:
         from cuda_gemm import print_table

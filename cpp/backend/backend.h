@@ -94,6 +94,10 @@ class Backend {
   // RMSNorm of `rows` vectors of `dim` values at `x_stride`, into `out` at `out_stride` (may alias x).
   virtual void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind,
                        float eps, float* out, int64_t out_stride) = 0;
+  // hidden += delta, then out = RMSNorm(hidden), over rows of `dim` contiguous values: a residual add and the norm
+  // after it in one pass over the rows. `out` aliases neither input.
+  virtual void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w,
+                           NormKind kind, float eps, float* out) = 0;
 
   // --- full attention ---
   // Rotates the first rotary_dim values of each of `heads` heads (head h of row r at x + r*row_stride + h*head_stride)
@@ -127,6 +131,12 @@ class Backend {
   // `states` (linear layer `layer`). weight [C, K] f32.
   virtual void gdn_conv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
                         const float* weight, StatePool& states, int32_t layer, float* out) = 0;
+  // gdn_conv, then split the way the delta rule takes it (the conv's rows are [q | k | v]): q = l2norm_heads of
+  // the Hk key heads times q_scale, k = l2norm_heads of the next Hk, v = the value columns; each contiguous
+  // ([rows, Hk*Dk], [rows, Hk*Dk], [rows, Hv*Dv]). One pass instead of four for a backend that fuses them.
+  virtual void gdn_conv_qkv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
+                            const float* weight, StatePool& states, int32_t layer, float q_scale, float* q, float* k,
+                            float* v) = 0;
   // Per head: out = x / sqrt(sum(x^2) + 1e-6) * scale; x heads at x + r*x_stride + h*dim, out contiguous.
   virtual void l2norm_heads(const float* x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride, float scale,
                             float* out) = 0;

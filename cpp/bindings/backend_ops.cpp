@@ -165,6 +165,17 @@ class Ops {
     return get(out, {rows, out_stride});
   }
 
+  // (hidden + delta, rmsnorm of it), both [rows, dim].
+  std::tuple<FloatArray, FloatArray> add_rmsnorm(In<float> hidden, In<float> delta, int64_t rows, int64_t dim,
+                                                 In<float> w, bool offset, float eps) {
+    MemoryBlock dh = put(hidden), dd = put(delta), dw = put(w), out = poisoned<float>(rows * dim);
+    run([&] {
+      be_->add_rmsnorm(dh.get<float>(), dd.get<float>(), rows, dim, dw.get<float>(),
+                       offset ? NormKind::Offset : NormKind::Plain, eps, out.get<float>());
+    });
+    return {get(dh, {rows, dim}), get(out, {rows, dim})};
+  }
+
   FloatArray gated_rmsnorm(In<float> x, In<float> z, int64_t rows, int32_t heads, int32_t dim, In<float> w, float eps) {
     MemoryBlock dx = put(x), dz = put(z), dw = put(w), out = poisoned<float>(rows * heads * dim);
     run([&] { be_->gated_rmsnorm(dx.get<float>(), dz.get<float>(), rows, heads, dim, dw.get<float>(), eps, out.get<float>()); });
@@ -261,6 +272,29 @@ class Ops {
     MemoryBlock dm = put(mixed), dw = put(weight), out = poisoned<float>(rows * channels);
     run([&] { be_->gdn_conv(dm.get<float>(), seqs, shape, dw.get<float>(), states, 0, out.get<float>()); });
     return {get(out, {rows, channels}), read_states(states, conv_floats, [&](int32_t s) { return states.conv(s, 0); })};
+  }
+
+  // gdn_conv_qkv over mixed [rows, 2 hk dk + hv dv], sequences and states as gdn_conv takes them: (q, k, v,
+  // states out).
+  std::tuple<FloatArray, FloatArray, FloatArray, FloatArray> gdn_conv_qkv(
+      In<float> mixed, const std::vector<int64_t>& ns, const std::vector<int32_t>& slots, int32_t hk, int32_t hv,
+      int32_t dk, int32_t dv, In<float> weight, int32_t kernel, float q_scale, In<float> states_in) {
+    const GdnShape shape{hk, hv, dk, dv, kernel, 64};
+    const int64_t channels = shape.conv_channels(), conv_floats = channels * (kernel - 1);
+    const int64_t qk_width = int64_t(hk) * dk, v_width = int64_t(hv) * dv;
+    StatePool states(int32_t(states_in.size() / std::max<int64_t>(conv_floats, 1)), 1, conv_floats, 1,
+                     be_->memory());
+    load_states(states, states_in, conv_floats, [&](int32_t s) { return states.conv(s, 0); });
+    const std::vector<SequenceRows> seqs = sequences(ns, slots);
+    const int64_t rows = total(ns);
+    MemoryBlock dm = put(mixed), dw = put(weight), q = poisoned<float>(rows * qk_width),
+                k = poisoned<float>(rows * qk_width), v = poisoned<float>(rows * v_width);
+    run([&] {
+      be_->gdn_conv_qkv(dm.get<float>(), seqs, shape, dw.get<float>(), states, 0, q_scale, q.get<float>(),
+                        k.get<float>(), v.get<float>());
+    });
+    return {get(q, {rows, qk_width}), get(k, {rows, qk_width}), get(v, {rows, v_width}),
+            read_states(states, conv_floats, [&](int32_t s) { return states.conv(s, 0); })};
   }
 
   std::tuple<FloatArray, FloatArray> gdn_rule(In<float> q, In<float> k, In<float> v, In<float> g, In<float> beta,
@@ -368,6 +402,7 @@ void bind_backend_ops(nb::module_& m) {
       .def("copy_columns", &Ops::copy_columns)
       .def("sigmoid_gate", &Ops::sigmoid_gate)
       .def("rmsnorm", &Ops::rmsnorm)
+      .def("add_rmsnorm", &Ops::add_rmsnorm)
       .def("gated_rmsnorm", &Ops::gated_rmsnorm)
       .def("l2norm_heads", &Ops::l2norm_heads)
       .def("gdn_gates", &Ops::gdn_gates)
@@ -376,6 +411,7 @@ void bind_backend_ops(nb::module_& m) {
       .def("moe_route", &Ops::moe_route)
       .def("moe_experts", &Ops::moe_experts)
       .def("gdn_conv", &Ops::gdn_conv)
+      .def("gdn_conv_qkv", &Ops::gdn_conv_qkv)
       .def("gdn_rule", &Ops::gdn_rule);
 }
 

@@ -14,8 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
-#include <optional>
 #include <optional>
 #include <random>
 #include <string>
@@ -37,6 +37,7 @@
 #include "runtime/kv_codec.h"
 #include "runtime/kv_pool.h"
 #include "runtime/kv_quant.h"
+#include "runtime/state_pool.h"
 #endif
 
 namespace nb = nanobind;
@@ -361,6 +362,81 @@ double graph_median_micros(cudaStream_t stream, int32_t calls, int32_t iteration
   return double(times[times.size() / 2]);
 }
 
+// Median time of one CudaBackend call of a prefill row op over `rows` rows (one sequence) at the Qwen3.5-27B shape:
+// "gdn_conv" (10240 channels, kernel 4), "gdn_conv_qkv" (the same, L2-normed and split into q, k, v),
+// "add_rmsnorm" (hidden 5120), "add_then_rmsnorm" (the separate add and rmsnorm that add_rmsnorm replaces),
+// "swiglu" (intermediate 17408). Returns (median microseconds, the bytes the op's contract must move: each input
+// read once, each output written once).
+std::tuple<double, double> bench_prefill_op(const std::string& op, int64_t rows, int iterations) {
+  constexpr int64_t kConvChannels = 10240, kConvKernel = 4, kHidden = 5120, kIntermediate = 17408;
+  nb::gil_scoped_release release;
+  cuda::CudaBackend backend(0);
+  const bool conv = op == "gdn_conv" || op == "gdn_conv_qkv";
+  const int64_t width = conv ? kConvChannels : op == "swiglu" ? kIntermediate : kHidden;
+  cuda::DeviceBuffer a(size_t(rows * width) * sizeof(float)), b(a.bytes()), out(a.bytes());
+  std::vector<float> weight_host(size_t(kConvChannels * kConvKernel));
+  for (size_t i = 0; i < weight_host.size(); ++i) weight_host[i] = float((i * 2654435761u) % 2001) / 2000.0f - 0.5f;
+  // Values do not change the work done; 0x3c3c3c3c ~ 0.0115 keeps everything finite.
+  for (cuda::DeviceBuffer* buffer : {&a, &b}) NINFER_CUDA_CHECK(cudaMemset(buffer->get(), 0x3c, buffer->bytes()));
+  StatePool states(1, 1, kConvChannels * (kConvKernel - 1), 1, backend.memory());
+  const SequenceRows seq{0, rows, 0, nullptr, 0};
+  const GdnShape conv_shape{16, 48, 128, 128, int32_t(kConvKernel)};
+  double bytes = 0;
+  std::function<void()> call;
+  if (op == "gdn_conv") {
+    call = [&] {
+      backend.gdn_conv(a.as<float>(), {&seq, 1}, conv_shape, weight_host.data(), states, 0, out.as<float>());
+    };
+    bytes = 2.0 * double(a.bytes());
+  } else if (op == "gdn_conv_qkv") {  // q, k and v side by side fill `out`
+    const int64_t qk = int64_t(conv_shape.num_key_heads) * conv_shape.key_head_dim;
+    call = [&] {
+      float* q = out.as<float>();
+      backend.gdn_conv_qkv(a.as<float>(), {&seq, 1}, conv_shape, weight_host.data(), states, 0, 0.088f, q,
+                           q + rows * qk, q + 2 * rows * qk);
+    };
+    bytes = 2.0 * double(a.bytes());
+  } else if (op == "add_rmsnorm") {
+    call = [&] {
+      backend.add_rmsnorm(a.as<float>(), b.as<float>(), rows, kHidden, weight_host.data(), NormKind::Offset, 1e-6f,
+                          out.as<float>());
+    };
+    bytes = 4.0 * double(a.bytes());
+  } else if (op == "add_then_rmsnorm") {
+    call = [&] {
+      backend.add(a.as<float>(), b.as<float>(), rows * kHidden);
+      backend.rmsnorm(a.as<float>(), rows, kHidden, kHidden, weight_host.data(), NormKind::Offset, 1e-6f,
+                      out.as<float>(), kHidden);
+    };
+    bytes = 5.0 * double(a.bytes());
+  } else if (op == "swiglu") {
+    call = [&] { backend.swiglu(a.as<float>(), b.as<float>(), rows * kIntermediate, out.as<float>()); };
+    bytes = 3.0 * double(a.bytes());
+  } else {
+    throw EngineError("bench_prefill_op: op is one of gdn_conv, gdn_conv_qkv, add_rmsnorm, add_then_rmsnorm, "
+                      "swiglu; got " + op);
+  }
+  cudaStream_t stream = backend.stream();
+  cudaEvent_t start, stop;
+  NINFER_CUDA_CHECK(cudaEventCreate(&start));
+  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int it = 0; it <= iterations; ++it) {  // the first call warms up (and uploads the weight)
+    backend.begin_pass(0);
+    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
+    call();
+    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
+    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (it > 0) times.push_back(ms * 1000.0f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return {double(times[times.size() / 2]), bytes};
+}
+
 // Median time of CudaBackend::attention for `batch` sequences of `context` positions each, the last `new_rows`
 // of them new (prefill: new_rows = context; decode: 1), over random KV and q. `calls` back-to-back calls are
 // captured in one CUDA graph (no host gaps, as in a captured decode pass); each graph launch is timed.
@@ -621,6 +697,9 @@ void bind_cuda(nb::module_& m) {
           nb::arg("dv"), nb::arg("iterations") = 10, nb::arg("impl") = "mma",
           "(median us, chunked workspace bytes) of the delta rule over one sequence of `tokens` new tokens; "
           "impl: mma, f32, prepare (first kernel alone), sequential.");
+  sub.def("bench_prefill_op", &bench_prefill_op, nb::arg("op"), nb::arg("rows"), nb::arg("iterations") = 20,
+          "(median us, bytes its contract moves) of one CudaBackend prefill row op at the 27B shape; op: gdn_conv, "
+          "gdn_conv_qkv, add_rmsnorm, add_then_rmsnorm, swiglu.");
   sub.def("sample_rows", &sample_rows, nb::arg("logits"), nb::arg("params"), nb::arg("seeds"), nb::arg("counters"),
           nb::arg("prompts"), nb::arg("generated"), nb::arg("masks"),
           "One token per row of [rows, vocab] logits sampled on the device: [(token, logprob, top_logprobs)].");

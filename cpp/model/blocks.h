@@ -1,5 +1,5 @@
 // The blocks of a decoder layer, each over all rows of a pass. Files: attention.cpp, gated_deltanet.cpp,
-// feed_forward.cpp, feed_forward.cpp (with decoder_layer).
+// feed_forward.cpp (with decoder_layers).
 #pragma once
 
 #include <span>
@@ -31,8 +31,8 @@ void attention_block(const PassContext& p, const AttentionWeights& w, const floa
 void gdn_block(const PassContext& p, const GdnWeights& w, const float* x, float* out);
 void feed_forward_block(const PassContext& p, const LayerWeights& w, const float* x, float* out);
 
-// A whole pre-norm decoder layer, updating the residual stream `hidden` [rows, hidden_size] in place.
-void decoder_layer(const PassContext& p, const LayerWeights& w, float* hidden);
+// A stack of pre-norm decoder layers, updating the residual stream `hidden` [rows, hidden_size] in place.
+void decoder_layers(const PassContext& p, std::span<const LayerWeights> layers, float* hidden);
 
 // inv_freq of the config's rotary embedding (computed as the reference does).
 std::vector<float> rope_inverse_frequencies(const RopeConfig& rope);

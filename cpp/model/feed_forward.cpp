@@ -42,17 +42,26 @@ void feed_forward_block(const PassContext& p, const LayerWeights& w, const float
   else swiglu_mlp(p, w.mlp, x, Buf::FfnGate, Buf::FfnUp, out);
 }
 
-void decoder_layer(const PassContext& p, const LayerWeights& w, float* hidden) {
+void decoder_layers(const PassContext& p, std::span<const LayerWeights> layers, float* hidden) {
+  if (layers.empty()) return;
   const int64_t h = p.config.hidden_size;
+  Backend& be = p.backend;
   float* normed = p.scratch.get(Buf::Normed, p.rows * h);
   float* out = p.scratch.get(Buf::BlockOut, p.rows * h);
-  p.backend.rmsnorm(hidden, p.rows, h, h, w.input_norm.data(), p.norm_kind(), p.eps(), normed, h);
-  if (w.kind == LayerKind::FullAttention) attention_block(p, w.attn, normed, out);
-  else gdn_block(p, w.gdn, normed, out);
-  p.backend.add(hidden, out, p.rows * h);
-  p.backend.rmsnorm(hidden, p.rows, h, h, w.post_attn_norm.data(), p.norm_kind(), p.eps(), normed, h);
-  feed_forward_block(p, w, normed, out);
-  p.backend.add(hidden, out, p.rows * h);
+  be.rmsnorm(hidden, p.rows, h, h, layers[0].input_norm.data(), p.norm_kind(), p.eps(), normed, h);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerWeights& w = layers[i];
+    if (w.kind == LayerKind::FullAttention) attention_block(p, w.attn, normed, out);
+    else gdn_block(p, w.gdn, normed, out);
+    // Each residual add goes with the norm that reads its result (this layer's post-attention norm, the next
+    // layer's input norm): one pass over the rows instead of two.
+    be.add_rmsnorm(hidden, out, p.rows, h, w.post_attn_norm.data(), p.norm_kind(), p.eps(), normed);
+    feed_forward_block(p, w, normed, out);
+    if (i + 1 < layers.size())
+      be.add_rmsnorm(hidden, out, p.rows, h, layers[i + 1].input_norm.data(), p.norm_kind(), p.eps(), normed);
+    else
+      be.add(hidden, out, p.rows * h);
+  }
 }
 
 }  // namespace ninfer

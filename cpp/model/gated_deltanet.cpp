@@ -24,16 +24,12 @@ void gdn_block(const PassContext& p, const GdnWeights& w, const float* x, float*
   const LinearOut projections[] = {{w.in_qkv, mixed}, {w.in_z, z}, {w.in_b, b}, {w.in_a, a}};
   be.linear_shared_input(x, rows, projections);
 
-  float* conv = s.get(Buf::GdnConv, rows * channels);
-  be.gdn_conv(mixed, p.seqs, shape, w.conv.data(), *p.states, w.state_layer, conv);
-  // The conv output is [q | k | v] per row; the rule wants each contiguous.
+  // The conv output is [q | k | v] per row; the rule wants each contiguous, q and k L2-normed per head.
   float* q = s.get(Buf::GdnQ, rows * qk_width);
   float* k = s.get(Buf::GdnK, rows * qk_width);
   float* v = s.get(Buf::GdnV, rows * v_width);
-  be.l2norm_heads(conv, rows, l.num_key_heads, l.key_head_dim, channels,
-                  float(1.0 / std::sqrt(double(l.key_head_dim))), q);
-  be.l2norm_heads(conv + qk_width, rows, l.num_key_heads, l.key_head_dim, channels, 1.0f, k);
-  be.copy_columns(conv + 2 * qk_width, rows, channels, v_width, v);
+  be.gdn_conv_qkv(mixed, p.seqs, shape, w.conv.data(), *p.states, w.state_layer,
+                  float(1.0 / std::sqrt(double(l.key_head_dim))), q, k, v);
 
   float* g = s.get(Buf::GdnG, rows * hv);
   float* beta = s.get(Buf::GdnBeta, rows * hv);

@@ -95,7 +95,7 @@ class DecoderModel final : public Model {
 
     const PassContext pass{*backend_, config_, *kv_, states_.get(), scratch_, seqs_, positions, rows, rope_,
                            options_.gdn_chunk};
-    for (const LayerWeights& layer : weights_.layers) decoder_layer(pass, layer, hidden);
+    decoder_layers(pass, weights_.layers, hidden);
 
     const bool on_device = out.keep_on_device && !backend_->memory().host_accessible();
     out.hidden.resize(on_device ? 0 : size_t(out_rows * h));
@@ -153,7 +153,7 @@ class DecoderModel final : public Model {
     seqs_.assign(1, SequenceRows{0, n, start, cache.pages.data(), cache.state_slot});
     const PassContext pass{*backend_, config_, *kv_, states_.get(), scratch_, seqs_, positions, n, rope_,
                            options_.gdn_chunk};
-    decoder_layer(pass, m.layer, u);
+    decoder_layers(pass, std::span(&m.layer, 1), u);
 
     float* normed = scratch_.get(Buf::OutRows, n * h);
     backend_->rmsnorm(u, n, h, h, m.norm.data(), kind, eps, normed, h);

@@ -14,7 +14,7 @@ namespace ninfer {
 enum class Buf : uint8_t {
   Hidden, Normed, BlockOut,                                 // the residual stream and its normed copy
   AttnQ, AttnK, AttnV, AttnOut,                             // full attention
-  GdnMixed, GdnZ, GdnB, GdnA, GdnConv, GdnQ, GdnK, GdnV, GdnG, GdnBeta, GdnOut,
+  GdnMixed, GdnZ, GdnB, GdnA, GdnQ, GdnK, GdnV, GdnG, GdnBeta, GdnOut,
   FfnGate, FfnUp, RouterLogits, RouteWeights, SharedGate, SharedUp, SharedOut, SharedLogit,
   OutRows, Logits, MtpEmbed, MtpConcat, MtpHidden,
   Count

@@ -143,7 +143,7 @@ def test_embed_every_encoding(ops, weights):
 
 # ---------- elementwise ----------
 
-@pytest.mark.parametrize("n", [1, 257, 100_003])
+@pytest.mark.parametrize("n", [1, 257, 100_003, 4, 65_536])  # multiples of 4 take the float4 kernels
 def test_elementwise(ops, n):
     cuda, cpu = ops
     a, b = f32(n), f32(n)
@@ -182,7 +182,22 @@ def test_rmsnorm(ops, rows, dim, offset):
     assert np.isnan(got[:, dim:]).all(), "rmsnorm wrote past dim in the output stride"
 
 
-@pytest.mark.parametrize("rows,heads,dim", [(1, 2, 16), (9, 3, 96), (40, 4, 128)])
+@pytest.mark.parametrize("rows,dim", [(1, 8), (7, 255), (70, 1024), (3, 5120), (2, 2050)])
+@pytest.mark.parametrize("offset", [False, True], ids=["plain", "offset"])
+def test_add_rmsnorm(ops, rows, dim, offset):
+    """The fused residual add + norm (float4 rows when dim % 4 == 0, else scalar) against the CPU twin, and against
+    the separate add and rmsnorm ops."""
+    cuda, cpu = ops
+    hidden, delta, w = f32(rows, dim), f32(rows, dim), f32(dim)
+    got_sum, got = cuda.add_rmsnorm(hidden, delta, rows, dim, w, offset, 1e-6)
+    want_sum, want = cpu.add_rmsnorm(hidden, delta, rows, dim, w, offset, 1e-6)
+    assert_close(got_sum, want_sum, 0, f"add_rmsnorm sum {rows}x{dim}")
+    assert_close(got, want, 1e-5, f"add_rmsnorm {rows}x{dim}", atol=1e-6)
+    separate = cuda.rmsnorm(cuda.add(hidden, delta).reshape(rows, dim), rows, dim, dim, w, offset, 1e-6, dim)
+    assert_close(got, separate, 1e-5, f"add_rmsnorm vs add + rmsnorm {rows}x{dim}", atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,heads,dim", [(1, 2, 16), (9, 3, 96), (40, 4, 128), (5, 3, 30), (3, 2, 260)])
 def test_gdn_norms_and_gates(ops, rows, heads, dim):
     cuda, cpu = ops
     x, z, w = f32(rows, heads * dim), f32(rows, heads * dim), f32(dim)
@@ -284,7 +299,14 @@ def test_moe_experts(ops, weights, enc, rows):
 
 # ---------- Gated DeltaNet ----------
 
-@pytest.mark.parametrize("channels,kernel,ns", [(7, 4, [1]), (96, 4, [5, 1, 2]), (1000, 3, [70, 1]), (33, 2, [1, 1])])
+# The CUDA conv splits each sequence into tiles of 32 rows: sequences of one tile, several, and a partial last one,
+# sequences shorter than the kernel's history or empty, and kernel widths 2 .. 8.
+GDN_CONV_CASES = [(7, 4, [1]), (96, 4, [5, 1, 2]), (1000, 3, [70, 1]), (33, 2, [1, 1]), (300, 4, [100, 3, 1, 64, 32]),
+                  (130, 8, [2, 6, 7, 40]), (17, 2, [3, 33]), (129, 5, [1, 2, 3, 4, 97]), (64, 6, [31, 32, 33]),
+                  (40, 7, [0, 5, 70])]
+
+
+@pytest.mark.parametrize("channels,kernel,ns", GDN_CONV_CASES)
 def test_gdn_conv(ops, channels, kernel, ns):
     cuda, cpu = ops
     slots = list(range(len(ns)))[::-1]   # sequence i uses slot n-1-i
@@ -293,6 +315,57 @@ def test_gdn_conv(ops, channels, kernel, ns):
     (go, gs), (co, cs) = (o.gdn_conv(mixed, ns, slots, channels, w, kernel, states) for o in (cuda, cpu))
     assert_close(go, co, 1e-5, "gdn_conv out", atol=1e-6)
     assert_close(gs, cs, 0, "gdn_conv history")
+
+
+GDN_CONV_QKV_CASES = [  # (Hk, Hv, Dk, Dv, kernel, tokens per sequence)
+    (2, 4, 128, 128, 4, [100, 1, 33]),   # the 27B head shape: one key head per 128-thread block
+    (1, 2, 16, 48, 4, [5, 1]),           # a head narrower than a warp
+    (2, 3, 40, 24, 3, [70, 2]),          # Dk not a multiple of 32; the last value group is partial (72 = 40 + 32)
+    (1, 1, 256, 64, 4, [40]),            # the widest head the fused kernel takes
+    (1, 1, 300, 16, 4, [3, 2]),          # wider: the unfused twin
+    (2, 4, 64, 64, 4, [1, 1, 1]),        # a decode batch
+]
+
+
+@pytest.mark.parametrize("case", GDN_CONV_QKV_CASES, ids=str)
+def test_gdn_conv_qkv(case):
+    """The fused conv + per-head L2 norms + split against the CPU (gdn_conv, l2norm_heads, copy_columns) and
+    against the CUDA twin that runs those three ops."""
+    hk, hv, dk, dv, kernel, ns = case
+    channels = 2 * hk * dk + hv * dv
+    slots = list(range(len(ns)))[::-1]
+    mixed, w = f32(sum(ns), channels), f32(channels, kernel)
+    states = f32(len(ns), channels * (kernel - 1))
+    q_scale = dk ** -0.5
+    want = _engine.cuda.Ops("cpu").gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, q_scale, states)
+    for backend in ("cuda", "cuda-reference"):
+        got = _engine.cuda.Ops(backend).gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, q_scale, states)
+        for g, c, what in zip(got[:3], want[:3], "qkv"):
+            assert_close(g, c, 1e-5, f"{backend} gdn_conv_qkv {what}", atol=1e-6)
+        assert_close(got[3], want[3], 0, f"{backend} gdn_conv_qkv history")
+
+
+@pytest.mark.parametrize("channels,kernel,first,second", [(96, 4, [40, 2, 1], [1, 70, 3]), (50, 8, [3, 33], [65, 2])])
+def test_gdn_conv_chunk_continuation(ops, channels, kernel, first, second):
+    """A prefill split into two calls (the second starting from the history the first left) gives the same rows
+    and history as the CPU conv over each whole sequence at once."""
+    cuda, cpu = ops
+    slots = list(range(len(first)))
+    w = f32(channels, kernel)
+    states = f32(len(first), channels * (kernel - 1))
+    whole = [f32(a + b, channels) for a, b in zip(first, second)]
+    part1 = np.concatenate([m[:a] for m, a in zip(whole, first)])
+    part2 = np.concatenate([m[a:] for m, a in zip(whole, first)])
+    out1, mid = cuda.gdn_conv(part1, first, slots, channels, w, kernel, states)
+    out2, end = cuda.gdn_conv(part2, second, slots, channels, w, kernel, mid)
+    want_out, want_end = cpu.gdn_conv(np.concatenate(whole), [a + b for a, b in zip(first, second)], slots, channels,
+                                      w, kernel, states)
+    rows1 = np.cumsum([0] + first)
+    rows2 = np.cumsum([0] + second)
+    got = np.concatenate([np.concatenate([out1[rows1[i]:rows1[i + 1]], out2[rows2[i]:rows2[i + 1]]])
+                          for i in range(len(first))])
+    assert_close(got, want_out, 1e-5, "gdn_conv out over two calls", atol=1e-6)
+    assert_close(end, want_end, 0, "gdn_conv history after two calls")
 
 
 GDN_CASES = [  # (Hk, Hv, Dk, Dv, tokens per sequence, chunk)

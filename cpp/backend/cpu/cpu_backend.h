@@ -23,6 +23,8 @@ class CpuBackend final : public Backend {
   void scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) override;
   void copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) override;
 
+  void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w, NormKind kind,
+                   float eps, float* out) override;
   void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind, float eps,
                float* out, int64_t out_stride) override;
 
@@ -43,6 +45,9 @@ class CpuBackend final : public Backend {
 
   void gdn_conv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape, const float* weight,
                 StatePool& states, int32_t layer, float* out) override;
+  void gdn_conv_qkv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
+                    const float* weight, StatePool& states, int32_t layer, float q_scale, float* q, float* k,
+                    float* v) override;
   void l2norm_heads(const float* x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride, float scale,
                     float* out) override;
   void gdn_gates(const float* a, const float* b, int64_t rows, int32_t heads, const float* A_log,
@@ -62,6 +67,7 @@ class CpuBackend final : public Backend {
   std::vector<int64_t> moe_rows_;
   std::vector<float> moe_probs_;             // one row's routing probabilities
   std::vector<int32_t> moe_order_;
+  std::vector<float> gdn_conv_rows_;          // gdn_conv_qkv: the conv rows before the split
 };
 
 }  // namespace ninfer::cpu

@@ -1,4 +1,5 @@
 // Gated DeltaNet ops of the CPU backend: per-sequence conv and delta rule over the state pool, and the gates.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
@@ -13,6 +14,20 @@ void CpuBackend::gdn_conv(const float* mixed, std::span<const SequenceRows> seqs
   for (const SequenceRows& s : seqs)
     gdn_causal_conv(mixed + s.row0 * c, s.n, c, weight, shape.conv_kernel, states.conv(s.state_slot, layer),
                     out + s.row0 * c);
+}
+
+void CpuBackend::gdn_conv_qkv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
+                              const float* weight, StatePool& states, int32_t layer, float q_scale, float* q,
+                              float* k, float* v) {
+  int64_t rows = 0;
+  for (const SequenceRows& s : seqs) rows = std::max(rows, s.row0 + s.n);
+  const int64_t c = shape.conv_channels(), dk = shape.key_head_dim, qk_width = shape.num_key_heads * dk;
+  gdn_conv_rows_.resize(size_t(rows * c));
+  float* conv = gdn_conv_rows_.data();
+  gdn_conv(mixed, seqs, shape, weight, states, layer, conv);
+  l2norm_heads(conv, rows, shape.num_key_heads, int32_t(dk), c, q_scale, q);
+  l2norm_heads(conv + qk_width, rows, shape.num_key_heads, int32_t(dk), c, 1.0f, k);
+  copy_columns(conv + 2 * qk_width, rows, c, int64_t(shape.num_value_heads) * shape.value_head_dim, v);
 }
 
 static inline float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }

@@ -23,6 +23,20 @@ void CpuBackend::rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_st
   }
 }
 
+void CpuBackend::add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w,
+                             NormKind kind, float eps, float* out) {
+  const float offset = kind == NormKind::Offset ? 1.0f : 0.0f;
+#pragma omp parallel for if (rows * dim > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* hr = hidden + r * dim;
+    const float* dr = delta + r * dim;
+    float* yr = out + r * dim;
+    for (int64_t j = 0; j < dim; ++j) hr[j] += dr[j];
+    const float inv = inverse_rms(hr, dim, eps);
+    for (int64_t j = 0; j < dim; ++j) yr[j] = hr[j] * inv * (offset + w[j]);
+  }
+}
+
 void CpuBackend::gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim,
                                const float* w, float eps, float* out) {
 #pragma omp parallel for if (rows * heads * dim > 65536)

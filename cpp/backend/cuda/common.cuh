@@ -15,6 +15,9 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   return unsigned(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));  // grid-stride loops cover the rest
 }
 
+// Whether `p` may be read and written as float4.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 #define NINFER_GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 

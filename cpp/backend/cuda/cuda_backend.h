@@ -68,7 +68,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   GraphPassTimings graph_timings() const override { return graphs_.timings(); }
   // Use the slow, obviously-right twin where an op has a fast kernel and a reference one (today: gdn_rule's
   // token-by-token kernel instead of the decode and chunked kernels; moe_experts' simple kernels instead of the
-  // grouped matmul), so that tests can compare the two.
+  // grouped matmul; gdn_conv_qkv as gdn_conv, l2norm_heads and copy_columns), so that tests can compare them.
   void set_reference_kernels(bool on) { reference_kernels_ = on; }
   void launch_pass() override;
   void sample(const float* logits, int64_t vocab, std::span<const DeviceSampleRow> rows,
@@ -92,6 +92,9 @@ class CudaBackend : public Backend, public DeviceRuntime {
   void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind, float eps,
                float* out, int64_t out_stride) override;
 
+  void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w, NormKind kind,
+                   float eps, float* out) override;
+
   void rope(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride, const int64_t* positions,
             const RopeSpec& rope) override;
   void kv_write(const float* k, const float* v, std::span<const SequenceRows> seqs, KvPool& pool,
@@ -109,6 +112,9 @@ class CudaBackend : public Backend, public DeviceRuntime {
 
   void gdn_conv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape, const float* weight,
                 StatePool& states, int32_t layer, float* out) override;
+  void gdn_conv_qkv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
+                    const float* weight, StatePool& states, int32_t layer, float q_scale, float* q, float* k,
+                    float* v) override;
   void l2norm_heads(const float* x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride, float scale,
                     float* out) override;
   void gdn_gates(const float* a, const float* b, int64_t rows, int32_t heads, const float* A_log,
@@ -160,6 +166,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   DeviceBuffer moe_hidden_, moe_out_, moe_split_, moe_routing_;  // moe.cu
   GemvWorkspace gemv_workspace_;  // after tables_: constructed once the device is selected
   DeviceBuffer gdn_workspace_;  // the chunked delta rule's per-chunk products
+  DeviceBuffer gdn_conv_rows_;  // gdn_conv_qkv's twin: the conv rows before the split
   bool reference_kernels_ = false;
   bool f32_twins_ = false;
   DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)

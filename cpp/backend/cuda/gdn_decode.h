@@ -6,18 +6,13 @@
 
 #include <cstdint>
 
+#include "backend/cuda/gdn_rule_args.h"
+
 namespace ninfer::cuda {
 
-struct GdnDecodeArgs {
+// Row b is sequence b's one new token; states[b] its state.
+struct GdnDecodeArgs : GdnRuleArgs {
   int32_t batch = 0;
-  int32_t num_key_heads = 0, num_value_heads = 0, key_head_dim = 0, value_head_dim = 0;
-  const float* q = nullptr;     // [batch, Hk, Dk], L2-normalised, q scaled by Dk^-0.5
-  const float* k = nullptr;     // [batch, Hk, Dk], L2-normalised
-  const float* v = nullptr;     // [batch, Hv, Dv]
-  const float* g = nullptr;     // [batch, Hv] log decay
-  const float* beta = nullptr;  // [batch, Hv]
-  float* const* states = nullptr;  // device array of `batch` pointers to [Hv, Dk, Dv] f32
-  float* out = nullptr;         // [batch, Hv, Dv]
 };
 
 // Throws EngineError for a key head dim the kernel is not built for (16, 32, 64, 128, 256).

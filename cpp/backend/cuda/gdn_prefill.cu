@@ -94,6 +94,31 @@ __device__ __forceinline__ int rows_in_chunk(int64_t n, int64_t chunk) {
   return left < L ? int(left) : L;
 }
 
+// What a scan block works on: value columns slice0 .. slice0 + `slice` - 1 (blockIdx.x) of value head blockIdx.y
+// of sequence blockIdx.z, over that sequence's chunks.
+struct ScanBlock {
+  int Dk, Dv, Hk, Hv;
+  int slice0, head, seq, key_head;
+  DeviceSequence s;
+  float* state;  // the head's [Dk, Dv] state
+  ChunkBlock layout;
+  int64_t chunks;
+
+  __device__ ScanBlock(const GdnPrefillArgs& a, int slice)
+      : Dk(a.key_head_dim), Dv(a.value_head_dim), Hk(a.num_key_heads), Hv(a.num_value_heads),
+        slice0(int(blockIdx.x) * slice), head(blockIdx.y), seq(blockIdx.z), key_head(head / (Hv / Hk)),
+        s(a.seqs[seq]), state(a.states[seq] + int64_t(head) * Dk * Dv), layout{Dk, Dv},
+        chunks((s.n + L - 1) / L) {}
+
+  // S[d * stride + j] = state[d, slice0 + j] for the slice's `slice` columns (zeros past Dv).
+  __device__ void load_state(float* S, int slice, int stride) const {
+    for (int idx = threadIdx.x; idx < Dk * slice; idx += blockDim.x) {
+      const int d = idx / slice, j = idx % slice, col = slice0 + j;
+      S[d * stride + j] = col < Dv ? state[int64_t(d) * Dv + col] : 0.0f;
+    }
+  }
+};
+
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
 // dst[d * stride + i] = src row i (rows t0 .. t0 + rows - 1 of a [*, heads, Dk] tensor, head `head`) for i < L,
@@ -298,9 +323,9 @@ __global__ void __launch_bounds__(kPrepareThreads) gdn_chunk_prepare_kernel(Chun
 // u = U0 - W S and Q S, then the scaled keys [L, Dk] and P^T for o and the state update.
 __global__ void __launch_bounds__(kScanThreads) gdn_chunk_scan_kernel(ChunkedArgs c) {
   const GdnPrefillArgs& a = c.a;
-  const int Dk = a.key_head_dim, Dv = a.value_head_dim, Hk = a.num_key_heads, Hv = a.num_value_heads;
-  const int slice0 = blockIdx.x * kSliceColumns, head = blockIdx.y, seq = blockIdx.z;
-  const int key_head = head / (Hv / Hk);
+  const ScanBlock b(a, kSliceColumns);
+  const int Dk = b.Dk, Dv = b.Dv, Hk = b.Hk, Hv = b.Hv, slice0 = b.slice0, head = b.head, seq = b.seq,
+            key_head = b.key_head;
   extern __shared__ float4 shared4[];
   float* S = reinterpret_cast<float*>(shared4);  // [Dk, 32]
   float* U = S + Dk * kSliceColumns;              // [L, 32]
@@ -313,15 +338,12 @@ __global__ void __launch_bounds__(kScanThreads) gdn_chunk_scan_kernel(ChunkedArg
   const float4* buf1_4 = reinterpret_cast<const float4*>(buf1);
   const float4* buf2_4 = reinterpret_cast<const float4*>(buf2);
 
-  const DeviceSequence s = a.seqs[seq];
-  float* state = a.states[seq] + int64_t(head) * Dk * Dv;
-  for (int idx = threadIdx.x; idx < Dk * kSliceColumns; idx += blockDim.x) {
-    const int d = idx / kSliceColumns, col = slice0 + idx % kSliceColumns;
-    S[idx] = col < Dv ? state[int64_t(d) * Dv + col] : 0.0f;
-  }
-  const ChunkBlock layout{Dk, Dv};
+  const DeviceSequence& s = b.s;
+  float* state = b.state;
+  b.load_state(S, kSliceColumns, kSliceColumns);
+  const ChunkBlock& layout = b.layout;
   const int ti = threadIdx.x / 8, tj = threadIdx.x % 8;  // rows 4ti.., columns 4tj.. of the [L, 32] products
-  const int64_t chunks = (s.n + L - 1) / L;
+  const int64_t chunks = b.chunks;
   for (int64_t j = 0; j < chunks; ++j) {
     const int64_t t0 = s.row0 + j * L;
     const int rows = rows_in_chunk(s.n, j);
@@ -497,9 +519,9 @@ __device__ __forceinline__ void copy_rows_async(float* dst, int dst_stride, cons
 
 __global__ void __launch_bounds__(kThreads) gdn_chunk_scan_mma_kernel(ChunkedArgs c) {
   const GdnPrefillArgs& a = c.a;
-  const int Dk = a.key_head_dim, Dv = a.value_head_dim, Hk = a.num_key_heads, Hv = a.num_value_heads;
-  const int slice0 = blockIdx.x * kSlice, head = blockIdx.y, seq = blockIdx.z;
-  const int key_head = head / (Hv / Hk);
+  const ScanBlock b(a, kSlice);
+  const int Dk = b.Dk, Dv = b.Dv, Hk = b.Hk, Hv = b.Hv, slice0 = b.slice0, head = b.head, seq = b.seq,
+            key_head = b.key_head;
   extern __shared__ float4 shared4[];
   const Smem sm(reinterpret_cast<float*>(shared4), Dk);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -508,10 +530,10 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_scan_mma_kernel(ChunkedArg
   const int rm = warp % 4, cn = warp / 4, row0 = 16 * rm, col0 = 32 * cn;
   const int m_tiles = Dk / 16;
 
-  const DeviceSequence s = a.seqs[seq];
-  float* state = a.states[seq] + int64_t(head) * Dk * Dv;
-  const ChunkBlock layout{Dk, Dv};
-  const int64_t chunks = (s.n + L - 1) / L;
+  const DeviceSequence& s = b.s;
+  float* state = b.state;
+  const ChunkBlock& layout = b.layout;
+  const int64_t chunks = b.chunks;
   float* const first_block = c.work + (c.t.first_chunk[seq] * Hv + head) * layout.floats();
   auto chunk_block = [&](int64_t j) { return first_block + j * Hv * layout.floats(); };
   const int64_t qk_row_stride = int64_t(Hk) * Dk;
@@ -536,10 +558,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_scan_mma_kernel(ChunkedArg
   }
 
   // The starting state slice: into shared memory, then each warp's phase-3 tiles into registers.
-  for (int idx = threadIdx.x; idx < Dk * kSlice; idx += kThreads) {
-    const int d = idx / kSlice, col = slice0 + idx % kSlice;
-    sm.S[d * kStride + idx % kSlice] = col < Dv ? state[int64_t(d) * Dv + col] : 0.0f;
-  }
+  b.load_state(sm.S, kSlice, kStride);
   __syncthreads();
   float st[2][4][4];  // st[mi][nt]: m-tile rm + 4 mi, n-tile nt of this warp's columns, C layout
 #pragma unroll

@@ -14,21 +14,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/gdn_rule_args.h"
+
 namespace ninfer::cuda {
 
 struct DeviceSequence;
 
-struct GdnPrefillArgs {
-  int32_t num_key_heads = 0, num_value_heads = 0, key_head_dim = 0, value_head_dim = 0;
-  const float* q = nullptr;        // [rows, Hk, Dk], L2-normalised, q scaled by Dk^-0.5
-  const float* k = nullptr;        // [rows, Hk, Dk], L2-normalised
-  const float* v = nullptr;        // [rows, Hv, Dv]
-  const float* g = nullptr;        // [rows, Hv] log decay (<= 0)
-  const float* beta = nullptr;     // [rows, Hv]
+// Sequence i holds rows [seqs[i].row0, + seqs[i].n); states[i] is its state.
+struct GdnPrefillArgs : GdnRuleArgs {
   int32_t num_seqs = 0;
-  const DeviceSequence* seqs = nullptr;  // device table of num_seqs sequences (rows [row0, row0 + n))
-  float* const* states = nullptr;        // device table of num_seqs pointers to [Hv, Dk, Dv] f32
-  float* out = nullptr;                  // [rows, Hv, Dv]
+  const DeviceSequence* seqs = nullptr;  // device table of num_seqs sequences
 };
 
 void gdn_prefill_sequential(const GdnPrefillArgs& args, cudaStream_t stream);

@@ -1,5 +1,6 @@
-// Normalisations of the CUDA backend: RMSNorm in both conventions, the GDN gated RMSNorm, per-head L2 norm.
-// One block per vector; each thread reads its elements before writing them, so `out` may alias `x`.
+// Normalisations of the CUDA backend: RMSNorm in both conventions (alone, or after a residual add), the GDN gated
+// RMSNorm, per-head L2 norm. One block per vector (gated RMSNorm: one warp per vector where float4 fits); each thread
+// reads its elements before writing them, so `out` may alias `x`.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -23,12 +24,88 @@ __global__ void rmsnorm_kernel(const float* x, int64_t dim, int64_t x_stride, co
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = xr[j] * inv * (offset + w[j]);
 }
 
+// Rows of V-float vectors: V = 4 moves 16 bytes per access where the row length and addresses allow it.
+template <int V>
+struct Floats {
+  float v[V];
+  __device__ static Floats load(const float* p) {
+    Floats f;
+    if constexpr (V == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(p);
+      f.v[0] = q.x, f.v[1] = q.y, f.v[2] = q.z, f.v[3] = q.w;
+    } else {
+      for (int i = 0; i < V; ++i) f.v[i] = p[i];
+    }
+    return f;
+  }
+  __device__ void store(float* p) const {
+    if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    else
+      for (int i = 0; i < V; ++i) p[i] = v[i];
+  }
+};
+
+constexpr int kAddNormThreads = 256;
+
+// hidden[r] += delta[r]; out[r] = hidden[r] * inv_rms * (offset + w): reads hidden and delta once and writes both
+// results once; the second loop re-reads the row this thread just wrote (from cache).
+template <int V>
+__global__ void __launch_bounds__(kAddNormThreads) add_rmsnorm_kernel(float* hidden, const float* delta, int64_t dim,
+                                                                      const float* w, float offset, float eps,
+                                                                      float* out) {
+  const int64_t base = int64_t(blockIdx.x) * dim;
+  float s = 0.0f;
+  for (int64_t j = int64_t(threadIdx.x) * V; j < dim; j += int64_t(blockDim.x) * V) {
+    Floats<V> h = Floats<V>::load(hidden + base + j);
+    const Floats<V> d = Floats<V>::load(delta + base + j);
+    for (int i = 0; i < V; ++i) {
+      h.v[i] += d.v[i];
+      s += h.v[i] * h.v[i];
+    }
+    h.store(hidden + base + j);
+  }
+  const float inv = 1.0f / sqrtf(block_reduce(s, SumOp{}) / float(dim) + eps);
+  for (int64_t j = int64_t(threadIdx.x) * V; j < dim; j += int64_t(blockDim.x) * V) {
+    Floats<V> y = Floats<V>::load(hidden + base + j);
+    const Floats<V> wj = Floats<V>::load(w + j);
+    for (int i = 0; i < V; ++i) y.v[i] = y.v[i] * inv * (offset + wj.v[i]);
+    y.store(out + base + j);
+  }
+}
+
 __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int32_t dim, const float* w, float eps,
                                      float* out) {
   const int64_t base = int64_t(blockIdx.x) * dim;
   const float inv = 1.0f / sqrtf(sum_of_squares(x + base, dim) / float(dim) + eps);
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
     out[base + j] = (w[j] * (x[base + j] * inv)) * silu(z[base + j]);
+}
+
+// gated_rmsnorm with one warp per (row, head) vector and float4 accesses (dim % 4 == 0, 16-byte aligned): a
+// head of 128 values is one float4 per lane, reduced by shuffles alone.
+constexpr int kWarpNormWarps = 8;
+
+__global__ void __launch_bounds__(32 * kWarpNormWarps) gated_rmsnorm_warp_kernel(const float* x, const float* z,
+                                                                                 int64_t vectors, int32_t dim,
+                                                                                 const float* w, float eps,
+                                                                                 float* out) {
+  const int64_t vec = int64_t(blockIdx.x) * kWarpNormWarps + threadIdx.x / 32;
+  if (vec >= vectors) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t base = vec * dim;
+  float s = 0.0f;
+  for (int j = 4 * lane; j < dim; j += 128) {
+    const Floats<4> v = Floats<4>::load(x + base + j);
+    for (int i = 0; i < 4; ++i) s += v.v[i] * v.v[i];
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float inv = 1.0f / sqrtf(s / float(dim) + eps);
+  for (int j = 4 * lane; j < dim; j += 128) {
+    Floats<4> y = Floats<4>::load(x + base + j);
+    const Floats<4> zj = Floats<4>::load(z + base + j), wj = Floats<4>::load(w + j);
+    for (int i = 0; i < 4; ++i) y.v[i] = (wj.v[i] * (y.v[i] * inv)) * silu(zj.v[i]);
+    y.store(out + base + j);
+  }
 }
 
 __global__ void l2norm_heads_kernel(const float* x, int32_t heads, int32_t dim, int64_t x_stride, float scale,
@@ -56,11 +133,33 @@ void CudaBackend::rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_s
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
+void CudaBackend::add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w,
+                              NormKind kind, float eps, float* out) {
+  if (rows <= 0 || tables_only()) return;
+  check_grid(rows, "add_rmsnorm");
+  const float* dw = resident(w, dim);
+  const float offset = kind == NormKind::Offset ? 1.0f : 0.0f;
+  if (dim % 4 == 0 && aligned16(hidden) && aligned16(delta) && aligned16(dw) && aligned16(out))
+    add_rmsnorm_kernel<4><<<unsigned(rows), kAddNormThreads, 0, stream_>>>(hidden, delta, dim, dw, offset, eps, out);
+  else
+    add_rmsnorm_kernel<1><<<unsigned(rows), kAddNormThreads, 0, stream_>>>(hidden, delta, dim, dw, offset, eps, out);
+  NINFER_CUDA_CHECK_LAUNCH();
+}
+
 void CudaBackend::gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim,
                                 const float* w, float eps, float* out) {
   if (rows * heads <= 0 || tables_only()) return;
-  check_grid(rows * heads, "gated_rmsnorm");
-  gated_rmsnorm_kernel<<<unsigned(rows * heads), kNormThreads, 0, stream_>>>(x, z, dim, resident(w, dim), eps, out);
+  const float* dw = resident(w, dim);
+  const int64_t vectors = rows * heads;
+  if (dim % 4 == 0 && aligned16(x) && aligned16(z) && aligned16(dw) && aligned16(out)) {
+    const int64_t blocks = (vectors + kWarpNormWarps - 1) / kWarpNormWarps;
+    check_grid(blocks, "gated_rmsnorm");
+    gated_rmsnorm_warp_kernel<<<unsigned(blocks), 32 * kWarpNormWarps, 0, stream_>>>(x, z, vectors, dim, dw, eps,
+                                                                                     out);
+  } else {
+    check_grid(vectors, "gated_rmsnorm");
+    gated_rmsnorm_kernel<<<unsigned(vectors), kNormThreads, 0, stream_>>>(x, z, dim, dw, eps, out);
+  }
   NINFER_CUDA_CHECK_LAUNCH();
 }
 

@@ -153,6 +153,11 @@ class TimedCudaBackend final : public CudaBackend {
     OpTimer::Scope s(timer_, "rmsnorm");
     CudaBackend::rmsnorm(x, rows, dim, x_stride, w, kind, eps, out, out_stride);
   }
+  void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w, NormKind kind,
+                   float eps, float* out) override {
+    OpTimer::Scope s(timer_, "add_rmsnorm");
+    CudaBackend::add_rmsnorm(hidden, delta, rows, dim, w, kind, eps, out);
+  }
   void rope(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride, const int64_t* positions,
             const RopeSpec& rope) override {
     OpTimer::Scope s(timer_, "rope");
@@ -204,6 +209,12 @@ class TimedCudaBackend final : public CudaBackend {
                 float* out) override {
     OpTimer::Scope s(timer_, "gdn_rule");
     CudaBackend::gdn_rule(q, k, v, g, beta, seqs, shape, states, layer, out);
+  }
+  void gdn_conv_qkv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
+                    const float* weight, StatePool& states, int32_t layer, float q_scale, float* q, float* k,
+                    float* v) override {
+    OpTimer::Scope s(timer_, "gdn_conv_qkv");
+    CudaBackend::gdn_conv_qkv(mixed, seqs, shape, weight, states, layer, q_scale, q, k, v);
   }
   void gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim, const float* w,
                      float eps, float* out) override {
