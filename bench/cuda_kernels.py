@@ -83,7 +83,13 @@ def measure_bandwidth() -> dict[str, float]:
     return {"read": read, "copy": copy}
 
 
-def bench_gemv(workdir: Path, bandwidth: float) -> list[dict]:
+# Tensor cores (v5), v5 without its L2 prefetch, the previous tensor-core kernel (v3), the CUDA-core twin.
+GEMV_IMPLS = ("mma", "mma_no_prefetch", "mma_v3", "simt")
+
+
+def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IMPLS) -> list[dict]:
+    """Each GEMV is one graph of calls cycling over device copies of the weight (no host gaps: kernel time plus
+    the activation split, as in a captured decode pass)."""
     rng = np.random.default_rng(0)
     rows_out = []
     for encoding, group in ENCODINGS:
@@ -92,7 +98,7 @@ def bench_gemv(workdir: Path, bandwidth: float) -> list[dict]:
         art = _engine.Artifact.open(path, verify_checksums=False)
         for name, (out, cols) in SHAPES_27B.items():
             copies = 2 if name == "lm_head" else 8
-            for impl in ("mma", "simt"):
+            for impl in impls:
                 for rows in (1, 2, 4, 8):
                     micros, weight_bytes = _engine.cuda.bench_linear(art, name, rows, copies=copies, iterations=60,
                                                                      impl=impl)
@@ -105,6 +111,20 @@ def bench_gemv(workdir: Path, bandwidth: float) -> list[dict]:
         art.close()
         path.unlink()
     return rows_out
+
+
+def print_gemv(rows: list[dict]) -> None:
+    """One line per (encoding, tensor, rows): each kernel's microseconds and fraction of read bandwidth."""
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    table: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        table.setdefault((r["encoding"], r["tensor"], r["rows"]), {})[r["impl"]] = r
+    header = " ".join(f"{impl + ' us':>11} {'of BW':>6}" for impl in impls)
+    print(f"{'encoding':10} {'tensor':12} {'rows':>4} {header}")
+    for (encoding, tensor, n), by_impl in table.items():
+        cells = [f"{by_impl[i]['median_us']:11.1f} {by_impl[i]['fraction_of_bandwidth']:6.1%}" if i in by_impl
+                 else f"{'':11} {'':6}" for i in impls]
+        print(f"{encoding:10} {tensor:12} {n:>4} " + " ".join(cells))
 
 
 def bench_gdn_decode(bandwidth: float) -> list[dict]:
@@ -234,6 +254,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--only", choices=["gemv", "gdn", "attention", "gemm", "sampler"], help="run one kernel family")
+    parser.add_argument("--gemv-impls", nargs="+", choices=GEMV_IMPLS, default=list(GEMV_IMPLS),
+                        help="decode GEMV kernels to time")
     args = parser.parse_args()
     run = {name: args.only in (None, name) for name in ("gemv", "gdn", "attention", "gemm", "sampler")}
     commit = source_commit()
@@ -242,7 +264,7 @@ def main() -> int:
     gemv, gdn, prefill, attention, prefill_gemm, sampler = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         if run["gemv"]:
-            gemv = bench_gemv(Path(tmp), bandwidth)
+            gemv = bench_gemv(Path(tmp), bandwidth, tuple(args.gemv_impls))
         if run["gemm"]:
             from cuda_gemm import bench_prefill_gemm
 
@@ -266,10 +288,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"device {result['device']}: read {measured['read'] / 1e9:.0f} GB/s, copy {measured['copy'] / 1e9:.0f} GB/s")
-    print(f"{'impl':5} {'encoding':10} {'tensor':12} {'rows':>4} {'us':>9} {'GB/s':>7} {'of BW':>6}")
-    for r in gemv:
-        print(f"{r['impl']:5} {r['encoding']:10} {r['tensor']:12} {r['rows']:>4} {r['median_us']:9.1f} "
-              f"{r['gb_per_s']:7.0f} {r['fraction_of_bandwidth']:6.1%}")
+    print_gemv(gemv)
     for r in gdn:
         print(f"gdn_decode batch {r['batch']}: {r['median_us']:.1f} us, {r['fraction_of_bandwidth']:.1%} of read BW")
     print(f"gdn prefill, 27B linear-attention layer (16/48 heads, 128/128), batch 1; f32 rate "

@@ -69,27 +69,31 @@ FloatArray to_host(const cuda::DeviceBuffer& buffer, const std::vector<int64_t>&
   return as_array(out, shape);
 }
 
-// The decode GEMV that `impl` names: "mma" (tensor cores), "simt" (the CUDA-core twin), or "auto" (what the
-// backend's linear() takes for this weight).
+// The decode GEMV that `impl` names: "mma" (tensor cores), "mma_no_prefetch" and "mma_v3" (variants of it, until
+// one GPU run has compared them), "simt" (the CUDA-core twin), or "auto" (what the backend's linear() takes).
 class GemvLauncher {
  public:
   GemvLauncher(const std::string& impl, const TensorView& w) {
-    if (impl != "auto" && impl != "mma" && impl != "simt")
-      throw EngineError("cuda gemv: impl must be auto, mma or simt, not " + impl);
-    mma_ = impl == "mma" || (impl == "auto" && cuda::gemv_mma_supports(w));
+    const bool variant = impl == "mma_no_prefetch" || impl == "mma_v3";
+    if (impl != "auto" && impl != "mma" && !variant && impl != "simt")
+      throw EngineError("cuda gemv: impl must be auto, mma, mma_no_prefetch, mma_v3 or simt, not " + impl);
+    mma_ = impl == "mma" || variant || (impl == "auto" && cuda::gemv_mma_supports(w));
+    kernel_ = impl == "mma_v3" ? cuda::MmaKernel::v3
+              : impl == "mma_no_prefetch" ? cuda::MmaKernel::v5_no_prefetch : cuda::MmaKernel::v5;
     if (mma_ && !cuda::gemv_mma_supports(w))
       throw EngineError("cuda gemv: the tensor-core path does not take " + w.name);
   }
-  void operator()(const float* x, int rows, const TensorView& w, float* y) {
+  void operator()(const float* x, int rows, const TensorView& w, float* y, cudaStream_t stream = nullptr) {
     if (mma_) {
-      cuda::gemv_mma(x, rows, w, y, workspace_, nullptr);
+      cuda::gemv_mma(x, rows, w, y, workspace_, stream, kernel_);
     } else {
-      cuda::gemv(x, rows, w, y, nullptr);
+      cuda::gemv(x, rows, w, y, stream);
     }
   }
 
  private:
   bool mma_ = false;
+  cuda::MmaKernel kernel_ = cuda::MmaKernel::v5;
   cuda::GemvWorkspace workspace_;
 };
 
@@ -203,8 +207,41 @@ double median_kernel_micros(int iterations, Launch launch) {
   return double(times[times.size() / 2]);
 }
 
-// Median time of the decode GEMV over `copies` device copies of the weight used in turn (so that the set is
-// larger than L2 and every call streams from device memory). Returns (median microseconds, weight bytes per call).
+// Median time per call of `calls` back-to-back calls (`call(c)`, c < calls) captured in one CUDA graph on
+// `stream` (no host gaps between launches, as in a captured decode pass), over `iterations` graph launches after
+// one warm-up launch.
+template <class Call>
+double median_graph_micros(cudaStream_t stream, int calls, int iterations, Call call) {
+  cudaGraph_t graph = nullptr;
+  NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int c = 0; c < calls; ++c) call(c);
+  NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  NINFER_CUDA_CHECK(cudaEventCreate(&start));
+  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int it = 0; it <= iterations; ++it) {
+    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
+    NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
+    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (it > 0) times.push_back(ms * 1000.0f / float(calls));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(times.begin(), times.end());
+  return double(times[times.size() / 2]);
+}
+
+// Median time of the decode GEMV (activation split included) over `copies` device copies of the weight, one call
+// per copy in turn (so that the set is larger than L2 and every call streams from device memory), timed as one
+// graph of `copies` calls. Returns (median microseconds per call, weight bytes per call).
 std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std::string& name, int rows, int copies,
                                         int iterations, const std::string& impl) {
   const TensorView& host = handle.get()->tensor(name);
@@ -217,9 +254,15 @@ std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std:
   cuda::DeviceBuffer x(x_host.size() * sizeof(float));
   x.upload(x_host.data(), x.bytes());
   cuda::DeviceBuffer y(size_t(rows) * size_t(host.rows()) * sizeof(float));
-  const double micros = median_kernel_micros(iterations, [&](int it) {
-    gemv(x.as<float>(), rows, weights[it % copies].view, y.as<float>());
+  nb::gil_scoped_release release;
+  cudaStream_t stream = nullptr;
+  NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  gemv(x.as<float>(), rows, weights[0].view, y.as<float>(), stream);  // grows the workspace outside the capture
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double micros = median_graph_micros(stream, copies, iterations, [&](int c) {
+    gemv(x.as<float>(), rows, weights[size_t(c)].view, y.as<float>(), stream);
   });
+  NINFER_CUDA_CHECK(cudaStreamDestroy(stream));
   return {micros, bytes};
 }
 
@@ -529,7 +572,8 @@ void bind_cuda(nb::module_& m) {
           nb::arg("states"), "One gated-delta-rule decode step for a batch of sequences.");
   sub.def("bench_linear", &bench_linear, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"),
           nb::arg("copies") = 4, nb::arg("iterations") = 50, nb::arg("impl") = "auto",
-          "(median us, weight bytes) of the decode GEMV, cycling over device copies of the weight.");
+          "(median us per call, weight bytes) of the decode GEMV, one graph of calls cycling over device copies of "
+          "the weight.");
   sub.def("bench_attention", &bench_attention, nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"),
           nb::arg("kv_dtype"), nb::arg("context"), nb::arg("new_rows"), nb::arg("batch"), nb::arg("calls") = 10,
           nb::arg("iterations") = 20,
