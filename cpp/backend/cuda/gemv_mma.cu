@@ -410,6 +410,9 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
 // a second set; hi and lo products meet in f32 at the end. Activation fragments come straight from L1/L2 (the
 // whole activation vector is a few KiB per row and every block of the SM reads the same one).
 constexpr int kRing = 4;
+// 5..8 rows hold a second set of activation fragments and accumulators: a ring of 3 keeps them within the registers.
+template <int kSets>
+__host__ __device__ constexpr int ring_depth() { return kSets == 1 ? kRing : kRing - 1; }
 constexpr int kBlocksPerSm = 4;  // <= 128 registers per lane
 constexpr int kL2Prefetch = 8;
 
@@ -429,12 +432,34 @@ struct Chunk {
   uint32_t scale[2], zero[2];
 };
 
-// Where a lane's chunks are: pointers at its first chunk (the warp takes every kWarps-th chunk of the block's
-// range, so chunk i of the lane is a fixed stride further).
+// Where a lane's chunks are: its pointers at some chunk i of its stream (the warp takes every kWarps-th chunk of
+// the block's range); chunk i + r is r fixed strides further, so the unrolled ring addresses it by immediate
+// offsets and the pointers move once per turn of the ring.
+constexpr int kCodeStride = kChunkBytes * kWarps;  // bytes of a row's codes from chunk i to i + 1
+
+// Bytes from chunk i to i + 1 of a row's scales (int4/int8: fp16 group scales, a group being 1 or 2 chunks; nvfp4:
+// e4m3 block scales of 16 values) and zero points (int4/int8).
+template <Encoding E>
+__host__ __device__ constexpr int zero_stride() { return E == Encoding::INT4 ? kWarps : kWarps / 2; }
+template <Encoding E>
+__host__ __device__ constexpr int scale_stride() {
+  return E == Encoding::NVFP4 ? chunk_cols<E>() / 16 * kWarps : 2 * zero_stride<E>();
+}
+
+template <Encoding E>
 struct ChunkStream {
   const uint8_t* w[2];
   const uint8_t* scale[2];
   const uint8_t* zero[2];
+
+  __device__ __forceinline__ void advance(int chunks) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      w[h] += chunks * kCodeStride;
+      scale[h] += chunks * scale_stride<E>();  // null (never read) for fp8/bf16
+      zero[h] += chunks * zero_stride<E>();
+    }
+  }
 };
 
 __device__ __forceinline__ void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
@@ -445,21 +470,24 @@ __device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t 
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// Chunk i + r of the stream (r known at compile time in the unrolled ring).
 template <Encoding E>
-__device__ __forceinline__ void load_chunk(const ChunkStream& s, int i, Chunk<E>& c) {
+__device__ __forceinline__ void load_chunk(const ChunkStream<E>& s, int r, Chunk<E>& c) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    c.w[h] = load_streaming(s.w[h] + i * (kChunkBytes * kWarps));
-    if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
-      // int4: one group per chunk; int8: one per two chunks (the stream starts at the group of its first chunk,
-      // and (c0 + kWarps i) / 2 = c0 / 2 + (kWarps / 2) i).
-      constexpr int kGroupStride = E == Encoding::INT4 ? kWarps : kWarps / 2;
-      c.scale[h] = __ldg(reinterpret_cast<const uint16_t*>(s.scale[h]) + i * kGroupStride);
-      c.zero[h] = __ldg(s.zero[h] + i * kGroupStride);
-    } else if constexpr (E == Encoding::NVFP4) {
-      c.scale[h] = __ldg(reinterpret_cast<const uint16_t*>(s.scale[h] + i * (chunk_cols<E>() / 16) * kWarps));
-    }
+    c.w[h] = load_streaming(s.w[h] + r * kCodeStride);
+    if constexpr (E == Encoding::INT4 || E == Encoding::INT8 || E == Encoding::NVFP4)
+      c.scale[h] = __ldg(reinterpret_cast<const uint16_t*>(s.scale[h] + r * scale_stride<E>()));
+    if constexpr (E == Encoding::INT4 || E == Encoding::INT8) c.zero[h] = __ldg(s.zero[h] + r * zero_stride<E>());
   }
+}
+
+// (a & kMask) | bits in one LOP3 (written in C++, the compiler emits an AND and an OR: LOP3 takes one immediate).
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t bits) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(kMask), "r"(bits));
+  return d;
 }
 
 // fp16 bits of 1/16 and 960, twice.
@@ -480,10 +508,10 @@ __device__ __forceinline__ void chunk_operands(const uint4& w, uint32_t scale, u
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint32_t u = word[k], v = u >> 8;
-      a[4 * k] = hsub2_bits((u & 0x000F000Fu) | 0x64006400u, minus_low);
-      a[4 * k + 1] = hfma2_bits((u & 0x00F000F0u) | 0x64006400u, kSixteenth2, minus_high);
-      a[4 * k + 2] = hsub2_bits((v & 0x000F000Fu) | 0x64006400u, minus_low);
-      a[4 * k + 3] = hfma2_bits((v & 0x00F000F0u) | 0x64006400u, kSixteenth2, minus_high);
+      a[4 * k] = hsub2_bits(and_or<0x000F000Fu>(u, 0x64006400u), minus_low);
+      a[4 * k + 1] = hfma2_bits(and_or<0x00F000F0u>(u, 0x64006400u), kSixteenth2, minus_high);
+      a[4 * k + 2] = hsub2_bits(and_or<0x000F000Fu>(v, 0x64006400u), minus_low);
+      a[4 * k + 3] = hfma2_bits(and_or<0x00F000F0u>(v, 0x64006400u), kSixteenth2, minus_high);
     }
   } else if constexpr (E == Encoding::INT8) {
     // Word k holds pairs 2k + i = bytes (i, i + 2); a byte permute puts 0x64 above each: 1024 + q.
@@ -563,36 +591,40 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
   const int64_t c0 = first + warp;  // the warp's chunks: c0 + kWarps i for i < n
   const int n = c0 < last ? int((last - c0 + kWarps - 1) / kWarps) : 0;
 
-  ChunkStream s;
+  ChunkStream<E> next;  // at the next chunk to load
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = min(m0 + g + 8 * h, w.n - 1);  // rows past the end read the last row, never written
-    s.w[h] = w.q + row * (a.k * bits_per_value<E>() / 8) + c0 * kChunkBytes + q * 16;
-    s.scale[h] = s.zero[h] = nullptr;
+    next.w[h] = w.q + row * (a.k * bits_per_value<E>() / 8) + c0 * kChunkBytes + q * 16;
+    next.scale[h] = next.zero[h] = nullptr;
     if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
       const int64_t group = row * (a.k / kTileCols) + (E == Encoding::INT4 ? c0 : c0 / 2);
-      s.scale[h] = w.scale + 2 * group;
-      s.zero[h] = w.zero + group;
+      next.scale[h] = w.scale + 2 * group;
+      next.zero[h] = w.zero + group;
     } else if constexpr (E == Encoding::NVFP4) {
-      s.scale[h] = w.scale + row * (a.k / 16) + c0 * (chunk_cols<E>() / 16) + q * 2;
+      next.scale[h] = w.scale + row * (a.k / 16) + c0 * (chunk_cols<E>() / 16) + q * 2;
     }
   }
+  const uint8_t* ahead[2] = {next.w[0] + a.prefetch * kCodeStride,
+                             next.w[1] + a.prefetch * kCodeStride};
+  // Lanes past the batch's rows read the last row: their B columns only reach outputs that are not written.
+  constexpr int kXStride = kWarps * chunk_cols<E>();  // activation values from chunk i to i + 1
   const uint16_t* x[kSets];
 #pragma unroll
-  for (int set = 0; set < kSets; ++set) {
-    const int act = 4 * set + g / 2;
-    x[set] = act < a.rows ? (g % 2 ? a.x_lo : a.x_hi) + act * a.k + c0 * chunk_cols<E>() + q * chunk_values<E>()
-                          : nullptr;
-  }
+  for (int set = 0; set < kSets; ++set)
+    x[set] = (g % 2 ? a.x_lo : a.x_hi) + min(4 * set + g / 2, a.rows - 1) * a.k + c0 * chunk_cols<E>() +
+             q * chunk_values<E>();
 
   float acc[kSets][4] = {};
-  Chunk<E> ring[kRing];
+  constexpr int kDepth = ring_depth<kSets>();
+  Chunk<E> ring[kDepth];
 #pragma unroll
-  for (int r = 0; r < kRing; ++r)
-    if (r < n) load_chunk<E>(s, r, ring[r]);
-  for (int i0 = 0; i0 < n; i0 += kRing) {
+  for (int r = 0; r < kDepth; ++r)
+    if (r < n) load_chunk<E>(next, r, ring[r]);
+  next.advance(kDepth);
+  for (int i0 = 0; i0 < n; i0 += kDepth) {
 #pragma unroll
-    for (int r = 0; r < kRing; ++r) {
+    for (int r = 0; r < kDepth; ++r) {
       const int i = i0 + r;
       if (i >= n) break;
       uint4 xv[kSets][kXVectors];
@@ -600,15 +632,19 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
       for (int set = 0; set < kSets; ++set)
 #pragma unroll
         for (int v = 0; v < kXVectors; ++v)
-          xv[set][v] = x[set] ? __ldg(reinterpret_cast<const uint4*>(x[set] + i * (kWarps * chunk_cols<E>())) + v)
-                              : make_uint4(0, 0, 0, 0);
+          xv[set][v] = __ldg(reinterpret_cast<const uint4*>(x[set] + r * kXStride) + v);
       multiply_chunk<E, kSets>(ring[r], xv, acc);
-      if (i + kRing < n) load_chunk<E>(s, i + kRing, ring[r]);
-      // Further ahead without registers: the chunk a.prefetch on comes from L2 when the ring loads it.
+      if (i + kDepth < n) load_chunk<E>(next, r, ring[r]);
+      // Further ahead without registers: chunk i + a.prefetch comes from L2 when the ring loads it.
       if (a.prefetch > 0 && i + a.prefetch < n)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) prefetch_l2(s.w[h] + (i + a.prefetch) * (kChunkBytes * kWarps));
+        for (int h = 0; h < 2; ++h) prefetch_l2(ahead[h] + r * kCodeStride);
     }
+    next.advance(kDepth);
+#pragma unroll
+    for (int set = 0; set < kSets; ++set) x[set] += kDepth * kXStride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) ahead[h] += kDepth * kCodeStride;
   }
 
   // hi + lo, then the block's sums: value 2 set + h is weight row g + 8 h, activation row 4 set + q.
