@@ -88,8 +88,10 @@ GEMV_IMPLS = ("mma", "mma_no_prefetch", "mma_v3", "simt")
 
 
 def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IMPLS) -> list[dict]:
-    """Each GEMV is one graph of calls cycling over device copies of the weight (no host gaps: kernel time plus
-    the activation split, as in a captured decode pass)."""
+    """Each GEMV is one graph of calls cycling over device copies of the weight (no host gaps, as in a captured
+    decode pass). Every call splits its activations itself ("own" split: the cost of a lone weight), and the
+    tensor-core impls run again with one split shared by the calls ("shared": as a layer's projections that share
+    their input run, and close to the GEMV kernel alone)."""
     rng = np.random.default_rng(0)
     rows_out = []
     for encoding, group in ENCODINGS:
@@ -99,31 +101,38 @@ def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IM
         for name, (out, cols) in SHAPES_27B.items():
             copies = 2 if name == "lm_head" else 8
             for impl in impls:
-                for rows in (1, 2, 4, 8):
-                    micros, weight_bytes = _engine.cuda.bench_linear(art, name, rows, copies=copies, iterations=60,
-                                                                     impl=impl)
-                    moved = weight_bytes + 4 * rows * (cols + out)
-                    rows_out.append({
-                        "kernel": "gemv", "impl": impl, "encoding": encoding, "group_size": group, "tensor": name,
-                        "shape": [out, cols], "rows": rows, "median_us": micros, "bytes": moved,
-                        "gb_per_s": moved / micros / 1e3, "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth,
-                    })
+                for split in ("own", "shared") if impl.startswith("mma") else ("own",):
+                    for rows in (1, 2, 4, 8):
+                        micros, weight_bytes = _engine.cuda.bench_linear(
+                            art, name, rows, copies=copies, iterations=60, impl=impl, shared_split=split == "shared")
+                        moved = weight_bytes + 4 * rows * (cols + out)
+                        rows_out.append({
+                            "kernel": "gemv", "impl": impl, "split": split, "encoding": encoding, "group_size": group,
+                            "tensor": name, "shape": [out, cols], "rows": rows, "median_us": micros, "bytes": moved,
+                            "gb_per_s": moved / micros / 1e3,
+                            "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth,
+                        })
         art.close()
         path.unlink()
     return rows_out
 
 
 def print_gemv(rows: list[dict]) -> None:
-    """One line per (encoding, tensor, rows): each kernel's microseconds and fraction of read bandwidth."""
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    """One line per (encoding, tensor, rows): each kernel's microseconds per call and fraction of read bandwidth;
+    "impl*" is the tensor-core impl with one activation split shared by the calls."""
+    columns: list[str] = []
     table: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        table.setdefault((r["encoding"], r["tensor"], r["rows"]), {})[r["impl"]] = r
-    header = " ".join(f"{impl + ' us':>11} {'of BW':>6}" for impl in impls)
+        column = r["impl"] + ("*" if r["split"] == "shared" else "")
+        if column not in columns:
+            columns.append(column)
+        table.setdefault((r["encoding"], r["tensor"], r["rows"]), {})[column] = r
+    print("decode GEMV, us per call and fraction of read bandwidth (impl*: one activation split for all calls)")
+    header = " ".join(f"{column:>16} {'of BW':>6}" for column in columns)
     print(f"{'encoding':10} {'tensor':12} {'rows':>4} {header}")
-    for (encoding, tensor, n), by_impl in table.items():
-        cells = [f"{by_impl[i]['median_us']:11.1f} {by_impl[i]['fraction_of_bandwidth']:6.1%}" if i in by_impl
-                 else f"{'':11} {'':6}" for i in impls]
+    for (encoding, tensor, n), by_column in table.items():
+        cells = [f"{by_column[c]['median_us']:16.1f} {by_column[c]['fraction_of_bandwidth']:6.1%}" if c in by_column
+                 else f"{'':16} {'':6}" for c in columns]
         print(f"{encoding:10} {tensor:12} {n:>4} " + " ".join(cells))
 
 

@@ -90,6 +90,19 @@ class GemvLauncher {
       cuda::gemv(x, rows, w, y, stream);
     }
   }
+  // Every weight of `ws` on one activation split, as the backend runs projections that share their input (the
+  // tensor-core path only: the twin has no split).
+  void shared_split(const float* x, int rows, const std::vector<cuda::DeviceWeight>& ws, float* y,
+                    cudaStream_t stream) {
+    if (!mma_) throw EngineError("cuda gemv: only the tensor-core path splits its activations");
+    const TensorView& first = ws[0].view;
+    const cuda::SplitActivations split =
+        cuda::split_activations(x, rows, first.cols(), cuda::split_kind(first), workspace_, stream);
+    for (const cuda::DeviceWeight& w : ws) {
+      const cuda::MmaOutput out[] = {{&w.view, y}};
+      cuda::gemv_mma(split, out, workspace_, stream, kernel_);
+    }
+  }
 
  private:
   bool mma_ = false;
@@ -207,14 +220,13 @@ double median_kernel_micros(int iterations, Launch launch) {
   return double(times[times.size() / 2]);
 }
 
-// Median time per call of `calls` back-to-back calls (`call(c)`, c < calls) captured in one CUDA graph on
-// `stream` (no host gaps between launches, as in a captured decode pass), over `iterations` graph launches after
-// one warm-up launch.
-template <class Call>
-double median_graph_micros(cudaStream_t stream, int calls, int iterations, Call call) {
+// Median time of what `capture()` enqueues on `stream`, captured once in a CUDA graph (no host gaps between
+// launches, as in a captured decode pass), over `iterations` graph launches after one warm-up launch.
+template <class Capture>
+double median_graph_micros(cudaStream_t stream, int iterations, Capture capture) {
   cudaGraph_t graph = nullptr;
   NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int c = 0; c < calls; ++c) call(c);
+  capture();
   NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec = nullptr;
   NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -229,7 +241,7 @@ double median_graph_micros(cudaStream_t stream, int calls, int iterations, Call 
     NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (it > 0) times.push_back(ms * 1000.0f / float(calls));
+    if (it > 0) times.push_back(ms * 1000.0f);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
@@ -239,11 +251,13 @@ double median_graph_micros(cudaStream_t stream, int calls, int iterations, Call 
   return double(times[times.size() / 2]);
 }
 
-// Median time of the decode GEMV (activation split included) over `copies` device copies of the weight, one call
-// per copy in turn (so that the set is larger than L2 and every call streams from device memory), timed as one
-// graph of `copies` calls. Returns (median microseconds per call, weight bytes per call).
+// Median time of the decode GEMV over `copies` device copies of the weight, one call per copy in turn (so that the
+// set is larger than L2 and every call streams from device memory), the calls captured in one graph. Each call
+// splits the activations itself, or (`shared_split`, tensor-core path) one split serves every copy, as for a
+// layer's projections that share their input: then the time is mostly the GEMV kernel's. Returns (median
+// microseconds per call, weight bytes per call).
 std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std::string& name, int rows, int copies,
-                                        int iterations, const std::string& impl) {
+                                        int iterations, const std::string& impl, bool shared_split) {
   const TensorView& host = handle.get()->tensor(name);
   std::vector<cuda::DeviceWeight> weights;
   for (int c = 0; c < copies; ++c) weights.push_back(cuda::upload_weight(host));
@@ -259,11 +273,15 @@ std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std:
   NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemv(x.as<float>(), rows, weights[0].view, y.as<float>(), stream);  // grows the workspace outside the capture
   NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const double micros = median_graph_micros(stream, copies, iterations, [&](int c) {
-    gemv(x.as<float>(), rows, weights[size_t(c)].view, y.as<float>(), stream);
+  const double micros = median_graph_micros(stream, iterations, [&] {
+    if (shared_split) {
+      gemv.shared_split(x.as<float>(), rows, weights, y.as<float>(), stream);
+    } else {
+      for (const cuda::DeviceWeight& w : weights) gemv(x.as<float>(), rows, w.view, y.as<float>(), stream);
+    }
   });
   NINFER_CUDA_CHECK(cudaStreamDestroy(stream));
-  return {micros, bytes};
+  return {micros / copies, bytes};
 }
 
 // Median time of the prefill GEMM for `rows` rows of x (deterministic values) by `impl`, activation preparation
@@ -571,9 +589,9 @@ void bind_cuda(nb::module_& m) {
   sub.def("gdn_decode", &gdn_decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
           nb::arg("states"), "One gated-delta-rule decode step for a batch of sequences.");
   sub.def("bench_linear", &bench_linear, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"),
-          nb::arg("copies") = 4, nb::arg("iterations") = 50, nb::arg("impl") = "auto",
+          nb::arg("copies") = 4, nb::arg("iterations") = 50, nb::arg("impl") = "auto", nb::arg("shared_split") = false,
           "(median us per call, weight bytes) of the decode GEMV, one graph of calls cycling over device copies of "
-          "the weight.");
+          "the weight; shared_split: one activation split for all the calls (tensor-core impls).");
   sub.def("bench_attention", &bench_attention, nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"),
           nb::arg("kv_dtype"), nb::arg("context"), nb::arg("new_rows"), nb::arg("batch"), nb::arg("calls") = 10,
           nb::arg("iterations") = 20,
