@@ -443,9 +443,6 @@ struct Chunk {
   uint32_t scale[2], zero[2];
 };
 
-// Where a lane's chunks are: its pointers at some chunk i of its stream (the warp takes every kWarps-th chunk of
-// the block's range); chunk i + r is r fixed strides further, so the unrolled ring addresses it by immediate
-// offsets and the pointers move once per turn of the ring.
 constexpr int kCodeStride = kChunkBytes * kWarps;  // bytes of a row's codes from chunk i to i + 1
 
 // Bytes from chunk i to i + 1 of a row's scales (int4/int8: fp16 group scales, a group being 1 or 2 chunks; nvfp4:
@@ -457,18 +454,23 @@ __host__ __device__ constexpr int scale_stride() {
   return E == Encoding::NVFP4 ? chunk_cols<E>() / 16 * kWarps : 2 * zero_stride<E>();
 }
 
+// Where a lane's chunks are: its pointers at some chunk i of its stream (the warp takes every kWarps-th chunk of
+// the block's range); chunk i + r is r fixed strides further, so the unrolled ring addresses it by immediate
+// offsets and the pointers move once per turn of the ring.
 template <Encoding E>
 struct ChunkStream {
+  static constexpr bool kScales = E == Encoding::INT4 || E == Encoding::INT8 || E == Encoding::NVFP4;
+  static constexpr bool kZeros = E == Encoding::INT4 || E == Encoding::INT8;
   const uint8_t* w[2];
-  const uint8_t* scale[2];
-  const uint8_t* zero[2];
+  const uint8_t* scale[2] = {nullptr, nullptr};
+  const uint8_t* zero[2] = {nullptr, nullptr};
 
   __device__ __forceinline__ void advance(int chunks) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       w[h] += chunks * kCodeStride;
-      scale[h] += chunks * scale_stride<E>();  // null (never read) for fp8/bf16
-      zero[h] += chunks * zero_stride<E>();
+      if constexpr (kScales) scale[h] += chunks * scale_stride<E>();
+      if constexpr (kZeros) zero[h] += chunks * zero_stride<E>();
     }
   }
 };
@@ -487,9 +489,9 @@ __device__ __forceinline__ void load_chunk(const ChunkStream<E>& s, int r, Chunk
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     c.w[h] = load_streaming(s.w[h] + r * kCodeStride);
-    if constexpr (E == Encoding::INT4 || E == Encoding::INT8 || E == Encoding::NVFP4)
+    if constexpr (ChunkStream<E>::kScales)
       c.scale[h] = __ldg(reinterpret_cast<const uint16_t*>(s.scale[h] + r * scale_stride<E>()));
-    if constexpr (E == Encoding::INT4 || E == Encoding::INT8) c.zero[h] = __ldg(s.zero[h] + r * zero_stride<E>());
+    if constexpr (ChunkStream<E>::kZeros) c.zero[h] = __ldg(s.zero[h] + r * zero_stride<E>());
   }
 }
 
@@ -607,7 +609,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
   for (int h = 0; h < 2; ++h) {
     const int64_t row = min(m0 + g + 8 * h, w.n - 1);  // rows past the end read the last row, never written
     next.w[h] = w.q + row * (a.k * bits_per_value<E>() / 8) + c0 * kChunkBytes + q * 16;
-    next.scale[h] = next.zero[h] = nullptr;
     if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
       const int64_t group = row * (a.k / kTileCols) + (E == Encoding::INT4 ? c0 : c0 / 2);
       next.scale[h] = w.scale + 2 * group;
