@@ -227,7 +227,7 @@ struct MmaArgs {
   unsigned* counters;
   int64_t k;
   int32_t rows;
-  int32_t prefetch;  // v5: chunks ahead of the one being multiplied that each lane asks L2 for (0: none)
+  int32_t prefetch;  // v5: chunks beyond its register ring that each lane asks L2 for (0: none)
 };
 
 // What one lane loads for one tile: its two weight rows' codes and extras, and activation row g's operands.
@@ -414,8 +414,8 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
 // int8/fp8, 8 of bf16; the 4 lanes of a quad cover chunk_cols() consecutive columns, so a warp's chunk is 16 rows
 // x 64 bytes whatever the encoding. Every lane keeps kRing chunks in flight in registers (the chunk loop is
 // unrolled by the ring, so every register index is static); kBlocksPerSm blocks of 4 warps fit on an SM, i.e.
-// 16 warps x 32 lanes x 3-4 chunks x 32 bytes = 48-64 KiB of weights in flight per SM; an L2 prefetch
-// kL2Prefetch chunks ahead (one instruction per row and chunk, no registers) doubles that.
+// 16 warps x 32 lanes x 3-4 chunks x 32 bytes = 48-64 KiB of weights in flight per SM; an L2 prefetch of the
+// kL2Prefetch chunks beyond the ring (one instruction per row and chunk, no registers) triples that.
 // The activations' hi and lo planes share one mma: B column 2r holds activation row r's hi part and column 2r + 1
 // its lo part (lane g loads plane g % 2 of row g / 2), so up to 4 rows take one mma per 16 columns and 5..8 rows
 // a second set; hi and lo products meet in f32 at the end. Activation fragments come straight from L1/L2 (the
@@ -617,8 +617,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
       next.scale[h] = w.scale + row * (a.k / 16) + c0 * (chunk_cols<E>() / 16) + q * 2;
     }
   }
-  const uint8_t* ahead[2] = {next.w[0] + a.prefetch * kCodeStride,
-                             next.w[1] + a.prefetch * kCodeStride};
   // Lanes past the batch's rows read the last row: their B columns only reach outputs that are not written.
   constexpr int kXStride = kWarps * chunk_cols<E>();  // activation values from chunk i to i + 1
   const uint16_t* x[kSets];
@@ -633,6 +631,14 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
 #pragma unroll
   for (int r = 0; r < kDepth; ++r)
     if (r < n) load_chunk<E>(next, r, ring[r]);
+  // Beyond the ring, a window of a.prefetch chunks is asked from L2 (no registers): from the start, so that a short
+  // stream (the 27B shapes give a warp ~5-17 chunks) has all its bytes requested at once, then one chunk per chunk.
+  const int window_end = min(n, kDepth + a.prefetch);
+  for (int p = kDepth; p < window_end; ++p)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) prefetch_l2(next.w[h] + p * kCodeStride);
+  const uint8_t* ahead[2] = {next.w[0] + (kDepth + a.prefetch) * kCodeStride,
+                             next.w[1] + (kDepth + a.prefetch) * kCodeStride};
   next.advance(kDepth);
   for (int i0 = 0; i0 < n; i0 += kDepth) {
 #pragma unroll
@@ -647,8 +653,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
           xv[set][v] = __ldg(reinterpret_cast<const uint4*>(x[set] + r * kXStride) + v);
       multiply_chunk<E, kSets>(ring[r], xv, acc);
       if (i + kDepth < n) load_chunk<E>(next, r, ring[r]);
-      // Further ahead without registers: chunk i + a.prefetch comes from L2 when the ring loads it.
-      if (a.prefetch > 0 && i + a.prefetch < n)
+      if (a.prefetch > 0 && i + kDepth + a.prefetch < n)
 #pragma unroll
         for (int h = 0; h < 2; ++h) prefetch_l2(ahead[h] + r * kCodeStride);
     }
