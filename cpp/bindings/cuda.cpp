@@ -269,6 +269,7 @@ std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std:
   x.upload(x_host.data(), x.bytes());
   cuda::DeviceBuffer y(size_t(rows) * size_t(host.rows()) * sizeof(float));
   nb::gil_scoped_release release;
+  NINFER_CUDA_CHECK(cudaDeviceSynchronize());  // the workspace's zeroed counters, on the legacy stream
   cudaStream_t stream = nullptr;
   NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemv(x.as<float>(), rows, weights[0].view, y.as<float>(), stream);  // grows the workspace outside the capture
