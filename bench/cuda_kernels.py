@@ -84,7 +84,15 @@ def measure_bandwidth() -> dict[str, float]:
     return {"read": read, "copy": copy}
 
 
-def bench_gemv(workdir: Path, bandwidth: float) -> list[dict]:
+# Tensor cores (v5), v5 without its L2 prefetch, the previous tensor-core kernel (v3), the CUDA-core twin.
+GEMV_IMPLS = ("mma", "mma_no_prefetch", "mma_v3", "simt")
+
+
+def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IMPLS) -> list[dict]:
+    """Each GEMV is one graph of calls cycling over device copies of the weight (no host gaps, as in a captured
+    decode pass). Every call splits its activations itself ("own" split: the cost of a lone weight), and the
+    tensor-core impls run again with one split shared by the calls ("shared": as a layer's projections that share
+    their input run, and close to the GEMV kernel alone)."""
     rng = np.random.default_rng(0)
     rows_out = []
     for encoding, group in ENCODINGS:
@@ -93,19 +101,40 @@ def bench_gemv(workdir: Path, bandwidth: float) -> list[dict]:
         art = _engine.Artifact.open(path, verify_checksums=False)
         for name, (out, cols) in SHAPES_27B.items():
             copies = 2 if name == "lm_head" else 8
-            for impl in ("mma", "simt"):
-                for rows in (1, 2, 4, 8):
-                    micros, weight_bytes = _engine.cuda.bench_linear(art, name, rows, copies=copies, iterations=60,
-                                                                     impl=impl)
-                    moved = weight_bytes + 4 * rows * (cols + out)
-                    rows_out.append({
-                        "kernel": "gemv", "impl": impl, "encoding": encoding, "group_size": group, "tensor": name,
-                        "shape": [out, cols], "rows": rows, "median_us": micros, "bytes": moved,
-                        "gb_per_s": moved / micros / 1e3, "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth,
-                    })
+            for impl in impls:
+                for split in ("own", "shared") if impl.startswith("mma") else ("own",):
+                    for rows in (1, 2, 4, 8):
+                        micros, weight_bytes = _engine.cuda.bench_linear(
+                            art, name, rows, copies=copies, iterations=60, impl=impl, shared_split=split == "shared")
+                        moved = weight_bytes + 4 * rows * (cols + out)
+                        rows_out.append({
+                            "kernel": "gemv", "impl": impl, "split": split, "encoding": encoding, "group_size": group,
+                            "tensor": name, "shape": [out, cols], "rows": rows, "median_us": micros, "bytes": moved,
+                            "gb_per_s": moved / micros / 1e3,
+                            "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth,
+                        })
         art.close()
         path.unlink()
     return rows_out
+
+
+def print_gemv(rows: list[dict]) -> None:
+    """One line per (encoding, tensor, rows): each kernel's microseconds per call and fraction of read bandwidth;
+    "impl*" is the tensor-core impl with one activation split shared by the calls."""
+    columns: list[str] = []
+    table: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        column = r["impl"] + ("*" if r["split"] == "shared" else "")
+        if column not in columns:
+            columns.append(column)
+        table.setdefault((r["encoding"], r["tensor"], r["rows"]), {})[column] = r
+    print("decode GEMV, us per call and fraction of read bandwidth (impl*: one activation split for all calls)")
+    header = " ".join(f"{column:>16} {'of BW':>6}" for column in columns)
+    print(f"{'encoding':10} {'tensor':12} {'rows':>4} {header}")
+    for (encoding, tensor, n), by_column in table.items():
+        cells = [f"{by_column[c]['median_us']:16.1f} {by_column[c]['fraction_of_bandwidth']:6.1%}" if c in by_column
+                 else f"{'':16} {'':6}" for c in columns]
+        print(f"{encoding:10} {tensor:12} {n:>4} " + " ".join(cells))
 
 
 def bench_gdn_decode(bandwidth: float) -> list[dict]:
@@ -312,6 +341,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     families = ["gemv", "gdn", "rowops", "attention", "gemm", "sampler", "moe"]
     parser.add_argument("--only", nargs="+", choices=families, help="run these kernel families (default: all)")
+    parser.add_argument("--gemv-impls", nargs="+", choices=GEMV_IMPLS, default=list(GEMV_IMPLS),
+                        help="decode GEMV kernels to time")
     args = parser.parse_args()
     run = {name: args.only is None or name in args.only for name in families}
     commit = source_commit()
@@ -320,7 +351,7 @@ def main() -> int:
     gemv, gdn, prefill, row_ops, attention, prefill_gemm, sampler, moe = [], [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         if run["gemv"]:
-            gemv = bench_gemv(Path(tmp), bandwidth)
+            gemv = bench_gemv(Path(tmp), bandwidth, tuple(args.gemv_impls))
         if run["moe"]:
             moe = bench_moe(Path(tmp), bandwidth)
         if run["gemm"]:
@@ -349,10 +380,7 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"device {result['device']}: read {measured['read'] / 1e9:.0f} GB/s, copy {measured['copy'] / 1e9:.0f} GB/s")
-    print(f"{'impl':5} {'encoding':10} {'tensor':12} {'rows':>4} {'us':>9} {'GB/s':>7} {'of BW':>6}")
-    for r in gemv:
-        print(f"{r['impl']:5} {r['encoding']:10} {r['tensor']:12} {r['rows']:>4} {r['median_us']:9.1f} "
-              f"{r['gb_per_s']:7.0f} {r['fraction_of_bandwidth']:6.1%}")
+    print_gemv(gemv)
     for r in gdn:
         print(f"gdn_decode batch {r['batch']}: {r['median_us']:.1f} us, {r['fraction_of_bandwidth']:.1%} of read BW")
     print(f"gdn prefill, 27B linear-attention layer (16/48 heads, 128/128), batch 1; f32 rate "

@@ -72,27 +72,44 @@ FloatArray to_host(const cuda::DeviceBuffer& buffer, const std::vector<int64_t>&
   return as_array(out, shape);
 }
 
-// The decode GEMV that `impl` names: "mma" (tensor cores), "simt" (the CUDA-core twin), or "auto" (what the
-// backend's linear() takes for this weight).
+// The decode GEMV that `impl` names: "mma" (tensor cores), "mma_no_prefetch" and "mma_v3" (variants of it, until
+// one GPU run has compared them), "simt" (the CUDA-core twin), or "auto" (what the backend's linear() takes).
 class GemvLauncher {
  public:
   GemvLauncher(const std::string& impl, const TensorView& w) {
-    if (impl != "auto" && impl != "mma" && impl != "simt")
-      throw EngineError("cuda gemv: impl must be auto, mma or simt, not " + impl);
-    mma_ = impl == "mma" || (impl == "auto" && cuda::gemv_mma_supports(w));
+    const bool variant = impl == "mma_no_prefetch" || impl == "mma_v3";
+    if (impl != "auto" && impl != "mma" && !variant && impl != "simt")
+      throw EngineError("cuda gemv: impl must be auto, mma, mma_no_prefetch, mma_v3 or simt, not " + impl);
+    mma_ = impl == "mma" || variant || (impl == "auto" && cuda::gemv_mma_supports(w));
+    kernel_ = impl == "mma_v3" ? cuda::MmaKernel::v3
+              : impl == "mma_no_prefetch" ? cuda::MmaKernel::v5_no_prefetch : cuda::MmaKernel::v5;
     if (mma_ && !cuda::gemv_mma_supports(w))
       throw EngineError("cuda gemv: the tensor-core path does not take " + w.name);
   }
-  void operator()(const float* x, int rows, const TensorView& w, float* y) {
+  void operator()(const float* x, int rows, const TensorView& w, float* y, cudaStream_t stream = nullptr) {
     if (mma_) {
-      cuda::gemv_mma(x, rows, w, y, workspace_, nullptr);
+      cuda::gemv_mma(x, rows, w, y, workspace_, stream, kernel_);
     } else {
-      cuda::gemv(x, rows, w, y, nullptr);
+      cuda::gemv(x, rows, w, y, stream);
+    }
+  }
+  // Every weight of `ws` on one activation split, as the backend runs projections that share their input (the
+  // tensor-core path only: the twin has no split).
+  void shared_split(const float* x, int rows, const std::vector<cuda::DeviceWeight>& ws, float* y,
+                    cudaStream_t stream) {
+    if (!mma_) throw EngineError("cuda gemv: only the tensor-core path splits its activations");
+    const TensorView& first = ws[0].view;
+    const cuda::SplitActivations split =
+        cuda::split_activations(x, rows, first.cols(), cuda::split_kind(first), workspace_, stream);
+    for (const cuda::DeviceWeight& w : ws) {
+      const cuda::MmaOutput out[] = {{&w.view, y}};
+      cuda::gemv_mma(split, out, workspace_, stream, kernel_);
     }
   }
 
  private:
   bool mma_ = false;
+  cuda::MmaKernel kernel_ = cuda::MmaKernel::v5;
   cuda::GemvWorkspace workspace_;
 };
 
@@ -206,10 +223,44 @@ double median_kernel_micros(int iterations, Launch launch) {
   return double(times[times.size() / 2]);
 }
 
-// Median time of the decode GEMV over `copies` device copies of the weight used in turn (so that the set is
-// larger than L2 and every call streams from device memory). Returns (median microseconds, weight bytes per call).
+// Median time of what `capture()` enqueues on `stream`, captured once in a CUDA graph (no host gaps between
+// launches, as in a captured decode pass), over `iterations` graph launches after one warm-up launch.
+template <class Capture>
+double median_graph_micros(cudaStream_t stream, int iterations, Capture capture) {
+  cudaGraph_t graph = nullptr;
+  NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  capture();
+  NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  NINFER_CUDA_CHECK(cudaEventCreate(&start));
+  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int it = 0; it <= iterations; ++it) {
+    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
+    NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
+    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (it > 0) times.push_back(ms * 1000.0f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  std::sort(times.begin(), times.end());
+  return double(times[times.size() / 2]);
+}
+
+// Median time of the decode GEMV over `copies` device copies of the weight, one call per copy in turn (so that the
+// set is larger than L2 and every call streams from device memory), the calls captured in one graph. Each call
+// splits the activations itself, or (`shared_split`, tensor-core path) one split serves every copy, as for a
+// layer's projections that share their input: then the time is mostly the GEMV kernel's. Returns (median
+// microseconds per call, weight bytes per call).
 std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std::string& name, int rows, int copies,
-                                        int iterations, const std::string& impl) {
+                                        int iterations, const std::string& impl, bool shared_split) {
   const TensorView& host = handle.get()->tensor(name);
   std::vector<cuda::DeviceWeight> weights;
   for (int c = 0; c < copies; ++c) weights.push_back(cuda::upload_weight(host));
@@ -220,10 +271,21 @@ std::tuple<double, double> bench_linear(const ArtifactHandle& handle, const std:
   cuda::DeviceBuffer x(x_host.size() * sizeof(float));
   x.upload(x_host.data(), x.bytes());
   cuda::DeviceBuffer y(size_t(rows) * size_t(host.rows()) * sizeof(float));
-  const double micros = median_kernel_micros(iterations, [&](int it) {
-    gemv(x.as<float>(), rows, weights[it % copies].view, y.as<float>());
+  nb::gil_scoped_release release;
+  NINFER_CUDA_CHECK(cudaDeviceSynchronize());  // the workspace's zeroed counters, on the legacy stream
+  cudaStream_t stream = nullptr;
+  NINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  gemv(x.as<float>(), rows, weights[0].view, y.as<float>(), stream);  // grows the workspace outside the capture
+  NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double micros = median_graph_micros(stream, iterations, [&] {
+    if (shared_split) {
+      gemv.shared_split(x.as<float>(), rows, weights, y.as<float>(), stream);
+    } else {
+      for (const cuda::DeviceWeight& w : weights) gemv(x.as<float>(), rows, w.view, y.as<float>(), stream);
+    }
   });
-  return {micros, bytes};
+  NINFER_CUDA_CHECK(cudaStreamDestroy(stream));
+  return {micros / copies, bytes};
 }
 
 // Median time of the prefill GEMM for `rows` rows of x (deterministic values) by `impl`, activation preparation
@@ -329,37 +391,6 @@ std::tuple<double, double> bench_gdn_prefill(int64_t tokens, int hk, int hv, int
                                 impl == "f32" ? cuda::GdnScanImpl::f32 : cuda::GdnScanImpl::tensor_cores, nullptr);
   });
   return {micros, double(workspace.bytes())};
-}
-
-// Median microseconds per call of `calls` back-to-back calls call(0 .. calls - 1), captured in one CUDA graph on
-// `stream` (no host gaps, as in a captured decode pass); each of `iterations` graph launches is timed.
-template <class Call>
-double graph_median_micros(cudaStream_t stream, int32_t calls, int32_t iterations, Call call) {
-  cudaGraph_t graph = nullptr;
-  NINFER_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int32_t c = 0; c < calls; ++c) call(c);
-  NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  NINFER_CUDA_CHECK(cudaEventCreate(&start));
-  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int32_t it = 0; it <= iterations; ++it) {  // the first launch warms up
-    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
-    NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
-    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (it > 0) times.push_back(ms * 1000.0f / float(calls));
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  std::sort(times.begin(), times.end());
-  return double(times[times.size() / 2]);
 }
 
 // Median time of one CudaBackend call of a prefill row op over `rows` rows (one sequence) at the Qwen3.5-27B shape:
@@ -478,7 +509,9 @@ std::tuple<double, double> bench_attention(int32_t heads, int32_t kv_heads, int3
   };
   attend();                // grows the decode partials outside the capture
   backend.begin_pass(0);   // synchronises, empties the table arena
-  const double micros = graph_median_micros(backend.stream(), calls, iterations, [&](int32_t) { attend(); });
+  const double micros = median_graph_micros(backend.stream(), iterations, [&] {
+    for (int32_t c = 0; c < calls; ++c) attend();
+  }) / calls;
   const double scale_bytes = kv_dtype_is_quantized(dtype) ? sizeof(float) : 0.0;
   const double kv_bytes = 2.0 * double(batch) * double(context) * kv_heads *
                           (double(head_dim) * double(kv_element_bytes(dtype)) + scale_bytes);
@@ -643,7 +676,10 @@ std::tuple<double, double> bench_moe(const ArtifactHandle& handle, const std::st
   };
   call(0);  // grows the scratch buffers outside the capture
   NINFER_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
-  return {graph_median_micros(backend.stream(), calls, iterations, call), read_bytes};
+  const double micros = median_graph_micros(backend.stream(), iterations, [&] {
+    for (int32_t c = 0; c < calls; ++c) call(c);
+  });
+  return {micros / calls, read_bytes};
 }
 
 bool moe_grouped_supports(const ArtifactHandle& handle, const std::string& gate, const std::string& up,
@@ -677,8 +713,9 @@ void bind_cuda(nb::module_& m) {
   sub.def("gdn_decode", &gdn_decode, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
           nb::arg("states"), "One gated-delta-rule decode step for a batch of sequences.");
   sub.def("bench_linear", &bench_linear, nb::arg("artifact"), nb::arg("name"), nb::arg("rows"),
-          nb::arg("copies") = 4, nb::arg("iterations") = 50, nb::arg("impl") = "auto",
-          "(median us, weight bytes) of the decode GEMV, cycling over device copies of the weight.");
+          nb::arg("copies") = 4, nb::arg("iterations") = 50, nb::arg("impl") = "auto", nb::arg("shared_split") = false,
+          "(median us per call, weight bytes) of the decode GEMV, one graph of calls cycling over device copies of "
+          "the weight; shared_split: one activation split for all the calls (tensor-core impls).");
   sub.def("bench_attention", &bench_attention, nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"),
           nb::arg("kv_dtype"), nb::arg("context"), nb::arg("new_rows"), nb::arg("batch"), nb::arg("calls") = 10,
           nb::arg("iterations") = 20,

@@ -41,6 +41,16 @@ WEIGHTS = [
     ("bf16", None, 5, 640),
     ("fp8_e4m3", None, 17, 256),
     ("nvfp4", None, 3, 1024),
+    # Edges of the v5 kernel's 16-byte chunks (int4 128 columns, 8-bit 64, bf16 32; 4 warps, a ring of 4 chunks):
+    # fewer chunks than warps, chunk counts that leave warps uneven, a partial last m-tile, column splits whose
+    # boundaries fall mid-ring or (int8) between the two chunks of a group.
+    ("int4", 128, 19, 128),
+    ("bf16", None, 17, 128),
+    ("int4", 128, 40, 1408),
+    ("int8", 128, 9, 2176),
+    ("fp8_e4m3", None, 50, 3200),
+    ("bf16", None, 33, 4224),
+    ("nvfp4", None, 21, 1408),
 ]
 # Which cases the tensor-core GEMV takes (gemv_mma_supports): every other one runs only the CUDA-core twin.
 MMA_ENCODINGS = {"int4", "int8", "bf16", "fp8_e4m3", "nvfp4"}
@@ -51,7 +61,9 @@ def takes_mma(case: tuple) -> bool:
     return encoding in MMA_ENCODINGS and cols % 128 == 0 and (group is None or group % 128 == 0)
 
 
-GEMV_CASES = [(case, impl) for case in WEIGHTS for impl in ("simt", "mma") if impl == "simt" or takes_mma(case)]
+# The tensor-core kernel (v5) and its variants, until a GPU run has compared them: v5 without its L2 prefetch, v3.
+MMA_IMPLS = ("mma", "mma_no_prefetch", "mma_v3")
+GEMV_CASES = [(case, impl) for case in WEIGHTS for impl in ("simt", *MMA_IMPLS) if impl == "simt" or takes_mma(case)]
 
 
 def case_id(case: tuple) -> str:
@@ -78,7 +90,7 @@ def test_gemv_matches_cpu_twin(weights, case, impl: str, kind: str) -> None:
     rng = np.random.default_rng()
     for rows in range(1, 9):
         # Rows of very different magnitudes: the tensor-core path scales each row into fp16's range on its own.
-        magnitudes = 10.0 ** rng.uniform(-6, 6, size=(rows, 1)) if impl == "mma" else 1.0
+        magnitudes = 10.0 ** rng.uniform(-6, 6, size=(rows, 1)) if impl in MMA_IMPLS else 1.0
         x = (rng.standard_normal((rows, case[3])) * magnitudes).astype(np.float32)
         gpu = _engine.cuda.linear(x, art, name, impl)
         cpu = _engine.kernels.linear(x, art, name)
@@ -90,17 +102,20 @@ def test_gemv_matches_cpu_twin(weights, case, impl: str, kind: str) -> None:
         assert (np.abs(gpu - cpu) <= 2 * bound).all(), f"{name} rows={rows}: GPU and CPU twins disagree"
 
 
+@pytest.mark.parametrize("impl", MMA_IMPLS)
 @pytest.mark.parametrize("case", [c for c in WEIGHTS if takes_mma(c)], ids=case_id)
-def test_gemv_mma_rows_are_batch_invariant(weights, case) -> None:
-    """A row's result is bit-identical alone and in any batch (the runtime's lanes == single runs relies on it)."""
+def test_gemv_mma_rows_are_batch_invariant(weights, case, impl: str) -> None:
+    """A row's result is bit-identical alone and in any batch (the runtime's lanes == single runs relies on it);
+    v5 runs batches of up to 4 rows and of 5..8 rows by different kernels, so both are compared."""
     art, _ = weights
     name = f"real/{case_id(case)}"
     x = np.random.default_rng().standard_normal((8, case[3])).astype(np.float32)
-    batched = _engine.cuda.linear(x, art, name, "mma")
+    batched = _engine.cuda.linear(x, art, name, impl)
     for r in range(8):
-        alone = _engine.cuda.linear(x[r:r + 1], art, name, "mma")
+        alone = _engine.cuda.linear(x[r:r + 1], art, name, impl)
         np.testing.assert_array_equal(alone[0], batched[r])
-    np.testing.assert_array_equal(_engine.cuda.linear(x[3:6], art, name, "mma"), batched[3:6])
+    np.testing.assert_array_equal(_engine.cuda.linear(x[3:6], art, name, impl), batched[3:6])
+    np.testing.assert_array_equal(_engine.cuda.linear(x[:5], art, name, impl), batched[:5])
 
 
 def test_gemv_mma_refuses_what_it_does_not_take(weights) -> None:

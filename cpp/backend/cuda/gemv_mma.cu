@@ -75,16 +75,33 @@ __device__ __forceinline__ void split_value(float v, uint16_t& hi, uint16_t& lo)
   }
 }
 
-// One block per activation row. fp16: the row is scaled by 2^e so that max |x| lands in [2^14, 2^15) (fp16's
-// largest finite value is 65504); e is recorded and undone on the outputs.
+// Blocks of kSplitThreads along each row's columns (kSplitCols each), rows along y. fp16: the row is scaled by 2^e
+// so that max |x| lands in [2^14, 2^15) (fp16's largest finite value is 65504); e is recorded and undone on the
+// outputs. Every block of a row finds max |x| over the whole row itself (a few KiB from L2; max is exact, so the
+// blocks agree on e), so no block waits for another; the loads are unrolled so that a row takes one or two
+// memory round trips rather than one per value a thread reads.
+constexpr int kSplitThreads = 512, kSplitCols = 4 * kSplitThreads;
+
+__device__ __forceinline__ float abs_max4(float4 v) {
+  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+
 template <bool kBf16, PairOrder kOrder>
-__global__ void split_activations_kernel(const float* x, int64_t cols, uint16_t* hi, uint16_t* lo, int* exps) {
-  const int64_t r = blockIdx.x;
+__global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const float* x, int64_t cols, uint16_t* hi,
+                                                                         uint16_t* lo, int* exps) {
+  const int64_t r = blockIdx.y;
   const float* xr = x + r * cols;
   int e = 0;
   if constexpr (!kBf16) {
     float amax = 0.0f;
-    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) amax = fmaxf(amax, fabsf(xr[i]));
+    if (reinterpret_cast<uintptr_t>(xr) % 16 == 0) {  // cols is a multiple of 128
+#pragma unroll 8
+      for (int64_t i = threadIdx.x; i < cols / 4; i += kSplitThreads)
+        amax = fmaxf(amax, abs_max4(__ldg(reinterpret_cast<const float4*>(xr) + i)));
+    } else {
+#pragma unroll 8
+      for (int64_t i = threadIdx.x; i < cols; i += kSplitThreads) amax = fmaxf(amax, fabsf(xr[i]));
+    }
     amax = block_reduce(amax, MaxOp{});
     if (amax > 0.0f && amax <= FLT_MAX) {
       int exponent = 0;
@@ -92,9 +109,11 @@ __global__ void split_activations_kernel(const float* x, int64_t cols, uint16_t*
       e = min(15 - exponent, 126);
     }
   }
-  if (threadIdx.x == 0) exps[r] = e;
+  if (blockIdx.x == 0 && threadIdx.x == 0) exps[r] = e;
   const float scale = ldexpf(1.0f, e);
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+  const int64_t begin = int64_t(blockIdx.x) * kSplitCols, end = min(cols, begin + kSplitCols);
+#pragma unroll 4
+  for (int64_t j = begin + threadIdx.x; j < end; j += kSplitThreads) {
     const int64_t segment = j / kLaneCols * kLaneCols;
     split_value<kBf16>(xr[segment + source_column(kOrder, int(j % kLaneCols))] * scale, hi[r * cols + j],
                        lo[r * cols + j]);
@@ -208,6 +227,7 @@ struct MmaArgs {
   unsigned* counters;
   int64_t k;
   int32_t rows;
+  int32_t prefetch;  // v5: chunks beyond its register ring that each lane asks L2 for (0: none)
 };
 
 // What one lane loads for one tile: its two weight rows' codes and extras, and activation row g's operands.
@@ -283,15 +303,86 @@ __device__ __forceinline__ void compute_stage(const Stage<E>& s, float (&acc)[4]
   }
 }
 
+// This block's weight of the launch, its index among that weight's blocks, its m-tile and its column split.
+struct BlockWork {
+  WeightSlice w;
+  int64_t local, m_tile, split;
+};
+
+__device__ __forceinline__ BlockWork block_work(const MmaArgs& a) {
+  BlockWork b{a.w[0], 0, 0, 0};
+#pragma unroll
+  for (int i = 1; i < kMaxWeights; ++i)
+    if (i < a.count && int64_t(blockIdx.x) >= a.w[i].first_block) b.w = a.w[i];
+  b.local = int64_t(blockIdx.x) - b.w.first_block;
+  b.m_tile = b.local / b.w.splits;
+  b.split = b.local % b.w.splits;
+  return b;
+}
+
+// Where one of a lane's accumulated values lands: the weight (output) row and the activation row.
+struct OutputSlot {
+  int64_t out_row;
+  int act_row;
+};
+
+// The end of a block: sums its warps' values (kValues per lane) in a fixed order, then, when the columns were split
+// over blocks, the last-arriving block of the m-tile sums every block's partials in split order; writes y with the
+// encoding's per-row or global scale applied and the activation row's exponent undone. slot(i): value i's output.
+template <Encoding E, int kValues, class Slot>
+__device__ __forceinline__ void finish_block(const MmaArgs& a, const WeightSlice& w, int64_t local, int64_t m_tile,
+                                             const float (&acc)[kValues], Slot slot) {
+  static_assert(kValues <= 4, "a partial-sum slot holds 4 values per lane");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float warp_sums[kWarps][32][kValues];
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) warp_sums[warp][lane][i] = acc[i];
+  __syncthreads();
+  if (warp != 0) return;
+  float total[kValues];
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    total[i] = warp_sums[0][lane][i];
+#pragma unroll
+    for (int v = 1; v < kWarps; ++v) total[i] += warp_sums[v][lane][i];
+  }
+  if (w.splits > 1) {
+    float* mine = a.partials + (w.first_partial + local) * 128 + lane * 4;
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) mine[i] = total[i];
+    __threadfence();
+    unsigned ticket = 0;
+    unsigned* counter = a.counters + w.first_counter + m_tile;
+    if (lane == 0) ticket = atomicAdd(counter, 1u);
+    ticket = __shfl_sync(0xffffffffu, ticket, 0);
+    if (ticket != unsigned(w.splits - 1)) return;  // not the last block of this m-tile
+    __threadfence();
+    const float* all = a.partials + (w.first_partial + m_tile * w.splits) * 128 + lane * 4;
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) total[i] = __ldcg(all + i);
+    for (int s = 1; s < w.splits; ++s)
+#pragma unroll
+      for (int i = 0; i < kValues; ++i) total[i] += __ldcg(all + s * 128 + i);
+    if (lane == 0) *counter = 0;  // ready for the next launch
+  }
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    const OutputSlot o = slot(i);
+    if (o.out_row >= w.n || o.act_row >= a.rows) continue;
+    float post = 1.0f;
+    if constexpr (E == Encoding::FP8_E4M3) post = reinterpret_cast<const float*>(w.scale)[o.out_row];
+    if constexpr (E == Encoding::NVFP4) post = w.global_scale;
+    if constexpr (E != Encoding::BF16) post = ldexpf(post, -a.exps[o.act_row]);
+    w.y[o.act_row * w.n + o.out_row] = total[i] * post;
+  }
+}
+
 template <Encoding E>
 __global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  WeightSlice w = a.w[0];
-#pragma unroll
-  for (int i = 1; i < kMaxWeights; ++i)
-    if (i < a.count && int64_t(blockIdx.x) >= a.w[i].first_block) w = a.w[i];
-  const int64_t local = int64_t(blockIdx.x) - w.first_block;
-  const int64_t m_tile = local / w.splits, split = local % w.splits;
+  const BlockWork b = block_work(a);
+  const WeightSlice& w = b.w;
+  const int64_t local = b.local, m_tile = b.m_tile, split = b.split;
   const int64_t m0 = m_tile * kMTile;
   // Rows past the end load the last row (their results are not written).
   const int64_t row[2] = {min(m0 + g, w.n - 1), min(m0 + g + 8, w.n - 1)};
@@ -311,68 +402,306 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
     compute_stage<E>(odd, acc);
   }
 
-  // Sum the warps in a fixed order, then (split launches) the blocks of this m-tile in a fixed order.
-  __shared__ float warp_sums[kWarps][32][4];
+  // v3's C fragment: rows g, g + 8 (i >= 2) x activation rows 2q, 2q + 1 (i odd).
+  finish_block<E, 4>(a, w, local, m_tile, acc, [&](int i) {
+    return OutputSlot{m0 + g + (i >= 2 ? 8 : 0), 2 * q + (i & 1)};
+  });
+}
+
+// --- v5: 16-byte chunks in a register ring, the activations' hi and lo parts in one mma ---
+//
+// A chunk is 16 bytes of each of a lane's two weight rows (g and g + 8): 32 values of int4/nvfp4, 16 of
+// int8/fp8, 8 of bf16; the 4 lanes of a quad cover chunk_cols() consecutive columns, so a warp's chunk is 16 rows
+// x 64 bytes whatever the encoding. Every lane keeps kRing chunks in flight in registers (the chunk loop is
+// unrolled by the ring, so every register index is static); kBlocksPerSm blocks of 4 warps fit on an SM, i.e.
+// 16 warps x 32 lanes x 3-4 chunks x 32 bytes = 48-64 KiB of weights in flight per SM; an L2 prefetch of the
+// kL2Prefetch chunks beyond the ring (one instruction per row and chunk, no registers) triples that.
+// The activations' hi and lo planes share one mma: B column 2r holds activation row r's hi part and column 2r + 1
+// its lo part (lane g loads plane g % 2 of row g / 2), so up to 4 rows take one mma per 16 columns and 5..8 rows
+// a second set; hi and lo products meet in f32 at the end. Activation fragments come straight from L1/L2 (the
+// whole activation vector is a few KiB per row and every block of the SM reads the same one).
+constexpr int kRing = 4;
+// 5..8 rows hold a second set of activation fragments and accumulators: a ring of 3 keeps them within the registers.
+template <int kSets>
+__host__ __device__ constexpr int ring_depth() { return kSets == 1 ? kRing : kRing - 1; }
+constexpr int kBlocksPerSm = 4;  // <= 128 registers per lane
+constexpr int kL2Prefetch = 8;
+
+template <Encoding E>
+__host__ __device__ constexpr int chunk_values() { return 128 / bits_per_value<E>(); }  // per lane and row
+template <Encoding E>
+__host__ __device__ constexpr int chunk_cols() { return 4 * chunk_values<E>(); }
+template <Encoding E>
+__host__ __device__ constexpr int chunk_pairs() { return chunk_values<E>() / 2; }
+constexpr int kChunkBytes = 64;  // per weight row and warp
+
+// One chunk as a lane holds it: the codes of its two rows and, per row, what the encoding needs besides them:
+// int4/int8 the group's fp16 scale bits and zero byte, nvfp4 the two e4m3 block scales (one 16-bit load).
+template <Encoding E>
+struct Chunk {
+  uint4 w[2];
+  uint32_t scale[2], zero[2];
+};
+
+constexpr int kCodeStride = kChunkBytes * kWarps;  // bytes of a row's codes from chunk i to i + 1
+
+// Bytes from chunk i to i + 1 of a row's scales (int4/int8: fp16 group scales, a group being 1 or 2 chunks; nvfp4:
+// e4m3 block scales of 16 values) and zero points (int4/int8).
+template <Encoding E>
+__host__ __device__ constexpr int zero_stride() { return E == Encoding::INT4 ? kWarps : kWarps / 2; }
+template <Encoding E>
+__host__ __device__ constexpr int scale_stride() {
+  return E == Encoding::NVFP4 ? chunk_cols<E>() / 16 * kWarps : 2 * zero_stride<E>();
+}
+
+// Where a lane's chunks are: its pointers at some chunk i of its stream (the warp takes every kWarps-th chunk of
+// the block's range); chunk i + r is r fixed strides further, so the unrolled ring addresses it by immediate
+// offsets and the pointers move once per turn of the ring.
+template <Encoding E>
+struct ChunkStream {
+  static constexpr bool kScales = E == Encoding::INT4 || E == Encoding::INT8 || E == Encoding::NVFP4;
+  static constexpr bool kZeros = E == Encoding::INT4 || E == Encoding::INT8;
+  const uint8_t* w[2];
+  const uint8_t* scale[2] = {nullptr, nullptr};
+  const uint8_t* zero[2] = {nullptr, nullptr};
+
+  __device__ __forceinline__ void advance(int chunks) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) warp_sums[warp][lane][i] = acc[i];
-  __syncthreads();
-  if (warp != 0) return;
-  float total[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    total[i] = warp_sums[0][lane][i];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) total[i] += warp_sums[w][lane][i];
+    for (int h = 0; h < 2; ++h) {
+      w[h] += chunks * kCodeStride;
+      if constexpr (kScales) scale[h] += chunks * scale_stride<E>();
+      if constexpr (kZeros) zero[h] += chunks * zero_stride<E>();
+    }
   }
-  if (w.splits > 1) {
-    float* mine = a.partials + (w.first_partial + local) * 128 + lane * 4;
+};
+
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+__device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c) {
+  const __half2 r = __hfma2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b),
+                            *reinterpret_cast<const __half2*>(&c));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// Chunk i + r of the stream (r known at compile time in the unrolled ring).
+template <Encoding E>
+__device__ __forceinline__ void load_chunk(const ChunkStream<E>& s, int r, Chunk<E>& c) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) mine[i] = total[i];
-    __threadfence();
-    unsigned ticket = 0;
-    unsigned* counter = a.counters + w.first_counter + m_tile;
-    if (lane == 0) ticket = atomicAdd(counter, 1u);
-    ticket = __shfl_sync(0xffffffffu, ticket, 0);
-    if (ticket != unsigned(w.splits - 1)) return;  // not the last block of this m-tile
-    __threadfence();
-    const float* all = a.partials + (w.first_partial + m_tile * w.splits) * 128 + lane * 4;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) total[i] = __ldcg(all + i);
-    for (int s = 1; s < w.splits; ++s)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) total[i] += __ldcg(all + s * 128 + i);
-    if (lane == 0) *counter = 0;  // ready for the next launch
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t out_row = m0 + g + (i >= 2 ? 8 : 0);
-    const int act_row = 2 * q + (i & 1);
-    if (out_row >= w.n || act_row >= a.rows) continue;
-    float post = 1.0f;
-    if constexpr (E == Encoding::FP8_E4M3) post = reinterpret_cast<const float*>(w.scale)[out_row];
-    if constexpr (E == Encoding::NVFP4) post = w.global_scale;
-    if constexpr (E != Encoding::BF16) post = ldexpf(post, -a.exps[act_row]);
-    w.y[act_row * w.n + out_row] = total[i] * post;
+  for (int h = 0; h < 2; ++h) {
+    c.w[h] = load_streaming(s.w[h] + r * kCodeStride);
+    if constexpr (ChunkStream<E>::kScales)
+      c.scale[h] = __ldg(reinterpret_cast<const uint16_t*>(s.scale[h] + r * scale_stride<E>()));
+    if constexpr (ChunkStream<E>::kZeros) c.zero[h] = __ldg(s.zero[h] + r * zero_stride<E>());
   }
 }
 
-int device_warp_target() {
-  static const int target = [] {
-    int device = 0, sms = 0;
+// (a & kMask) | bits in one LOP3 (written in C++, the compiler emits an AND and an OR: LOP3 takes one immediate).
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t bits) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(kMask), "r"(bits));
+  return d;
+}
+
+// fp16 bits of 1/16 and 960, twice.
+constexpr uint32_t kSixteenth2 = 0x2C002C00u, kNineSixty2 = 0x63806380u;
+
+// The chunk_pairs() operand pairs of one row's chunk, in the pair order of E (the activations are permuted to
+// match); integer codes come out minus their zero point, nvfp4 codes times their block scale (both exact in fp16).
+template <Encoding E>
+__device__ __forceinline__ void chunk_operands(const uint4& w, uint32_t scale, uint32_t zero,
+                                               uint32_t (&a)[chunk_pairs<E>()]) {
+  const uint32_t word[4] = {w.x, w.y, w.z, w.w};
+  if constexpr (E == Encoding::INT4) {
+    // Word k holds pairs 4k + i = nibbles (i, i + 4). Even i: the nibbles at bits 0-3 of each half, OR 1024 ->
+    // 1024 + q, minus 1024 + z. Odd i: bits 4-7 -> 1024 + 16 q, times 1/16 minus 64 + z in one HFMA2. One shift
+    // per word reaches i = 2, 3.
+    const uint32_t minus_low = (0x6400u | zero) * 0x10001u;    // 1024 + z (subtracted)
+    const uint32_t minus_high = hsub2_bits(kNineSixty2, minus_low);  // 960 - (1024 + z) = -(64 + z)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t u = word[k], v = u >> 8;
+      a[4 * k] = hsub2_bits(and_or<0x000F000Fu>(u, 0x64006400u), minus_low);
+      a[4 * k + 1] = hfma2_bits(and_or<0x00F000F0u>(u, 0x64006400u), kSixteenth2, minus_high);
+      a[4 * k + 2] = hsub2_bits(and_or<0x000F000Fu>(v, 0x64006400u), minus_low);
+      a[4 * k + 3] = hfma2_bits(and_or<0x00F000F0u>(v, 0x64006400u), kSixteenth2, minus_high);
+    }
+  } else if constexpr (E == Encoding::INT8) {
+    // Word k holds pairs 2k + i = bytes (i, i + 2); a byte permute puts 0x64 above each: 1024 + q.
+    const uint32_t minus = (0x6400u | zero) * 0x10001u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      a[2 * k] = hsub2_bits(__byte_perm(word[k], 0x64u, 0x4240u), minus);
+      a[2 * k + 1] = hsub2_bits(__byte_perm(word[k], 0x64u, 0x4341u), minus);
+    }
+  } else if constexpr (E == Encoding::FP8_E4M3) {
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const uint32_t bytes = (word[p / 2] >> (16 * (p % 2))) & 0xFFFFu;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bytes), __NV_E4M3);
+      a[p] = uint32_t(h.x) | (uint32_t(h.y) << 16);
+    }
+  } else if constexpr (E == Encoding::NVFP4) {
+    uint32_t block_scale[2];  // halved: the magnitudes below are doubled
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const __nv_fp8_storage_t byte = __nv_fp8_storage_t((scale >> (8 * b)) & 0xFFu);
+      const __half half_scale = __hmul(__half(__nv_cvt_fp8_to_halfraw(byte, __NV_E4M3)), __float2half(0.5f));
+      const __half2 pair = __halves2half2(half_scale, half_scale);
+      block_scale[b] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+#pragma unroll
+    for (int p = 0; p < 16; ++p) {
+      const uint32_t u = word[p / 4] >> (4 * (p % 4));  // codes of the pair at bits 0-3 and 16-19
+      const uint32_t select = ((u << 4) & 0x70u) | ((u >> 4) & 0x7000u);
+      const uint32_t magnitudes = __byte_perm(kE2m1HighBytesLo, kE2m1HighBytesHi, select);
+      const uint32_t value = magnitudes | ((u << 12) & 0x80008000u);
+      a[p] = hmul2_bits(value, block_scale[p / 8]);
+    }
+  } else {  // BF16: the stored pairs are the operands
+#pragma unroll
+    for (int p = 0; p < 4; ++p) a[p] = word[p];
+  }
+}
+
+// acc[set] (C fragments: rows g, g + 8 x B columns 2q (hi), 2q + 1 (lo) of activation row 4 set + q) += one chunk.
+template <Encoding E, int kSets>
+__device__ __forceinline__ void multiply_chunk(const Chunk<E>& c, const uint4 (&x)[kSets][chunk_pairs<E>() / 4],
+                                               float (&acc)[kSets][4]) {
+  constexpr bool kBf16 = E == Encoding::BF16;
+  constexpr bool kGrouped = E == Encoding::INT4 || E == Encoding::INT8;
+  constexpr int kPairs = chunk_pairs<E>();
+  uint32_t a0[kPairs], a1[kPairs];
+  chunk_operands<E>(c.w[0], c.scale[0], c.zero[0], a0);
+  chunk_operands<E>(c.w[1], c.scale[1], c.zero[1], a1);
+  float tile[kSets][4] = {};
+  float (&sum)[kSets][4] = kGrouped ? tile : acc;  // grouped codes: scaled once per chunk below
+#pragma unroll
+  for (int j = 0; j < kPairs / 2; ++j)
+#pragma unroll
+    for (int s = 0; s < kSets; ++s)
+      mma_16816<kBf16>(sum[s], a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1], word_of(x[s], 2 * j),
+                       word_of(x[s], 2 * j + 1));
+  if constexpr (kGrouped) {
+    const float scale[2] = {__half2float(__ushort_as_half(uint16_t(c.scale[0]))),
+                            __half2float(__ushort_as_half(uint16_t(c.scale[1])))};
+#pragma unroll
+    for (int s = 0; s < kSets; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[s][e] = fmaf(scale[e / 2], tile[s][e], acc[s][e]);
+  }
+}
+
+template <Encoding E, int kSets>
+__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(MmaArgs a) {
+  constexpr int kXVectors = chunk_pairs<E>() / 4;  // 16-byte activation loads per lane, set and chunk
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const BlockWork b = block_work(a);
+  const WeightSlice& w = b.w;
+  const int64_t m0 = b.m_tile * kMTile;
+  const int64_t chunks = a.k / chunk_cols<E>();
+  const int64_t first = b.split * chunks / w.splits, last = (b.split + 1) * chunks / w.splits;
+  const int64_t c0 = first + warp;  // the warp's chunks: c0 + kWarps i for i < n
+  const int n = c0 < last ? int((last - c0 + kWarps - 1) / kWarps) : 0;
+
+  ChunkStream<E> next;  // at the next chunk to load
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = min(m0 + g + 8 * h, w.n - 1);  // rows past the end read the last row, never written
+    next.w[h] = w.q + row * (a.k * bits_per_value<E>() / 8) + c0 * kChunkBytes + q * 16;
+    if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
+      const int64_t group = row * (a.k / kTileCols) + (E == Encoding::INT4 ? c0 : c0 / 2);
+      next.scale[h] = w.scale + 2 * group;
+      next.zero[h] = w.zero + group;
+    } else if constexpr (E == Encoding::NVFP4) {
+      next.scale[h] = w.scale + row * (a.k / 16) + c0 * (chunk_cols<E>() / 16) + q * 2;
+    }
+  }
+  // Lanes past the batch's rows read the last row: their B columns only reach outputs that are not written.
+  constexpr int kXStride = kWarps * chunk_cols<E>();  // activation values from chunk i to i + 1
+  const uint16_t* x[kSets];
+#pragma unroll
+  for (int set = 0; set < kSets; ++set)
+    x[set] = (g % 2 ? a.x_lo : a.x_hi) + min(4 * set + g / 2, a.rows - 1) * a.k + c0 * chunk_cols<E>() +
+             q * chunk_values<E>();
+
+  float acc[kSets][4] = {};
+  constexpr int kDepth = ring_depth<kSets>();
+  Chunk<E> ring[kDepth];
+#pragma unroll
+  for (int r = 0; r < kDepth; ++r)
+    if (r < n) load_chunk<E>(next, r, ring[r]);
+  // Beyond the ring, a window of a.prefetch chunks is asked from L2 (no registers): from the start, so that a short
+  // stream (the 27B shapes give a warp ~5-17 chunks) has all its bytes requested at once, then one chunk per chunk.
+  const int window_end = min(n, kDepth + a.prefetch);
+  for (int p = kDepth; p < window_end; ++p)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) prefetch_l2(next.w[h] + p * kCodeStride);
+  const uint8_t* ahead[2] = {next.w[0] + (kDepth + a.prefetch) * kCodeStride,
+                             next.w[1] + (kDepth + a.prefetch) * kCodeStride};
+  next.advance(kDepth);
+  for (int i0 = 0; i0 < n; i0 += kDepth) {
+#pragma unroll
+    for (int r = 0; r < kDepth; ++r) {
+      const int i = i0 + r;
+      if (i >= n) break;
+      uint4 xv[kSets][kXVectors];
+#pragma unroll
+      for (int set = 0; set < kSets; ++set)
+#pragma unroll
+        for (int v = 0; v < kXVectors; ++v)
+          xv[set][v] = __ldg(reinterpret_cast<const uint4*>(x[set] + r * kXStride) + v);
+      multiply_chunk<E, kSets>(ring[r], xv, acc);
+      if (i + kDepth < n) load_chunk<E>(next, r, ring[r]);
+      if (a.prefetch > 0 && i + kDepth + a.prefetch < n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) prefetch_l2(ahead[h] + r * kCodeStride);
+    }
+    next.advance(kDepth);
+#pragma unroll
+    for (int set = 0; set < kSets; ++set) x[set] += kDepth * kXStride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) ahead[h] += kDepth * kCodeStride;
+  }
+
+  // hi + lo, then the block's sums: value 2 set + h is weight row g + 8 h, activation row 4 set + q.
+  float sums[2 * kSets];
+#pragma unroll
+  for (int set = 0; set < kSets; ++set) {
+    sums[2 * set] = acc[set][0] + acc[set][1];
+    sums[2 * set + 1] = acc[set][2] + acc[set][3];
+  }
+  finish_block<E, 2 * kSets>(a, w, b.local, b.m_tile, sums,
+                             [&](int v) { return OutputSlot{m0 + g + 8 * (v % 2), 4 * (v / 2) + q}; });
+}
+
+int device_sms() {
+  static const int sms = [] {
+    int device = 0, count = 0;
     NINFER_CUDA_CHECK(cudaGetDevice(&device));
-    NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return sms * 16;  // 16 resident warps per SM hide the streaming loads' latency
+    NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
   }();
-  return target;
+  return sms;
 }
 
 // Blocks along the columns for an (n, k) weight: only the shape decides (so results do not depend on the batch).
-int choose_splits(int64_t m_tiles, int64_t tiles) {
+// v3: enough blocks for 16 warps per SM.
+int choose_splits_v3(int64_t m_tiles, int64_t tiles) {
   const int64_t warps = m_tiles * kWarps;
-  const int64_t target = device_warp_target();
+  const int64_t target = int64_t(device_sms()) * 16;
   if (warps >= target) return 1;
   int64_t splits = (target + warps - 1) / warps;
   splits = std::min(splits, std::max<int64_t>(1, tiles / kWarps));
+  splits = std::min(splits, std::max<int64_t>(1, kPartialSlots / m_tiles));
+  return int(splits);
+}
+
+// v5: at least one wave of blocks (kBlocksPerSm per SM), each warp at least a ring of chunks.
+int choose_splits_v5(int64_t m_tiles, int64_t chunks) {
+  const int64_t wave = int64_t(device_sms()) * kBlocksPerSm;
+  int64_t splits = (wave + m_tiles - 1) / m_tiles;
+  splits = std::min(splits, std::max<int64_t>(1, chunks / (kWarps * kRing)));
   splits = std::min(splits, std::max<int64_t>(1, kPartialSlots / m_tiles));
   return int(splits);
 }
@@ -385,8 +714,9 @@ constexpr int kind_of() { return kind_of(E == Encoding::BF16, pair_order<E>()); 
 
 // Weights of one encoding and width on one split, kMaxWeights per launch.
 template <Encoding E>
-void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWorkspace& ws, cudaStream_t stream) {
-  const int64_t k = x.cols, tiles = k / kTileCols;
+void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWorkspace& ws, cudaStream_t stream,
+            MmaKernel kernel) {
+  const int64_t k = x.cols;
   for (size_t begin = 0; begin < outs.size();) {
     MmaArgs a{};
     a.x_hi = x.hi;
@@ -396,6 +726,7 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
     a.counters = ws.counters_.as<unsigned>();
     a.k = k;
     a.rows = x.rows;
+    a.prefetch = kernel == MmaKernel::v5 ? kL2Prefetch : 0;
     int64_t blocks = 0, partials = 0, counters = 0;
     size_t end = begin;
     for (; end < outs.size() && a.count < kMaxWeights; ++end) {
@@ -403,7 +734,8 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
       if (w.encoding != E || x.kind != kind_of<E>() || w.cols() != k)
         throw EngineError("gemv_mma: activations split for another weight kind or width than " + w.name);
       const int64_t m_tiles = (w.rows() + kMTile - 1) / kMTile;
-      const int splits = choose_splits(m_tiles, tiles);
+      const int splits = kernel == MmaKernel::v3 ? choose_splits_v3(m_tiles, k / kTileCols)
+                                                 : choose_splits_v5(m_tiles, k / chunk_cols<E>());
       const int64_t slots = splits > 1 ? m_tiles * splits : 0;
       if (a.count > 0 && partials + slots > kPartialSlots) break;  // the next launch takes it
       a.w[a.count++] = {w.data, w.scale, w.zero, w.global_scale, outs[end].y, w.rows(), w.group_size, splits, blocks,
@@ -412,7 +744,13 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
       partials += slots;
       counters += splits > 1 ? m_tiles : 0;
     }
-    gemv_mma_kernel<E><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
+    if (kernel == MmaKernel::v3) {
+      gemv_mma_kernel<E><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
+    } else if (x.rows <= 4) {
+      gemv_v5_kernel<E, 1><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
+    } else {
+      gemv_v5_kernel<E, 2><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
+    }
     NINFER_CUDA_CHECK_LAUNCH();
     begin = end;
   }
@@ -420,7 +758,8 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
 
 template <bool kBf16, PairOrder kOrder>
 void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream) {
-  split_activations_kernel<kBf16, kOrder><<<s.rows, 256, 0, stream>>>(
+  const dim3 grid(unsigned((s.cols + kSplitCols - 1) / kSplitCols), unsigned(s.rows));
+  split_activations_kernel<kBf16, kOrder><<<grid, kSplitThreads, 0, stream>>>(
       x, s.cols, const_cast<uint16_t*>(s.hi), const_cast<uint16_t*>(s.lo), const_cast<int*>(s.exps));
   NINFER_CUDA_CHECK_LAUNCH();
 }
@@ -480,27 +819,27 @@ SplitActivations split_activations(const float* x, int rows, int64_t cols, int k
 }
 
 void gemv_mma(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWorkspace& workspace,
-              cudaStream_t stream) {
+              cudaStream_t stream, MmaKernel kernel) {
   if (outs.empty()) return;
   for (const MmaOutput& o : outs)
     if (o.w->encoding != outs[0].w->encoding)
       throw EngineError("gemv_mma: one launch takes weights of one encoding (" + o.w->name + ")");
   switch (outs[0].w->encoding) {
-    case Encoding::INT4: return launch<Encoding::INT4>(x, outs, workspace, stream);
-    case Encoding::INT8: return launch<Encoding::INT8>(x, outs, workspace, stream);
-    case Encoding::FP8_E4M3: return launch<Encoding::FP8_E4M3>(x, outs, workspace, stream);
-    case Encoding::NVFP4: return launch<Encoding::NVFP4>(x, outs, workspace, stream);
-    case Encoding::BF16: return launch<Encoding::BF16>(x, outs, workspace, stream);
+    case Encoding::INT4: return launch<Encoding::INT4>(x, outs, workspace, stream, kernel);
+    case Encoding::INT8: return launch<Encoding::INT8>(x, outs, workspace, stream, kernel);
+    case Encoding::FP8_E4M3: return launch<Encoding::FP8_E4M3>(x, outs, workspace, stream, kernel);
+    case Encoding::NVFP4: return launch<Encoding::NVFP4>(x, outs, workspace, stream, kernel);
+    case Encoding::BF16: return launch<Encoding::BF16>(x, outs, workspace, stream, kernel);
     default: throw EngineError("gemv_mma: the tensor-core path does not take " + outs[0].w->name);
   }
 }
 
 void gemv_mma(const float* x, int rows, const TensorView& w, float* y, GemvWorkspace& workspace,
-              cudaStream_t stream) {
+              cudaStream_t stream, MmaKernel kernel) {
   const int kind = split_kind(w);
   if (kind < 0) throw EngineError("gemv_mma: the tensor-core path does not take " + w.name);
   const MmaOutput out[] = {{&w, y}};
-  gemv_mma(split_activations(x, rows, w.cols(), kind, workspace, stream), out, workspace, stream);
+  gemv_mma(split_activations(x, rows, w.cols(), kind, workspace, stream), out, workspace, stream, kernel);
 }
 
 }  // namespace ninfer::cuda

@@ -50,13 +50,18 @@ struct SplitActivations {
 int split_kind(const TensorView& w);
 SplitActivations split_activations(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
                                    cudaStream_t stream);
+// Which kernel: v5 (16-byte chunks in a register ring plus an L2 prefetch further ahead, hi and lo in one mma),
+// v5 without the L2 prefetch, or v3 (the session-2 kernel). The variants stay only until one GPU run has compared
+// them; then the slower ones go.
+enum class MmaKernel { v3, v5, v5_no_prefetch };
+
 // y_i = W_i x for activations split for these weights' kind; weights of one encoding and width share launches.
 struct MmaOutput {
   const TensorView* w;  // on the device
   float* y;
 };
 void gemv_mma(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWorkspace& workspace,
-              cudaStream_t stream);
+              cudaStream_t stream, MmaKernel kernel = MmaKernel::v5);
 
 // Whether the tensor-core path takes this weight (quantized and bf16 encodings whose rows are whole 128-value
 // tiles and whose groups are exactly one tile, 128 values); other weights take the CUDA-core gemv().
@@ -64,6 +69,6 @@ bool gemv_mma_supports(const TensorView& w);
 
 // x [rows, W.cols()] and y [rows, W.rows()] f32 device pointers, 1 <= rows <= kMaxGemvRows; `w` on the device.
 void gemv_mma(const float* x, int rows, const TensorView& w, float* y, GemvWorkspace& workspace,
-              cudaStream_t stream);
+              cudaStream_t stream, MmaKernel kernel = MmaKernel::v5);
 
 }  // namespace ninfer::cuda
