@@ -198,29 +198,38 @@ std::tuple<FloatArray, FloatArray> gdn_decode(const InFloats& q, const InFloats&
           to_host(dstates, {args.batch, args.num_value_heads, args.key_head_dim, args.value_head_dim})};
 }
 
-// Median microseconds of `launch()` over `iterations` calls, timed with CUDA events after one warm-up call.
-template <class Launch>
-double median_kernel_micros(int iterations, Launch launch) {
-  std::vector<float> times;
-  nb::gil_scoped_release release;
+// Median microseconds of the work `run(it)` enqueues on `stream`, timed with CUDA events around it, over
+// `iterations` runs after one warm-up run (it = 0). `before(it)` runs on the host first, outside the timed span.
+struct NoHostStep {
+  void operator()(int) const {}
+};
+template <class Run, class Before = NoHostStep>
+double median_event_micros(cudaStream_t stream, int iterations, Run run, Before before = {}) {
   cudaEvent_t start, stop;
   NINFER_CUDA_CHECK(cudaEventCreate(&start));
   NINFER_CUDA_CHECK(cudaEventCreate(&stop));
-  launch(0);
-  NINFER_CUDA_CHECK(cudaDeviceSynchronize());
-  for (int it = 0; it < iterations; ++it) {
-    NINFER_CUDA_CHECK(cudaEventRecord(start));
-    launch(it);
-    NINFER_CUDA_CHECK(cudaEventRecord(stop));
+  std::vector<float> times;
+  for (int it = 0; it <= iterations; ++it) {
+    before(it);
+    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
+    run(it);
+    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
     NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms * 1000.0f);
+    if (it > 0) times.push_back(ms * 1000.0f);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   std::sort(times.begin(), times.end());
   return double(times[times.size() / 2]);
+}
+
+// Median microseconds of one kernel launch `launch(it)` on the legacy stream, without the GIL.
+template <class Launch>
+double median_kernel_micros(int iterations, Launch launch) {
+  nb::gil_scoped_release release;
+  return median_event_micros(nullptr, iterations, launch);
 }
 
 // Median time of what `capture()` enqueues on `stream`, captured once in a CUDA graph (no host gaps between
@@ -233,25 +242,11 @@ double median_graph_micros(cudaStream_t stream, int iterations, Capture capture)
   NINFER_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec = nullptr;
   NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  NINFER_CUDA_CHECK(cudaEventCreate(&start));
-  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int it = 0; it <= iterations; ++it) {
-    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
-    NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
-    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (it > 0) times.push_back(ms * 1000.0f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const double micros =
+      median_event_micros(stream, iterations, [&](int) { NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream)); });
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  std::sort(times.begin(), times.end());
-  return double(times[times.size() / 2]);
+  return micros;
 }
 
 // Median time of the decode GEMV over `copies` device copies of the weight, one call per copy in turn (so that the
@@ -447,25 +442,10 @@ std::tuple<double, double> bench_prefill_op(const std::string& op, int64_t rows,
     throw EngineError("bench_prefill_op: op is one of gdn_conv, gdn_conv_qkv, add_rmsnorm, add_then_rmsnorm, "
                       "swiglu; got " + op);
   }
-  cudaStream_t stream = backend.stream();
-  cudaEvent_t start, stop;
-  NINFER_CUDA_CHECK(cudaEventCreate(&start));
-  NINFER_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int it = 0; it <= iterations; ++it) {  // the first call warms up (and uploads the weight)
-    backend.begin_pass(0);
-    NINFER_CUDA_CHECK(cudaEventRecord(start, stream));
-    call();
-    NINFER_CUDA_CHECK(cudaEventRecord(stop, stream));
-    NINFER_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (it > 0) times.push_back(ms * 1000.0f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return {double(times[times.size() / 2]), bytes};
+  // The first call warms up (and uploads the weight); each call is one pass of the backend's own.
+  const double micros = median_event_micros(backend.stream(), iterations, [&](int) { call(); },
+                                            [&](int) { backend.begin_pass(0); });
+  return {micros, bytes};
 }
 
 // Median time of CudaBackend::attention for `batch` sequences of `context` positions each, the last `new_rows`

@@ -67,7 +67,7 @@ __device__ __forceinline__ float weight_at(const W& a, int64_t row, int64_t col)
 // scale: 6), so one operand type serves all; group scales (int8/int4) and row or tensor scales (fp8, nvfp4) are
 // applied to the f32 sums instead. Which source column sits in which k-slot does not matter as long as the
 // activations use the same assignment, so each encoding keeps the order its codes unpack in (Order) and the
-// activations are permuted to match. Names live in `tc` so they cannot meet the GEMV's own helpers.
+// activations are permuted to match. The decode GEMV (gemv_mma.cu) and the MoE expert matmul share these.
 namespace tc {
 
 constexpr int kSegmentCols = 32;

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemv.h"
 
 namespace ninfer::cuda {
@@ -21,44 +22,15 @@ namespace {
 // [128 t + 32 q, 128 t + 32 q + 32) — one 16-byte load per row for 4-bit codes — and the activations of row g over
 // the same columns. mma.sync.m16n8k16 sums over k-slots shared by the four lanes of a quad; which source column
 // sits in which slot does not matter as long as the activations use the same assignment, so each lane keeps its
-// 32 columns in the order its dequantization produces them (PairOrder) and the activations are pre-permuted.
+// 32 columns in the order its dequantization produces them (tc::Order) and the activations are pre-permuted.
 // A block's 4 warps take interleaved tiles of the block's column range; blocks along y split the columns further
 // when there are too few m-tiles to fill the device.
 constexpr int kTileCols = 128;
-constexpr int kLaneCols = 32;
+constexpr int kLaneCols = tc::kSegmentCols;
 constexpr int kMTile = 16;
 constexpr int kWarps = 4;
 constexpr int kBlockThreads = 32 * kWarps;
 constexpr int kPartialSlots = 2048;  // blocks of a split launch: partial sums (128 floats each) and counters
-
-enum class PairOrder { Natural, Nibble, Byte };
-
-template <Encoding E>
-__host__ __device__ constexpr PairOrder pair_order() {
-  if constexpr (E == Encoding::INT4 || E == Encoding::NVFP4) return PairOrder::Nibble;
-  if constexpr (E == Encoding::INT8) return PairOrder::Byte;
-  return PairOrder::Natural;
-}
-
-template <Encoding E>
-__host__ __device__ constexpr int bits_per_value() {
-  if constexpr (E == Encoding::INT4 || E == Encoding::NVFP4) return 4;
-  if constexpr (E == Encoding::INT8 || E == Encoding::FP8_E4M3) return 8;
-  return 16;
-}
-
-// 16-byte loads per weight row per lane and tile.
-template <Encoding E>
-__host__ __device__ constexpr int row_vectors() { return kLaneCols * bits_per_value<E>() / 128; }
-
-// Source column (0..31 within a lane's segment) of operand position j: pair j / 2, half j % 2. Nibble: word
-// p / 4 yields pairs (i, i + 4) by one shift-and-mask; Byte: word p / 2 yields (i, i + 2).
-__host__ __device__ constexpr int source_column(PairOrder order, int j) {
-  const int p = j / 2, h = j % 2;
-  if (order == PairOrder::Nibble) return 8 * (p / 4) + p % 4 + 4 * h;
-  if (order == PairOrder::Byte) return 4 * (p / 2) + p % 2 + 2 * h;
-  return j;
-}
 
 // --- activations: hi/lo 16-bit planes in operand order, and a power-of-two scale per row (fp16 only) ---
 
@@ -86,7 +58,7 @@ __device__ __forceinline__ float abs_max4(float4 v) {
   return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 }
 
-template <bool kBf16, PairOrder kOrder>
+template <bool kBf16, tc::Order kOrder>
 __global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const float* x, int64_t cols, uint16_t* hi,
                                                                          uint16_t* lo, int* exps) {
   const int64_t r = blockIdx.y;
@@ -115,7 +87,7 @@ __global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const 
 #pragma unroll 4
   for (int64_t j = begin + threadIdx.x; j < end; j += kSplitThreads) {
     const int64_t segment = j / kLaneCols * kLaneCols;
-    split_value<kBf16>(xr[segment + source_column(kOrder, int(j % kLaneCols))] * scale, hi[r * cols + j],
+    split_value<kBf16>(xr[segment + tc::source_column(kOrder, int(j % kLaneCols))] * scale, hi[r * cols + j],
                        lo[r * cols + j]);
   }
 }
@@ -159,7 +131,7 @@ struct RowExtra {
 // The 16 operand pairs (pair order of E) of one row's 32 values; integer codes come out minus their zero point,
 // nvfp4 codes times their block scale (both exact in fp16).
 template <Encoding E>
-__device__ __forceinline__ void operands(const uint4 (&w)[row_vectors<E>()], const RowExtra& extra,
+__device__ __forceinline__ void operands(const uint4 (&w)[tc::segment_vectors<E>()], const RowExtra& extra,
                                          uint32_t (&a)[16]) {
 #pragma unroll
   for (int p = 0; p < 16; ++p) {
@@ -233,7 +205,7 @@ struct MmaArgs {
 // What one lane loads for one tile: its two weight rows' codes and extras, and activation row g's operands.
 template <Encoding E>
 struct Stage {
-  uint4 w[2][row_vectors<E>()];
+  uint4 w[2][tc::segment_vectors<E>()];
   RowExtra extra[2];
   uint4 x_hi[4], x_lo[4];
 };
@@ -241,11 +213,11 @@ struct Stage {
 template <Encoding E>
 __device__ __forceinline__ void load_stage(const MmaArgs& a, const WeightSlice& w, const int64_t (&row)[2], int g,
                                            int q, int64_t tile, Stage<E>& s) {
-  constexpr int kVectors = row_vectors<E>();
+  constexpr int kVectors = tc::segment_vectors<E>();
   const int64_t col0 = tile * kTileCols + q * kLaneCols;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const uint8_t* p = w.q + (row[h] * a.k + col0) * bits_per_value<E>() / 8;
+    const uint8_t* p = w.q + (row[h] * a.k + col0) * tc::code_bits<E>() / 8;
 #pragma unroll
     for (int v = 0; v < kVectors; ++v) s.w[h][v] = load_streaming(p + 16 * v);
     if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
@@ -428,7 +400,7 @@ constexpr int kBlocksPerSm = 4;  // <= 128 registers per lane
 constexpr int kL2Prefetch = 8;
 
 template <Encoding E>
-__host__ __device__ constexpr int chunk_values() { return 128 / bits_per_value<E>(); }  // per lane and row
+__host__ __device__ constexpr int chunk_values() { return 128 / tc::code_bits<E>(); }  // per lane and row
 template <Encoding E>
 __host__ __device__ constexpr int chunk_cols() { return 4 * chunk_values<E>(); }
 template <Encoding E>
@@ -608,7 +580,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = min(m0 + g + 8 * h, w.n - 1);  // rows past the end read the last row, never written
-    next.w[h] = w.q + row * (a.k * bits_per_value<E>() / 8) + c0 * kChunkBytes + q * 16;
+    next.w[h] = w.q + row * (a.k * tc::code_bits<E>() / 8) + c0 * kChunkBytes + q * 16;
     if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
       const int64_t group = row * (a.k / kTileCols) + (E == Encoding::INT4 ? c0 : c0 / 2);
       next.scale[h] = w.scale + 2 * group;
@@ -707,10 +679,10 @@ int choose_splits_v5(int64_t m_tiles, int64_t chunks) {
 }
 
 // Split kinds: the operand type (bf16 or fp16 with per-row scaling) and the lane pair order.
-constexpr int kind_of(bool bf16, PairOrder order) { return (bf16 ? 3 : 0) + int(order); }
+constexpr int kind_of(bool bf16, tc::Order order) { return (bf16 ? 3 : 0) + int(order); }
 
 template <Encoding E>
-constexpr int kind_of() { return kind_of(E == Encoding::BF16, pair_order<E>()); }
+constexpr int kind_of() { return kind_of(E == Encoding::BF16, tc::order<E>()); }
 
 // Weights of one encoding and width on one split, kMaxWeights per launch.
 template <Encoding E>
@@ -756,7 +728,7 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
   }
 }
 
-template <bool kBf16, PairOrder kOrder>
+template <bool kBf16, tc::Order kOrder>
 void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream) {
   const dim3 grid(unsigned((s.cols + kSplitCols - 1) / kSplitCols), unsigned(s.rows));
   split_activations_kernel<kBf16, kOrder><<<grid, kSplitThreads, 0, stream>>>(
@@ -809,10 +781,10 @@ SplitActivations split_activations(const float* x, int rows, int64_t cols, int k
   s.cols = cols;
   s.kind = kind;
   switch (kind) {
-    case kind_of(false, PairOrder::Natural): launch_split<false, PairOrder::Natural>(x, s, stream); break;
-    case kind_of(false, PairOrder::Nibble): launch_split<false, PairOrder::Nibble>(x, s, stream); break;
-    case kind_of(false, PairOrder::Byte): launch_split<false, PairOrder::Byte>(x, s, stream); break;
-    case kind_of(true, PairOrder::Natural): launch_split<true, PairOrder::Natural>(x, s, stream); break;
+    case kind_of(false, tc::Order::Natural): launch_split<false, tc::Order::Natural>(x, s, stream); break;
+    case kind_of(false, tc::Order::Nibble): launch_split<false, tc::Order::Nibble>(x, s, stream); break;
+    case kind_of(false, tc::Order::Byte): launch_split<false, tc::Order::Byte>(x, s, stream); break;
+    case kind_of(true, tc::Order::Natural): launch_split<true, tc::Order::Natural>(x, s, stream); break;
     default: throw EngineError("gemv_mma: unknown activation split kind " + std::to_string(kind));
   }
   return s;
