@@ -216,6 +216,7 @@ bool Engine::provide_mask(uint64_t id, std::optional<std::vector<uint32_t>> word
   mask.pending = false;
   mask.active = words.has_value();
   if (words) mask.words = std::move(*words);
+  mask.allows_none = mask.active && token_mask_allowed(mask.words, config_.vocab_size) == 0;
   masks_cv_.notify_all();
   return true;
 }
@@ -377,7 +378,7 @@ void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t ro
     end_lane(slice.lane, FinishReason::Error, "EngineError", lane.mask.error);
     return;
   }
-  if (lane.mask.active && token_mask_allowed(lane.mask.words, vocab) == 0) {
+  if (lane.mask.allows_none) {
     end_lane(slice.lane, FinishReason::Error, "EngineError", "the request's token mask allows no token");
     return;
   }
@@ -420,7 +421,7 @@ void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t ro
 bool Engine::samples_now(const LaneSlice& slice) const {
   const Lane& lane = *scheduler_->lane(slice.lane);
   return !lane.is_scoring() && slice.end == static_cast<int64_t>(lane.tokens.size()) && lane.mask.error.empty() &&
-         !(lane.mask.active && token_mask_allowed(lane.mask.words, config_.vocab_size) == 0);
+         !lane.mask.allows_none;
 }
 
 // Samples every lane that samples now from the logits the pass left on the device; sampled[i] is slice i's token

@@ -39,6 +39,7 @@ struct LaneMask {
   bool pending = false;             // requested for this step, not answered yet
   bool active = false;              // the answer: apply `words` this step (false: this step is unconstrained)
   std::vector<uint32_t> words;      // bit t % 32 of word t / 32 allows token t
+  bool allows_none = false;         // active, and `words` allows no token (the request ends with an error)
   std::string error;                // the caller could not compute the mask: the request ends with this error
 };
 
