@@ -3,7 +3,7 @@ bench/synthetic.py), each decode figure against the roofline: the bytes one deco
 GDN states read and written, KV read) over the device read bandwidth measured in the same run. Prefill: TTFT and
 prompt tokens/s of one request alone (after a warm-up prompt of the same length), with the engine's prefill chunk
 (auto unless --prefill-chunk); --op-times adds the device time per backend op of the longest prefill
-(NINFER_CUDA_OP_TIMES=1, CUDA events around each op).
+(EngineOptions.cuda_op_times, CUDA events around each op).
 
     python bench/cuda_engine.py --model qwen3.5-27b --recipe groupwise-int --out bench/results/cuda_engine.json
     python bench/cuda_engine.py --model qwen3.5-27b --recipe fp8 --decode-batches --prefill 8192 --op-times \
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -109,7 +108,7 @@ def elementwise_bytes(config: dict, rows: int) -> dict[str, float]:
 
 def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: int, new_tokens: int,
           prefill_lens: list[int], decode_batches: list[int], prefill_chunk: int, prefill_repeats: int,
-          device_sampling: bool = True) -> dict:
+          device_sampling: bool = True, cuda_gemm: str = "auto", op_times: bool = False) -> dict:
     path = workdir / f"{model}.{recipe}.ninfer"
     started = time.perf_counter()
     write_synthetic(model, recipe, path, progress=False)
@@ -120,7 +119,8 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
               "decode": [], "prefill": []}
     options = EngineOptions(backend="cuda", max_context=max(prefill_lens + [prompt_len + new_tokens]) + 64,
                             max_concurrency=8, kv_capacity="auto", prefill_chunk=prefill_chunk,
-                            verify_checksums=False, device_sampling=device_sampling)
+                            verify_checksums=False, device_sampling=device_sampling, cuda_gemm=cuda_gemm,
+                            cuda_op_times=op_times)
     with Engine.open_sync(path, options) as engine:
         result["memory_plan"] = engine.memory_plan()
         for batch in decode_batches:
@@ -170,18 +170,18 @@ def main() -> int:
     parser.add_argument("--decode-batches", type=int, nargs="*", default=[1, 2, 4, 8],
                         help="decode concurrencies to run (none: prefill only)")
     parser.add_argument("--op-times", action="store_true",
-                        help="time every backend op (NINFER_CUDA_OP_TIMES=1) and print the longest prefill's split")
+                        help="time every backend op (EngineOptions.cuda_op_times); print the longest prefill's split")
+    parser.add_argument("--cuda-gemm", choices=["auto", "twin"], default="auto",
+                        help="the prefill GEMM (EngineOptions.cuda_gemm): auto, or the f32 twin for every weight")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    if args.op_times:
-        os.environ["NINFER_CUDA_OP_TIMES"] = "1"
     assert tensor_shapes(MODELS[args.model])
     bandwidth = measure_bandwidth()["read"]
     commit = source_commit()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         result = bench(args.model, args.recipe, Path(tmp), bandwidth, args.prompt, args.new_tokens, args.prefill,
                        args.decode_batches, args.prefill_chunk, args.prefill_repeats,
-                       device_sampling=not args.host_sampling)
+                       device_sampling=not args.host_sampling, cuda_gemm=args.cuda_gemm, op_times=args.op_times)
     from ninfer import _engine
 
     result |= {"device_sampling": not args.host_sampling, "device": _engine.cuda.device_name(), "commit": commit,

@@ -25,15 +25,19 @@ namespace nb = nanobind;
 
 namespace ninfer::bindings {
 
+std::unique_ptr<Backend> make_engine_cuda_backend(const EngineOptions& options) {
+#ifdef NINFER_HAVE_CUDA
+  std::unique_ptr<Backend> backend = make_cuda_backend(0, options.cuda_op_times);
+  static_cast<cuda::CudaBackend&>(*backend).set_prefill_gemm(cuda::prefill_gemm_choice(options.cuda_gemm));
+  return backend;
+#else
+  throw EngineError("backend \"cuda\": this build of ninfer has no CUDA backend (built without nvcc)");
+#endif
+}
+
 std::unique_ptr<Backend> make_backend_named(const std::string& name, int32_t threads) {
   if (name == "cpu") return make_cpu_backend(threads);
-  if (name == "cuda") {
-#ifdef NINFER_HAVE_CUDA
-    return make_cuda_backend(0);
-#else
-    throw EngineError("backend \"cuda\": this build of ninfer has no CUDA backend (built without nvcc)");
-#endif
-  }
+  if (name == "cuda") return make_engine_cuda_backend(EngineOptions{});
   throw EngineError("unknown backend \"" + name + "\" (expected \"cpu\" or \"cuda\")");
 }
 

@@ -64,7 +64,9 @@ void bind_structs(nb::module_& m) {
       .def_rw("verify_checksums", &EngineOptions::verify_checksums)
       .def_rw("backend", &EngineOptions::backend)
       .def_rw("cuda_graphs", &EngineOptions::cuda_graphs)
-      .def_rw("device_sampling", &EngineOptions::device_sampling);
+      .def_rw("device_sampling", &EngineOptions::device_sampling)
+      .def_rw("cuda_gemm", &EngineOptions::cuda_gemm)
+      .def_rw("cuda_op_times", &EngineOptions::cuda_op_times);
 
   nb::class_<Usage>(m, "Usage")
       .def_ro("prompt_tokens", &Usage::prompt_tokens)
@@ -143,7 +145,7 @@ void bind_test_hooks(nb::module_& m) {
 std::unique_ptr<Backend> engine_backend(EngineOptions& options) {
   if (options.backend == "auto") {
     try {
-      std::unique_ptr<Backend> cuda = make_backend_named("cuda", 0);
+      std::unique_ptr<Backend> cuda = make_engine_cuda_backend(options);
       options.backend = "cuda";
       return cuda;
     } catch (const EngineError&) {
@@ -151,6 +153,7 @@ std::unique_ptr<Backend> engine_backend(EngineOptions& options) {
     }
   }
   if (options.backend == "cpu") return nullptr;
+  if (options.backend == "cuda") return make_engine_cuda_backend(options);
   return make_backend_named(options.backend, options.threads);
 }
 
@@ -175,7 +178,7 @@ nb::dict memory_plan(const Engine& e) {
   d["graph_capture_host_us"] = t.capture_host_us;
   d["graph_update_host_us"] = t.update_host_us;
   d["graph_device_us"] = t.device_us;
-  nb::dict op_times;  // empty unless the backend times its ops (NINFER_CUDA_OP_TIMES=1)
+  nb::dict op_times;  // empty unless the backend times its ops (EngineOptions::cuda_op_times)
   if (e.device())
     for (const OpTime& t : e.device()->op_times()) {
       nb::dict one;

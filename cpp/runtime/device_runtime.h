@@ -61,7 +61,7 @@ class DeviceRuntime {
   virtual void sample(const float* logits, int64_t vocab, std::span<const DeviceSampleRow> rows,
                       std::vector<SampledToken>& out) = 0;
   // Per-op device times since the engine started, when the backend times its ops (a profiling mode, off by
-  // default: the CUDA backend with NINFER_CUDA_OP_TIMES=1); empty otherwise. Callable from any thread.
+  // default: the CUDA backend made with EngineOptions::cuda_op_times); empty otherwise. Callable from any thread.
   virtual std::vector<OpTime> op_times() const { return {}; }
 };
 

@@ -49,6 +49,8 @@ void validate_options(const EngineOptions& o) {
   if (o.max_queue < 0) fail("max_queue = " + std::to_string(o.max_queue) + " (must be >= 0)");
   if (o.kv_capacity < 0 && o.kv_capacity != kKvCapacityAuto)
     fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0; 0 = max_context * max_concurrency)");
+  if (o.cuda_gemm != "auto" && o.cuda_gemm != "twin")
+    fail("cuda_gemm = \"" + o.cuda_gemm + "\" (must be auto or twin)");
   if (o.prefill_chunk != kPrefillChunkAuto && (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens))
     fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64, or 0 = auto)");
 }

@@ -44,6 +44,11 @@ struct EngineOptions {
   std::string backend = "cpu";   // the backend the engine was given (cpu | cuda), for reports
   bool cuda_graphs = true;       // decode passes as CUDA graphs (device backends)
   bool device_sampling = true;   // device backends sample on the device (false: host logits, the CPU Sampler)
+  // The CUDA backend's prefill GEMM: "auto" (the fastest path the weight allows) or "twin" (the f32 twin for every
+  // weight: f32 activations, results independent of how rows are batched, as the decode GEMV's are).
+  std::string cuda_gemm = "auto";
+  // The CUDA backend times every op of its eager passes with CUDA events (a profiling mode: DeviceRuntime::op_times).
+  bool cuda_op_times = false;
 };
 inline constexpr int64_t kKvCapacityAuto = -1;
 

@@ -53,6 +53,10 @@ class EngineOptions:
     verify_checksums: bool = True
     cuda_graphs: bool = True  # decode passes as CUDA graphs (cuda backend)
     device_sampling: bool = True  # sample on the GPU (cuda backend; False: copy logits, sample on the host)
+    # the cuda backend's prefill GEMM: "auto" (the fastest path each weight allows) | "twin" (the f32 twin for every
+    # weight: results independent of how prompt rows are batched, as the decode GEMV's are)
+    cuda_gemm: str = "auto"
+    cuda_op_times: bool = False  # time every op of eager passes (cuda backend): memory_plan()["op_times"]
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,8 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     native.backend = options.backend
     native.cuda_graphs = options.cuda_graphs
     native.device_sampling = options.device_sampling
+    native.cuda_gemm = options.cuda_gemm
+    native.cuda_op_times = options.cuda_op_times
     native.max_context = options.max_context
     native.kv_capacity = _KV_CAPACITY_AUTO if options.kv_capacity == "auto" else options.kv_capacity or 0
     native.max_concurrency = options.max_concurrency

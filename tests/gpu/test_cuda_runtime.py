@@ -17,6 +17,9 @@ pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0.0)
 
 
+OPTION_DEFAULTS = dict(backend="cuda", max_context=512, kv_dtype="f32", max_concurrency=3, prefill_chunk=64)
+
+
 @pytest.fixture
 def f32_prefill_gemm(monkeypatch):
     """For tests that compare prefill logits (the first token's logprob comes from them) tightly: against the CPU
@@ -25,7 +28,7 @@ def f32_prefill_gemm(monkeypatch):
     stays on its f32 twin: its fast paths round activations to bf16 (or e4m3). Decode rows never reach the prefill
     GEMM (on device backends decode and prefill passes take turns). The fast paths' accuracy is tested in
     test_cuda_gemm.py and, end to end, in test_cuda_backend.py."""
-    monkeypatch.setenv("NINFER_CUDA_GEMM", "twin")
+    monkeypatch.setitem(OPTION_DEFAULTS, "cuda_gemm", "twin")
 
 
 def _run(engine: Engine, prompts: list[list[int]], new_tokens: int) -> list[tuple[list[int], list[float]]]:
@@ -53,8 +56,7 @@ def _prompts(vocab: int, count: int) -> list[list[int]]:
 
 
 def _options(**kw) -> EngineOptions:
-    base = dict(backend="cuda", max_context=512, kv_dtype="f32", max_concurrency=3, prefill_chunk=64)
-    return EngineOptions(**(base | kw))
+    return EngineOptions(**(OPTION_DEFAULTS | kw))
 
 
 @pytest.mark.usefixtures("f32_prefill_gemm")

@@ -183,7 +183,8 @@ def test_admission_busy_capacity_and_invalid_values(tiny_llama_artifact):
         assert run_alone(engine, [ok]) == [ok_alone]
 
 
-@pytest.mark.parametrize("options", [dict(max_concurrency=9), dict(prefill_chunk=100), dict(max_context=0)])
+@pytest.mark.parametrize("options", [dict(max_concurrency=9), dict(prefill_chunk=100), dict(max_context=0),
+                                     dict(cuda_gemm="fast")])
 def test_invalid_engine_options_name_the_option(tiny_llama_artifact, options):
     name = next(iter(options))
     with pytest.raises(errors.EngineError, match=f"invalid engine option: {name} = "):

@@ -13,8 +13,8 @@
 
 namespace ninfer {
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  if (cuda::op_timing_requested()) return cuda::make_timed_cuda_backend(device);
+std::unique_ptr<Backend> make_cuda_backend(int device, bool time_ops) {
+  if (time_ops) return cuda::make_timed_cuda_backend(device);
   return std::make_unique<cuda::CudaBackend>(device);
 }
 

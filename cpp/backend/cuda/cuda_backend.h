@@ -74,6 +74,8 @@ class CudaBackend : public Backend, public DeviceRuntime {
   // Use the f32 CUDA-core twin where an op has a tensor-core kernel whose operands are rounded (today: the GDN
   // chunked scan), so that tests can measure the rounding against an otherwise identical path.
   void set_f32_twins(bool on) { f32_twins_ = on; }
+  // The prefill GEMM's implementation (EngineOptions::cuda_gemm): Auto (the fastest for each weight) or Twin.
+  void set_prefill_gemm(GemmImpl impl) { gemm_impl_ = impl; }
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
@@ -148,13 +150,14 @@ class CudaBackend : public Backend, public DeviceRuntime {
   bool f32_twins_ = false;
   DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)
   PrefillGemm prefill_gemm_;
-  GemmImpl gemm_impl_ = gemm_impl_from_environment();
+  GemmImpl gemm_impl_ = GemmImpl::Auto;
   DeviceSampler sampler_;
 };
 
 }  // namespace ninfer::cuda
 
 namespace ninfer {
-// The CUDA backend on `device`. Throws EngineError when no usable device is there.
-std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+// The CUDA backend on `device`, timing its ops when `time_ops` (op_timing.h). Throws EngineError when no usable
+// device is there.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0, bool time_ops = false);
 }  // namespace ninfer

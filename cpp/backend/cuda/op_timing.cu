@@ -1,7 +1,5 @@
 #include "backend/cuda/op_timing.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -218,11 +216,6 @@ class TimedCudaBackend final : public CudaBackend {
 };
 
 }  // namespace
-
-bool op_timing_requested() {
-  const char* value = std::getenv("NINFER_CUDA_OP_TIMES");
-  return value && *value && std::strcmp(value, "0") != 0;
-}
 
 std::unique_ptr<Backend> make_timed_cuda_backend(int device) { return std::make_unique<TimedCudaBackend>(device); }
 

@@ -4,7 +4,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/common.cuh"
@@ -180,13 +179,11 @@ GemmImpl preferred_gemm_impl(const TensorView& w) {
   return GemmImpl::Twin;
 }
 
-GemmImpl gemm_impl_from_environment() {
-  const char* value = std::getenv("NINFER_CUDA_GEMM");
-  if (!value || !*value) return GemmImpl::Auto;
-  const GemmImpl impl = gemm_impl_from_name(value);
-  if (impl != GemmImpl::Auto && impl != GemmImpl::Twin)
-    throw EngineError(std::string("NINFER_CUDA_GEMM must be auto or twin, not '") + value + "'");
-  return impl;
+GemmImpl prefill_gemm_choice(const std::string& name) {
+  if (name == "auto") return GemmImpl::Auto;
+  if (name == "twin") return GemmImpl::Twin;
+  // The engine option's own message (validate_options): the backend is made before the engine checks its options.
+  throw EngineError("invalid engine option: cuda_gemm = \"" + name + "\" (must be auto or twin)");
 }
 
 GemmImpl PrefillGemm::run(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias,
