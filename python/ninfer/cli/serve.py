@@ -12,11 +12,12 @@ import logging
 import os
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ninfer.cli.generate import KV_DTYPES, resolve_model
-from ninfer.cli.main import CliError
+from ninfer.cli.main import CliError, OneLineErrorParser
 from ninfer.errors import NinferError
 from ninfer.serve.auth import read_api_keys
 
@@ -63,7 +64,7 @@ def _non_negative_float(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineErrorParser(
         prog="ninfer-serve",
         description="Serve a .ninfer model over HTTP: OpenAI Chat / "
         "Completions / Responses, Anthropic Messages, llama.cpp-style utilities.",
@@ -170,6 +171,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--webui-dir {args.webui_dir} has no index.html")
     if args.config is not None and args.model is not None:
         raise CliError("give either MODEL or --config, not both")
+    if args.config is not None and args.alias is not None:
+        raise CliError("--alias names the one MODEL; with --config, give the model 'aliases' in the config")
 
 
 def _engine_options(args: argparse.Namespace) -> Any:
@@ -194,6 +197,9 @@ def _router_config(args: argparse.Namespace) -> Any:
 
     if args.config is not None:
         config = load_config(args.config, defaults=_engine_options(args))
+        if args.preserve_thinking:  # the default of every model whose entry does not set preserve_thinking itself
+            config = replace(config, models=tuple(
+                replace(m, preserve_thinking=True) if m.preserve_thinking is None else m for m in config.models))
         missing = [f"{m.name} ({m.path})" for m in config.models if not m.path.is_file()]
         if missing:
             raise CliError(f"--config {args.config}: no artifact for {', '.join(missing)}")
