@@ -1,6 +1,6 @@
-"""`ninfer` and its subcommands: a usage error (unknown option, missing or malformed value) is one line on stderr,
-`PROG: error: ...`, with exit status 2, as docs/cli.md says; `--help` still prints the full usage. No model is
-loaded: argparse refuses these before anything runs."""
+"""`ninfer` and its subcommands: a usage error (unknown option, missing or malformed value) is one line
+on stderr, `PROG: error: ...`, with exit status 2, as docs/cli.md says; `--help` still prints the full usage.
+No model is loaded: argparse refuses these before anything runs."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from ninfer.cli.main import main
         (["perplexity", "--text-file", "t.txt", "--context", "x"], "ninfer perplexity",
          "argument --context: invalid int value: 'x'"),
         (["convert", "src"], "ninfer convert", "the following arguments are required: out"),
-        (["convert", "src", "out", "--template", "llama9"], "ninfer convert", "argument --template: invalid choice"),
+        (["convert", "src", "out", "--template", "llama9"], "ninfer convert",
+         "argument --template: invalid choice"),
         (["inspect", "--jsn", "f.ninfer"], "ninfer inspect", "unrecognized arguments: --jsn"),
     ],
 )

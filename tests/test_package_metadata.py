@@ -1,6 +1,6 @@
-"""pyproject.toml's dependencies are what an installed ninfer gets (`pip install .`, and the Nix package, which
-reads them): they must name every package requirements/runtime.txt pins for running and serving, or an install
-that is not a `make build` checkout fails at its first import (as it did for llguidance)."""
+"""pyproject.toml's dependencies are what an installed ninfer gets (`pip install .`, and the Nix package,
+which reads them): they must name every package requirements/runtime.txt pins for running and serving, or an
+install that is not a `make build` checkout fails at its first import (as it did for llguidance)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def _name(requirement: str) -> str:
 
 
 def test_pyproject_dependencies_cover_the_runtime_requirements():
-    declared = {_name(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {_name(r) for r in project["dependencies"]}
     lines = (REPO / "requirements" / "runtime.txt").read_text().splitlines()
     pinned = {_name(line) for line in lines if line.strip() and not line.lstrip().startswith(("#", "-"))}
     assert pinned, "requirements/runtime.txt names no package"

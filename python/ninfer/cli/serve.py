@@ -138,8 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     later.add_argument("--reserve-gib", type=_non_negative_float("--reserve-gib"), metavar="GIB")
     server = p.add_argument_group("server")
     server.add_argument("--api-key-file", metavar="FILE", help="API keys, one per line; requests need one")
-    server.add_argument("--log-level", default="info", choices=LOG_LEVELS)
-    server.add_argument("--webui", action="store_true", help="serve the web UI at /")
+    server.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="(default info)")
+    server.add_argument(
+        "--webui", action="store_true", help="serve the pinned llama.cpp web UI at / (built by `make webui`)"
+    )
     server.add_argument(
         "--webui-dir", metavar="DIR", help="serve this web UI bundle (a folder with index.html)"
     )
