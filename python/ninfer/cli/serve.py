@@ -74,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_positive("--port"), default=8080, help="TCP port (default 8080)")
-    p.add_argument("--alias", metavar="NAME", help="the model name clients see (default: the file name)")
-    p.add_argument("--config", metavar="FILE", help='router JSON config ({"models": {NAME: {"path": ...}}})')
+    p.add_argument("--alias", metavar="NAME", help="the name clients see for MODEL (default: its file name)")
+    p.add_argument("--config", metavar="FILE",
+                   help='router JSON config for one or several models ({"models": {NAME: {"path": ...}}})')
     engine = p.add_argument_group("engine")
     engine.add_argument(
         "--max-context",
