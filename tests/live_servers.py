@@ -129,7 +129,12 @@ def smollm2_server(pytestconfig, smollm2_gguf) -> Iterator[LiveServer]:
         yield live
 
 
-def lanes_free_within(server: LiveServer, seconds: float) -> bool:
+# A finished request frees its lane at once, and a cancelled one within a second on an idle machine; the suite also runs
+# on a loaded 2-core machine, so waits for that take this generous bound (a bound, not a delay).
+SETTLE_S = 30.0
+
+
+def lanes_free_within(server: LiveServer, seconds: float = SETTLE_S) -> bool:
     """True once the engine has no busy lane and nothing queued, polled for up to `seconds`."""
     assert server.engine is not None
     deadline = time.monotonic() + seconds
@@ -139,6 +144,20 @@ def lanes_free_within(server: LiveServer, seconds: float) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def idle_tokens_generated(server: LiveServer) -> int:
+    """The engine's count of generated tokens, once it is idle (so that a later count is the next requests' alone)."""
+    assert server.engine is not None and lanes_free_within(server), server.engine.stats()
+    return server.engine.stats().tokens_generated
+
+
+def cut_short(server: LiveServer, tokens_before: int, max_tokens: int) -> bool:
+    """True once the lanes are free, if the engine generated fewer than `max_tokens` tokens since `idle_tokens_generated` gave
+    `tokens_before`: the request was cancelled, not run to its end (`max_tokens`, for a request that does not end
+    sooner by itself). A count, not a time: it holds however late a loaded machine delivers the cancellation."""
+    assert server.engine is not None
+    return lanes_free_within(server) and server.engine.stats().tokens_generated - tokens_before < max_tokens
 
 
 def greedy_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:

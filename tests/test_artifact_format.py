@@ -268,7 +268,8 @@ def set_blob(tensor: str, name: str, key: str, value):
 
 CORRUPTIONS = {
     "wrong magic": (lambda p: patch_header(p, magic=b"GGUF\0\0\0\0"), "wrong magic"),
-    "version 2": (lambda p: patch_header(p, version=2), "format version 2"),
+    "version 2": (lambda p: patch_header(p, version=2),
+                  "format version 2, this reader reads version 3 only: convert the model again"),
     "version 4": (lambda p: patch_header(p, version=4), "format version 4"),
     "truncated data": (lambda p: p.write_bytes(p.read_bytes()[:-100]), "truncated"),
     "truncated header": (lambda p: p.write_bytes(p.read_bytes()[:40]), "truncated"),

@@ -17,8 +17,10 @@ NINFER_SERVE = Path(sys.executable).parent / "ninfer-serve"
 CASES = {
     "defaults": ([], {}),
     "model-network-key": (
-        ["/srv/models/q.ninfer", "--host", "0.0.0.0", "--port", "9000", "--api-key-file", "/etc/ninfer/keys"],
-        {"model": "/srv/models/q.ninfer", "host": "0.0.0.0", "port": 9000, "apiKeyFile": "/etc/ninfer/keys"},
+        ["/srv/models/q.ninfer", "--host", "0.0.0.0", "--port", "9000", "--api-key-file", "/etc/ninfer/keys",
+         "--alias", '100% $HOME "q"'],
+        {"model": "/srv/models/q.ninfer", "host": "0.0.0.0", "port": 9000, "apiKeyFile": "/etc/ninfer/keys",
+         "extraFlags": ["--alias", '100% $HOME "q"']},
     ),
     "odd-values-and-engine-flags": (
         [
@@ -32,8 +34,6 @@ CASES = {
             "--max-context",
             "8192",
             "--preserve-thinking",
-            "--alias",
-            '100% $HOME "q"',
         ],
         {
             "configFile": "/srv/ninfer/router config.json",
@@ -41,7 +41,7 @@ CASES = {
             "webui": True,
             "webuiDir": "{tmp}/web ui",
             # argparse order: the engine options in the order the parser declares them
-            "extraFlags": ["--alias", '100% $HOME "q"', "--max-context", "8192", "--preserve-thinking"],
+            "extraFlags": ["--max-context", "8192", "--preserve-thinking"],
         },
     ),
 }

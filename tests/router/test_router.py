@@ -74,8 +74,10 @@ def test_ttl_unloads_an_idle_model(smollm2: Path) -> None:
     config = two_models(smollm2)
     config["models"]["beta"]["ttl"] = 1
     with serve_router(config) as server, httpx.Client(base_url=server.url, timeout=120) as client:
-        assert chat(client, "beta").status_code == 200
-        assert statuses(client)["beta"] == "loaded"
+        answer = chat(client, "beta")
+        # beta answered, so it was loaded; whether it still is a moment later depends on how long this thread took to
+        # ask (one second is its whole TTL), so the test does not look.
+        assert answer.status_code == 200 and answer.json()["model"] == "beta"
         assert wait_until(lambda: statuses(client)["beta"] == "unloaded")
         assert server.router.models == []
 

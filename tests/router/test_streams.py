@@ -89,8 +89,8 @@ def test_reading_past_the_recording_and_unknown_streams_are_refused(server) -> N
     assert lookup(client, conv) is None
 
 
-def _stream_until_done(client: httpx.Client, headers: dict, out: dict, key: str, first: threading.Event) -> None:
-    with client.stream("POST", "/v1/chat/completions", json={"model": "smol", **LONG}, headers=headers) as stream:
+def _stream_until_done(client: httpx.Client, body: dict, out: dict, key: str, first: threading.Event) -> None:
+    with client.stream("POST", "/v1/chat/completions", json=body) as stream:
         events = []
         for line in stream.iter_lines():
             if line.startswith("data: "):
@@ -103,10 +103,14 @@ def _stream_until_done(client: httpx.Client, headers: dict, out: dict, key: str,
 
 def test_control_cancels_only_its_target(server) -> None:
     client = httpx.Client(base_url=server.url, timeout=120)
+    # Both far longer than the test takes to stop them, however fast the machine: both are still running when the
+    # slots are read and when "a" is stopped; "b" then shows that it outlived the stop.
+    body = {"model": "smol", **LONG, "max_tokens": 800}
     out: dict = {}
     started = {k: threading.Event() for k in ("a", "b")}
-    threads = [threading.Thread(target=_stream_until_done, args=(client, {}, out, k, started[k])) for k in ("a", "b")]
-    for t in threads:
+    threads = {k: threading.Thread(target=_stream_until_done, args=(client, body, out, k, started[k]))
+               for k in ("a", "b")}
+    for t in threads.values():
         t.start()
     assert all(e.wait(60) for e in started.values())
     busy = [s for s in client.get("/slots").json() if s["is_processing"]]
@@ -118,10 +122,15 @@ def test_control_cancels_only_its_target(server) -> None:
     assert unknown.status_code == 400 and "pause" in unknown.json()["error"]["message"]
     stopped = client.post("/v1/chat/completions/control", json={"id": out["a-id"], "action": "stop"})
     assert stopped.json() == {"success": True, "id": out["a-id"], "cancelled": 1}
-    for t in threads:
-        t.join(120)
+    threads["a"].join(120)
     assert out["a"] == "cancelled"
-    assert out["b"] == "length"  # the other generation ran to its end
+    # "a" has ended; "b" still streams and still holds its lane (a stop that reached it too would have ended it).
+    assert threads["b"].is_alive() and "b" not in out
+    busy = [s for s in client.get("/slots").json() if s["is_processing"]]
+    assert len(busy) == 1
+    assert client.post("/v1/chat/completions/control", json={"id": out["b-id"], "action": "stop"}).json()["cancelled"] == 1
+    threads["b"].join(120)
+    assert out["b"] == "cancelled"
     gone = client.post("/v1/chat/completions/control", json={"id": out["a-id"], "action": "stop"})
     assert gone.status_code == 404
 

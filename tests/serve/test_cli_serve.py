@@ -4,6 +4,7 @@ error shapes."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import httpx
 import live_servers
 import openai
 import pytest
-from ninfer.cli.serve import main
+from ninfer.cli.serve import _router_config, build_parser, main
 
 STARTUP_TIMEOUT_S = 120.0
 KEYS = ("first-key", "sk-second-2f9a")
@@ -51,10 +52,34 @@ def test_refused_options_are_one_line_errors(args, message, capsys):
 @pytest.mark.parametrize(
     "args", [["--draft-tokens", "0"], ["--reserve-gib", "-1"], ["--port", "x"], ["--kv-dtype", "q3"]]
 )
-def test_invalid_values_are_usage_errors(args, capsys):
+def test_invalid_values_are_one_line_usage_errors(args, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)
-    assert info.value.code == 2 and "usage: ninfer-serve" in capsys.readouterr().err
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2
+    assert line.startswith(f"ninfer-serve: error: argument {args[0]}") and line.endswith("(see ninfer-serve --help)")
+
+
+def _config_of_two(tmp_path: Path, second: dict) -> Path:
+    for name in ("a.ninfer", "b.ninfer"):
+        (tmp_path / name).write_bytes(b"")  # the CLI checks that each path is a file; nothing is loaded here
+    config = tmp_path / "models.json"
+    config.write_text(json.dumps({"models": {"a": {"path": "a.ninfer"}, "b": {"path": "b.ninfer", **second}}}))
+    return config
+
+
+def test_alias_with_config_is_refused(tmp_path: Path, capsys):
+    assert main(["--config", str(_config_of_two(tmp_path, {})), "--alias", "x"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("ninfer-serve: error: --alias names the one MODEL; with --config, give the model 'aliases' "
+                    "in the config")
+
+
+@pytest.mark.parametrize("flag, expected_a, expected_b", [([], None, False), (["--preserve-thinking"], True, False)])
+def test_preserve_thinking_is_the_default_of_config_models(tmp_path: Path, flag, expected_a, expected_b):
+    config_file = _config_of_two(tmp_path, {"preserve_thinking": False})
+    config = _router_config(build_parser().parse_args(["--config", str(config_file), *flag]))
+    assert [m.preserve_thinking for m in config.models] == [expected_a, expected_b]  # a model's own setting wins
 
 
 def _free_port() -> int:

@@ -150,7 +150,7 @@ def _read_header(path: Path, raw: bytes, size: int) -> Header:
     if header.version != VERSION:
         raise ArtifactError(
             f"{path}: format version {header.version}, this reader reads version {VERSION} "
-            "(convert the model again, or upgrade an older artifact)"
+            "only: convert the model again with this ninfer (there is no in-place upgrade yet)"
         )
     if header.flags != 0:
         raise ArtifactError(f"{path}: unknown header flags {header.flags:#x}")

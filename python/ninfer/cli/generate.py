@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--messages", metavar="FILE", help="a JSON file with a list of chat messages")
     parser.add_argument("--max-new", type=int, default=512, metavar="N", help="most tokens to generate (default 512)")
     parser.add_argument("--temperature", type=float, metavar="T", help="0 = greedy (default: the model's)")
-    parser.add_argument("--top-p", type=float, metavar="P")
-    parser.add_argument("--top-k", type=int, metavar="K")
+    parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling, in (0, 1] (default: the model's)")
+    parser.add_argument("--top-k", type=int, metavar="K",
+                        help="sample among the K likeliest tokens, 0 = off (default: the model's)")
     parser.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
     parser.add_argument("--no-think", action="store_true", help="turn the model's thinking off")
 

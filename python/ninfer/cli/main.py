@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from ninfer.errors import NinferError
 
@@ -20,10 +21,18 @@ class CliError(Exception):
     """An option or input error: printed as one line, exit status 2."""
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (`PROG: error: ...`, exit status 2) like every other CLI
+    error, instead of the whole usage block; `--help` still prints the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _build_subcommand_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
     module_name, help_text = SUBCOMMANDS[name]
     module = importlib.import_module(f"ninfer.cli.{module_name}")
-    parser = argparse.ArgumentParser(prog=f"ninfer {name}", description=help_text)
+    parser = OneLineErrorParser(prog=f"ninfer {name}", description=help_text)
     module.add_arguments(parser)
     return parser, module
 
@@ -35,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv[1:])
     else:
         module = importlib.import_module("ninfer.cli.generate")
-        parser = argparse.ArgumentParser(
+        parser = OneLineErrorParser(
             prog="ninfer",
             description="Generate an answer with a .ninfer model. Subcommands: "
             + ", ".join(f"{k} ({v[1]})" for k, v in SUBCOMMANDS.items()),

@@ -12,11 +12,12 @@ import logging
 import os
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ninfer.cli.generate import KV_DTYPES, resolve_model
-from ninfer.cli.main import CliError
+from ninfer.cli.main import CliError, OneLineErrorParser
 from ninfer.errors import NinferError
 from ninfer.serve.auth import read_api_keys
 
@@ -63,7 +64,7 @@ def _non_negative_float(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineErrorParser(
         prog="ninfer-serve",
         description="Serve a .ninfer model over HTTP: OpenAI Chat / "
         "Completions / Responses, Anthropic Messages, llama.cpp-style utilities.",
@@ -73,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_positive("--port"), default=8080, help="TCP port (default 8080)")
-    p.add_argument("--alias", metavar="NAME", help="the model name clients see (default: the file name)")
-    p.add_argument("--config", metavar="FILE", help='router JSON config ({"models": {NAME: {"path": ...}}})')
+    p.add_argument("--alias", metavar="NAME", help="the name clients see for MODEL (default: its file name)")
+    p.add_argument("--config", metavar="FILE",
+                   help='router JSON config for one or several models ({"models": {NAME: {"path": ...}}})')
     engine = p.add_argument_group("engine")
     engine.add_argument(
         "--max-context",
@@ -137,8 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     later.add_argument("--reserve-gib", type=_non_negative_float("--reserve-gib"), metavar="GIB")
     server = p.add_argument_group("server")
     server.add_argument("--api-key-file", metavar="FILE", help="API keys, one per line; requests need one")
-    server.add_argument("--log-level", default="info", choices=LOG_LEVELS)
-    server.add_argument("--webui", action="store_true", help="serve the web UI at /")
+    server.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="(default info)")
+    server.add_argument(
+        "--webui", action="store_true", help="serve the pinned llama.cpp web UI at / (built by `make webui`)"
+    )
     server.add_argument(
         "--webui-dir", metavar="DIR", help="serve this web UI bundle (a folder with index.html)"
     )
@@ -170,6 +174,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--webui-dir {args.webui_dir} has no index.html")
     if args.config is not None and args.model is not None:
         raise CliError("give either MODEL or --config, not both")
+    if args.config is not None and args.alias is not None:
+        raise CliError("--alias names the one MODEL; with --config, give the model 'aliases' in the config")
 
 
 def _engine_options(args: argparse.Namespace) -> Any:
@@ -194,6 +200,9 @@ def _router_config(args: argparse.Namespace) -> Any:
 
     if args.config is not None:
         config = load_config(args.config, defaults=_engine_options(args))
+        if args.preserve_thinking:  # the default of every model whose entry does not set preserve_thinking itself
+            config = replace(config, models=tuple(
+                replace(m, preserve_thinking=True) if m.preserve_thinking is None else m for m in config.models))
         missing = [f"{m.name} ({m.path})" for m in config.models if not m.path.is_file()]
         if missing:
             raise CliError(f"--config {args.config}: no artifact for {', '.join(missing)}")

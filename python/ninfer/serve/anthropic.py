@@ -25,6 +25,7 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import post
+from litestar.params import JSONBody
 from msgspec import Meta
 
 from ninfer.errors import NinferError
@@ -39,7 +40,7 @@ from ninfer.serve.generation import (
 )
 from ninfer.serve.openai_common import new_id, stop_strings
 from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
-from ninfer.serve.router import ModelRouter
+from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ServedModel
 from ninfer.serve.structured import anthropic_output_format, build_constraint
@@ -352,7 +353,7 @@ def _params(body: MessagesRequest) -> GenerationParams:
 
 
 @post("/v1/messages", status_code=200, summary="Anthropic Messages")
-async def create_message(data: MessagesRequest, router: ModelRouter) -> Any:
+async def create_message(data: JSONBody[MessagesRequest], router: RouterDependency) -> Any:
     model: ServedModel = router.resolve(data.model)
     chat = chat_prompt(data)
     prompt = prepare_prompt(model, chat)
@@ -371,7 +372,7 @@ async def create_message(data: MessagesRequest, router: ModelRouter) -> Any:
 
 
 @post("/v1/messages/count_tokens", status_code=200, summary="Anthropic token count of a Messages request")
-async def count_tokens(data: CountTokensRequest, router: ModelRouter) -> dict[str, int]:
+async def count_tokens(data: JSONBody[CountTokensRequest], router: RouterDependency) -> dict[str, int]:
     model = router.resolve(data.model)
     return {"input_tokens": len(prepare_prompt(model, chat_prompt(data)).token_ids)}
 

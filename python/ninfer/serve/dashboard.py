@@ -13,7 +13,7 @@ from litestar import Request, get
 from litestar.static_files import create_static_files_router
 
 from ninfer.serve.llamacpp import slot_rows
-from ninfer.serve.router import ModelRouter
+from ninfer.serve.router import ModelRouter, RouterDependency
 from ninfer.serve.streams import StreamRegistry
 from ninfer.serve.webui_bundle import DASHBOARD_DIR
 
@@ -27,7 +27,7 @@ def _model_state(router: ModelRouter, now: float) -> list[dict[str, Any]]:
 
 
 @get("/dashboard/state", summary="What the dashboard shows (polled once a second)")
-async def dashboard_state(router: ModelRouter, request: Request) -> dict[str, Any]:
+async def dashboard_state(router: RouterDependency, request: Request) -> dict[str, Any]:
     streams: StreamRegistry = request.app.state.streams
     resident = router.resident
     return {

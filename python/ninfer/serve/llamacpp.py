@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 from litestar import Response, get, post
-from litestar.params import Parameter
+from litestar.params import FromQuery, JSONBody
 
 from ninfer import __version__ as NINFER_VERSION
 from ninfer.serve.errors import InvalidRequestError
@@ -30,6 +30,7 @@ from ninfer.serve.router import (
     LOADING,
     ModelEntry,
     ModelRouter,
+    RouterDependency,
     StatusEvent,
 )
 from ninfer.serve.sse import sse_frame, sse_response
@@ -75,13 +76,13 @@ def model_rows(router: ModelRouter, loaded_row: Callable[[ServedModel], dict[str
 
 
 @post("/models/load", status_code=200, opt=EXEMPT, summary="Start loading a model (returns at once)")
-async def load_model(data: ModelRequest, router: ModelRouter) -> dict[str, Any]:
+async def load_model(data: JSONBody[ModelRequest], router: RouterDependency) -> dict[str, Any]:
     router.request_load(data.model)
     return {"success": True}
 
 
 @post("/models/unload", status_code=200, opt=EXEMPT, summary="Unload a model once its requests finish")
-async def unload_model(data: ModelRequest, router: ModelRouter) -> dict[str, Any]:
+async def unload_model(data: JSONBody[ModelRequest], router: RouterDependency) -> dict[str, Any]:
     entry = router.lookup(data.model)
     if not router.request_unload(entry.name):
         raise InvalidRequestError(f"model {entry.name!r} is not loaded ({entry.status})", param="model")
@@ -115,7 +116,7 @@ async def _status_frames(router: ModelRouter) -> AsyncIterator[bytes]:
 
 
 @get("/models/sse", summary="Live model status events (llama.cpp router mode)")
-async def models_sse(router: ModelRouter) -> Any:
+async def models_sse(router: RouterDependency) -> Any:
     return sse_response(_status_frames(router), ping_interval_s=KEEPALIVE_S)
 
 
@@ -138,8 +139,8 @@ def _model_props(router: ModelRouter, entry: ModelEntry) -> dict[str, Any]:
 
 
 @get("/props", summary="Server and model properties (the fields llama-ui reads)")
-async def props(router: ModelRouter, model: str | None = None,
-                autoload: bool = Parameter(default=True)) -> dict[str, Any]:
+async def props(router: RouterDependency, model: FromQuery[str | None] = None,
+                autoload: FromQuery[bool] = True) -> dict[str, Any]:
     common = {"build_info": f"ninfer {NINFER_VERSION}", "ui_settings": {}, "webui_settings": {},
               "cors_proxy_enabled": False, "agent_mode": False}
     several = len(router.entries) > 1
@@ -177,7 +178,7 @@ def slot_rows(router: ModelRouter, entry: ModelEntry) -> list[dict[str, Any]]:
 
 
 @get("/slots", summary="One object per configured lane of the model")
-async def slots(router: ModelRouter, model: str | None = None) -> list[dict[str, Any]]:
+async def slots(router: RouterDependency, model: FromQuery[str | None] = None) -> list[dict[str, Any]]:
     return slot_rows(router, router.lookup(model))
 
 
@@ -185,7 +186,7 @@ async def slots(router: ModelRouter, model: str | None = None) -> list[dict[str,
 
 
 @get("/running", summary="llama-swap: the loaded and loading models")
-async def running(router: ModelRouter) -> dict[str, Any]:
+async def running(router: RouterDependency) -> dict[str, Any]:
     rows = [{"model": e.name, "name": e.name, "state": SWAP_STATES.get(e.status, "stopped"), "cmd": "", "proxy": "",
              "ttl": router.effective_ttl(e), "description": e.spec.description}
             for e in router.entries if e.status in (LOADED, LOADING)]
@@ -193,7 +194,7 @@ async def running(router: ModelRouter) -> dict[str, Any]:
 
 
 @get("/unload", summary="llama-swap: unload everything (in-flight requests finish first)", media_type="text/plain")
-async def unload_all(router: ModelRouter) -> Response[str]:
+async def unload_all(router: RouterDependency) -> Response[str]:
     router.request_unload(None)
     await asyncio.sleep(0)
     return Response("OK", media_type="text/plain")

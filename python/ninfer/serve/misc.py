@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Response, get, post
+from litestar.params import JSONBody
 from msgspec import Meta
 
 from ninfer.serve.errors import InvalidRequestError
@@ -18,7 +19,7 @@ from ninfer.serve.generation import ChatPrompt, prepare_prompt
 from ninfer.serve.llamacpp import model_rows
 from ninfer.serve.metrics import CONTENT_TYPE
 from ninfer.serve.openai_chat import ChatMessage
-from ninfer.serve.router import ModelRouter
+from ninfer.serve.router import RouterDependency
 from ninfer.serve.state import ServedModel
 
 PUBLIC = {"public": True}
@@ -43,12 +44,12 @@ def _model_meta(model: ServedModel) -> dict[str, Any]:
 
 
 @get("/v1/models", summary="The served models (OpenAI shape)")
-async def list_models(router: ModelRouter) -> dict[str, Any]:
+async def list_models(router: RouterDependency) -> dict[str, Any]:
     return {"object": "list", "data": model_rows(router, _model_row)}  # every configured model, with its status
 
 
 @get("/models", summary="The served models (llama.cpp shape, with engine metadata)")
-async def list_models_llama(router: ModelRouter) -> dict[str, Any]:
+async def list_models_llama(router: RouterDependency) -> dict[str, Any]:
     models = []
     for m in router.models:
         info = m.engine.info
@@ -82,7 +83,7 @@ class ApplyTemplateRequest(msgspec.Struct, kw_only=True):
 
 
 @post("/tokenize", status_code=200, summary="Text -> token ids (llama.cpp body)")
-async def tokenize(data: TokenizeRequest, router: ModelRouter) -> dict[str, Any]:
+async def tokenize(data: JSONBody[TokenizeRequest], router: RouterDependency) -> dict[str, Any]:
     frontend = router.resolve(data.model).engine.frontend
     ids = frontend.encode(data.content)
     if data.add_special and frontend.bos_token_id is not None:
@@ -93,7 +94,7 @@ async def tokenize(data: TokenizeRequest, router: ModelRouter) -> dict[str, Any]
 
 
 @post("/detokenize", status_code=200, summary="Token ids -> text (llama.cpp body)")
-async def detokenize(data: DetokenizeRequest, router: ModelRouter) -> dict[str, Any]:
+async def detokenize(data: JSONBody[DetokenizeRequest], router: RouterDependency) -> dict[str, Any]:
     engine = router.resolve(data.model).engine
     bad = [t for t in data.tokens if t >= engine.info.vocab_size]
     if bad:
@@ -103,7 +104,7 @@ async def detokenize(data: DetokenizeRequest, router: ModelRouter) -> dict[str, 
 
 
 @post("/apply-template", status_code=200, summary="Chat messages -> the prompt text the model would see")
-async def apply_template(data: ApplyTemplateRequest, router: ModelRouter) -> dict[str, Any]:
+async def apply_template(data: JSONBody[ApplyTemplateRequest], router: RouterDependency) -> dict[str, Any]:
     kwargs = dict(data.chat_template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)
     chat = ChatPrompt([msgspec.to_builtins(m) for m in data.messages], tools=data.tools,
@@ -114,7 +115,7 @@ async def apply_template(data: ApplyTemplateRequest, router: ModelRouter) -> dic
 
 
 @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE)
-async def metrics(router: ModelRouter) -> Response[bytes]:
+async def metrics(router: RouterDependency) -> Response[bytes]:
     return Response(router.metrics.render(), media_type=CONTENT_TYPE)
 
 

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, post
+from litestar.params import JSONBody
 from msgspec import Meta
 
 from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
@@ -50,7 +51,7 @@ from ninfer.serve.openai_common import (
     usage_json,
 )
 from ninfer.serve.reasoning_control import ReasoningControl
-from ninfer.serve.router import ModelRouter
+from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.structured import build_constraint, chat_response_format
 
@@ -309,7 +310,8 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
 
 
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, summary="OpenAI Chat Completions")
-async def chat_completions(data: ChatCompletionRequest, router: ModelRouter, request: Request) -> Any:
+async def chat_completions(data: JSONBody[ChatCompletionRequest], router: RouterDependency,
+                           request: Request) -> Any:
     model = router.resolve(data.model)
     want_logprobs = bool(data.logprobs) or bool(data.top_logprobs)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from litestar import Request, post
+from litestar.params import JSONBody
 from msgspec import Meta
 
 from ninfer.serve.disconnect import run_while_connected
@@ -36,7 +37,7 @@ from ninfer.serve.openai_common import (
     timings_json,
     usage_json,
 )
-from ninfer.serve.router import ModelRouter
+from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import sse_frame, sse_response
 
 DEFAULT_MAX_TOKENS = 16
@@ -143,7 +144,7 @@ def completion_json(shape: _Shape, result: GenerationResult, echo: str, logprobs
 
 
 @post(["/v1/completions", "/completions"], status_code=200, summary="OpenAI Completions")
-async def completions(data: CompletionRequest, router: ModelRouter, request: Request) -> Any:
+async def completions(data: JSONBody[CompletionRequest], router: RouterDependency, request: Request) -> Any:
     _refuse_unsupported(data)
     model = router.resolve(data.model)
     want_logprobs = data.logprobs is not None

@@ -29,6 +29,7 @@ import msgspec
 from litestar import Response, delete, get, post
 from litestar.datastructures import State
 from litestar.exceptions import NotFoundException
+from litestar.params import FromPath, FromQuery, JSONBody
 from msgspec import Meta
 
 from ninfer.errors import NinferError
@@ -56,7 +57,7 @@ from ninfer.serve.output_blocks import (
     OutputBlocks,
 )
 from ninfer.serve.response_store import ResponseStore, StoredResponse
-from ninfer.serve.router import ModelRouter
+from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ServedModel
 from ninfer.serve.structured import build_constraint, responses_text_format
@@ -573,7 +574,7 @@ async def _prepare(model: ServedModel, body: ResponsesRequest | InputTokensReque
 
 
 @post("/v1/responses", status_code=200, summary="OpenAI Responses")
-async def create_response(data: ResponsesRequest, router: ModelRouter, state: State) -> Any:
+async def create_response(data: JSONBody[ResponsesRequest], router: RouterDependency, state: State) -> Any:
     _check_supported(data)
     model = router.resolve(data.model)
     store = response_store(state)
@@ -599,7 +600,8 @@ async def create_response(data: ResponsesRequest, router: ModelRouter, state: St
 
 
 @post("/v1/responses/input_tokens", status_code=200, summary="Count a Responses request's input tokens")
-async def count_input_tokens(data: InputTokensRequest, router: ModelRouter, state: State) -> dict[str, Any]:
+async def count_input_tokens(data: JSONBody[InputTokensRequest], router: RouterDependency,
+                             state: State) -> dict[str, Any]:
     model = router.resolve(data.model)
     *_, prompt = await _prepare(model, data, response_store(state))
     return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
@@ -613,12 +615,12 @@ def _stored(state: State, response_id: str) -> StoredResponse:
 
 
 @get("/v1/responses/{response_id:str}", summary="A stored response")
-async def get_response(response_id: str, state: State) -> dict[str, Any]:
+async def get_response(response_id: FromPath[str], state: State) -> dict[str, Any]:
     return _stored(state, response_id).response
 
 
 @delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a stored response")
-async def delete_response(response_id: str, state: State) -> dict[str, Any]:
+async def delete_response(response_id: FromPath[str], state: State) -> dict[str, Any]:
     if not response_store(state).delete(response_id):
         raise NotFoundException(f"response {response_id!r} not found")
     return {"id": response_id, "object": "response.deleted", "deleted": True}
@@ -626,11 +628,11 @@ async def delete_response(response_id: str, state: State) -> dict[str, Any]:
 
 @get("/v1/responses/{response_id:str}/input_items", summary="A stored response's input items")
 async def list_input_items(
-    response_id: str,
+    response_id: FromPath[str],
     state: State,
     limit: Annotated[int, Meta(ge=1, le=100)] = 20,
-    order: str = "desc",
-    after: str | None = None,
+    order: FromQuery[str] = "desc",
+    after: FromQuery[str | None] = None,
 ) -> Response[dict[str, Any]]:
     if order not in ("asc", "desc"):
         raise InvalidRequestError("order must be 'asc' or 'desc'", param="order")

@@ -31,10 +31,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from litestar.datastructures import State
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException
 
 from ninfer.engine import Engine, EngineOptions, EngineStats, GenerationEvent, Request
@@ -714,6 +714,9 @@ def _router(state: State) -> ModelRouter:
 
 
 DEPENDENCIES = {"router": Provide(_router, sync_to_thread=False)}
+# How a route handler asks for it: a parameter named `router` of this type (Litestar matches named dependencies by
+# the parameter's name; Litestar 3 requires the explicit marker).
+RouterDependency: TypeAlias = NamedDependency[ModelRouter]
 
 
 # -- the HTTP gate -------------------------------------------------------------------------------------------------

@@ -25,15 +25,15 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, delete, get, post
 from litestar.exceptions import ClientException, NotFoundException
-from litestar.params import Parameter
+from litestar.params import FromQuery, JSONBody, QueryParameter
 
 from ninfer.serve.errors import InvalidRequestError
-from ninfer.serve.router import CURRENT_CALL, GATE_EXEMPT, Call, ModelRouter
+from ninfer.serve.router import CURRENT_CALL, GATE_EXEMPT, Call, RouterDependency
 from ninfer.serve.sse import sse_response
 
 MAX_STREAMS = 64
@@ -267,7 +267,7 @@ def _find(request: Request, stream_id: str) -> RecordedStream:
 
 
 @post("/v1/streams/lookup", status_code=200, opt=EXEMPT, summary="Recorded streams of these conversations")
-async def lookup_streams(data: LookupRequest, request: Request) -> list[dict[str, Any]]:
+async def lookup_streams(data: JSONBody[LookupRequest], request: Request) -> list[dict[str, Any]]:
     return [s.summary() for s in _registry(request).lookup(data.conversation_ids)]
 
 
@@ -277,7 +277,8 @@ async def list_streams(request: Request) -> list[dict[str, Any]]:
 
 
 @get("/v1/stream", summary="Replay a recorded stream from a byte offset, then tail it live")
-async def read_stream(request: Request, conv_id: str, offset: int = Parameter(query="from", default=0, ge=0)) -> Any:
+async def read_stream(request: Request, conv_id: FromQuery[str],
+                      offset: Annotated[int, QueryParameter(name="from", ge=0)] = 0) -> Any:
     stream = _find(request, conv_id)
     if offset > len(stream.data):
         raise InvalidRequestError(f"from={offset} is past the {len(stream.data)} bytes recorded", param="from")
@@ -285,7 +286,7 @@ async def read_stream(request: Request, conv_id: str, offset: int = Parameter(qu
 
 
 @delete("/v1/stream", status_code=200, summary="Forget a recorded stream (cancels its generation if running)")
-async def delete_stream(request: Request, conv_id: str) -> dict[str, Any]:
+async def delete_stream(request: Request, conv_id: FromQuery[str]) -> dict[str, Any]:
     stream = _find(request, conv_id)
     if not stream.done and stream.call is not None:
         stream.call.cancel()
@@ -295,7 +296,8 @@ async def delete_stream(request: Request, conv_id: str) -> dict[str, Any]:
 
 @post("/v1/chat/completions/control", status_code=200, opt=EXEMPT,
       summary="Stop, or end the reasoning of, exactly the addressed in-flight generation")
-async def control(data: ControlRequest, router: ModelRouter, request: Request) -> dict[str, Any]:
+async def control(data: JSONBody[ControlRequest], router: RouterDependency,
+                  request: Request) -> dict[str, Any]:
     if data.action not in CONTROL_ACTIONS:
         raise InvalidRequestError(f"action {data.action!r} is not supported (supported: "
                                   f"{', '.join(CONTROL_ACTIONS)})", param="action")

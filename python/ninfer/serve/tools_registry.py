@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from litestar import Request, get, post
 from litestar.exceptions import NotFoundException
+from litestar.params import JSONBody
 
 from ninfer.serve.router import GATE_EXEMPT
 
@@ -69,7 +70,7 @@ async def list_tools(request: Request) -> list[dict[str, Any]]:
 
 
 @post("/tools", status_code=200, opt={GATE_EXEMPT: True}, summary="Run a registered server tool")
-async def run_tool(data: ToolCallRequest, request: Request) -> dict[str, Any]:
+async def run_tool(data: JSONBody[ToolCallRequest], request: Request) -> dict[str, Any]:
     return await _registry(request).get(data.tool).run(data.params)
 
 
