@@ -70,6 +70,14 @@ def test_lazy_load_then_swap_frees_the_previous_engine(smollm2: Path) -> None:
         assert engine_of(server, "beta").info.max_context == 512  # the per-model preset
 
 
+def test_health_answers_before_any_model_loads_and_its_summary_says_so(smollm2: Path) -> None:
+    with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        assert client.get("/health").json() == {"status": "ok"}
+        assert statuses(client) == {"alpha": "unloaded", "beta": "unloaded"}
+        summary = client.get("/docs/openapi.json").json()["paths"]["/health"]["get"]["summary"]
+        assert "before any model loads" in summary, summary
+
+
 def test_ttl_unloads_an_idle_model(smollm2: Path) -> None:
     config = two_models(smollm2)
     config["models"]["beta"]["ttl"] = 1
@@ -233,6 +241,33 @@ def test_config_errors_name_the_key(config: dict, message: str) -> None:
         parse_config(config, defaults=EngineOptions(), source="cfg.json")
     assert message in str(info.value)
     assert str(info.value).startswith("cfg.json")
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), [
+    ("kv_dtype", "q3", 'one of "bf16", "fp8", "int8", "f32"'),
+    ("backend", "tpu", 'one of "auto", "cpu", "cuda"'),
+    ("cuda_gemm", "fast", 'one of "auto", "twin"'),
+    ("cuda_graphs", 1, "true or false"),
+    ("device_sampling", "no", "true or false"),
+    ("kv_capacity", "most", 'a number of tokens (an integer >= 1), "auto" or null'),
+    ("kv_capacity", 0, 'a number of tokens (an integer >= 1), "auto" or null'),
+    ("max_queue", True, "an integer >= 0"),
+    ("threads", 1.5, "an integer >= 0"),
+])
+def test_engine_keys_are_checked_at_startup(key: str, value, allowed: str) -> None:
+    # One line naming the file, the model, the key, the value and what is allowed: before any model is loaded.
+    with pytest.raises(RouterConfigError) as info:
+        parse_config({"models": {"qwen": {"path": "x", key: value}}}, defaults=EngineOptions(), source="cfg.json")
+    assert str(info.value) == f"cfg.json: models.qwen.{key} must be {allowed}, got {json.dumps(value)}"
+
+
+def test_every_engine_key_accepts_its_documented_values() -> None:
+    entry = {"path": "x", "backend": "cpu", "kv_dtype": "int8", "cuda_gemm": "twin", "cuda_graphs": False,
+             "device_sampling": False, "cuda_op_times": True, "kv_capacity": "auto", "max_context": 512,
+             "max_concurrency": 2, "max_queue": 0, "prefill_chunk": 128, "threads": 1}
+    (model,) = parse_config({"models": {"m": entry}}, defaults=EngineOptions()).models
+    assert {key: getattr(model.options, key) for key in entry if key != "path"} == {
+        key: value for key, value in entry.items() if key != "path"}
 
 
 def test_config_accepts_the_nix_module_shape(tmp_path: Path) -> None:
