@@ -207,6 +207,8 @@ def test_management_routes_shapes(smollm2: Path) -> None:
     with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         props = client.get("/props").json()
         assert props["role"] == "router"
+        page = client.get("/dashboard/")  # the page ships inside the package (tests/packaging/test_package_data.py)
+        assert page.status_code == 200 and "dashboard.js" in page.text
         assert client.get("/running").json() == {"running": []}
         assert chat(client, "alpha").status_code == 200
         model_props = client.get("/props", params={"model": "alpha"}).json()
