@@ -91,16 +91,23 @@ def test_ttl_unloads_an_idle_model(smollm2: Path) -> None:
 
 
 def test_global_ttl_does_not_unload_a_model_in_flight(smollm2: Path) -> None:
+    outlast_s = 2.5  # the 1 s TTL plus its 1 s ticker, with room: a router that unloads idle-by-clock models has by now
     with serve_router(two_models(smollm2, ttl=1)) as server, httpx.Client(base_url=server.url, timeout=120) as client:
         with client.stream("POST", "/v1/chat/completions", json={
                 "model": "alpha", "max_tokens": 160, "temperature": 0, "stream": True,
                 "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}]}) as stream:
             started = time.monotonic()
-            frames = [line for line in stream.iter_lines() if line.startswith("data: ")]
-            took = time.monotonic() - started
-        assert frames[-1] == "data: [DONE]", frames[-3:]
-        assert json.loads(frames[-2][6:])["choices"][0]["finish_reason"] in ("length", "stop")
-        assert took > 1.2, "the generation must outlast the TTL for this test to mean anything"
+            frames: list[str] = []
+            for line in stream.iter_lines():
+                frames += [line] if line.startswith("data: ") else []
+                if line == "data: [DONE]" or time.monotonic() - started > outlast_s:
+                    break
+            # An answer that ended already was either cut short by unloading alpha (finish_reason says so) or, on a
+            # machine fast enough to write it all within the TTL, too short for this test to mean anything.
+            assert frames and frames[-1] != "data: [DONE]", (
+                f"the answer ended after {time.monotonic() - started:.1f} s: {frames[-2:]}")
+            assert statuses(client)["alpha"] == "loaded"  # 2.5 s in, still streaming: still loaded
+        # Leaving the stream disconnects: the request ends, unpins alpha, and the TTL applies again.
         assert wait_until(lambda: statuses(client)["alpha"] == "unloaded")
 
 
