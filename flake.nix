@@ -111,8 +111,7 @@
         in
         {
           imports = [ ./nix/module.nix ];
-          # Under `config`: the stub NixOS of the tests reads nothing else from a module that has `imports`.
-          config.services.ninfer = {
+          services.ninfer = {
             package = lib.mkDefault flakePackages.default;
             webui.directory = lib.mkIf config.services.ninfer.webui.enable (lib.mkDefault flakePackages.webui);
           };
