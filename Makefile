@@ -37,8 +37,9 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "note: not root or no apt-get; tests needing$$missing will skip"; fi
 
-# The pinned llama-ui bundle (webui/pin.json: the llama-cpp-python sdist, sha256-checked, npm ci && npm run build),
-# built once per pin into the user cache where `ninfer-serve --webui` finds it; the browser tests use it.
+# The pinned llama-ui bundle (python/ninfer/serve/webui/pin.json: the llama-cpp-python sdist, sha256-checked,
+# npm ci && npm run build), built once per pin into the user cache where `ninfer-serve --webui` finds it; the
+# browser tests use it.
 webui: venv
 	$(PY) webui/build_llama_ui.py
 

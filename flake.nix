@@ -75,7 +75,7 @@
           ninfer = pkgs.ninfer;
           # No CUDA (and nothing unfree): for machines without an NVIDIA GPU.
           ninfer-cpu = pkgs.ninfer.override { cudaSupport = false; };
-          # The pinned llama-ui bundle (webui/pin.json), for `ninfer-serve --webui-dir`.
+          # The pinned llama-ui bundle (python/ninfer/serve/webui/pin.json), for `ninfer-serve --webui-dir`.
           webui = pkgs.callPackage ./nix/webui.nix { };
         }
       );
@@ -97,12 +97,24 @@
         }
       );
 
-      # services.ninfer; the package defaults to this flake's build (its own pinned nixpkgs and CUDA).
+      # services.ninfer; the package defaults to this flake's build (its own pinned nixpkgs and CUDA), and with
+      # webui.enable the web UI to this flake's pinned llama-ui (only then: building it needs nixpkgs).
       nixosModules.default =
-        { lib, pkgs, ... }:
+        {
+          config,
+          lib,
+          pkgs,
+          ...
+        }:
+        let
+          flakePackages = self.packages.${pkgs.stdenv.hostPlatform.system};
+        in
         {
           imports = [ ./nix/module.nix ];
-          services.ninfer.package = lib.mkDefault self.packages.${pkgs.stdenv.hostPlatform.system}.default;
+          services.ninfer = {
+            package = lib.mkDefault flakePackages.default;
+            webui.directory = lib.mkIf config.services.ninfer.webui.enable (lib.mkDefault flakePackages.webui);
+          };
         };
 
       # The unit for non-NixOS systems: `nix eval --raw .#lib.mkUnit --apply ...` (builtins only).
@@ -125,6 +137,7 @@
                   package = cpuPackage;
                   models.small.path = "/var/lib/models/small.ninfer";
                   apiKeyFile = "/etc/ninfer/api-keys";
+                  webui.enable = true; # the web UI defaults to this flake's `webui` package
                 };
               }
             ];

@@ -197,7 +197,10 @@ in
       directory = mkOption {
         type = types.nullOr types.path;
         default = null;
-        description = "Serve this web UI bundle instead of the built-in one (ninfer-serve --webui-dir).";
+        description = ''
+          The llama-ui bundle to serve at `/` (ninfer-serve --webui-dir); `webui.enable` needs it. The flake's
+          module defaults it to the flake's pinned `webui` package.
+        '';
       };
     };
 
@@ -236,6 +239,14 @@ in
         {
           assertion = cfg.apiKeyFile == null || !(lib.hasPrefix builtins.storeDir cfg.apiKeyFile);
           message = "services.ninfer: apiKeyFile is in the world-readable Nix store; keep secrets outside it.";
+        }
+        {
+          # ninfer-serve --webui alone looks for a bundle built by `make webui` in the service's cache, which a
+          # service never has: it would refuse to start.
+          assertion = !cfg.webui.enable || cfg.webui.directory != null;
+          message =
+            "services.ninfer: webui.enable needs webui.directory, a built llama-ui bundle (the flake's module "
+            + "defaults it to the flake's `webui` package; otherwise set it, e.g. to ninfer.packages.<system>.webui).";
         }
         {
           assertion = misusedFlags == [ ];

@@ -1,6 +1,7 @@
-# The pinned llama-ui bundle (llama.cpp's web UI), the same pin `make webui` builds: webui/pin.json names the
-# llama-cpp-python sdist and its sha256; the UI source is vendor/llama.cpp/tools/ui inside it, and its lockfile pins
-# every npm package by `resolved` URL and `integrity`, so importNpmLock fetches them without an npmDepsHash.
+# The pinned llama-ui bundle (llama.cpp's web UI), the same pin `make webui` builds: the package's
+# python/ninfer/serve/webui/pin.json names the llama-cpp-python sdist and its sha256; the UI source is
+# vendor/llama.cpp/tools/ui inside it, and its lockfile pins every npm package by `resolved` URL and `integrity`,
+# so importNpmLock fetches them without an npmDepsHash.
 # `ninfer-serve --webui-dir ${webui}` serves it (the NixOS module can pass that flag through extraFlags).
 #
 # Note: importNpmLock reads the lockfile of the unpacked sdist, an import-from-derivation; it cannot be built or
@@ -14,7 +15,7 @@
   nodejs,
 }:
 let
-  pin = builtins.fromJSON (builtins.readFile ../webui/pin.json);
+  pin = builtins.fromJSON (builtins.readFile ../python/ninfer/serve/webui/pin.json);
 
   sdist = fetchPypi {
     pname = "llama_cpp_python";

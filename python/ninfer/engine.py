@@ -35,6 +35,12 @@ from ninfer.frontend.chat import ChatTemplate, RenderedPrompt
 _PUMP_WAIT_S = 0.05
 _KV_CAPACITY_AUTO = -1  # the C++ engine's kKvCapacityAuto
 
+# The values the C++ engine accepts for EngineOptions' string fields (configs and CLIs check against these at start).
+BACKENDS = ("auto", "cpu", "cuda")
+KV_DTYPES = ("bf16", "fp8", "int8", "f32")
+CUDA_GEMMS = ("auto", "twin")
+OPTION_CHOICES: Mapping[str, tuple[str, ...]] = {"backend": BACKENDS, "kv_dtype": KV_DTYPES, "cuda_gemm": CUDA_GEMMS}
+
 
 @dataclass(frozen=True)
 class EngineOptions:
@@ -223,8 +229,8 @@ class TextStream:
 
 
 def _native_options(options: EngineOptions) -> _engine.EngineOptions:
-    if options.backend not in ("auto", "cpu", "cuda"):
-        raise errors.EngineError(f"unknown backend {options.backend!r} (use auto, cpu or cuda)")
+    if options.backend not in BACKENDS:
+        raise errors.EngineError(f"unknown backend {options.backend!r} (use {', '.join(BACKENDS)})")
     native = _engine.EngineOptions()
     native.backend = options.backend
     native.cuda_graphs = options.cuda_graphs

@@ -183,6 +183,7 @@ def test_module_settings_can_be_overridden_with_mkforce():
         ('group = "gpu";', "`group` needs `user`"),
         ('apiKeyFile = "/nix/store/abc-keys";', "keep secrets outside it"),
         ('extraFlags = [ "--port=9" "--api-key-file" "/k" ];', "--port=9, --api-key-file; use the module's options"),
+        ("webui.enable = true;", "webui.enable needs webui.directory, a built llama-ui bundle"),
     ],
 )
 def test_module_assertions_reject_contradictions(body, message):

@@ -18,6 +18,7 @@ import live_servers
 import openai
 import pytest
 from ninfer.cli.serve import _router_config, build_parser, main
+from ninfer.errors import NinferError
 
 STARTUP_TIMEOUT_S = 120.0
 KEYS = ("first-key", "sk-second-2f9a")
@@ -50,7 +51,8 @@ def test_refused_options_are_one_line_errors(args, message, capsys):
 
 
 @pytest.mark.parametrize(
-    "args", [["--draft-tokens", "0"], ["--reserve-gib", "-1"], ["--port", "x"], ["--kv-dtype", "q3"]]
+    "args", [["--draft-tokens", "0"], ["--reserve-gib", "-1"], ["--port", "x"], ["--kv-dtype", "q3"],
+             ["--kv-capacity", "most"], ["--kv-capacity", "0"]]
 )
 def test_invalid_values_are_one_line_usage_errors(args, capsys):
     with pytest.raises(SystemExit) as info:
@@ -80,6 +82,20 @@ def test_preserve_thinking_is_the_default_of_config_models(tmp_path: Path, flag,
     config_file = _config_of_two(tmp_path, {"preserve_thinking": False})
     config = _router_config(build_parser().parse_args(["--config", str(config_file), *flag]))
     assert [m.preserve_thinking for m in config.models] == [expected_a, expected_b]  # a model's own setting wins
+
+
+def test_kv_capacity_auto_is_the_default_of_config_models(tmp_path: Path):
+    config_file = _config_of_two(tmp_path, {"kv_capacity": 8192})
+    config = _router_config(build_parser().parse_args(["--config", str(config_file), "--kv-capacity", "auto"]))
+    assert [m.options.kv_capacity for m in config.models] == ["auto", 8192]
+
+
+def test_a_wrong_engine_key_in_the_config_is_refused_before_serving(tmp_path: Path):
+    # (main() turns this NinferError into its one-line error; calling it would serve forever where the check fails)
+    config_file = _config_of_two(tmp_path, {"kv_dtype": "q3"})
+    with pytest.raises(NinferError) as info:
+        _router_config(build_parser().parse_args(["--config", str(config_file)]))
+    assert str(info.value) == f'{config_file}: models.b.kv_dtype must be one of "bf16", "fp8", "int8", "f32", got "q3"'
 
 
 def _free_port() -> int:

@@ -328,10 +328,11 @@ let
       let
         loaded = if isPath m || isString m then import m else m;
         called = if isFunction loaded then loaded args else loaded;
-        structured = called ? options || called ? config || called ? imports;
+        # As in NixOS: a module without `options` or `config` is all config, besides its imports.
+        structured = called ? options || called ? config;
         this = {
           options = called.options or { };
-          config = if structured then called.config or { } else removeAttrs called [ "meta" "_file" ];
+          config = if structured then called.config or { } else removeAttrs called [ "meta" "_file" "imports" ];
         };
       in
       [ this ] ++ collectModules args (called.imports or [ ])

@@ -11,10 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from ninfer.cli.main import CliError
-from ninfer.engine import Engine, EngineOptions, GenerationEvent, Request, SamplingParams, TextStream
+from ninfer.engine import (
+    KV_DTYPES,
+    Engine,
+    EngineOptions,
+    GenerationEvent,
+    Request,
+    SamplingParams,
+    TextStream,
+)
 from ninfer.frontend.reasoning import ReasoningParser
-
-KV_DTYPES = ("bf16", "fp8", "int8", "f32")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -50,6 +50,14 @@ def _positive(name: str, minimum: int = 1):
     return parse
 
 
+def _kv_capacity(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--kv-capacity must be a number of tokens (>= 1) or auto, got {text!r}")
+    return int(text)
+
+
 def _non_negative_float(name: str):
     def parse(text: str) -> float:
         try:
@@ -87,9 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument(
         "--kv-capacity",
-        type=_positive("--kv-capacity"),
-        metavar="TOKENS",
-        help="tokens in the KV pool (default max-context x max-concurrency)",
+        type=_kv_capacity,
+        metavar="TOKENS|auto",
+        help="tokens in the KV pool (default max-context x max-concurrency); auto: the most that fits in GPU "
+        "memory after the weights, with 1 GiB to spare (on the CPU backend, the default)",
     )
     engine.add_argument(
         "--max-concurrency",
@@ -163,7 +172,7 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--max-concurrency must be in 1..8, got {args.max_concurrency}")
     if args.prefill_chunk % 64:
         raise CliError(f"--prefill-chunk must be a multiple of 64, got {args.prefill_chunk}")
-    if args.kv_capacity is not None and args.kv_capacity < args.max_context:
+    if isinstance(args.kv_capacity, int) and args.kv_capacity < args.max_context:
         raise CliError(
             f"--kv-capacity ({args.kv_capacity}) must hold at least one full context "
             f"(--max-context {args.max_context})"

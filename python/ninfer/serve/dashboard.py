@@ -1,6 +1,7 @@
-"""ninfer's `/dashboard`: a static page (webui/dashboard/) over one JSON route, `GET /dashboard/state`, which it polls
-once a second: per-model state, the resident engine's slots, queue, KV and memory, the stream registry, recent
-errors. Tokens/s is computed by the page from successive `tokens_generated` readings.
+"""ninfer's `/dashboard`: a static page (webui/dashboard/ inside this package, so installs serve it too) over one
+JSON route, `GET /dashboard/state`, which it polls once a second: per-model state, the resident engine's slots,
+queue, KV and memory, the stream registry, recent errors. Tokens/s is computed by the page from successive
+`tokens_generated` readings.
 """
 
 from __future__ import annotations

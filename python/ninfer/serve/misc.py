@@ -25,7 +25,8 @@ from ninfer.serve.state import ServedModel
 PUBLIC = {"public": True}
 
 
-@get(["/health", "/v1/health"], opt=PUBLIC, summary="Liveness: 200 once the model is loaded")
+@get(["/health", "/v1/health"], opt=PUBLIC, summary="Liveness: 200 as soon as the server is up, before any model "
+     "loads (models load on their first request; /v1/models says which are loaded)")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
 

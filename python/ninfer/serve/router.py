@@ -37,7 +37,7 @@ from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException
 
-from ninfer.engine import Engine, EngineOptions, EngineStats, GenerationEvent, Request
+from ninfer.engine import OPTION_CHOICES, Engine, EngineOptions, EngineStats, GenerationEvent, Request
 from ninfer.errors import NinferError
 from ninfer.serve.metrics import ServerMetrics
 from ninfer.serve.reasoning_control import ReasoningControl
@@ -111,28 +111,42 @@ def _ttl(value: Any, where: str) -> float | None:
     return None if value == -1 else float(_number(value, where))
 
 
+def _engine_value(key: str, value: Any, default: Any, where: str) -> Any:
+    """One engine key of a model entry, checked as EngineOptions' field `key` needs it (the engine itself would only
+    refuse it at the model's first load)."""
+    def refuse(allowed: str) -> RouterConfigError:
+        return RouterConfigError(f"{where}.{key} must be {allowed}, got {json.dumps(value)}")
+
+    if key == "kv_capacity":
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise refuse('a number of tokens (an integer >= 1), "auto" or null')
+        return value
+    if key in OPTION_CHOICES:
+        if value not in OPTION_CHOICES[key]:
+            raise refuse("one of " + ", ".join(json.dumps(c) for c in OPTION_CHOICES[key]))
+        return value
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise refuse("true or false")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise refuse("an integer >= 0")
+    return value
+
+
 def _engine_options(entry: Mapping[str, Any], defaults: EngineOptions, where: str) -> EngineOptions:
-    chosen: dict[str, Any] = {}
-    for key in ENGINE_KEYS & entry.keys():
-        value = entry[key]
-        default = getattr(defaults, key)
-        if key == "kv_capacity":
-            chosen[key] = None if value is None else _number(value, f"{where}.{key}", minimum=1, integer=True)
-        elif isinstance(default, str):
-            if not isinstance(value, str):
-                raise RouterConfigError(f"{where}.{key} must be a string, got {value!r}")
-            chosen[key] = value
-        else:
-            chosen[key] = _number(value, f"{where}.{key}", minimum=0, integer=True)
-    options = replace(defaults, **chosen)
+    options = replace(defaults, **{key: _engine_value(key, entry[key], getattr(defaults, key), where)
+                                   for key in ENGINE_KEYS & entry.keys()})
     if not 1 <= options.max_concurrency <= 8:
         raise RouterConfigError(f"{where}.max_concurrency must be in 1..8, got {options.max_concurrency}")
     if options.max_context < 1:
         raise RouterConfigError(f"{where}.max_context must be >= 1, got {options.max_context}")
-    if options.prefill_chunk < 0 or options.prefill_chunk % 64:
+    if options.prefill_chunk % 64:
         raise RouterConfigError(f"{where}.prefill_chunk must be a positive multiple of 64 or 0 (auto), "
                                 f"got {options.prefill_chunk}")
-    if options.kv_capacity is not None and options.kv_capacity < options.max_context:
+    if isinstance(options.kv_capacity, int) and options.kv_capacity < options.max_context:
         raise RouterConfigError(f"{where}.kv_capacity ({options.kv_capacity}) must hold one full context "
                                 f"(max_context {options.max_context})")
     return options

@@ -1,5 +1,8 @@
-"""Where the pinned llama-ui bundle lives: `make webui` (webui/build_llama_ui.py) installs it, `ninfer-serve --webui`
-serves it. One folder per pin, so a new pin never serves a stale bundle:
+"""The web UI's files. Two live inside the package (python/ninfer/serve/webui/, shipped in the wheel and the Nix
+package with the Python code): ninfer's own `/dashboard` page, and `pin.json`, the pinned llama-ui release.
+
+The llama-ui bundle itself is built, not shipped: `make webui` (webui/build_llama_ui.py) builds the pin into one
+folder per pin, so a new pin never serves a stale bundle, and `ninfer-serve --webui` serves it from there:
 
     $NINFER_WEBUI_DIR, else ${XDG_CACHE_HOME:-~/.cache}/ninfer/webui/llama-ui-<version>-<sha256[:12]>
 """
@@ -9,23 +12,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from ninfer.errors import NinferError
 
-
-def _read_pin() -> dict[str, Any]:
-    # webui/pin.json in a checkout (editable install); the copy inside the package otherwise.
-    for candidate in (Path(__file__).resolve().parents[3] / "webui" / "pin.json",
-                      Path(__file__).with_name("webui_pin.json")):
-        if candidate.is_file():
-            return json.loads(candidate.read_text(encoding="utf-8"))
-    return {"version": "unknown", "sha256": "unknown"}
-
-
-PIN = _read_pin()
-
-DASHBOARD_DIR = Path(__file__).resolve().parents[3] / "webui" / "dashboard"
+PACKAGE_WEBUI_DIR = Path(__file__).resolve().with_name("webui")
+DASHBOARD_DIR = PACKAGE_WEBUI_DIR / "dashboard"
+PIN = json.loads((PACKAGE_WEBUI_DIR / "pin.json").read_text(encoding="utf-8"))
 
 
 def bundle_dir() -> Path:
@@ -40,6 +32,7 @@ def installed_bundle() -> Path:
     """The built bundle, or a NinferError that says how to build it."""
     folder = bundle_dir()
     if not (folder / "index.html").is_file():
-        raise NinferError(f"--webui: the built-in web UI is not bundled yet: no llama-ui bundle at {folder}; "
-                          "run `make webui` (or give --webui-dir DIR)")
+        raise NinferError(f"--webui: the llama-ui {PIN['version']} bundle is not built: no index.html in {folder}; "
+                          "build it with `make webui` in a ninfer checkout, or give --webui-dir DIR (a built "
+                          "bundle, such as the Nix flake's `webui` package)")
     return folder
