@@ -94,14 +94,6 @@ __global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const 
 
 // --- weights: registers straight into operand pairs ---
 
-__device__ __forceinline__ uint4 load_streaming(const uint8_t* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t word_of(const uint4* v, int i) {
   const uint4& u = v[i / 4];
   const int k = i % 4;
@@ -219,7 +211,7 @@ __device__ __forceinline__ void load_stage(const MmaArgs& a, const WeightSlice& 
   for (int h = 0; h < 2; ++h) {
     const uint8_t* p = w.q + (row[h] * a.k + col0) * tc::code_bits<E>() / 8;
 #pragma unroll
-    for (int v = 0; v < kVectors; ++v) s.w[h][v] = load_streaming(p + 16 * v);
+    for (int v = 0; v < kVectors; ++v) s.w[h][v] = tc::load_streaming(p + 16 * v);
     if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
       const int64_t group = row[h] * (a.k / kTileCols) + tile;  // one group per tile (group_size == 128)
       s.extra[h].scale = __half2float(reinterpret_cast<const __half*>(w.scale)[group]);
@@ -460,7 +452,7 @@ template <Encoding E>
 __device__ __forceinline__ void load_chunk(const ChunkStream<E>& s, int r, Chunk<E>& c) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    c.w[h] = load_streaming(s.w[h] + r * kCodeStride);
+    c.w[h] = tc::load_streaming(s.w[h] + r * kCodeStride);
     if constexpr (ChunkStream<E>::kScales)
       c.scale[h] = __ldg(reinterpret_cast<const uint16_t*>(s.scale[h] + r * scale_stride<E>()));
     if constexpr (ChunkStream<E>::kZeros) c.zero[h] = __ldg(s.zero[h] + r * zero_stride<E>());
