@@ -86,7 +86,7 @@ def weights(tmp_path_factory):
         tensors[f"experts_gate-{enc}"] = encoded(r.standard_normal((6, 96, 64)).astype(np.float32), enc, group)
         tensors[f"experts_up-{enc}"] = encoded(r.standard_normal((6, 96, 64)).astype(np.float32), enc, group)
         tensors[f"experts_down-{enc}"] = encoded(r.standard_normal((6, 64, 96)).astype(np.float32), enc, group)
-    for e, g, o, c in SHARED_INPUT_CASES:
+    for e, g, o, c in SHARED_INPUT_CASES + SHARED_SPLIT_CASES:
         tensors[f"shared/{e}-{o}x{c}"] = encoded(r.standard_normal((o, c)).astype(np.float32), e, g)
     path = write_artifact(tmp_path_factory.mktemp("cuda-backend") / "w.ninfer", tensors)
     art = _engine.Artifact.open(path)
@@ -98,18 +98,25 @@ def weights(tmp_path_factory):
 # bf16 (their own splits), int8 g32 (the CUDA-core GEMV).
 SHARED_INPUT_CASES = [("int4", 128, 33, 1024), ("int4", 128, 17, 1024), ("nvfp4", None, 9, 1024),
                       ("fp8_e4m3", None, 24, 1024), ("bf16", None, 5, 1024), ("int8", 32, 11, 1024)]
+# Long rows and few m-tiles: the decode GEMV splits each weight's columns over blocks (split-K), so one launch holds
+# several weights' partial sums and arrival counters side by side; five int4 weights take two launches (at most 4
+# weights each) that reuse the counters the first one reset; two bf16 weights split further.
+SHARED_SPLIT_CASES = [("int4", 128, 33, 8192), ("int4", 128, 17, 8192), ("int4", 128, 1, 8192),
+                      ("int4", 128, 48, 8192), ("int4", 128, 9, 8192), ("bf16", None, 21, 8192),
+                      ("bf16", None, 16, 8192)]
 
 
-def test_linear_shared_input_equals_separate_linears(ops, weights):
+@pytest.mark.parametrize("cases", [SHARED_INPUT_CASES, SHARED_SPLIT_CASES], ids=["mixed", "split-k"])
+def test_linear_shared_input_equals_separate_linears(ops, weights, cases):
     """One call for several weights gives each weight's linear() exactly: fused decode launches change no sum's
     order, and the prefill GEMM (rows > 8) converts x once per form (bf16; e4m3 with row scales) for all weights
     that take it, switching form between the weights of this list more than once."""
     cuda, cpu = ops
     for rows in (1, 3, 8, 12, 130):
-        x = f32(rows, 1024)
-        names = [f"shared/{e}-{o}x{c}" for e, _, o, c in SHARED_INPUT_CASES]
+        x = f32(rows, cases[0][3])
+        names = [f"shared/{e}-{o}x{c}" for e, _, o, c in cases]
         together = cuda.linear_shared_input(x, weights, names)
-        for (enc, _, out, cols), name, got in zip(SHARED_INPUT_CASES, names, together, strict=True):
+        for (enc, _, out, cols), name, got in zip(cases, names, together, strict=True):
             np.testing.assert_array_equal(got, cuda.linear(x, weights, name, None), err_msg=f"{name} rows={rows}")
             if rows > 8:
                 continue  # the prefill GEMM: its own bounds are tested in test_cuda_gemm.py

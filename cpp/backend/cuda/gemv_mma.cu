@@ -314,13 +314,17 @@ __device__ __forceinline__ void finish_block(const MmaArgs& a, const WeightSlice
     float* mine = a.partials + (w.first_partial + local) * 128 + lane * 4;
 #pragma unroll
     for (int i = 0; i < kValues; ++i) mine[i] = total[i];
+    // Lanes of a warp are not guaranteed to run in step, so warp barriers order the lanes: every lane's partials
+    // are fenced before lane 0's atomic arrives, and the last block's lanes read after lane 0's atomic and fence.
     __threadfence();
+    __syncwarp();
     unsigned ticket = 0;
     unsigned* counter = a.counters + w.first_counter + m_tile;
     if (lane == 0) ticket = atomicAdd(counter, 1u);
     ticket = __shfl_sync(0xffffffffu, ticket, 0);
     if (ticket != unsigned(w.splits - 1)) return;  // not the last block of this m-tile
     __threadfence();
+    __syncwarp();
     const float* all = a.partials + (w.first_partial + m_tile * w.splits) * 128 + lane * 4;
 #pragma unroll
     for (int i = 0; i < kValues; ++i) total[i] = __ldcg(all + i);
