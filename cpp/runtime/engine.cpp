@@ -515,8 +515,20 @@ void Engine::step() {
     }
   };
   run_unlocked([&] {
-    if (device_) device_->begin_pass(decode_batch(plan));
-    model_->forward(items, out);
+    if (!device_) {
+      model_->forward(items, out);
+      return;
+    }
+    device_->begin_pass(decode_batch(plan));
+    try {
+      model_->forward(items, out);
+    } catch (...) {
+      // Leave the broken pass now, not at the next one: a decode graph's capture left open on the stream would
+      // swallow the device work queued in between (admitting a lane zeroes its state slot there: the lane would
+      // start from another sequence's recurrent state).
+      device_->begin_pass(0);
+      throw;
+    }
     if (out.device_logits) device_->launch_pass();  // it runs while the caller computes masks
   });
   std::unique_lock lock(mu_);

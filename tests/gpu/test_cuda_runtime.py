@@ -137,14 +137,15 @@ BOUNDARY_BUDGETS = [70, 40, 75, 30, 20]
 
 @pytest.mark.usefixtures("f32_prefill_gemm")
 @pytest.mark.parametrize(("kind", "kv_dtype"), [("qwen3_5", "f32"), ("qwen3_5", "bf16"), ("qwen3_5", "fp8"),
-                                                ("qwen3_5_moe", "bf16")])
+                                                ("qwen3_5", "int8"), ("qwen3_5_moe", "bf16")])
 def test_graph_replays_across_pages_and_batch_changes_equal_eager(tiny_artifacts, kind, kv_dtype):
     """Decode graphs captured once per batch size and replayed with new step tables: lanes joining and leaving
     (batch 3 -> 2 -> 3 -> ...), contexts growing across page boundaries. Every lane's tokens are the eager run's;
     logprobs agree to 1e-4 (a lane admitted one step earlier or later in one of the runs meets other batch sizes,
     whose GEMV rounds the same row differently; test_graph_replay_equals_eager_and_cpu checks bit equality at a
-    fixed batch). bf16 / fp8 KV take the split-KV decode kernel, whose split count no longer follows the context;
-    the MoE model has ops the replay does not skip (they land in a discarded capture)."""
+    fixed batch). bf16 / fp8 / int8 KV take the split-KV decode kernel, whose split count no longer follows the
+    context (int8 and fp8 also read per-row scales from the pages the replay's page table names); the MoE model
+    routes on the device inside the graph (its grouped matmul's buckets come from this step's router logits)."""
     path = tiny_artifacts[kind]
     results, counts = {}, {}
     for name, graphs in (("graphs", True), ("eager", False)):
@@ -162,6 +163,31 @@ def test_graph_replays_across_pages_and_batch_changes_equal_eager(tiny_artifacts
     assert e["graph_replays"] == 0 and e["graph_captures"] == 0, e
     # ~95 decode passes: most are replays; captures happen once per batch size (again only after a buffer grew).
     assert g["graph_replays"] >= 50 and g["graph_captures"] <= g["graph_replays"] / 4, g
+
+
+@pytest.mark.usefixtures("f32_prefill_gemm")
+def test_op_timing_leaves_graph_replays_as_they_are(tiny_artifacts):
+    """With the op-timing backend (cuda_op_times), ops of captured and replayed passes record no events (those
+    passes are timed as a whole; an event left in a capture would fail the next collection): the same tokens and
+    logprobs as the untimed engine (to 1e-4: lanes may join a step apart, see the test above), graphs replayed,
+    and the eager passes' ops timed."""
+    path = tiny_artifacts["qwen3_5"]
+    results, plans = {}, {}
+    for timed in (False, True):
+        with Engine.open_sync(path, _options(kv_dtype="bf16", cuda_op_times=timed)) as engine:
+            vocab = engine.info.vocab_size
+            prompts = [np.random.default_rng(n).integers(0, vocab, n).tolist() for n in BOUNDARY_PROMPTS]
+            results[timed] = _run_staggered(engine, prompts, [b // 2 for b in BOUNDARY_BUDGETS])
+            plans[timed] = engine.memory_plan()
+    for (t_tokens, t_lp), (u_tokens, u_lp) in zip(results[True], results[False], strict=True):
+        assert t_tokens == u_tokens
+        np.testing.assert_allclose(t_lp, u_lp, atol=1e-4)
+    timed, untimed = plans[True], plans[False]
+    assert timed["graph_replays"] >= 20 and timed["graph_captures"] >= 1, timed
+    assert untimed["op_times"] == {}
+    ops = timed["op_times"]
+    for op in ("embed", "attention", "gdn_rule", "linear_gemv"):  # linear_gemv: decode warm-ups, short chunks
+        assert ops[op]["calls"] > 0 and ops[op]["device_us"] > 0, (op, ops)
 
 
 @pytest.mark.usefixtures("f32_prefill_gemm")

@@ -67,7 +67,10 @@ void DecodeGraphs::install(cudaStream_t stream, Batch& b, cudaGraph_t graph) {
   }
   NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
   const int64_t before = free_device_bytes();
-  NINFER_CUDA_CHECK(cudaGraphInstantiate(&b.exec, graph, 0));
+  // Through a local: a failed instantiation leaves b.exec null, not undefined (the next capture would update it).
+  cudaGraphExec_t exec = nullptr;
+  NINFER_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  b.exec = exec;
   NINFER_CUDA_CHECK(cudaGraphUpload(b.exec, stream));
   NINFER_CUDA_CHECK(cudaStreamSynchronize(stream));
   bytes_ += before - free_device_bytes();
