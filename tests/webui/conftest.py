@@ -12,7 +12,6 @@ from live_servers import artifact_for, serve_router
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs"
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +25,9 @@ def llama_ui_bundle() -> Path:
         pytest.skip(f"{exc}")
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an event loop running in the main thread while it is open, and any
+# later test calling asyncio.run() would fail (whatever order the tests run in).
+@pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
         pytest.skip("Debian's chromium is not installed (make system-deps installs it)")

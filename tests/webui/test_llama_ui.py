@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
-from conftest import SCREENSHOTS
 
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs"
 # Bounds, not delays (every wait ends as soon as its condition holds): an answer, with a model load or swap before it,
 # in a browser on a loaded 2-core machine; and what takes a second or two when idle (the dashboard polls once a second,
 # a stopped generation frees its lane at once).
