@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -50,12 +51,20 @@ def choose_model(page, name: str) -> None:
     page.get_by_text(name, exact=True).last.click()
 
 
-def wait_for_statuses(server, expected: dict[str, str], timeout_s: float = 60) -> None:
+def wait_until(condition: Callable[[], bool], failure: Callable[[], str], timeout_s: float = SETTLE_MS / 1000,
+               pause: Callable[[], None] = lambda: time.sleep(0.1)) -> None:
+    """Returns once condition() holds; fails with failure() if it still does not after timeout_s."""
     deadline = time.monotonic() + timeout_s
-    while (seen := statuses(server)) != expected:
+    while not condition():
         if time.monotonic() > deadline:
-            pytest.fail(f"model statuses stayed {seen}, expected {expected}")
-        time.sleep(0.5)
+            pytest.fail(failure())
+        pause()
+
+
+def wait_for_statuses(server, expected: dict[str, str], timeout_s: float = 60) -> None:
+    wait_until(lambda: statuses(server) == expected,
+               lambda: f"model statuses stayed {statuses(server)}, expected {expected}", timeout_s,
+               lambda: time.sleep(0.5))
 
 
 def send(page, text: str) -> None:
@@ -117,13 +126,9 @@ def test_stop_a_generation(page, ui_server) -> None:
     stop.click()
     stop.wait_for(state="hidden", timeout=SETTLE_MS)
     stopped_at = assistant_text(page)
-    deadline = time.monotonic() + SETTLE_MS / 1000
-    while time.monotonic() < deadline:  # the server freed the lane: nothing is processing any more
-        if not any(s["is_processing"] for s in httpx.get(ui_server.url + "/slots?model=alpha").json()):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the stopped generation still holds its lane")
+    # The server freed the lane: nothing is processing any more.
+    wait_until(lambda: not any(s["is_processing"] for s in httpx.get(ui_server.url + "/slots?model=alpha").json()),
+               lambda: "the stopped generation still holds its lane")
     # The generation was cut short: run to its end, it makes the answer's full max_tokens (a greedy "very long
     # story" does not end sooner). A count, not a time: however late the stop lands on a loaded machine, it holds.
     generated = engine_tokens_generated(ui_server) - tokens_before
@@ -131,11 +136,8 @@ def test_stop_a_generation(page, ui_server) -> None:
     # llama-ui saves the partial answer before it aborts its request, so chunks received meanwhile still render after
     # the Stop button hid. Once the request has ended no chunk can arrive; the text then settles, extending what was
     # shown.
-    deadline = time.monotonic() + SETTLE_MS / 1000
-    while not ended:
-        if time.monotonic() > deadline:
-            pytest.fail("the stopped chat request never ended")
-        page.wait_for_timeout(100)
+    wait_until(lambda: bool(ended), lambda: "the stopped chat request never ended",
+               pause=lambda: page.wait_for_timeout(100))
     settled = settled_text(page)
     assert settled.startswith(stopped_at)
     page.wait_for_timeout(1000)
@@ -239,8 +241,6 @@ def test_skip_reasoning_ends_it_and_the_answer_follows(browser, thinking_server)
     first_answer = kinds.index("content")
     assert all(k == "content" for k in kinds[first_answer:]), "reasoning after the answer started"
     page.get_by_role("button", name="Stop generation").click()
-    deadline = time.monotonic() + SETTLE_MS / 1000
-    while any(s["is_processing"] for s in client.get("/slots").json()):
-        assert time.monotonic() < deadline, "the stopped generation still holds its lane"
-        time.sleep(0.1)
+    wait_until(lambda: not any(s["is_processing"] for s in client.get("/slots").json()),
+               lambda: "the stopped generation still holds its lane")
     context.close()
