@@ -1,6 +1,7 @@
 #include "backend/cuda/decode_graphs.h"
 
 #include <string>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "errors.h"
@@ -40,10 +41,11 @@ DecodeGraphs::~DecodeGraphs() {
 DecodeGraphs::Mode DecodeGraphs::begin(cudaStream_t stream, int32_t batch, uint64_t epoch) {
   mode_ = Mode::eager;
   batch_ = 0;
+  warming_ = 0;
   if (!enabled || batch <= 0 || size_t(batch) >= batches_.size()) return mode_;
   Batch& b = batches_[size_t(batch)];
   if (!b.warm) {
-    b.warm = true;
+    warming_ = batch;  // warm once this pass reaches launch(); one that throws leaves the batch cold
     return mode_;
   }
   batch_ = batch;
@@ -77,7 +79,10 @@ void DecodeGraphs::install(cudaStream_t stream, Batch& b, cudaGraph_t graph) {
 }
 
 void DecodeGraphs::launch(cudaStream_t stream, const StepTables& tables, uint64_t epoch) {
-  if (mode_ == Mode::eager) return;
+  if (mode_ == Mode::eager) {
+    if (warming_) batches_[size_t(std::exchange(warming_, 0))].warm = true;
+    return;
+  }
   Batch& b = batches_[size_t(batch_)];
   const Mode mode = mode_;
   mode_ = Mode::eager;  // the pass is over whatever happens below
@@ -138,6 +143,7 @@ void DecodeGraphs::abandon(cudaStream_t stream) {
   cudaGetLastError();
   if (mode_ == Mode::capture) batches_[size_t(batch_)].replayable = false;
   mode_ = Mode::eager;
+  warming_ = 0;
 }
 
 int32_t DecodeGraphs::captured() const {

@@ -12,6 +12,10 @@
 //     no kernel is launched. Then one copy of the tables and one graph launch.
 // A replay checks that it wrote the captured layout of tables and that no buffer moved; either failing is a bug
 // and throws rather than launch a graph on the wrong addresses.
+// The allocation epoch is process-wide and the backend's stream is a blocking one: a second CUDA engine that
+// allocates, frees or copies through the legacy stream while this one replays makes that check throw, or breaks
+// a capture. The router keeps one engine resident at a time; two CUDA engines decoding at once in one process
+// would need a per-backend epoch and a non-blocking stream with stream-ordered uploads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -60,7 +64,7 @@ class DecodeGraphs {
  private:
   struct Batch {
     cudaGraphExec_t exec = nullptr;
-    bool warm = false;              // ran eagerly once
+    bool warm = false;              // ran eagerly once, to its end
     bool replayable = false;        // exec matches the buffers of `epoch` and the tables of `layout`
     uint64_t epoch = 0;
     std::vector<uint32_t> layout;   // the step-table slot sizes the capture wrote
@@ -73,6 +77,7 @@ class DecodeGraphs {
   std::vector<Batch> batches_;
   Mode mode_ = Mode::eager;
   int32_t batch_ = 0;
+  int32_t warming_ = 0;  // the batch whose warm-up pass is running (0: none)
   uint64_t epoch_at_begin_ = 0;
   int64_t bytes_ = 0;
   GraphPassTimings timings_;
