@@ -5,8 +5,9 @@
 Steps, each checked: `pip download` the exact sdist named in python/ninfer/serve/webui/pin.json (`--no-binary :all:
 --no-deps`), verify its size and sha256, extract only the UI folder, check that its lockfile pins every package by
 `resolved` URL and `integrity` hash (what Nix's importNpmLock needs; the count goes into the bundle as
-LOCKFILE_RECORD), `npm ci && npm run build` there, and copy `dist/` to DEST (default: the user cache, see ninfer.serve.webui_bundle). A bundle
-already installed for this pin is kept: the build runs once per pin.
+LOCKFILE_RECORD), `npm ci && npm run build` there, and copy `dist/` to DEST (default: the user cache, see
+ninfer.serve.webui_bundle). A bundle already installed for this pin, with its LOCKFILE_RECORD, is kept: the build
+runs once per pin.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_servers import serve_router, two_models
+from live_servers import SETTLE_S, serve_router, two_models, wait_until
 from ninfer.engine import EngineOptions
 from ninfer.serve.router import RouterConfigError, TrackedEngine, parse_config
 
@@ -32,20 +32,6 @@ def engine_of(server, name: str):
     served = next(e.served for e in server.router.entries if e.name == name)
     assert isinstance(served.engine, TrackedEngine)
     return served.engine.wrapped
-
-
-# Bounds for things that happen within a second or two on an idle machine; generous because the suite also runs on a
-# loaded 2-core machine. Each is a bound, not a delay: the waits end as soon as the condition holds.
-SETTLE_S = 30.0
-
-
-def wait_until(predicate, seconds: float = SETTLE_S) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_lazy_load_then_swap_frees_the_previous_engine(smollm2: Path) -> None:
