@@ -207,6 +207,10 @@ def test_management_routes_shapes(smollm2: Path) -> None:
         model_props = client.get("/props", params={"model": "alpha"}).json()
         assert model_props["role"] == "model" and model_props["default_generation_settings"]["n_ctx"] == 1024
         assert model_props["total_slots"] == 2
+        # the loaded model's own template (llama-ui looks into it, e.g. for thinking support)
+        alpha = engine_of(server, "alpha")
+        template = model_props["chat_template"]
+        assert template == alpha.frontend.chat_template.source and "{%" in template
         slots = client.get("/slots", params={"model": "alpha"}).json()
         assert [s["id"] for s in slots] == [0, 1] and not any(s["is_processing"] for s in slots)
         running = client.get("/running").json()["running"]
