@@ -77,11 +77,14 @@ def test_flake_check_fails_when_the_unit_is_wrong(flake):
         flake_check_against_stub(flake)
 
 
-def test_flake_apps_run_the_server_entry_point_that_pyproject_declares():
-    # `nix run` starts `ninfer-serve`; the package's meta.mainProgram and the apps output name it.
+def test_flake_apps_run_the_server_entry_point_that_pyproject_declares(flake):
+    # `nix run` starts `ninfer-serve`: the apps output names the package's bin/ninfer-serve, which pyproject declares.
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts.get("ninfer") == "ninfer.cli.main:main"
     assert scripts.get("ninfer-serve") == "ninfer.cli.serve:main"
+    app = json.loads(nix(["eval", "--json", "--no-write-lock-file", "--override-input", "nixpkgs",
+                          f"path:{STUB_NIXPKGS}", "path:.#apps.x86_64-linux.default"], cwd=flake))
+    assert app["type"] == "app" and app["program"].endswith("/bin/ninfer-serve"), app
 
 
 def test_pinned_llama_ui_lockfile_carries_resolved_and_integrity():
