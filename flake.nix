@@ -142,7 +142,12 @@
               }
             ];
           };
-          failed = builtins.filter (a: !a.assertion) nixos.config.assertions;
+          # This module's assertions only: the system is a fragment (no root file system, no boot loader), which
+          # real NixOS's own assertions refuse, and only the ninfer service is under test here.
+          ninferPrefix = "services.ninfer:";
+          failed = builtins.filter (
+            a: !a.assertion && builtins.substring 0 (builtins.stringLength ninferPrefix) a.message == ninferPrefix
+          ) nixos.config.assertions;
         in
         {
           package-cpu = cpuPackage;

@@ -134,16 +134,22 @@ def smollm2_server(pytestconfig, smollm2_gguf) -> Iterator[LiveServer]:
 SETTLE_S = 30.0
 
 
+def wait_until(condition: Callable[[], bool], seconds: float = SETTLE_S,
+               pause: Callable[[], None] = lambda: time.sleep(0.05)) -> bool:
+    """True as soon as condition() holds, polled for up to `seconds` (a bound, not a delay); False if it never did."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        pause()
+    return True
+
+
 def lanes_free_within(server: LiveServer, seconds: float = SETTLE_S) -> bool:
     """True once the engine has no busy lane and nothing queued, polled for up to `seconds`."""
-    assert server.engine is not None
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        stats = server.engine.stats()
-        if stats.busy_lanes == 0 and stats.queued == 0:
-            return True
-        time.sleep(0.01)
-    return False
+    engine = server.engine
+    assert engine is not None
+    return wait_until(lambda: (stats := engine.stats()).busy_lanes == 0 and stats.queued == 0, seconds)
 
 
 def idle_tokens_generated(server: LiveServer) -> int:

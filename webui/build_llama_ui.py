@@ -5,8 +5,9 @@
 Steps, each checked: `pip download` the exact sdist named in python/ninfer/serve/webui/pin.json (`--no-binary :all:
 --no-deps`), verify its size and sha256, extract only the UI folder, check that its lockfile pins every package by
 `resolved` URL and `integrity` hash (what Nix's importNpmLock needs; the count goes into the bundle as
-LOCKFILE_RECORD), `npm ci && npm run build` there, and copy `dist/` to DEST (default: the user cache, see ninfer.serve.webui_bundle). A bundle
-already installed for this pin is kept: the build runs once per pin.
+LOCKFILE_RECORD), `npm ci && npm run build` there, and copy `dist/` to DEST (default: the user cache, see
+ninfer.serve.webui_bundle). A bundle already installed for this pin, with its LOCKFILE_RECORD, is kept: the build
+runs once per pin.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def main() -> int:
     parser.add_argument("--dest", type=Path, default=bundle_dir(), help="where the bundle goes (default: %(default)s)")
     parser.add_argument("--work", type=Path, help="keep the download and the build tree here (default: a temp dir)")
     args = parser.parse_args()
-    if (args.dest / "index.html").is_file():
+    # A bundle without the lockfile record was built before that check existed: build it again.
+    if (args.dest / "index.html").is_file() and (args.dest / LOCKFILE_RECORD).is_file():
         print(f"build_llama_ui: {args.dest} is already built for llama-cpp-python {PIN['version']}", file=sys.stderr)
         return 0
     with tempfile.TemporaryDirectory(prefix="llama-ui-") as tmp:
@@ -103,7 +105,12 @@ def main() -> int:
         staging = args.dest.with_name(args.dest.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(dist, staging)
-        staging.replace(args.dest)  # atomic: a half-copied bundle is never served
+        stale = args.dest.with_name(args.dest.name + ".stale")
+        shutil.rmtree(stale, ignore_errors=True)
+        if args.dest.exists():
+            args.dest.rename(stale)
+        staging.replace(args.dest)  # a rename: a half-copied bundle is never served
+        shutil.rmtree(stale, ignore_errors=True)
     print(f"build_llama_ui: installed {args.dest}", file=sys.stderr)
     return 0
 

@@ -28,7 +28,8 @@ namespace ninfer::bindings {
 std::unique_ptr<Backend> make_engine_cuda_backend(const EngineOptions& options) {
 #ifdef NINFER_HAVE_CUDA
   std::unique_ptr<Backend> backend = make_cuda_backend(0, options.cuda_op_times);
-  static_cast<cuda::CudaBackend&>(*backend).set_prefill_gemm(cuda::prefill_gemm_choice(options.cuda_gemm));
+  // cuda_gemm is auto or twin (validate_engine_options): the backend's choice for prefill GEMMs.
+  static_cast<cuda::CudaBackend&>(*backend).set_prefill_gemm(cuda::gemm_impl_from_name(options.cuda_gemm));
   return backend;
 #else
   throw EngineError("backend \"cuda\": this build of ninfer has no CUDA backend (built without nvcc)");

@@ -15,8 +15,8 @@ namespace ninfer::bindings {
 // "cpu" (threads: 0 = all cores) or "cuda" (device 0, default CUDA options); EngineError for other names or a
 // build without CUDA.
 std::unique_ptr<Backend> make_backend_named(const std::string& name, int32_t threads);
-// The CUDA backend (device 0) with the engine's CUDA options (cuda_gemm, cuda_op_times); EngineError in a build
-// without CUDA.
+// The CUDA backend (device 0) with the engine's CUDA options (cuda_gemm, cuda_op_times), which must be valid
+// (validate_engine_options); EngineError in a build without CUDA.
 std::unique_ptr<Backend> make_engine_cuda_backend(const EngineOptions& options);
 
 void bind_backend_ops(nanobind::module_& cuda_module);  // cuda.cpp calls it

@@ -143,6 +143,7 @@ void bind_test_hooks(nb::module_& m) {
 // The engine's backend from options.backend (cpu | cuda | auto = cuda when a device is usable, else cpu);
 // options.backend is set to the one chosen. Null means the CPU backend, which the model makes with its threads.
 std::unique_ptr<Backend> engine_backend(EngineOptions& options) {
+  validate_engine_options(options);  // before a backend is made from them (cuda_gemm picks its prefill GEMM)
   if (options.backend == "auto") {
     try {
       std::unique_ptr<Backend> cuda = make_engine_cuda_backend(options);

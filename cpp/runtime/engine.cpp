@@ -41,7 +41,9 @@ int32_t decode_batch(const StepPlan& plan) {
   return int32_t(plan.slices.size());
 }
 
-void validate_options(const EngineOptions& o) {
+}  // namespace
+
+void validate_engine_options(const EngineOptions& o) {
   const auto fail = [](const std::string& m) { throw EngineError("invalid engine option: " + m); };
   if (o.max_concurrency < 1 || o.max_concurrency > 8)
     fail("max_concurrency = " + std::to_string(o.max_concurrency) + " (must be 1..8)");
@@ -54,8 +56,6 @@ void validate_options(const EngineOptions& o) {
   if (o.prefill_chunk != kPrefillChunkAuto && (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens))
     fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64, or 0 = auto)");
 }
-
-}  // namespace
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
@@ -70,7 +70,7 @@ const char* finish_reason_name(FinishReason r) {
 
 Engine::Engine(const std::string& path, const EngineOptions& options, std::unique_ptr<Backend> backend)
     : options_(options) {
-  validate_options(options_);
+  validate_engine_options(options_);
   ModelOptions mo;
   mo.max_context = options_.max_context;
   mo.kv_capacity = std::max<int64_t>(0, options_.kv_capacity);

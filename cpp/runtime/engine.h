@@ -52,6 +52,10 @@ struct EngineOptions {
 };
 inline constexpr int64_t kKvCapacityAuto = -1;
 
+// EngineError ("invalid engine option: ...") naming the first option out of range. The Engine checks its options;
+// whoever makes a backend from them first (the bindings) checks them before that.
+void validate_engine_options(const EngineOptions& options);
+
 struct EngineStats {
   int32_t lanes = 0, busy_lanes = 0;
   int64_t queued = 0;

@@ -87,6 +87,15 @@ def test_hardening_keeps_the_gpu_reachable():
     assert hardening["ProtectSystem"] == "strict" and hardening["CapabilityBoundingSet"] == ""
 
 
+def test_every_exception_to_the_sandbox_has_its_reason():
+    # The three places nix-offline.md's hardening is relaxed or specially chosen for CUDA and torch: each has its
+    # reason beside the setting, in the one table the Nix unit and --print-systemd-unit both read.
+    table = json.loads((REPO / "python/ninfer/systemd_hardening.json").read_text())
+    exceptions = {"PrivateDevices", "ProtectProc", "MemoryDenyWriteExecute"}
+    assert exceptions <= set(table["reasons"]) <= set(table["settings"])
+    assert all(len(table["reasons"][key]) > 40 for key in exceptions)
+
+
 # ---- the NixOS module -------------------------------------------------------------------------------------------
 
 

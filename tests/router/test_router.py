@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_servers import serve_router, two_models
+from live_servers import SETTLE_S, serve_router, two_models, wait_until
 from ninfer.engine import EngineOptions
 from ninfer.serve.router import RouterConfigError, TrackedEngine, parse_config
 
@@ -32,20 +32,6 @@ def engine_of(server, name: str):
     served = next(e.served for e in server.router.entries if e.name == name)
     assert isinstance(served.engine, TrackedEngine)
     return served.engine.wrapped
-
-
-# Bounds for things that happen within a second or two on an idle machine; generous because the suite also runs on a
-# loaded 2-core machine. Each is a bound, not a delay: the waits end as soon as the condition holds.
-SETTLE_S = 30.0
-
-
-def wait_until(predicate, seconds: float = SETTLE_S) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_lazy_load_then_swap_frees_the_previous_engine(smollm2: Path) -> None:
@@ -221,6 +207,10 @@ def test_management_routes_shapes(smollm2: Path) -> None:
         model_props = client.get("/props", params={"model": "alpha"}).json()
         assert model_props["role"] == "model" and model_props["default_generation_settings"]["n_ctx"] == 1024
         assert model_props["total_slots"] == 2
+        # the loaded model's own template (llama-ui looks into it, e.g. for thinking support)
+        alpha = engine_of(server, "alpha")
+        template = model_props["chat_template"]
+        assert template == alpha.frontend.chat_template.source and "{%" in template
         slots = client.get("/slots", params={"model": "alpha"}).json()
         assert [s["id"] for s in slots] == [0, 1] and not any(s["is_processing"] for s in slots)
         running = client.get("/running").json()["running"]

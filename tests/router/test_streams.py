@@ -60,6 +60,7 @@ def test_replay_from_any_offset_during_a_live_generation(server) -> None:
             break
     resumed = client.get("/v1/stream", params={"conv_id": conv, "from": len(prefix)}).content  # tails to the end
     full = client.get("/v1/stream", params={"conv_id": conv}).content
+    assert client.get(f"/v1/stream/{conv}", params={"from": 3}).content == full[3:]  # the path form
 
     assert prefix + resumed == full, "a reader that reconnects at its offset loses or duplicates bytes"
     for offset, first in replays:
@@ -87,6 +88,7 @@ def test_reading_past_the_recording_and_unknown_streams_are_refused(server) -> N
     assert client.get("/v1/stream", params={"conv_id": "nope"}).status_code == 404
     assert client.delete("/v1/stream", params={"conv_id": conv}).json()["success"] is True
     assert lookup(client, conv) is None
+    assert client.get(f"/v1/stream/{conv}").status_code == 404  # the path form: gone too
 
 
 def _stream_until_done(client: httpx.Client, body: dict, out: dict, key: str, first: threading.Event) -> None:

@@ -70,8 +70,9 @@ def test_request_admitted_mid_decode_changes_nothing(artifact):
         alone = run_alone(engine, [*first, late])
 
         async def main():
+            before = engine.stats().tokens_generated  # a running count: the solo runs above made tokens too
             tasks = [asyncio.ensure_future(collect(engine, r)) for r in first]
-            while engine.stats().tokens_generated < 5:  # both are decoding
+            while engine.stats().tokens_generated < before + 5:  # both are decoding
                 await asyncio.sleep(0.001)
             late_result = await collect(engine, late)
             return [(await t)[0] for t in tasks] + [late_result[0]]
@@ -136,7 +137,8 @@ def test_admission_busy_capacity_and_invalid_values(tiny_llama_artifact):
     with open_engine(tiny_llama_artifact, max_context=512, max_concurrency=2, max_queue=2,
                      kv_capacity=384) as engine:
         vocab = engine.info.vocab_size
-        ok = Request(random_prompt(rng, 10, vocab), SamplingParams(temperature=0), max_new_tokens=8,
+        # Long enough that no lane frees up while the six submits below run (they hold 2 x 130 of the 384 KV tokens).
+        ok = Request(random_prompt(rng, 10, vocab), SamplingParams(temperature=0), max_new_tokens=120,
                      stop_token_ids=())
         (ok_alone,) = run_alone(engine, [ok])
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 import httpx
 import openai
-from live_servers import SETTLE_S, cut_short, idle_tokens_generated, lanes_free_within
+import pytest
+from live_servers import cut_short, idle_tokens_generated, lanes_free_within, wait_until
 
 LONG = 900  # tokens: longer than any test waits for (seconds of generation, even on an idle machine)
 
@@ -93,16 +93,10 @@ def test_a_queued_request_that_disconnects_leaves_the_queue(qwen35_server):
             for i in range(engine.options.max_concurrency)
         ]
         queued = _open_stream(http, qwen35_server.url, "Waiting")
-        deadline = time.monotonic() + SETTLE_S
-        while engine.stats().queued != 1:
-            assert time.monotonic() < deadline, engine.stats()
-            time.sleep(0.01)
+        assert wait_until(lambda: engine.stats().queued == 1), engine.stats()
         holding = _lane_requests(qwen35_server)
         queued.close()
-        deadline = time.monotonic() + SETTLE_S
-        while engine.stats().queued != 0:
-            assert time.monotonic() < deadline, "the disconnected request is still queued"
-            time.sleep(0.01)
+        assert wait_until(lambda: engine.stats().queued == 0), "the disconnected request is still queued"
         # It left the queue itself: the holders (LONG tokens each) still have both lanes, so it never got one.
         assert None not in holding and _lane_requests(qwen35_server) == holding
         for holder in holders:
@@ -110,12 +104,20 @@ def test_a_queued_request_that_disconnects_leaves_the_queue(qwen35_server):
     assert lanes_free_within(qwen35_server)
 
 
-def test_a_non_streaming_client_that_leaves_frees_its_lane(qwen35_server):
+NON_STREAMING = {  # route -> a non-streaming body that would generate LONG tokens
+    "/v1/completions": {"prompt": "Take your time", "max_tokens": LONG, "temperature": 0},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "Take your time"}], "max_tokens": LONG},
+    "/v1/messages": {"messages": [{"role": "user", "content": "Take your time"}], "max_tokens": LONG},
+    "/v1/responses": {"input": "Take your time", "max_output_tokens": LONG},
+}
+
+
+@pytest.mark.parametrize("route", NON_STREAMING)
+def test_a_non_streaming_client_that_leaves_frees_its_lane(qwen35_server, route):
     tokens_before = idle_tokens_generated(qwen35_server)
-    body = {"prompt": "Take your time", "max_tokens": LONG, "temperature": 0}
     with httpx.Client(timeout=httpx.Timeout(30, read=0.5)) as http:
         try:
-            http.post(f"{qwen35_server.url}/v1/completions", json=body)
+            http.post(f"{qwen35_server.url}{route}", json={"model": "m", **NON_STREAMING[route]})
         except httpx.ReadTimeout:
             pass  # the client gave up and closes the connection
         else:

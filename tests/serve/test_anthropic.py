@@ -286,6 +286,12 @@ def test_count_tokens_matches_the_real_tokenizer(qwen35_server):
             },
             '"if", "then"',
         ),
+        (
+            "/v1/messages",
+            {"max_tokens": 4, "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 5}]}]},
+            "content must be a string or a list of text blocks",
+        ),
         ("/v1/messages/count_tokens", {"messages": []}, "length"),
         ("/v1/messages/count_tokens", {"messages": "hi"}, "array"),
     ],
@@ -296,6 +302,25 @@ def test_errors_use_the_anthropic_shape(qwen35_server, path, body, message):
     payload = reply.json()
     assert payload["type"] == "error" and payload["error"]["type"] == "invalid_request_error"
     assert message in payload["error"]["message"]
+
+
+@pytest.mark.parametrize(("tool_choice", "strict", "advised"), [
+    ({"type": "any"}, False, True), ({"type": "tool", "name": "get_weather"}, False, True),
+    ({"type": "auto"}, True, True), ({"type": "auto"}, False, False), (None, False, False),
+])
+def test_forced_tool_choice_and_strict_are_reported_as_advisory(qwen35_server, tool_choice, strict, advised):
+    tool = WEATHER_TOOL | ({"strict": True} if strict else {})
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    if tool_choice is not None:
+        body["tool_choice"] = tool_choice
+    reply = httpx.post(qwen35_server.url + "/v1/messages", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    note = reply.json().get("ninfer", {}).get("tool_choice")
+    if advised:
+        assert note == {"requested": tool_choice, "strict": strict, "enforced": False,
+                        "note": "tool_choice and strict are advisory: the model was asked, not forced"}
+    else:
+        assert note is None
 
 
 def test_sdk_raises_its_typed_error(qwen35_server):

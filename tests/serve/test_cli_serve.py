@@ -34,6 +34,10 @@ def _serve_command(*args: str) -> list[str]:
         (["--spec", "mtp"], "--spec: speculative decoding is not implemented yet"),
         (["--vision"], "--vision: vision input is not implemented yet"),
         (["--host-kv-mib", "512"], "--host-kv-mib: host KV offload is not implemented yet"),
+        (["--reserve-gib", "0"], "--reserve-gib:"),
+        (["--device-state-slots", "0"], "--device-state-slots:"),
+        (["--draft-tokens", "4"], "--draft-tokens:"),
+        (["--lm-head-draft", "8"], "--lm-head-draft:"),
         (["--max-concurrency", "9"], "--max-concurrency must be in 1..8"),
         (["--prefill-chunk", "100"], "--prefill-chunk must be a multiple of 64"),
         (
@@ -41,6 +45,7 @@ def _serve_command(*args: str) -> list[str]:
             "--kv-capacity (100) must hold at least one full context",
         ),
         (["--webui-dir", "/no/such/ui"], "--webui-dir /no/such/ui has no index.html"),
+        (["--print-systemd-unit", "--webui"], "--webui in a service needs --webui-dir"),
         (["/no/such/model.ninfer"], "model file not found: /no/such/model.ninfer"),
     ],
 )

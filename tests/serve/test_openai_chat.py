@@ -193,6 +193,7 @@ def test_context_overflow_is_a_400_with_the_numbers(qwen35_server):
         b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}',
         b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": -7}',
         b'{"messages": [{"role": "user", "content": "x"}], "seed": 18446744073709551616}',
+        b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": 5}]}',
     ],
 )
 def test_malformed_requests_get_openai_400s(qwen35_server, payload):

@@ -293,6 +293,7 @@ def test_truncated_tool_call_still_yields_a_call(smollm2_server):
         ({"input": "hi", "background": True}, 400, "background", "background"),
         ({"input": "hi", "reasoning": {"effort": "extreme"}}, 400, "reasoning.effort", "reasoning.effort"),
         ({"input": [{"role": "tool", "content": "x"}]}, 400, "role", "input"),
+        ({"input": [{"type": ["x"]}]}, 400, "type must be a string", "input"),
         ({"input": "hi", "max_output_tokens": 0}, 400, ">= 1", None),
         ({"input": "hi", "previous_response_id": "resp-nope"}, 404, "resp-nope", None),
         (

@@ -67,7 +67,8 @@ def _sequences(frontend: Frontend, rng: random.Random) -> list[list[int]]:
     text_ids = frontend.encode(MULTIBYTE)
     byte_ids = frontend.encode("".join(rng.choice(MULTIBYTE) for _ in range(40)))
     noise = [rng.randrange(vocab) for _ in range(60)]
-    mixed = [rng.choice((text_ids, byte_ids, noise))[i % 30] for i in range(80)]
+    sources = (text_ids, byte_ids, noise)
+    mixed = [source[i % len(source)] for i in range(80) for source in [rng.choice(sources)]]
     return [text_ids, byte_ids, noise, mixed]
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import live_servers
 import pytest
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs"
@@ -54,11 +55,8 @@ def choose_model(page, name: str) -> None:
 def wait_until(condition: Callable[[], bool], failure: Callable[[], str], timeout_s: float = SETTLE_MS / 1000,
                pause: Callable[[], None] = lambda: time.sleep(0.1)) -> None:
     """Returns once condition() holds; fails with failure() if it still does not after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(failure())
-        pause()
+    if not live_servers.wait_until(condition, timeout_s, pause):
+        pytest.fail(failure())
 
 
 def wait_for_statuses(server, expected: dict[str, str], timeout_s: float = 60) -> None:

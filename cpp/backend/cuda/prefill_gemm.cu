@@ -179,13 +179,6 @@ GemmImpl preferred_gemm_impl(const TensorView& w) {
   return GemmImpl::Twin;
 }
 
-GemmImpl prefill_gemm_choice(const std::string& name) {
-  if (name == "auto") return GemmImpl::Auto;
-  if (name == "twin") return GemmImpl::Twin;
-  // The engine option's own message (validate_options): the backend is made before the engine checks its options.
-  throw EngineError("invalid engine option: cuda_gemm = \"" + name + "\" (must be auto or twin)");
-}
-
 GemmImpl PrefillGemm::run(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias,
                           cudaStream_t stream, GemmImpl impl) {
   prepared_ = {};

@@ -31,11 +31,6 @@ GemmImpl gemm_impl_from_name(const std::string& name);  // EngineError for an un
 // The fastest implementation this weight's encoding and shape allow (never Auto).
 GemmImpl preferred_gemm_impl(const TensorView& w);
 
-// The backend's choice by EngineOptions::cuda_gemm: "twin" keeps every prefill GEMM on the f32 twin (f32
-// activations: results independent of how rows are batched, as the decode GEMV's are), "auto" lets the fast
-// paths run. EngineError for any other name.
-GemmImpl prefill_gemm_choice(const std::string& name);
-
 // One product of PrefillGemm::run_shared: y = x W^T (+ bias), device pointers (`w` holds device pointers).
 struct GemmOutput {
   const TensorView* w = nullptr;

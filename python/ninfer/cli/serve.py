@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> None:
     for dest, feature in NOT_YET.items():
-        if getattr(args, dest) not in (None, False):
+        given = getattr(args, dest)
+        if given is not None and given is not False:  # (not `in (None, False)`: 0 == False, and 0 is given)
             flag = "--" + dest.replace("_", "-")
             raise CliError(f"{flag}: {feature} is not implemented yet in this build")
     if args.max_concurrency > 8:
@@ -283,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         _check(args)
         if args.print_systemd_unit:
             from ninfer.systemd_unit import render_unit
+
+            if args.webui and args.webui_dir is None:  # as the NixOS module asserts
+                raise CliError("--webui in a service needs --webui-dir: a built llama-ui bundle (the service's "
+                               "cache has none from `make webui`)")
 
             print(render_unit(_unit_options(args)), end="")
             return 0

@@ -132,6 +132,7 @@ class ChatTemplate:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:
             raise EngineError(f"chat template does not compile: {exc.message} (line {exc.lineno})") from exc
+        self.source = source  # what /props shows (llama-ui reads it, e.g. to see that the model can think)
         self._bos_token = bos_token
         self._eos_token = eos_token
         self._text_only = text_only

@@ -110,7 +110,7 @@ def tool_parameter_schemas(tools: Iterable[Mapping[str, Any]] | None) -> dict[st
     result: dict[str, dict[str, Any]] = {}
     for tool in tools or ():
         spec = tool.get("function", tool)
-        name = spec.get("name")
+        name = spec.get("name") if isinstance(spec, Mapping) else None
         if not isinstance(name, str):
             continue
         params = spec.get("parameters") or spec.get("input_schema") or {}

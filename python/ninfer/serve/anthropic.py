@@ -10,9 +10,9 @@ sequence: `message_start`, then per block `content_block_start` / `content_block
 by path), also as a mid-stream `error` event.
 
 `thinking: {type: enabled | adaptive}` turns the model's reasoning on, `{type: disabled}` off; without it the
-template's default applies (on for Qwen3.5). `budget_tokens` is accepted but not enforced; `output_config.effort` goes to the template as
-`reasoning_effort`. `tool_choice`
-`any` / `tool` is advisory (the engine cannot force a call) and `none` hides the tools. Usage follows Anthropic:
+template's default applies (on for Qwen3.5). `budget_tokens` is accepted but not enforced; `output_config.effort`
+goes to the template as `reasoning_effort`. `tool_choice` `any` / `tool` and `strict` tools are advisory (the engine
+cannot force a call; the message says so under `ninfer.tool_choice`) and `none` hides the tools. Usage follows Anthropic:
 `input_tokens` excludes the prompt tokens read from the cache, which are `cache_read_input_tokens`.
 """
 
@@ -24,11 +24,12 @@ from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
-from litestar import post
+from litestar import Request, post
 from litestar.params import JSONBody
 from msgspec import Meta
 
 from ninfer.errors import NinferError
+from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError, anthropic_body, describe
 from ninfer.serve.generation import (
     ChatPrompt,
@@ -38,7 +39,7 @@ from ninfer.serve.generation import (
     prepare_prompt,
     start_generation,
 )
-from ninfer.serve.openai_common import new_id, stop_strings
+from ninfer.serve.openai_common import advisory_tool_choice, new_id, stop_strings
 from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
 from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import sse_frame, sse_response
@@ -83,6 +84,9 @@ def _text(blocks: str | list[Any] | None, where: str) -> str:
     """Text of a string or of text blocks (tool_result content, system)."""
     if blocks is None or isinstance(blocks, str):
         return blocks or ""
+    if not isinstance(blocks, list):  # tool_result content is not typed by the request schema
+        raise InvalidRequestError(f"{where}: content must be a string or a list of text blocks, "
+                                  f"got {type(blocks).__name__}")
     texts = []
     for block in blocks:
         if (
@@ -222,9 +226,10 @@ def _tool_input(arguments: str) -> dict[str, Any]:
 
 
 class _Shape:
-    def __init__(self, model_id: str) -> None:
+    def __init__(self, model_id: str, tool_note: dict[str, Any] | None = None) -> None:
         self.id = new_id("msg")
         self.model = model_id
+        self.tool_note = tool_note  # advisory tool_choice / strict, reported as `ninfer.tool_choice`
         self._tool_ids: dict[int, str] = {}
 
     def tool_id(self, block: Block) -> str:
@@ -247,7 +252,7 @@ class _Shape:
         self, content: list[dict[str, Any]], result: GenerationResult | None, prompt_tokens: int
     ) -> dict[str, Any]:
         usage = _usage(result, prompt_tokens)
-        return {
+        message = {
             "id": self.id,
             "type": "message",
             "role": "assistant",
@@ -257,6 +262,7 @@ class _Shape:
             "stop_sequence": result.stop_string if result else None,
             "usage": usage,
         }
+        return message | ({"ninfer": {"tool_choice": self.tool_note}} if self.tool_note else {})
 
 
 def _stop_reason(result: GenerationResult) -> str:
@@ -352,8 +358,14 @@ def _params(body: MessagesRequest) -> GenerationParams:
     )
 
 
+def _tool_choice_note(body: MessagesRequest) -> dict[str, Any] | None:
+    forcing = (body.tool_choice or {}).get("type") in ("any", "tool")
+    strict = any(isinstance(t, Mapping) and t.get("strict") is True for t in body.tools or ())
+    return advisory_tool_choice(body.tool_choice, forcing=forcing, strict=strict) if body.tools else None
+
+
 @post("/v1/messages", status_code=200, summary="Anthropic Messages")
-async def create_message(data: JSONBody[MessagesRequest], router: RouterDependency) -> Any:
+async def create_message(data: JSONBody[MessagesRequest], router: RouterDependency, request: Request) -> Any:
     model: ServedModel = router.resolve(data.model)
     chat = chat_prompt(data)
     prompt = prepare_prompt(model, chat)
@@ -365,10 +377,10 @@ async def create_message(data: JSONBody[MessagesRequest], router: RouterDependen
         )
         params = replace(params, constraint=constraint)
     generation = await start_generation(model, prompt, params, tools=chat.tools)
-    run = _Run(_Shape(model.model_id), generation)
+    run = _Run(_Shape(model.model_id, _tool_choice_note(data)), generation)
     if data.stream:
         return sse_response(run.events(), on_error=stream_error_frame)
-    return await run.run()
+    return await run_while_connected(request, run.run())
 
 
 @post("/v1/messages/count_tokens", status_code=200, summary="Anthropic token count of a Messages request")

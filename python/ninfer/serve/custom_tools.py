@@ -76,6 +76,10 @@ def chat_form_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, 
             names.add(function["function"]["name"])
             converted.append(function)
         else:
+            function = tool.get("function")
+            if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+                raise InvalidRequestError("a function tool needs a 'function' object with a string name",
+                                          param="tools")
             converted.append(dict(tool))
     return converted, frozenset(names)
 

@@ -1,19 +1,23 @@
 """Non-streaming answers that stop when their client goes away.
 
 Litestar does not cancel a handler whose client disconnected before the response started, so a long non-streaming
-generation would hold its lane to the end. `run_while_connected(request, generation)` races the generation against
-the ASGI `http.disconnect` message and cancels the generation (freeing the lane) when the client leaves first;
-the handler then ends with 499 ("client closed request"), which nobody receives.
+generation would hold its lane to the end. `run_while_connected(request, work)` races the work that consumes a
+generation (`Generation.run()`, or a route's own loop over its deltas) against the ASGI `http.disconnect` message
+and cancels it when the client leaves first: the cancellation reaches the generation's deltas, whose cleanup
+cancels the engine request and frees the lane. The handler then ends with 499 ("client closed request"), which
+nobody receives.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from litestar import Request
 from litestar.exceptions import HTTPException
 
-from ninfer.serve.generation import Generation, GenerationResult
+T = TypeVar("T")
 
 CLIENT_CLOSED_REQUEST = 499
 
@@ -23,8 +27,8 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def run_while_connected(request: Request, generation: Generation) -> GenerationResult:
-    run = asyncio.ensure_future(generation.run())
+async def run_while_connected(request: Request, work: Awaitable[T]) -> T:
+    run = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({run, watch}, return_when=asyncio.FIRST_COMPLETED)

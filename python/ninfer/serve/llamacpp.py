@@ -125,7 +125,9 @@ async def models_sse(router: RouterDependency) -> Any:
 
 def _model_props(router: ModelRouter, entry: ModelEntry) -> dict[str, Any]:
     spec, served = entry.spec, entry.served
-    params = dict(served.engine.frontend.generation_defaults) if served is not None else {}
+    frontend = served.engine.frontend if served is not None else None
+    params = dict(frontend.generation_defaults) if frontend is not None else {}
+    template = frontend.chat_template if frontend is not None else None
     return {
         "role": "model",
         "default_generation_settings": {"n_ctx": spec.options.max_context, "params": params},
@@ -133,7 +135,7 @@ def _model_props(router: ModelRouter, entry: ModelEntry) -> dict[str, Any]:
         "model_path": str(spec.path),
         "model_alias": spec.name,
         "modalities": {"vision": False, "audio": False, "video": False},
-        "chat_template": "",  # the frontend keeps the compiled template only; the UI just displays it
+        "chat_template": template.source if template is not None else "",  # "" until the model is loaded
         "status": _status(entry),
     }
 

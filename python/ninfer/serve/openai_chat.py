@@ -43,6 +43,7 @@ from ninfer.serve.generation import (
 from ninfer.serve.openai_common import (
     MaxTokens,
     SamplingFields,
+    advisory_tool_choice,
     generation_params,
     include_usage,
     new_id,
@@ -128,14 +129,7 @@ def _tool_choice_note(body: ChatCompletionRequest) -> dict[str, Any] | None:
         isinstance(t.get("function"), dict) and t["function"].get("strict") for t in body.tools or ()
     )
     forcing = body.tool_choice == "required" or isinstance(body.tool_choice, dict)
-    if not (strict or forcing):
-        return None
-    return {
-        "requested": body.tool_choice,
-        "strict": strict,
-        "enforced": False,
-        "note": "tool_choice and strict are advisory: the model was asked, not forced",
-    }
+    return advisory_tool_choice(body.tool_choice, forcing=forcing, strict=strict)
 
 
 def _issues_json(issues: list[ParseIssue]) -> list[dict[str, Any]]:
@@ -339,7 +333,7 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], router: Router
         return sse_response(
             _chunks(shape, generation, want_logprobs, include_usage(data)), on_error=stream_error_frame
         )
-    return completion_json(shape, await run_while_connected(request, generation), want_logprobs)
+    return completion_json(shape, await run_while_connected(request, generation.run()), want_logprobs)
 
 
 route_handlers = [chat_completions]

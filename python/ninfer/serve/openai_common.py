@@ -45,6 +45,19 @@ class SamplingFields(msgspec.Struct, kw_only=True):
 MAX_STOP_STRINGS = 16
 
 
+def advisory_tool_choice(requested: Any, *, forcing: bool, strict: bool) -> dict[str, Any] | None:
+    """What a response says (under `ninfer.tool_choice`) when the request demanded a tool call or declared `strict`
+    tools: the engine cannot force either, so the model was asked, not forced. None when neither was requested."""
+    if not (forcing or strict):
+        return None
+    return {
+        "requested": requested,
+        "strict": strict,
+        "enforced": False,
+        "note": "tool_choice and strict are advisory: the model was asked, not forced",
+    }
+
+
 def refuse_n(n: int | None) -> None:
     if n is not None and n > 1:
         raise InvalidRequestError(

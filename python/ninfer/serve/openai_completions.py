@@ -161,7 +161,7 @@ async def completions(data: JSONBody[CompletionRequest], router: RouterDependenc
         return sse_response(
             _chunks(shape, generation, echo, want_logprobs, include_usage(data)), on_error=stream_error_frame
         )
-    return completion_json(shape, await run_while_connected(request, generation), echo, want_logprobs)
+    return completion_json(shape, await run_while_connected(request, generation.run()), echo, want_logprobs)
 
 
 route_handlers = [completions]

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.exceptions import NotFoundException
 from litestar.params import FromPath, FromQuery, JSONBody
@@ -35,6 +35,7 @@ from msgspec import Meta
 from ninfer.errors import NinferError
 from ninfer.frontend.chat import flatten_content
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
+from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError, describe
 from ninfer.serve.generation import (
     ChatPrompt,
@@ -44,7 +45,7 @@ from ninfer.serve.generation import (
     prepare_prompt,
     start_generation,
 )
-from ninfer.serve.openai_common import new_id
+from ninfer.serve.openai_common import advisory_tool_choice, new_id
 from ninfer.serve.output_blocks import (
     REASONING,
     TEXT,
@@ -116,6 +117,9 @@ def _item_with_id(item: Mapping[str, Any]) -> dict[str, Any]:
     """An input item as /input_items lists it: with an id, and string content as an input_text part."""
     stored = dict(item)
     kind = stored.setdefault("type", "message")
+    if not isinstance(kind, str):
+        raise InvalidRequestError(f"an input item's type must be a string, got {type(kind).__name__}",
+                                  param="input")
     prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
     stored.setdefault("id", new_id(prefix.get(kind, "item")))
     if kind == "message" and isinstance(stored.get("content"), str):
@@ -404,13 +408,8 @@ def _extras(body: ResponsesRequest, result: GenerationResult) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     forcing = body.tool_choice == "required" or isinstance(body.tool_choice, dict)
     strict = any(t.get("strict") for t in body.tools or ())
-    if forcing or strict:
-        extra["tool_choice"] = {
-            "requested": body.tool_choice,
-            "strict": strict,
-            "enforced": False,
-            "note": "tool_choice and strict are advisory: the model was asked, not forced",
-        }
+    if note := advisory_tool_choice(body.tool_choice, forcing=forcing, strict=strict):
+        extra["tool_choice"] = note
     if result.tool_issues:
         extra["tool_parse_issues"] = [
             {"kind": i.kind, "message": i.message, "snippet": i.snippet, "discarded_chars": i.discarded_chars}
@@ -574,7 +573,8 @@ async def _prepare(model: ServedModel, body: ResponsesRequest | InputTokensReque
 
 
 @post("/v1/responses", status_code=200, summary="OpenAI Responses")
-async def create_response(data: JSONBody[ResponsesRequest], router: RouterDependency, state: State) -> Any:
+async def create_response(data: JSONBody[ResponsesRequest], router: RouterDependency, state: State,
+                          request: Request) -> Any:
     _check_supported(data)
     model = router.resolve(data.model)
     store = response_store(state)
@@ -596,7 +596,7 @@ async def create_response(data: JSONBody[ResponsesRequest], router: RouterDepend
     run = _Run(data, _Shape(data, model.model_id), generation, store, conversation, items)
     if data.stream:
         return sse_response(run.events(), on_error=run.error_frame)
-    return await run.run()
+    return await run_while_connected(request, run.run())
 
 
 @post("/v1/responses/input_tokens", status_code=200, summary="Count a Responses request's input tokens")

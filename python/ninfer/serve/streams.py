@@ -30,7 +30,7 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Request, delete, get, post
 from litestar.exceptions import ClientException, NotFoundException
-from litestar.params import FromQuery, JSONBody, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.router import CURRENT_CALL, GATE_EXEMPT, Call, RouterDependency
@@ -276,22 +276,44 @@ async def list_streams(request: Request) -> list[dict[str, Any]]:
     return [s.summary() for s in _registry(request).all()]
 
 
-@get("/v1/stream", summary="Replay a recorded stream from a byte offset, then tail it live")
-async def read_stream(request: Request, conv_id: FromQuery[str],
-                      offset: Annotated[int, QueryParameter(name="from", ge=0)] = 0) -> Any:
+# A stream is addressed as llama-ui does (`/v1/stream?conv_id=ID`) or by path (`/v1/stream/ID`); the byte offset
+# is the `from` query parameter either way.
+FromOffset = Annotated[int, QueryParameter(name="from", ge=0)]
+
+
+def _replay(request: Request, conv_id: str, offset: int) -> Any:
     stream = _find(request, conv_id)
     if offset > len(stream.data):
         raise InvalidRequestError(f"from={offset} is past the {len(stream.data)} bytes recorded", param="from")
     return sse_response(stream.read_from(offset))
 
 
-@delete("/v1/stream", status_code=200, summary="Forget a recorded stream (cancels its generation if running)")
-async def delete_stream(request: Request, conv_id: FromQuery[str]) -> dict[str, Any]:
+def _forget(request: Request, conv_id: str) -> dict[str, Any]:
     stream = _find(request, conv_id)
     if not stream.done and stream.call is not None:
         stream.call.cancel()
     _registry(request).remove(stream.key)
     return {"success": True, "conversation_id": stream.key}
+
+
+@get("/v1/stream", summary="Replay a recorded stream from a byte offset, then tail it live")
+async def read_stream(request: Request, conv_id: FromQuery[str], offset: FromOffset = 0) -> Any:
+    return _replay(request, conv_id, offset)
+
+
+@get("/v1/stream/{conv_id:str}", summary="Replay a recorded stream (addressed by path)")
+async def read_stream_at(request: Request, conv_id: FromPath[str], offset: FromOffset = 0) -> Any:
+    return _replay(request, conv_id, offset)
+
+
+@delete("/v1/stream", status_code=200, summary="Forget a recorded stream (cancels its generation if running)")
+async def delete_stream(request: Request, conv_id: FromQuery[str]) -> dict[str, Any]:
+    return _forget(request, conv_id)
+
+
+@delete("/v1/stream/{conv_id:str}", status_code=200, summary="Forget a recorded stream (addressed by path)")
+async def delete_stream_at(request: Request, conv_id: FromPath[str]) -> dict[str, Any]:
+    return _forget(request, conv_id)
 
 
 @post("/v1/chat/completions/control", status_code=200, opt=EXEMPT,
@@ -317,4 +339,4 @@ async def control(data: JSONBody[ControlRequest], router: RouterDependency,
     return answer
 
 
-route_handlers = [lookup_streams, list_streams, read_stream, delete_stream, control]
+route_handlers = [lookup_streams, list_streams, read_stream, read_stream_at, delete_stream, delete_stream_at, control]
