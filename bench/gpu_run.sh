@@ -2,22 +2,24 @@
 # `make bench` on a GPU machine (or one device-tool call): build the extension with the CUDA backend, then run the
 # stages named in STAGES (default: all): `tests` (the GPU tests; GPU_TEST_ARGS passes pytest options), `kernels`
 # (bench/cuda_kernels.py; BENCH_ARGS passes options), `engine` (bench/cuda_engine.py for each model:recipe in
-# ENGINE_RUNS; ENGINE_ARGS passes options). Results and logs land in $OUT.
+# ENGINE_RUNS; ENGINE_ARGS passes options). Results and logs land in $OUT. BUILD_DIR (default build/gpu) can sit
+# outside the tree, so that a tree sent afresh to a warm machine rebuilds incrementally.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ninfer-out}
 STAGES=${STAGES:-tests kernels engine}
 ENGINE_RUNS=${ENGINE_RUNS:-qwen3.5-27b:groupwise-int}
+BUILD_DIR=${BUILD_DIR:-build/gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
 NB_DIR=$(python3 -m nanobind --cmake_dir)
 started=$(date +%s)
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNINFER_CUDA=ON -DNINFER_CUDA_ARCHS=90a \
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNINFER_CUDA=ON -DNINFER_CUDA_ARCHS=90a \
   -DPython_EXECUTABLE="$(command -v python3)" -Dnanobind_ROOT="$NB_DIR" > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build build/gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -B2 -A10 -m5 "error" "$OUT/build.log"; exit 1; }
+cmake --build "$BUILD_DIR" -j 16 > "$OUT/build.log" 2>&1 || { grep -B2 -A10 -m5 "error" "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - started )) s"
-cp build/gpu/_engine*.so python/ninfer/
+cp "$BUILD_DIR"/_engine*.so python/ninfer/
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "from ninfer import _engine; print('cuda built', _engine.cuda.built, 'devices', _engine.cuda.device_count())"
 for stage in $STAGES; do
