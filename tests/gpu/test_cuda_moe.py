@@ -86,9 +86,10 @@ def routing(rng: np.random.Generator, rows: int, experts: int, top_k: int, hot: 
     """top_k distinct experts per row (never one of `unused`; `hot`, if given, in every row) and renormalised
     weights."""
     allowed = np.array([e for e in range(experts) if e not in unused and e != hot])
-    ids = np.stack([rng.choice(allowed, top_k, replace=False) for _ in range(rows)]).astype(np.int32)
-    if hot is not None:
-        ids[:, rng.integers(top_k)] = hot
+    # With a hot expert the others fill top_k - 1 slots (few experts may leave fewer than top_k allowed).
+    others = np.stack([rng.choice(allowed, top_k - (hot is not None), replace=False) for _ in range(rows)])
+    ids = others if hot is None else np.insert(others, rng.integers(top_k), hot, axis=1)
+    ids = ids.astype(np.int32)
     w = rng.random((rows, top_k)).astype(np.float32) + 0.05
     return ids, (w / w.sum(1, keepdims=True)).astype(np.float32)
 

@@ -169,7 +169,8 @@ def test_graph_replays_across_pages_and_batch_changes_equal_eager(tiny_artifacts
 def test_op_timing_leaves_graph_replays_as_they_are(tiny_artifacts):
     """With the op-timing backend (cuda_op_times), ops of captured and replayed passes record no events (those
     passes are timed as a whole; an event left in a capture would fail the next collection): the same tokens and
-    logprobs as the untimed engine (to 1e-4: lanes may join a step apart, see the test above), graphs replayed,
+    logprobs as the untimed engine (to 1e-4 absolute or relative: the timed engine's events and syncs let lanes join a
+    step apart, so rows meet other batch sizes, see the test above; logprobs near -10 differed by 1.9e-4), graphs replayed,
     and the eager passes' ops timed."""
     path = tiny_artifacts["qwen3_5"]
     results, plans = {}, {}
@@ -181,7 +182,7 @@ def test_op_timing_leaves_graph_replays_as_they_are(tiny_artifacts):
             plans[timed] = engine.memory_plan()
     for (t_tokens, t_lp), (u_tokens, u_lp) in zip(results[True], results[False], strict=True):
         assert t_tokens == u_tokens
-        np.testing.assert_allclose(t_lp, u_lp, atol=1e-4)
+        np.testing.assert_allclose(t_lp, u_lp, rtol=1e-4, atol=1e-4)
     timed, untimed = plans[True], plans[False]
     assert timed["graph_replays"] >= 20 and timed["graph_captures"] >= 1, timed
     assert untimed["op_times"] == {}
