@@ -3,7 +3,8 @@ bench/synthetic.py), each decode figure against the roofline: the bytes one deco
 GDN states read and written, KV read) over the device read bandwidth measured in the same run. Prefill: TTFT and
 prompt tokens/s of one request alone (after a warm-up prompt of the same length), with the engine's prefill chunk
 (auto unless --prefill-chunk); --op-times adds the device time per backend op of the longest prefill
-(EngineOptions.cuda_op_times, CUDA events around each op).
+(EngineOptions.cuda_op_times, CUDA events around each op); --decode-op-times runs decode eagerly (no graphs) with
+op timing, for the device time per op of one decode step.
 
     python bench/cuda_engine.py --model qwen3.5-27b --recipe groupwise-int --out bench/results/cuda_engine.json
     python bench/cuda_engine.py --model qwen3.5-27b --recipe fp8 --decode-batches --prefill 8192 --op-times \
@@ -115,7 +116,8 @@ def elementwise_bytes(config: dict, rows: int) -> dict[str, float]:
 
 def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: int, new_tokens: int,
           prefill_lens: list[int], decode_batches: list[int], prefill_chunk: int, prefill_repeats: int,
-          device_sampling: bool = True, cuda_gemm: str = "auto", op_times: bool = False) -> dict:
+          device_sampling: bool = True, cuda_gemm: str = "auto", op_times: bool = False,
+          decode_op_times: bool = False) -> dict:
     path = workdir / f"{model}.{recipe}.ninfer"
     started = time.perf_counter()
     write_synthetic(model, recipe, path, progress=False)
@@ -127,7 +129,7 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
     options = EngineOptions(backend="cuda", max_context=max(prefill_lens + [prompt_len + new_tokens]) + 64,
                             max_concurrency=8, kv_capacity="auto", prefill_chunk=prefill_chunk,
                             verify_checksums=False, device_sampling=device_sampling, cuda_gemm=cuda_gemm,
-                            cuda_op_times=op_times)
+                            cuda_op_times=op_times or decode_op_times, cuda_graphs=not decode_op_times)
     with Engine.open_sync(path, options) as engine:
         result["memory_plan"] = engine.memory_plan()
         for batch in decode_batches:
@@ -135,6 +137,7 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
             start_plan = engine.memory_plan()
             asyncio.run(run_batch(engine, prompts, 4))  # warm-up: graphs for this batch size
             before = engine.memory_plan()
+            before_ops = before["op_times"]
             start = time.perf_counter()
             finals = asyncio.run(run_batch(engine, prompts, new_tokens))
             wall = time.perf_counter() - start
@@ -149,6 +152,7 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
                 "tokens_per_s_per_seq": float(np.median(per_seq)), "aggregate_tokens_per_s": batch / step_s,
                 "wall_s": wall, "bytes_per_step": moved, "roofline_step_s": moved / bandwidth,
                 "fraction_of_roofline": (moved / bandwidth) / step_s, "graph_pass_ms": passes,
+                "op_times": op_time_split(before_ops, after["op_times"]) if decode_op_times else {},
             })
         for length in prefill_lens:
             # The first prompt of a length grows scratch buffers and picks cuBLASLt algorithms for its shapes.
@@ -177,6 +181,19 @@ def graph_line(g: dict) -> str:
     return line
 
 
+def print_decode_op_times(d: dict) -> None:
+    """Device time per decode step of each op (eager decode with op timing), longest first. The timed run's prompts
+    are prefilled in it too (their linear_gemm calls; a few % of the other ops' time at the default lengths)."""
+    if not d["op_times"]:
+        return
+    steps = d["new_tokens"]  # passes of the timed run: one per new token
+    total = sum(t["device_us"] for t in d["op_times"].values())
+    print(f"  device time per op per decode step, C={d['batch']}: {total / steps / 1e3:.2f} ms in ops")
+    for op, t in sorted(d["op_times"].items(), key=lambda kv: -kv[1]["device_us"]):
+        print(f"    {op:22s} {t['calls'] / steps:7.1f} calls {t['device_us'] / steps:9.1f} us "
+              f"{t['device_us'] / t['calls']:7.1f} us/call {t['device_us'] / total:6.1%}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), required=True)
@@ -192,6 +209,8 @@ def main() -> int:
                         help="decode concurrencies to run (none: prefill only)")
     parser.add_argument("--op-times", action="store_true",
                         help="time every backend op (EngineOptions.cuda_op_times); print the longest prefill's split")
+    parser.add_argument("--decode-op-times", action="store_true",
+                        help="decode without graphs, timing every op; print each batch size's device time per step")
     parser.add_argument("--cuda-gemm", choices=["auto", "twin"], default="auto",
                         help="the prefill GEMM (EngineOptions.cuda_gemm): auto, or the f32 twin for every weight")
     parser.add_argument("--out", type=Path, required=True)
@@ -202,7 +221,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         result = bench(args.model, args.recipe, Path(tmp), bandwidth, args.prompt, args.new_tokens, args.prefill,
                        args.decode_batches, args.prefill_chunk, args.prefill_repeats,
-                       device_sampling=not args.host_sampling, cuda_gemm=args.cuda_gemm, op_times=args.op_times)
+                       device_sampling=not args.host_sampling, cuda_gemm=args.cuda_gemm, op_times=args.op_times,
+                       decode_op_times=args.decode_op_times)
     from ninfer import _engine
 
     result |= {"device_sampling": not args.host_sampling, "device": _engine.cuda.device_name(), "commit": commit,
@@ -216,6 +236,7 @@ def main() -> int:
         print(f"decode C={d['batch']}: {d['tokens_per_s_per_seq']:.1f} tok/s/seq, {d['aggregate_tokens_per_s']:.1f} "
               f"aggregate, {d['fraction_of_roofline']:.1%} of roofline ({d['bytes_per_step'] / 1e9:.2f} GB/step); "
               f"graphs: {graph_line(d['graph_pass_ms'])}")
+        print_decode_op_times(d)
     chunk = result["memory_plan"]["prefill_chunk"]
     for p in result["prefill"]:
         runs = ", ".join(f"{t * 1e3:.0f}" for t in p["ttft_runs_s"])
