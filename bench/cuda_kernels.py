@@ -85,7 +85,7 @@ def measure_bandwidth() -> dict[str, float]:
 
 
 # Tensor cores (v5), v5 without its L2 prefetch, the previous tensor-core kernel (v3), the CUDA-core twin.
-GEMV_IMPLS = ("mma", "mma_no_prefetch", "mma_v3", "simt")
+GEMV_IMPLS = ("mma", "mma_v3", "simt")
 
 
 def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IMPLS) -> list[dict]:

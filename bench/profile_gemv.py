@@ -23,7 +23,7 @@ def main() -> int:
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--shape", type=int, nargs=2, default=[12288, 5120])
     parser.add_argument("--rows", type=int, default=1)
-    parser.add_argument("--impls", nargs="+", default=["mma", "mma_no_prefetch", "mma_v3", "simt"])
+    parser.add_argument("--impls", nargs="+", default=["mma", "mma_v3", "simt"])
     args = parser.parse_args()
     group = args.group if args.encoding in ("int4", "int8") else None
     with tempfile.TemporaryDirectory() as tmp:

@@ -72,17 +72,16 @@ FloatArray to_host(const cuda::DeviceBuffer& buffer, const std::vector<int64_t>&
   return as_array(out, shape);
 }
 
-// The decode GEMV that `impl` names: "mma" (tensor cores), "mma_no_prefetch" and "mma_v3" (variants of it, until
-// one GPU run has compared them), "simt" (the CUDA-core twin), or "auto" (what the backend's linear() takes).
+// The decode GEMV that `impl` names: "mma" (tensor cores), "mma_v3" (its predecessor, until one more GPU run has
+// compared them at 8 rows), "simt" (the CUDA-core twin), or "auto" (what the backend's linear() takes).
 class GemvLauncher {
  public:
   GemvLauncher(const std::string& impl, const TensorView& w) {
-    const bool variant = impl == "mma_no_prefetch" || impl == "mma_v3";
+    const bool variant = impl == "mma_v3";
     if (impl != "auto" && impl != "mma" && !variant && impl != "simt")
-      throw EngineError("cuda gemv: impl must be auto, mma, mma_no_prefetch, mma_v3 or simt, not " + impl);
+      throw EngineError("cuda gemv: impl must be auto, mma, mma_v3 or simt, not " + impl);
     mma_ = impl == "mma" || variant || (impl == "auto" && cuda::gemv_mma_supports(w));
-    kernel_ = impl == "mma_v3" ? cuda::MmaKernel::v3
-              : impl == "mma_no_prefetch" ? cuda::MmaKernel::v5_no_prefetch : cuda::MmaKernel::v5;
+    kernel_ = impl == "mma_v3" ? cuda::MmaKernel::v3 : cuda::MmaKernel::v5;
     if (mma_ && !cuda::gemv_mma_supports(w))
       throw EngineError("cuda gemv: the tensor-core path does not take " + w.name);
   }

@@ -62,7 +62,7 @@ def takes_mma(case: tuple) -> bool:
 
 
 # The tensor-core kernel (v5) and its variants, until a GPU run has compared them: v5 without its L2 prefetch, v3.
-MMA_IMPLS = ("mma", "mma_no_prefetch", "mma_v3")
+MMA_IMPLS = ("mma", "mma_v3")
 GEMV_CASES = [(case, impl) for case in WEIGHTS for impl in ("simt", *MMA_IMPLS) if impl == "simt" or takes_mma(case)]
 
 

@@ -191,7 +191,6 @@ struct MmaArgs {
   unsigned* counters;
   int64_t k;
   int32_t rows;
-  int32_t prefetch;  // v5: chunks beyond its register ring that each lane asks L2 for (0: none)
 };
 
 // What one lane loads for one tile: its two weight rows' codes and extras, and activation row g's operands.
@@ -382,8 +381,8 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
 // int8/fp8, 8 of bf16; the 4 lanes of a quad cover chunk_cols() consecutive columns, so a warp's chunk is 16 rows
 // x 64 bytes whatever the encoding. Every lane keeps kRing chunks in flight in registers (the chunk loop is
 // unrolled by the ring, so every register index is static); kBlocksPerSm blocks of 4 warps fit on an SM, i.e.
-// 16 warps x 32 lanes x 3-4 chunks x 32 bytes = 48-64 KiB of weights in flight per SM; an L2 prefetch of the
-// kL2Prefetch chunks beyond the ring (one instruction per row and chunk, no registers) triples that.
+// 16 warps x 32 lanes x 3-4 chunks x 32 bytes = 48-64 KiB of weights in flight per SM. (An L2 prefetch of 8 chunks
+// beyond the ring was measured in session 5 and made every shape slower: bf16 q_proj 86% -> 61% of read BW.)
 // The activations' hi and lo planes share one mma: B column 2r holds activation row r's hi part and column 2r + 1
 // its lo part (lane g loads plane g % 2 of row g / 2), so up to 4 rows take one mma per 16 columns and 5..8 rows
 // a second set; hi and lo products meet in f32 at the end. Activation fragments come straight from L1/L2 (the
@@ -393,7 +392,6 @@ constexpr int kRing = 4;
 template <int kSets>
 __host__ __device__ constexpr int ring_depth() { return kSets == 1 ? kRing : kRing - 1; }
 constexpr int kBlocksPerSm = 4;  // <= 128 registers per lane
-constexpr int kL2Prefetch = 8;
 
 template <Encoding E>
 __host__ __device__ constexpr int chunk_values() { return 128 / tc::code_bits<E>(); }  // per lane and row
@@ -443,7 +441,6 @@ struct ChunkStream {
   }
 };
 
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c) {
   const __half2 r = __hfma2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b),
@@ -599,14 +596,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
 #pragma unroll
   for (int r = 0; r < kDepth; ++r)
     if (r < n) load_chunk<E>(next, r, ring[r]);
-  // Beyond the ring, a window of a.prefetch chunks is asked from L2 (no registers): from the start, so that a short
-  // stream (the 27B shapes give a warp ~5-17 chunks) has all its bytes requested at once, then one chunk per chunk.
-  const int window_end = min(n, kDepth + a.prefetch);
-  for (int p = kDepth; p < window_end; ++p)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) prefetch_l2(next.w[h] + p * kCodeStride);
-  const uint8_t* ahead[2] = {next.w[0] + (kDepth + a.prefetch) * kCodeStride,
-                             next.w[1] + (kDepth + a.prefetch) * kCodeStride};
   next.advance(kDepth);
   for (int i0 = 0; i0 < n; i0 += kDepth) {
 #pragma unroll
@@ -621,15 +610,10 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
           xv[set][v] = __ldg(reinterpret_cast<const uint4*>(x[set] + r * kXStride) + v);
       multiply_chunk<E, kSets>(ring[r], xv, acc);
       if (i + kDepth < n) load_chunk<E>(next, r, ring[r]);
-      if (a.prefetch > 0 && i + kDepth + a.prefetch < n)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) prefetch_l2(ahead[h] + r * kCodeStride);
     }
     next.advance(kDepth);
 #pragma unroll
     for (int set = 0; set < kSets; ++set) x[set] += kDepth * kXStride;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) ahead[h] += kDepth * kCodeStride;
   }
 
   // hi + lo, then the block's sums: value 2 set + h is weight row g + 8 h, activation row 4 set + q.
@@ -694,7 +678,6 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
     a.counters = ws.counters_.as<unsigned>();
     a.k = k;
     a.rows = x.rows;
-    a.prefetch = kernel == MmaKernel::v5 ? kL2Prefetch : 0;
     int64_t blocks = 0, partials = 0, counters = 0;
     size_t end = begin;
     for (; end < outs.size() && a.count < kMaxWeights; ++end) {

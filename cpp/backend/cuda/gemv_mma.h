@@ -50,10 +50,10 @@ struct SplitActivations {
 int split_kind(const TensorView& w);
 SplitActivations split_activations(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
                                    cudaStream_t stream);
-// Which kernel: v5 (16-byte chunks in a register ring plus an L2 prefetch further ahead, hi and lo in one mma),
-// v5 without the L2 prefetch, or v3 (the session-2 kernel). The variants stay only until one GPU run has compared
-// them; then the slower ones go.
-enum class MmaKernel { v3, v5, v5_no_prefetch };
+// Which kernel: v5 (16-byte chunks in a register ring, hi and lo in one mma) or v3 (the session-2 kernel). Session
+// 5 measured v5 ahead at 1-4 rows for every encoding but int4 q_proj (even) and v3 ahead for int4 at 8 rows; v3
+// stays for one more A/B at 8 rows (bench --gemv-impls), then goes.
+enum class MmaKernel { v3, v5 };
 
 // y_i = W_i x for activations split for these weights' kind; weights of one encoding and width share launches.
 struct MmaOutput {
