@@ -172,6 +172,23 @@ def test_n_above_one_is_refused(qwen35_server, route):
     assert info.value.body["param"] == "n" and "n = 2" in info.value.body["message"]
 
 
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_logit_bias_is_refused_on_both_routes(qwen35_server, route):
+    """The sampler has no per-token bias: both routes refuse a non-empty logit_bias, naming it, rather than one of
+    them ignoring it; an empty one asks for nothing and is served."""
+    client = _client(qwen35_server)
+
+    def create(bias: dict):
+        if route == "chat":
+            return client.chat.completions.create(model="m", messages=HELLO, max_tokens=1, logit_bias=bias)
+        return client.completions.create(model="m", prompt="x", max_tokens=1, logit_bias=bias)
+
+    with pytest.raises(openai.BadRequestError) as info:
+        create({"11": -100})
+    assert info.value.body["param"] == "logit_bias" and "logit_bias is not supported" in info.value.body["message"]
+    assert create({}).usage.completion_tokens == 1
+
+
 def test_context_overflow_is_a_400_with_the_numbers(qwen35_server):
     client = _client(qwen35_server)
     n_ctx = qwen35_server.engine.info.max_context
