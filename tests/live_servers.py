@@ -166,17 +166,21 @@ def cut_short(server: LiveServer, tokens_before: int, max_tokens: int) -> bool:
     return lanes_free_within(server) and server.engine.stats().tokens_generated - tokens_before < max_tokens
 
 
-def greedy_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
-    """The engine's own greedy answer, without the server (what a greedy request must reproduce)."""
+def engine_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams) -> list[int]:
+    """The engine's own answer, without the server (what a request with these sampling values must reproduce)."""
 
     async def run() -> list[int]:
         tokens: list[int] = []
-        async for event in engine.generate(Request(prompt_ids, SamplingParams(temperature=0.0),
-                                                   max_new_tokens=max_tokens)):
+        async for event in engine.generate(Request(prompt_ids, sampling, max_new_tokens=max_tokens)):
             tokens.extend(event.token_ids)
         return tokens
 
     return asyncio.run(run())
+
+
+def greedy_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
+    """The engine's own greedy answer, without the server (what a greedy request must reproduce)."""
+    return engine_tokens(engine, prompt_ids, max_tokens, SamplingParams(temperature=0.0))
 
 
 def greedy_answer(server: LiveServer, messages: list[dict], max_tokens: int, **render: Any) -> tuple[list[int], str]:
