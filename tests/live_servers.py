@@ -32,7 +32,7 @@ import uvicorn
 from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.serve.app import create_app
-from ninfer.serve.router import ModelRouter, parse_config
+from ninfer.serve.router import ModelRouter, RouterConfig, parse_config
 from ninfer.serve.state import ServedModel
 
 # Starting the server is quick; the bound only catches a server that cannot start, so it is generous for a loaded
@@ -89,6 +89,14 @@ def _serve(open_router: Callable[[], Awaitable[ModelRouter]], *, webui_dir: str 
 def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None
                  ) -> Iterator[LiveServer]:
     parsed = parse_config(config, defaults=EngineOptions(max_context=1024, max_concurrency=2))
+    with serve_parsed_config(parsed, webui_dir=webui_dir, port=port) as live:
+        yield live
+
+
+@contextlib.contextmanager
+def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, port: int | None = None
+                        ) -> Iterator[LiveServer]:
+    """A router over a config as ninfer-serve builds it (e.g. `ninfer.cli.serve._router_config` of its arguments)."""
     holder: dict[str, ModelRouter] = {}
 
     async def open_router() -> ModelRouter:
