@@ -349,6 +349,37 @@ def test_truncated_tool_call_is_recovered_and_reported(smollm2_server):
     assert len(issue["snippet"]) <= 100
 
 
+def test_truncated_qwen_xml_call_is_recovered_whole_and_streamed(smollm2_server):
+    """A Qwen3.5 XML call cut off by max_tokens (the cut placed from the full run's own tokens): inside the next
+    `<parameter=` tag, the complete parameters are kept and the partial tag is the reported snippet; inside a value,
+    what arrived is kept, typed by the schema. Streamed deltas build the same call."""
+    client = _client(smollm2_server)
+    body = {"model": "m", "messages": _few_shot("qwen_xml"), "tools": TOOLS, "temperature": 0}
+    full = client.chat.completions.create(**body, max_tokens=60, logprobs=True)
+    assert json.loads(full.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris", "days": 3}
+    tokens = [entry.token for entry in full.choices[0].logprobs.content]
+
+    def cut_after(marker: str) -> int:
+        return next(k for k in range(len(tokens)) if "".join(tokens[:k]).endswith(marker))
+
+    in_tag, in_value = cut_after("\n<parameter=days"), cut_after("<parameter=days>\n3")
+    tag, value, streamed = live_servers.concurrently(
+        lambda: client.chat.completions.create(**body, max_tokens=in_tag),
+        lambda: client.chat.completions.create(**body, max_tokens=in_value),
+        lambda: list(client.chat.completions.create(**body, max_tokens=in_tag, stream=True)),
+    )
+    for r, arguments in ((tag, {"city": "Paris"}), (value, {"city": "Paris", "days": 3})):
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == arguments
+        assert r.choices[0].finish_reason == "length" and not r.choices[0].message.content
+    (issue,) = tag.model_extra["ninfer"]["tool_parse_issues"]
+    assert issue["kind"] == "truncated" and issue["snippet"] == "<parameter=days"
+    assert issue["discarded_chars"] == len("<parameter=days")
+    deltas = [d for chunk in streamed for choice in chunk.choices for d in choice.delta.tool_calls or ()]
+    assert [d.function.name for d in deltas if d.function.name] == ["get_weather"]
+    assert "".join(d.function.arguments or "" for d in deltas) == tag.choices[0].message.tool_calls[0].function.arguments
+
+
 def test_tool_choice_none_and_advisory_required(smollm2_server):
     client = _client(smollm2_server)
     none = client.chat.completions.create(
