@@ -32,7 +32,7 @@ import uvicorn
 from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.serve.app import create_app
-from ninfer.serve.router import ModelRouter, parse_config
+from ninfer.serve.router import ModelRouter, RouterConfig, parse_config
 from ninfer.serve.state import ServedModel
 
 # Starting the server is quick; the bound only catches a server that cannot start, so it is generous for a loaded
@@ -89,6 +89,14 @@ def _serve(open_router: Callable[[], Awaitable[ModelRouter]], *, webui_dir: str 
 def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None
                  ) -> Iterator[LiveServer]:
     parsed = parse_config(config, defaults=EngineOptions(max_context=1024, max_concurrency=2))
+    with serve_parsed_config(parsed, webui_dir=webui_dir, port=port) as live:
+        yield live
+
+
+@contextlib.contextmanager
+def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, port: int | None = None
+                        ) -> Iterator[LiveServer]:
+    """A router over a config as ninfer-serve builds it (e.g. `ninfer.cli.serve._router_config` of its arguments)."""
     holder: dict[str, ModelRouter] = {}
 
     async def open_router() -> ModelRouter:
@@ -166,17 +174,21 @@ def cut_short(server: LiveServer, tokens_before: int, max_tokens: int) -> bool:
     return lanes_free_within(server) and server.engine.stats().tokens_generated - tokens_before < max_tokens
 
 
-def greedy_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
-    """The engine's own greedy answer, without the server (what a greedy request must reproduce)."""
+def engine_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams) -> list[int]:
+    """The engine's own answer, without the server (what a request with these sampling values must reproduce)."""
 
     async def run() -> list[int]:
         tokens: list[int] = []
-        async for event in engine.generate(Request(prompt_ids, SamplingParams(temperature=0.0),
-                                                   max_new_tokens=max_tokens)):
+        async for event in engine.generate(Request(prompt_ids, sampling, max_new_tokens=max_tokens)):
             tokens.extend(event.token_ids)
         return tokens
 
     return asyncio.run(run())
+
+
+def greedy_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
+    """The engine's own greedy answer, without the server (what a greedy request must reproduce)."""
+    return engine_tokens(engine, prompt_ids, max_tokens, SamplingParams(temperature=0.0))
 
 
 def greedy_answer(server: LiveServer, messages: list[dict], max_tokens: int, **render: Any) -> tuple[list[int], str]:

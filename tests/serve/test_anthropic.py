@@ -330,12 +330,15 @@ def test_sdk_raises_its_typed_error(qwen35_server):
 
 
 def test_context_overflow_is_a_400_with_the_numbers(qwen35_server):
+    """The numbers are fields of the error object (as on the OpenAI routes), not only words in its message."""
     client = _client(qwen35_server)
+    messages = [{"role": "user", "content": "word " * 3000}]
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(
-            model="m", max_tokens=4, messages=[{"role": "user", "content": "word " * 3000}]
-        )
-    assert "1024" in info.value.body["error"]["message"]
+        client.messages.create(model="m", max_tokens=4, messages=messages)
+    error = info.value.body["error"]
+    assert error["type"] == "invalid_request_error" and "1024" in error["message"]
+    assert error["n_ctx"] == qwen35_server.engine.info.max_context == 1024
+    assert error["n_prompt_tokens"] == client.messages.count_tokens(model="m", messages=messages).input_tokens
 
 
 def test_a_disconnected_stream_frees_its_lane(qwen35_server):

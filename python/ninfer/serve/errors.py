@@ -5,8 +5,9 @@ the two below are the server's own refinements of them (the body needs fields th
 
 - `InvalidRequestError(message, param=...)`: the request is well-formed JSON but asks for something refused
   (`n > 1`, an unknown option value). 400.
-- `ContextOverflowError(n_prompt_tokens, n_ctx)`: the prompt leaves no room to generate. 400 with both numbers
-  (llama.cpp's `exceed_context_size_error`, which its web UI reads).
+- `ContextOverflowError(n_prompt_tokens, n_ctx)`: the prompt leaves no room to generate. 400 with both numbers as
+  fields of the error object, in both protocols' shapes (llama.cpp's `exceed_context_size_error`, which its web UI
+  reads).
 
 The body's shape depends on the route: Anthropic routes (`/v1/messages...`) answer
 `{"type":"error","error":{"type","message"}}`, every other route OpenAI's `{"error":{"message","type","param","code"}}`.
@@ -130,10 +131,9 @@ def openai_body(info: ErrorInfo) -> dict[str, Any]:
 
 
 def anthropic_body(info: ErrorInfo) -> dict[str, Any]:
-    return {
-        "type": "error",
-        "error": {"type": _ANTHROPIC_TYPES.get(info.kind, "api_error"), "message": info.message},
-    }
+    error = {"type": _ANTHROPIC_TYPES.get(info.kind, "api_error"), "message": info.message}
+    error.update(info.extra or {})
+    return {"type": "error", "error": error}
 
 
 def body_for_path(path: str, info: ErrorInfo) -> dict[str, Any]:

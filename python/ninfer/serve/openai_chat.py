@@ -46,6 +46,7 @@ from ninfer.serve.openai_common import (
     advisory_tool_choice,
     generation_params,
     include_usage,
+    logprob_json,
     new_id,
     stream_error_frame,
     timings_json,
@@ -139,15 +140,6 @@ def _issues_json(issues: list[ParseIssue]) -> list[dict[str, Any]]:
     ]
 
 
-def _logprob_json(lp: TokenLogprob) -> dict[str, Any]:
-    return {
-        "token": lp.token,
-        "logprob": lp.logprob,
-        "bytes": lp.bytes,
-        "top_logprobs": [{"token": t, "logprob": v, "bytes": b} for t, v, b in lp.top],
-    }
-
-
 def _finish_reason(result: GenerationResult) -> str:
     if result.tool_calls and result.finish_reason == "stop":
         return "tool_calls"
@@ -218,7 +210,7 @@ def completion_json(shape: _Shape, result: GenerationResult, logprobs: bool) -> 
         "index": 0,
         "message": _message(shape, result),
         "finish_reason": _finish_reason(result),
-        "logprobs": {"content": [_logprob_json(lp) for lp in result.logprobs]} if logprobs else None,
+        "logprobs": {"content": [logprob_json(lp) for lp in result.logprobs]} if logprobs else None,
     }
     return {
         **shape.envelope("chat.completion"),
@@ -277,7 +269,7 @@ def _chunk(
         "index": 0,
         "delta": delta,
         "finish_reason": finish_reason,
-        "logprobs": {"content": [_logprob_json(lp) for lp in logprobs]} if logprobs is not None else None,
+        "logprobs": {"content": [logprob_json(lp) for lp in logprobs]} if logprobs is not None else None,
     }
     return {**shape.envelope("chat.completion.chunk"), "choices": [choice]}
 
