@@ -32,7 +32,7 @@ import uvicorn
 from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.serve.app import create_app
-from ninfer.serve.router import ModelRouter, parse_config
+from ninfer.serve.router import ModelRouter, OpenEngine, parse_config
 from ninfer.serve.state import ServedModel
 
 # Starting the server is quick; the bound only catches a server that cannot start, so it is generous for a loaded
@@ -86,13 +86,14 @@ def _serve(open_router: Callable[[], Awaitable[ModelRouter]], *, webui_dir: str 
 
 
 @contextlib.contextmanager
-def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None
-                 ) -> Iterator[LiveServer]:
+def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None,
+                 open_engine: OpenEngine = Engine.open) -> Iterator[LiveServer]:
+    """`open_engine`: how the router opens an engine (tests wrap Engine.open to hold a load or see its engine)."""
     parsed = parse_config(config, defaults=EngineOptions(max_context=1024, max_concurrency=2))
     holder: dict[str, ModelRouter] = {}
 
     async def open_router() -> ModelRouter:
-        holder["router"] = ModelRouter(parsed)
+        holder["router"] = ModelRouter(parsed, open_engine=open_engine)
         return holder["router"]
 
     with _serve(open_router, webui_dir=webui_dir, port=port) as (url, app):
