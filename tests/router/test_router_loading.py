@@ -8,6 +8,7 @@ loads" lasts exactly as long as each test needs, however fast or slow the machin
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -88,7 +89,7 @@ def test_a_load_reports_increasing_progress_before_loaded(smollm2: Path) -> None
         loading = [d["progress"]["value"] for d in alpha if d["status"] == "loading"]
         assert [d["status"] for d in alpha] == ["loading"] * len(loading) + ["loaded"]
         assert loading[0] == 0.0
-        assert all(a < b for a, b in zip(loading, loading[1:])), loading  # increasing
+        assert all(a < b for a, b in itertools.pairwise(loading)), loading  # increasing
         assert len(loading) >= 3 and all(0.0 < v < 1.0 for v in loading[1:]), loading  # real steps in between
         assert alpha[-1]["progress"]["value"] == 1.0
         # a plain model loads one stage: llama-ui would otherwise keep room on its bar for a draft and a projector
