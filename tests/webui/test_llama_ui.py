@@ -75,16 +75,41 @@ def assistant_text(page) -> str:
     return page.locator(ANSWER).last.inner_text()
 
 
+def watch_load_percents(page) -> Callable[[], list[float]]:
+    """Notes every width llama-ui gives its model load bars (the thin bar under the model selector while the chosen
+    model loads, its width the load's progress from /models/sse); the returned function stops watching and gives the
+    percents in the order shown."""
+    page.evaluate("""() => {
+        window.loadPercents = [];
+        window.loadWatch = new MutationObserver(() => {
+            for (const bar of document.querySelectorAll('div.animate-pulse.bg-primary[style*="width"]')) {
+                const percent = parseFloat(bar.style.width);
+                if (percent !== window.loadPercents.at(-1)) window.loadPercents.push(percent);
+            }
+        });
+        window.loadWatch.observe(document.body, {subtree: true, childList: true, attributes: true});
+    }""")
+    return lambda: page.evaluate("() => { window.loadWatch.disconnect(); return window.loadPercents; }")
+
+
 def test_send_a_message_and_see_the_streamed_answer(page, ui_server) -> None:
     bodies: list[dict] = []
     page.on("request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
-    choose_model(page, "alpha")
+    assert httpx.get(ui_server.url + "/unload", timeout=30).text == "OK"  # this test sees alpha load
+    wait_for_statuses(ui_server, {"alpha": "unloaded", "beta": "unloaded"})
+    load_percents = watch_load_percents(page)
+    choose_model(page, "alpha")  # llama-ui loads the model it is given to choose
     send(page, "What is the capital of France? Answer in one sentence.")
     page.locator(ASSISTANT).last.wait_for(timeout=ANSWER_TIMEOUT_MS)
     page.wait_for_function(f"document.querySelector('{ASSISTANT}')?.innerText.includes('Paris')",
                            timeout=ANSWER_TIMEOUT_MS)
     page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
     page.screenshot(path=str(SCREENSHOTS / "webui-chat.png"))
+    # While alpha loaded, the model selector showed the load's progress growing (the bar drops to 0 once loaded).
+    percents = load_percents()
+    peak = percents.index(max(percents))
+    assert 0 < percents[peak] < 100, percents
+    assert percents[:peak + 1] == sorted(percents[:peak + 1]) and set(percents[peak + 1:]) <= {0}, percents
     assert statuses(ui_server)["alpha"] == "loaded"
     # The settings reached the request (a greedy answer), and llama-ui arms the reasoning control as it always does.
     (body,) = bodies
