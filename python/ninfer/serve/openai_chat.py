@@ -89,7 +89,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     thinking_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
     reasoning_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
     # llama.cpp: seconds between keepalive comments while the stream is silent (-1: none); llama-ui sends 1
-    sse_ping_interval: Annotated[float, Meta(ge=-1)] | None = None
+    sse_ping_interval: Annotated[float, Meta(ge=-1, le=3600)] | None = None
 
 
 def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
