@@ -1,7 +1,8 @@
 """llama.cpp's router-mode management surface (what llama-ui calls) and llama-swap's operations routes.
 
     POST /models/load {model}      -> {success: true} at once; /models/sse reports the load
-    POST /models/unload {model}    -> {success: true}; the model unloads once its in-flight requests finish
+    POST /models/unload {model}    -> {success: true}; the model unloads once its in-flight requests finish (a
+                                      loading one: its load is cancelled)
     GET  /models/sse               -> `model_status` events on every load / swap / unload (with the load's progress),
                                       keepalives every `sse_ping_interval` s of the router config (default 5)
     GET  /props[?model=&autoload=] -> what llama-ui reads (role, default_generation_settings, total_slots, ...)
