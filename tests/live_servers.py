@@ -32,7 +32,7 @@ import uvicorn
 from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.serve.app import create_app
-from ninfer.serve.router import ModelRouter, RouterConfig, parse_config
+from ninfer.serve.router import ModelRouter, OpenEngine, RouterConfig, parse_config
 from ninfer.serve.state import ServedModel
 
 # Starting the server is quick; the bound only catches a server that cannot start, so it is generous for a loaded
@@ -86,21 +86,22 @@ def _serve(open_router: Callable[[], Awaitable[ModelRouter]], *, webui_dir: str 
 
 
 @contextlib.contextmanager
-def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None
-                 ) -> Iterator[LiveServer]:
+def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None,
+                 open_engine: OpenEngine = Engine.open) -> Iterator[LiveServer]:
+    """`open_engine`: how the router opens an engine (tests wrap Engine.open to hold a load or see its engine)."""
     parsed = parse_config(config, defaults=EngineOptions(max_context=1024, max_concurrency=2))
-    with serve_parsed_config(parsed, webui_dir=webui_dir, port=port) as live:
+    with serve_parsed_config(parsed, webui_dir=webui_dir, port=port, open_engine=open_engine) as live:
         yield live
 
 
 @contextlib.contextmanager
-def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, port: int | None = None
-                        ) -> Iterator[LiveServer]:
+def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, port: int | None = None,
+                        open_engine: OpenEngine = Engine.open) -> Iterator[LiveServer]:
     """A router over a config as ninfer-serve builds it (e.g. `ninfer.cli.serve._router_config` of its arguments)."""
     holder: dict[str, ModelRouter] = {}
 
     async def open_router() -> ModelRouter:
-        holder["router"] = ModelRouter(parsed)
+        holder["router"] = ModelRouter(parsed, open_engine=open_engine)
         return holder["router"]
 
     with _serve(open_router, webui_dir=webui_dir, port=port) as (url, app):

@@ -20,7 +20,7 @@ import asyncio
 import threading
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -359,17 +359,28 @@ class _EventPump:
             self.thread.join()
 
 
+# The share of a load done after each of its steps, as `Engine(..., progress=)` reports it. The native loader has no
+# progress callback of its own; its one step (mapping the artifact, checking and placing every tensor) is most of a
+# load, and building the tokenizer, which takes seconds for large vocabularies, comes after it.
+LOAD_PROGRESS = {"header": 0.05, "weights": 0.85, "tokenizer": 0.95}
+
+
 class Engine:
     """One loaded model. Create with `await Engine.open(...)` (or `Engine.open_sync`); `close()` frees it (so does
     garbage collection, and interpreter exit)."""
 
     supports_token_constraints = True  # Request.constraint is honoured
 
-    def __init__(self, path: str | Path, options: EngineOptions) -> None:
+    def __init__(self, path: str | Path, options: EngineOptions,
+                 progress: Callable[[float], None] | None = None) -> None:
+        report = progress or (lambda fraction: None)  # called on the loading thread
         artifact = read_artifact(path)
+        report(LOAD_PROGRESS["header"])
         native = _engine.Engine(str(path), _native_options(options))
+        report(LOAD_PROGRESS["weights"])
         self.options = options
         self.frontend = Frontend(artifact.frontend, native.eos_token_ids)
+        report(LOAD_PROGRESS["tokenizer"])
         config = artifact.config
         self.info = ModelInfo(
             path=str(path), arch=config["arch"], max_context=options.max_context, vocab_size=config["vocab_size"],
@@ -391,9 +402,11 @@ class Engine:
         return cls(path, options or EngineOptions())
 
     @classmethod
-    async def open(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
-        """Loads in a worker thread so the event loop keeps running."""
-        return await asyncio.to_thread(cls, path, options or EngineOptions())
+    async def open(cls, path: str | Path, options: EngineOptions | None = None,
+                   progress: Callable[[float], None] | None = None) -> Engine:
+        """Loads in a worker thread so the event loop keeps running; `progress(fraction)` is called on that thread
+        after each step of the load (LOAD_PROGRESS)."""
+        return await asyncio.to_thread(cls, path, options or EngineOptions(), progress)
 
     def submit(self, request: Request) -> tuple[int, asyncio.Queue]:
         """Queues a request from inside a running event loop; returns its id and the queue its events reach."""

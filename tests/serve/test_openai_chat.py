@@ -395,3 +395,26 @@ def test_tool_choice_none_and_advisory_required(smollm2_server):
         model="m", messages=HELLO, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=4
     )
     assert required.model_extra["ninfer"]["tool_choice"]["enforced"] is False
+
+
+def test_sse_ping_interval_sets_the_stream_keepalives(smollm2_server):
+    # llama-ui sends sse_ping_interval (seconds) with every stream: keepalive comments while the stream is silent.
+    # A 5 ms interval makes them certain during the prefill of a long prompt; -1 asks for none. The data frames are
+    # the same either way.
+    client = httpx.Client(base_url=smollm2_server.url, timeout=300)
+    body = {"model": "m", "temperature": 0, "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "Repeat after me: " + "the lighthouse keeper " * 40}]}
+
+    def lines(interval: float) -> list[str]:
+        with client.stream("POST", "/v1/chat/completions", json={**body, "sse_ping_interval": interval}) as response:
+            assert response.status_code == 200
+            return [line for line in response.iter_lines() if line]
+
+    def data(frames: list[str]) -> list[str]:
+        return [json.dumps({k: v for k, v in json.loads(f[6:]).items() if k not in ("created", "id", "timings")})
+                for f in frames if f.startswith("data: ") and f != "data: [DONE]"]
+
+    pinged, disabled = live_servers.concurrently(lambda: lines(0.005), lambda: lines(-1))
+    assert sum(line.startswith(":") for line in pinged) >= 1, pinged
+    assert not any(line.startswith(":") for line in disabled), disabled
+    assert data(pinged) == data(disabled)

@@ -54,7 +54,7 @@ from ninfer.serve.openai_common import (
 )
 from ninfer.serve.reasoning_control import ReasoningControl
 from ninfer.serve.router import RouterDependency
-from ninfer.serve.sse import sse_frame, sse_response
+from ninfer.serve.sse import PING_INTERVAL_S, sse_frame, sse_response
 from ninfer.serve.structured import build_constraint, chat_response_format
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -86,6 +86,11 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None
     reasoning_control: bool = False  # llama.cpp: arms `reasoning_end` through /v1/chat/completions/control
+    # llama.cpp: reasoning tokens after which the reasoning is ended (-1: no limit); llama-ui sends the first name
+    thinking_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    reasoning_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    # llama.cpp: seconds between keepalive comments while the stream is silent (-1: none); llama-ui sends 1
+    sse_ping_interval: Annotated[float, Meta(ge=-1, le=3600)] | None = None
 
 
 def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
@@ -295,6 +300,19 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
     yield sse_frame("[DONE]")
 
 
+def _reasoning_budget(body: ChatCompletionRequest) -> int | None:
+    """The request's reasoning budget in tokens, None for no limit (llama.cpp reads reasoning_budget_tokens first)."""
+    budget = body.reasoning_budget_tokens if body.reasoning_budget_tokens is not None else body.thinking_budget_tokens
+    return None if budget is None or budget < 0 else budget
+
+
+def _ping_interval(body: ChatCompletionRequest) -> float | None:
+    """Seconds between keepalives of this stream: the request's, else the server's; None: no keepalives."""
+    if body.sse_ping_interval is None:
+        return PING_INTERVAL_S
+    return None if body.sse_ping_interval <= 0 else body.sse_ping_interval
+
+
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, summary="OpenAI Chat Completions")
 async def chat_completions(data: JSONBody[ChatCompletionRequest], router: RouterDependency,
                            request: Request) -> Any:
@@ -316,14 +334,17 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], router: Router
             model.engine, output_format, "response_format", starts_in_reasoning=prompt.starts_in_reasoning
         )
         params = replace(params, constraint=constraint)
-    if data.reasoning_control:
+    budget = _reasoning_budget(data)
+    if data.reasoning_control or budget is not None:
         params = replace(params, constraint=ReasoningControl(
-            model.engine.frontend, starts_in_reasoning=prompt.starts_in_reasoning, inner=params.constraint))
+            model.engine.frontend, starts_in_reasoning=prompt.starts_in_reasoning, inner=params.constraint,
+            budget=budget))
     generation = await start_generation(model, prompt, params, tools=chat.tools)
     shape = _Shape(data, model.model_id)
     if data.stream:
         return sse_response(
-            _chunks(shape, generation, want_logprobs, include_usage(data)), on_error=stream_error_frame
+            _chunks(shape, generation, want_logprobs, include_usage(data)), on_error=stream_error_frame,
+            ping_interval_s=_ping_interval(data)
         )
     return completion_json(shape, await run_while_connected(request, generation.run()), want_logprobs)
 

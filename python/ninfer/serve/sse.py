@@ -1,8 +1,9 @@
 """Server-sent events for the generation routes.
 
 `sse_response(frames)` streams an async iterator of ready-made frames (`sse_frame(data, event=...)`), adding a
-keepalive comment when nothing was sent for `ping_interval_s` (Litestar 2.x has no pings of its own), and turning a
-NinferError raised mid-stream into one final error frame (`on_error`), since the status line is already sent.
+keepalive comment when nothing was sent for `ping_interval_s` (None: never; Litestar 2.x has no pings of its own),
+and turning a NinferError raised mid-stream into one final error frame (`on_error`), since the status line is already
+sent.
 
 Disconnects: Litestar 2.x cancels the sending task when the client goes away, but does not close the iterator, which
 then sits at a `yield` until garbage collection, holding its engine lane. `_ClosingStreamingResponse` closes it in
@@ -34,7 +35,7 @@ def sse_frame(data: Any, event: str | None = None) -> bytes:
 
 
 async def _with_pings(
-    frames: AsyncIterator[bytes], interval_s: float, on_error: Callable[[NinferError], bytes] | None
+    frames: AsyncIterator[bytes], interval_s: float | None, on_error: Callable[[NinferError], bytes] | None
 ) -> AsyncIterator[bytes]:
     pending: asyncio.Task[bytes] | None = None
     try:
@@ -89,7 +90,7 @@ class SSEStream(Stream):
 def sse_response(
     frames: AsyncIterator[bytes],
     *,
-    ping_interval_s: float = PING_INTERVAL_S,
+    ping_interval_s: float | None = PING_INTERVAL_S,
     on_error: Callable[[NinferError], bytes] | None = None,
     headers: dict[str, str] | None = None,
 ) -> SSEStream:
