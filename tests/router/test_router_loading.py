@@ -32,8 +32,10 @@ class HeldLoads:
         self.gate = threading.Event()
         self.waiting = threading.Event()  # a load is held at the gate
         self.engines: list[Engine] = []
+        self.calls = 0  # loads started
 
     async def __call__(self, path: Path, options: EngineOptions, progress: Callable[[float], None]) -> Engine:
+        self.calls += 1
         self.waiting.set()
         await asyncio.to_thread(self.gate.wait, LOAD_S)  # bounded: a failing test must not hang the server thread
         engine = await Engine.open(path, options, progress)
@@ -148,6 +150,25 @@ def test_the_health_check_timeout_fails_the_load_and_its_late_engine_is_closed(s
         assert wait_until(lambda: late._closed)  # closed as soon as it was open
         assert statuses(client)["alpha"]["value"] == "failed" and server.router.models == []  # never resident
         assert client.get("/health").status_code == 200  # the server goes on
+
+
+def test_a_load_waits_for_an_abandoned_load_to_end_first(smollm2: Path) -> None:
+    """One engine in memory at a time: while a load abandoned at its health-check timeout still runs, the next load
+    waits for it (bounded by the same timeout) rather than opening a second engine beside it."""
+    held = HeldLoads()
+    with serve_router(two_models(smollm2, health_check_timeout=0.5), open_engine=held) as server, \
+            httpx.Client(base_url=server.url, timeout=LOAD_S) as client:
+        try:
+            assert chat(client, "alpha").status_code == 503  # abandoned at the gate
+            blocked = chat(client, "beta")
+            assert blocked.status_code == 503
+            assert "an earlier load that outlived its health-check timeout is still running" in \
+                blocked.json()["error"]["message"]
+            assert held.calls == 1  # beta's load never started
+        finally:
+            held.gate.set()
+        assert wait_until(lambda: len(held.engines) == 1 and held.engines[0]._closed, LOAD_S)
+        assert wait_until(lambda: not server.router._abandoned_loads)  # the next load no longer waits
 
 
 def test_unload_during_a_load_cancels_it(smollm2: Path) -> None:

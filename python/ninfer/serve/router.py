@@ -407,8 +407,9 @@ class ModelRouter:
         self._subscribers: set[asyncio.Queue[StatusEvent | None]] = set()
         self._call_ids = iter(range(1, 2**62))
         self.errors: list[tuple[float, str, str]] = []  # recent (time, model, message), for the dashboard
-        # Loads past their health-check timeout, still running: held, since the loop keeps only weak references.
-        self._abandoned_loads: set[asyncio.Future[Engine]] = set()
+        # Loads past their health-check timeout, still running, each a task that closes its engine once it opens
+        # (held: the loop keeps only weak references). The next load waits for them: one engine in memory at a time.
+        self._abandoned_loads: set[asyncio.Task[None]] = set()
         self.started = time.time()
         self.metrics = ServerMetrics(self.resident_stats)
 
@@ -717,13 +718,19 @@ class ModelRouter:
         """Opens the target's engine and gates on readiness; returns the failure reason, or None when ready."""
         spec = target.spec
         timeout = self.config.health_check_timeout_s
+        if self._abandoned_loads:  # their memory is not free until they end (bounded like a load)
+            _, running = await asyncio.wait(self._abandoned_loads, timeout=timeout)
+            if running:
+                return (f"an earlier load that outlived its health-check timeout is still running, so its memory is "
+                        f"not free yet (waited {timeout:g} s)")
         opening = asyncio.ensure_future(self._open_engine(spec.path, spec.options, self._progress_reporter(target)))
         done, _ = await asyncio.wait({opening}, timeout=timeout)
         if not done:
             # The load thread cannot be interrupted: close whatever it produces once it finishes; it never becomes
             # resident (this load has failed).
-            self._abandoned_loads.add(opening)
-            opening.add_done_callback(self._close_abandoned)
+            closing = asyncio.create_task(self._close_when_opened(opening), name="ninfer-router-abandoned-load")
+            self._abandoned_loads.add(closing)
+            closing.add_done_callback(self._abandoned_loads.discard)
             return f"not ready within the health-check timeout of {timeout:g} s"
         try:
             engine = opening.result()
@@ -742,12 +749,15 @@ class ModelRouter:
         target.served = served
         return None
 
-    def _close_abandoned(self, opening: asyncio.Future[Engine]) -> None:
-        self._abandoned_loads.discard(opening)
-        if not opening.cancelled() and opening.exception() is None:
-            engine = opening.result()
-            log.info("closing %s, whose load finished after its health-check timeout", engine.info.path)
-            self._spawn(asyncio.to_thread(engine.close))
+    @staticmethod
+    async def _close_when_opened(opening: asyncio.Future[Engine]) -> None:
+        try:
+            engine = await opening
+        except Exception as exc:  # noqa: BLE001 - nothing to close; the load was reported failed at its timeout
+            log.info("a load abandoned at its health-check timeout failed later: %s", exc)
+            return
+        log.info("closing %s, whose load finished after its health-check timeout", engine.info.path)
+        await asyncio.to_thread(engine.close)
 
     async def _close_served(self, entry: ModelEntry) -> None:
         """Closes the entry's engine (`Engine.close` frees all its memory) and drops it."""
