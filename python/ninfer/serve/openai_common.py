@@ -81,6 +81,7 @@ def generation_params(
     logprobs: bool = False,
     top_logprobs: int = 0,
     split_reasoning: bool = True,
+    report_progress: bool = False,
 ) -> GenerationParams:
     refuse_n(body.n)
     return GenerationParams(
@@ -99,6 +100,7 @@ def generation_params(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         split_reasoning=split_reasoning,
+        report_progress=report_progress,
     )
 
 
