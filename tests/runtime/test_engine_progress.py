@@ -4,10 +4,10 @@ first token, and none for a request that did not ask."""
 from __future__ import annotations
 
 import asyncio
-import math
 
 import numpy as np
 import pytest
+from prefill_progress import check_progress
 
 from ninfer.engine import Engine, EngineOptions, GenerationEvent, Request, SamplingParams
 
@@ -27,19 +27,6 @@ def greedy(prompt: list[int], *, report_progress: bool) -> Request:
                    report_progress=report_progress)
 
 
-def check_progress(events: list[GenerationEvent], n_prompt: int) -> None:
-    """ceil(n / chunk) progress events, processed growing chunk by chunk to n, every one before the first token."""
-    n_reports = math.ceil(n_prompt / CHUNK)
-    reports, rest = events[:n_reports], events[n_reports:]
-    assert all(ev.progress is not None and ev.token_ids == () and ev.finish_reason is None for ev in reports)
-    assert [ev.progress.processed for ev in reports] == [min((i + 1) * CHUNK, n_prompt) for i in range(n_reports)]
-    assert {(ev.progress.total, ev.progress.cached) for ev in reports} == {(n_prompt, 0)}
-    elapsed = [ev.progress.elapsed_s for ev in reports]
-    assert elapsed == sorted(elapsed) and elapsed[0] > 0
-    assert all(ev.progress is None for ev in rest)
-    assert rest[0].token_ids and rest[-1].finish_reason == "length"
-
-
 @pytest.mark.parametrize("n_prompt", [1, CHUNK, CHUNK + 1, 3 * CHUNK + 17])
 def test_one_progress_event_per_prefill_chunk_before_the_first_token(tiny_llama_artifact, n_prompt):
     rng = np.random.default_rng()
@@ -47,9 +34,10 @@ def test_one_progress_event_per_prefill_chunk_before_the_first_token(tiny_llama_
         prompt = rng.integers(3, engine.info.vocab_size, size=n_prompt).tolist()
         with_progress = asyncio.run(events_of(engine, greedy(prompt, report_progress=True)))
         without = asyncio.run(events_of(engine, greedy(prompt, report_progress=False)))
-    check_progress(with_progress, n_prompt)
+    check_progress(with_progress, n_prompt, CHUNK)
     assert all(ev.progress is None for ev in without)
     # Reporting changes nothing else: the same tokens, the same usage.
+    assert with_progress[-1].finish_reason == "length"
     assert [ev.token_ids for ev in with_progress if ev.progress is None] == [ev.token_ids for ev in without]
     assert with_progress[-1].usage == without[-1].usage
 
@@ -67,5 +55,5 @@ def test_progress_only_for_the_request_that_asked_when_prefills_share_steps(tiny
                                         events_of(engine, greedy(prompts[1], report_progress=False)))
 
         reporting, silent = asyncio.run(both())
-    check_progress(reporting, len(prompts[0]))
+    check_progress(reporting, len(prompts[0]), CHUNK)
     assert all(ev.progress is None for ev in silent) and silent[-1].finish_reason == "length"
