@@ -288,8 +288,9 @@ def _chunk(
 
 
 def _progress_chunk(shape: _Shape, progress: PrefillProgress) -> dict[str, Any]:
-    """llama.cpp's prompt progress chunk: llama-ui reads the top-level `prompt_progress` (its `processed - cache`
-    over `total - cache` is the bar, `time_ms` the ETA)."""
+    """A prompt progress chunk. llama-ui reads its top-level `prompt_progress` (`processed - cache` over `total - cache`
+    is its percentage, `time_ms` feeds its ETA) besides the chunk's id and model; the delta is empty, so a client that
+    accumulates deltas (the SDKs) takes nothing from it."""
     return {
         **_chunk(shape, {}),
         "prompt_progress": {
