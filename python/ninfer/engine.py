@@ -95,6 +95,17 @@ class Request:
     logprobs: bool = False
     top_logprobs: int = 0
     constraint: TokenConstraint | None = None  # used by one request only: it keeps state
+    report_progress: bool = False  # a progress event (GenerationEvent.progress) after each prefill chunk
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """How far the prompt has been prefilled, after one prefill chunk."""
+
+    total: int  # prompt tokens
+    cached: int  # reused from a prefix cache, counted in `processed` too (0: no prefix reuse yet)
+    processed: int  # prompt tokens in the request's cache now, cached ones included; the last event has total
+    elapsed_s: float  # since the prefill began (admission into a lane)
 
 
 @dataclass(frozen=True)
@@ -115,7 +126,10 @@ class Timings:
 
 @dataclass(frozen=True)
 class GenerationEvent:
-    """New tokens of one request; the last event has `finish_reason` (stop | length | cancelled), usage, timings."""
+    """New tokens of one request; the last event has `finish_reason` (stop | length | cancelled), usage, timings.
+
+    A request with `report_progress` also gets events that carry only `progress`, one per prefill chunk, all before
+    its first token."""
 
     request_id: int
     token_ids: tuple[int, ...]
@@ -124,6 +138,7 @@ class GenerationEvent:
     finish_reason: str | None = None
     usage: Usage | None = None
     timings: Timings | None = None
+    progress: PrefillProgress | None = None
 
 
 @dataclass(frozen=True)
@@ -271,10 +286,15 @@ def _native_request(request: Request, default_stops: Sequence[int]) -> _engine.G
     stops = default_stops if request.stop_token_ids is None else request.stop_token_ids
     native.stop_token_ids = list(stops)
     native.constrained = request.constraint is not None
+    native.report_progress = request.report_progress
     return native
 
 
 def _event(ev: Any) -> GenerationEvent:
+    if ev.kind == "progress":
+        p = ev.progress
+        progress = PrefillProgress(p.total, p.cached, p.processed, p.elapsed_s)
+        return GenerationEvent(ev.request_id, (), progress=progress)
     finished = ev.finish != "none"
     return GenerationEvent(
         request_id=ev.request_id,

@@ -1,10 +1,12 @@
 """The real pinned llama-ui, in headless Chromium, against a live ninfer router (SmolLM2 as two models): send a
 message and see the streamed answer, stop a generation, switch models and see the status change, reload mid-stream
-and see the stream resume; and the dashboard shows live slot state. Screenshots go to docs/."""
+and see the stream resume, see a long prompt's progress; and the dashboard shows live slot state. Screenshots go to
+docs/."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -249,6 +251,18 @@ def test_reload_mid_stream_and_see_the_stream_resume(page, ui_server) -> None:
     assert after.startswith(before[: max(0, len(before) - 20)])  # the same answer, continued
     streams = httpx.get(ui_server.url + "/v1/streams").json()
     assert streams and streams[-1]["total_bytes"] > 0
+
+
+def test_a_long_prompt_shows_its_progress(page, ui_server) -> None:
+    """llama-ui asks for `return_progress` and shows each `prompt_progress` chunk as "Processing N% (ETA: ...)"
+    until the answer starts: a prompt of several prefill chunks (alpha's are 64 tokens) shows a percentage below 100
+    while its later chunks are read (without the chunks the UI says only "Processing...")."""
+    choose_model(page, "alpha")
+    send(page, "Summarize this text in one sentence. " + "The quick brown fox jumps over the lazy dog. " * 25)
+    page.get_by_text(re.compile(r"Processing \d{1,2}% ")).wait_for(timeout=ANSWER_TIMEOUT_MS)
+    stop = page.get_by_role("button", name="Stop generation")  # the answer itself is not what this test is about
+    stop.click()
+    stop.wait_for(state="hidden", timeout=SETTLE_MS)
 
 
 def test_dashboard_shows_live_slot_state(browser, ui_server) -> None:

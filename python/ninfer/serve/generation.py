@@ -28,6 +28,8 @@ Semantics the protocols share:
   are parsed only when `tools` is given. A tool call written inside the reasoning ends it and is returned as a call.
 - Stop strings apply to the raw generated text (reasoning included), matched across token boundaries.
 - `usage.reasoning_tokens` counts tokens generated while the reasoning block was open.
+- With `GenerationParams.report_progress`, the first Deltas carry only `progress` (PrefillProgress), one per
+  prefill chunk, the last with every prompt token processed; they count nothing and end nothing.
 - Logprobs ride on the first delta emitted after the tokens arrive (text can be held back by the stop-string and
   tag matchers); every generated token up to the end (or the stop string) is reported exactly once.
 """
@@ -40,7 +42,16 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from ninfer.engine import Engine, GenerationEvent, Request, SamplingParams, TextStream, Timings, TokenConstraint
+from ninfer.engine import (
+    Engine,
+    GenerationEvent,
+    PrefillProgress,
+    Request,
+    SamplingParams,
+    TextStream,
+    Timings,
+    TokenConstraint,
+)
 from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser
 from ninfer.frontend.stop_strings import StopStringMatcher
 from ninfer.frontend.tool_calls import (
@@ -105,6 +116,7 @@ class GenerationParams:
     top_logprobs: int = 0
     split_reasoning: bool = True
     constraint: TokenConstraint | None = None  # structured output: the per-step token mask (one request only)
+    report_progress: bool = False  # a progress-only Delta after each prefill chunk (llama.cpp's return_progress)
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,7 @@ class Delta:
     reasoning: str = ""
     tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    progress: PrefillProgress | None = None  # a prefill progress report: no other field is set
 
 
 @dataclass(frozen=True)
@@ -201,6 +214,7 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
         logprobs=params.logprobs or params.top_logprobs > 0,
         top_logprobs=params.top_logprobs,
         constraint=params.constraint,
+        report_progress=params.report_progress,
     )
 
 
@@ -265,6 +279,9 @@ class Generation:
         events = self._engine_events()
         try:
             async for event in events:
+                if event.progress is not None:
+                    yield Delta(progress=event.progress)
+                    continue
                 last = event
                 if self._stops.stopped is not None:
                     continue  # draining after a stop string: the final event still brings usage and timings

@@ -4,6 +4,9 @@ A thin translator over `ninfer.serve.generation`: the request becomes a ChatProm
 pipeline's Deltas become `chat.completion.chunk`s, its result a `chat.completion`. Reasoning is returned as
 `reasoning_content` (message and delta), as llama.cpp, vLLM and DeepSeek do.
 
+`return_progress: true` (llama.cpp's; llama-ui sends it on every streamed request) streams a chunk per prefill chunk,
+before the first token: an empty delta and a top-level `prompt_progress {total, cache, processed, time_ms}`.
+
 `reasoning_control: true` (llama.cpp's, which llama-ui sends) lets `POST /v1/chat/completions/control` end the
 generation's reasoning while it runs (ninfer.serve.reasoning_control).
 
@@ -26,6 +29,7 @@ from litestar import Request, post
 from litestar.params import JSONBody
 from msgspec import Meta
 
+from ninfer.engine import PrefillProgress
 from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
 from ninfer.serve.custom_tools import call_input, chat_form_tools, chat_history_call
 from ninfer.serve.disconnect import run_while_connected
@@ -91,6 +95,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     reasoning_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
     # llama.cpp: seconds between keepalive comments while the stream is silent (-1: none); llama-ui sends 1
     sse_ping_interval: Annotated[float, Meta(ge=-1, le=3600)] | None = None
+    return_progress: bool = False  # llama.cpp: streamed `prompt_progress` chunks while the prompt is read
 
 
 def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
@@ -279,9 +284,27 @@ def _chunk(
     return {**shape.envelope("chat.completion.chunk"), "choices": [choice]}
 
 
+def _progress_chunk(shape: _Shape, progress: PrefillProgress) -> dict[str, Any]:
+    """A prompt progress chunk. llama-ui reads its top-level `prompt_progress` (`processed - cache` over `total - cache`
+    is its percentage, `time_ms` feeds its ETA) besides the chunk's id and model; the delta is empty, so a client that
+    accumulates deltas (the SDKs) takes nothing from it."""
+    return {
+        **_chunk(shape, {}),
+        "prompt_progress": {
+            "total": progress.total,
+            "cache": progress.cached,
+            "processed": progress.processed,
+            "time_ms": progress.elapsed_s * 1000,
+        },
+    }
+
+
 async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: bool) -> AsyncIterator[bytes]:
     yield sse_frame(_chunk(shape, {"role": "assistant", "content": ""}))
     async for delta in generation.deltas():
+        if delta.progress is not None:
+            yield sse_frame(_progress_chunk(shape, delta.progress))
+            continue
         fields = _delta_json(shape, delta)
         if fields or (logprobs and delta.logprobs):
             yield sse_frame(_chunk(shape, fields, logprobs=list(delta.logprobs) if logprobs else None))
@@ -325,6 +348,7 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], router: Router
         logprobs=want_logprobs,
         top_logprobs=data.top_logprobs or 0,
         split_reasoning=data.reasoning_format != "none",
+        report_progress=data.stream and data.return_progress,
     )
     chat = _chat_prompt(data)
     output_format = chat_response_format(data.response_format)

@@ -91,6 +91,7 @@ def generation_params(
     logprobs: bool = False,
     top_logprobs: int = 0,
     split_reasoning: bool = True,
+    report_progress: bool = False,
 ) -> GenerationParams:
     refuse_n(body.n)
     refuse_logit_bias(body.logit_bias)
@@ -110,6 +111,7 @@ def generation_params(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         split_reasoning=split_reasoning,
+        report_progress=report_progress,
     )
 
 
