@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -313,6 +314,8 @@ class _EventPump:
         self.native = native
         self.routes: dict[int, _Route] = {}
         self.constraints: dict[int, tuple[TokenConstraint, np.ndarray]] = {}
+        # cancelled requests whose caller wants to know when their lane is free (Engine.generate's on_cancel_freed)
+        self.freed_watchers: dict[int, Callable[[float], None]] = {}
         self.lock = threading.Lock()  # submit + registration is atomic against dispatch
         self.mask_words = (native.vocab_size + 31) // 32
         self.closed = False
@@ -332,6 +335,9 @@ class _EventPump:
                         _deliver(route, ev)
                     if ev.finish != "none":
                         self.constraints.pop(ev.request_id, None)
+                        watcher = self.freed_watchers.pop(ev.request_id, None)
+                        if watcher is not None:
+                            watcher(time.perf_counter())
             if closing and not news.events:
                 return
 
@@ -409,8 +415,11 @@ class Engine:
                 pump.constraints[request_id] = (request.constraint, np.zeros(pump.mask_words, dtype=np.uint32))
         return request_id, queue
 
-    async def generate(self, request: Request) -> AsyncIterator[GenerationEvent]:
-        """Streams the request's events. Leaving the loop early (or being cancelled) cancels the request."""
+    async def generate(self, request: Request, on_cancel_freed: Callable[[float], None] | None = None
+                       ) -> AsyncIterator[GenerationEvent]:
+        """Streams the request's events. Leaving the loop early (or being cancelled) cancels the request; then
+        `on_cancel_freed`, if given, is called on the pump thread with the `time.perf_counter()` at which the
+        engine's final event arrived, i.e. its lane (or queue place) was free (the server times disconnects so)."""
         request_id, queue = self.submit(request)
         finished = False
         try:
@@ -421,10 +430,14 @@ class Engine:
                     raise _error(ev.error_type, ev.error_message)
                 yield _event(ev)
         finally:
-            with self._pump.lock:
-                self._pump.routes.pop(request_id, None)
-            if not finished:
-                self.cancel(request_id)
+            pump = self._pump
+            with pump.lock:
+                pump.routes.pop(request_id, None)
+                if not finished and on_cancel_freed is not None:  # before the cancel, whose event may come at once
+                    pump.freed_watchers[request_id] = on_cancel_freed
+            if not finished and not self.cancel(request_id):
+                with pump.lock:  # it had ended already: no final event is coming
+                    pump.freed_watchers.pop(request_id, None)
 
     def cancel(self, request_id: int) -> bool:
         """Ends a queued or running request; its lane and KV are free by the time its last event arrives."""

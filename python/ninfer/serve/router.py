@@ -288,13 +288,14 @@ class TrackedEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    async def generate(self, request: Request) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, request: Request, on_cancel_freed: Callable[[float], None] | None = None
+                       ) -> AsyncIterator[GenerationEvent]:
         call = CURRENT_CALL.get()
         control = request.constraint if isinstance(request.constraint, ReasoningControl) else None
         activity = Activity(self._engine, n_prompt=len(request.prompt_tokens), reasoning=control)
         if call is not None:
             call.generations.append(activity)
-        events = self._engine.generate(request)
+        events = self._engine.generate(request, on_cancel_freed)
         try:
             async for event in events:
                 if activity.request_id is None:
