@@ -249,8 +249,22 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     return native
 
 
-def _native_request(request: Request, default_stops: Sequence[int]) -> _engine.GenerationRequest:
+def _check_range(what: str, value: int, low: int, high: int, bounds: str) -> None:
+    """The native request's integers are fixed-width: a value outside [low, high) is refused here, typed, instead of
+    failing the bindings' conversion."""
+    if not low <= value < high:
+        raise errors.EngineError(f"invalid {what} = {value} (must be in {bounds})")
+
+
+def _native_request(request: Request, default_stops: Sequence[int], vocab_size: int) -> _engine.GenerationRequest:
     s = request.sampling
+    ids = request.prompt_tokens
+    if ids and not (-(2**31) <= min(ids) and max(ids) < 2**31):  # int32 ids; the engine checks the vocabulary
+        position, bad = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
+        raise errors.EngineError(f"token id {bad} at position {position} is outside the vocabulary of {vocab_size}")
+    _check_range("sampling value: top_k", s.top_k, 0, 2**31, "[0, 2^31)")
+    _check_range("top_logprobs", request.top_logprobs, 0, 2**31, "[0, 2^31)")
+    _check_range("max_new_tokens", request.max_new_tokens, 0, 2**63, "[0, 2^63)")
     sampling = _engine.SamplingParams()
     sampling.temperature = s.temperature
     sampling.top_p = s.top_p
@@ -260,8 +274,7 @@ def _native_request(request: Request, default_stops: Sequence[int]) -> _engine.G
     sampling.frequency_penalty = s.frequency_penalty
     sampling.repetition_penalty = s.repetition_penalty
     if s.seed is not None:
-        if not 0 <= s.seed < 2**64:
-            raise errors.EngineError(f"invalid sampling value: seed = {s.seed} (must be in [0, 2^64))")
+        _check_range("sampling value: seed", s.seed, 0, 2**64, "[0, 2^64)")
         sampling.has_seed, sampling.seed = True, s.seed
     sampling.logprobs = request.logprobs
     sampling.top_logprobs = request.top_logprobs
@@ -405,7 +418,7 @@ class Engine:
         """Queues a request from inside a running event loop; returns its id and the queue its events reach."""
         if self._closed:
             raise errors.EngineError("the engine is closed")
-        native = _native_request(request, self.frontend.eos_token_ids)
+        native = _native_request(request, self.frontend.eos_token_ids, self.info.vocab_size)
         queue: asyncio.Queue = asyncio.Queue()
         pump = self._pump
         with pump.lock:

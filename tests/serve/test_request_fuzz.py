@@ -72,12 +72,13 @@ TEMPLATES: dict[str, tuple[dict[str, Any], str | None, str]] = {
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER_SCHEMA}},
         "chat_template_kwargs": {"enable_thinking": False},
-        "stop": ["\n\n"], "logprobs": True, "top_logprobs": 2, "seed": 1, "temperature": 0.5,
+        "stop": ["\n\n"], "logprobs": True, "top_logprobs": 2, "seed": 1, "temperature": 0.5, "top_p": 0.9,
+        "top_k": 40, "min_p": 0.05, "presence_penalty": 0.1, "frequency_penalty": 0.1, "repetition_penalty": 1.1,
         "stream_options": {"include_usage": True}, "max_tokens": MAX_FUZZ_TOKENS,
     }, "max_tokens", OPENAI),
     "/v1/completions": ({
         "model": "m", "prompt": [[1, 2, 3]], "logprobs": 2, "echo": True,
-        "stop": "x", "seed": 3, "max_tokens": MAX_FUZZ_TOKENS,
+        "stop": "x", "seed": 3, "top_k": 5, "repeat_penalty": 1.1, "max_tokens": MAX_FUZZ_TOKENS,
     }, "max_tokens", OPENAI),
     "/v1/responses": ({
         "model": "m",
@@ -262,3 +263,27 @@ def test_the_templates_are_accepted(qwen35_server, route):
     template, _, _ = TEMPLATES[route]
     reply = httpx.post(qwen35_server.url + route, json=template, timeout=60)
     assert reply.status_code == 200, reply.text
+
+
+DEEP = 100_000  # levels of nesting: deeper than any decoder's recursion goes
+# Bodies that once answered 500 (each found by hand after the fuzzers above): the route, a body, what the 400 says.
+ONCE_A_500 = [
+    ("/v1/chat/completions", b'{"model":"m","messages":' + b"[" * DEEP + b"]" * DEEP + b"}", "nested too deeply"),
+    ("/v1/chat/completions/control", b'{"id":' + b"[" * DEEP + b"]" * DEEP + b"}", "nested too deeply"),
+    ("/v1/messages", b'{"model":"m","max_tokens":1,"messages":' + b"{\"a\":" * DEEP + b"1" + b"}" * DEEP + b"}",
+     "nested too deeply"),
+    # integers the engine's fixed-width request fields cannot hold
+    ("/v1/completions", json.dumps({"prompt": [5, 2**40], "max_tokens": 1}).encode(),
+     f"token id {2**40} at position 1 is outside the vocabulary"),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                                         "top_k": 2**62}).encode(), "top_k"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "message"), ONCE_A_500, ids=[f"{r}-{m[:12]}" for r, _, m in ONCE_A_500])
+def test_bodies_that_once_gave_a_500_get_a_400_that_says_why(qwen35_server, route, body, message):
+    reply = httpx.post(qwen35_server.url + route, content=body, headers={"content-type": "application/json"},
+                       timeout=60)
+    assert reply.status_code == 400, reply.text
+    _check_error_shape(route if route in TEMPLATES else "/tokenize", reply)  # an OpenAI-shaped route
+    assert message in reply.text

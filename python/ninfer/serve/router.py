@@ -742,8 +742,8 @@ GATE_EXEMPT = "router_gate_exempt"  # route opt: this POST route needs no engine
 def _body_model(body: bytes) -> str | None:
     try:
         data = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
-        return None  # the handler answers malformed JSON with a 400 of its protocol
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None  # the handler answers malformed (or too deeply nested) JSON with a 400 of its protocol
     model = data.get("model") if isinstance(data, dict) else None
     return model if isinstance(model, str) else None
 
