@@ -89,8 +89,9 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,
         # ModelGate pins (loading or swapping to) the model a POST names; StreamRecorder records chat streams;
-        # DisconnectClock notes when a client's disconnect is seen.
-        middleware=[lambda app: RequestCounter(app, _metrics_of), DisconnectClock, ModelGate, StreamRecorder],
+        # DisconnectClock notes when the app sees a client's disconnect (innermost: a recorded stream, which goes on
+        # without its client, does not see it).
+        middleware=[lambda app: RequestCounter(app, _metrics_of), ModelGate, StreamRecorder, DisconnectClock],
         lifespan=[lifespan],
         state=State({"api_keys": api_keys}),
         request_max_body_size=MAX_BODY_BYTES,
