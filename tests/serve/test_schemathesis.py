@@ -148,3 +148,42 @@ def test_models_sse_is_an_event_stream_of_every_model(router_server):
     assert [e["model"] for e in events] == ["alpha", "beta"]
     assert all(e["event"] == "model_status" and e["data"]["status"] in ("unloaded", "loading", "loaded", "failed")
                for e in events)
+
+
+# The fields each generation and token route documents (docs/serving.md): the OpenAPI document must give each its
+# type, so that schemathesis draws values of that type (positive) and of every other (negative).
+DOCUMENTED_FIELDS = {
+    "/v1/chat/completions": {"messages": "array", "max_tokens": "integer", "max_completion_tokens": "integer",
+                             "temperature": "number", "top_p": "number", "top_k": "integer", "seed": "integer",
+                             "stop": "array", "stream": "boolean", "tools": "array", "response_format": "object",
+                             "logprobs": "boolean", "top_logprobs": "integer", "n": "integer"},
+    "/v1/completions": {"prompt": "string", "max_tokens": "integer", "temperature": "number", "logprobs": "integer",
+                        "echo": "boolean", "stream": "boolean"},
+    "/v1/responses": {"input": "array", "instructions": "string", "max_output_tokens": "integer", "tools": "array",
+                      "text": "object", "reasoning": "object", "previous_response_id": "string", "stream": "boolean"},
+    "/v1/messages": {"messages": "array", "max_tokens": "integer", "system": "array", "tools": "array",
+                     "thinking": "object", "stop_sequences": "array", "temperature": "number", "stream": "boolean"},
+    "/v1/messages/count_tokens": {"messages": "array", "system": "string", "tools": "array"},
+    "/tokenize": {"content": "string", "add_special": "boolean", "with_pieces": "boolean"},
+    "/detokenize": {"tokens": "array"},
+}
+
+
+def _types(schema: dict, components: dict) -> set[str]:
+    """Every JSON type a (possibly referenced, possibly oneOf) schema allows."""
+    if "$ref" in schema:
+        return _types(components[schema["$ref"].rsplit("/", 1)[1]], components)
+    found = {schema["type"]} if isinstance(schema.get("type"), str) else set(schema.get("type") or ())
+    for option in schema.get("oneOf", []) + schema.get("anyOf", []):
+        found |= _types(option, components)
+    return found or ({"object"} if "properties" in schema else set())
+
+
+def test_the_document_types_every_documented_request_field(qwen35_server):
+    document = httpx.get(f"{qwen35_server.url}/docs/openapi.json", timeout=60).json()
+    components = document["components"]["schemas"]
+    for path, fields in DOCUMENTED_FIELDS.items():
+        body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        properties = components[body["$ref"].rsplit("/", 1)[1]]["properties"]
+        for field, json_type in fields.items():
+            assert json_type in _types(properties[field], components), (path, field, properties[field])
