@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from ninfer.artifact.convert import convert
@@ -34,6 +35,7 @@ from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.serve.app import create_app
 from ninfer.serve.router import ModelRouter, OpenEngine, RouterConfig, parse_config
 from ninfer.serve.state import ServedModel
+from prometheus_client.parser import text_string_to_metric_families
 
 # Starting the server is quick; the bound only catches a server that cannot start, so it is generous for a loaded
 # 2-core machine.
@@ -173,6 +175,34 @@ def cut_short(server: LiveServer, tokens_before: int, max_tokens: int) -> bool:
     sooner by itself). A count, not a time: it holds however late a loaded machine delivers the cancellation."""
     assert server.engine is not None
     return lanes_free_within(server) and server.engine.stats().tokens_generated - tokens_before < max_tokens
+
+
+RELEASE_BOUND_S = 1.0  # the issue: "a disconnect frees its lane within a second"
+
+
+def disconnect_releases(server: LiveServer) -> tuple[int, int]:
+    """From the server's /metrics: how many generations its clients' disconnects have cancelled so far, and how many
+    of those had their lane free within RELEASE_BOUND_S of the server seeing the disconnect (the server's own
+    measurement, ninfer.serve.disconnect)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=SETTLE_S).text
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "ninfer_disconnect_release_seconds")
+    count = within = 0
+    for sample in family.samples:
+        if sample.name.endswith("_count"):
+            count = int(sample.value)
+        elif sample.name.endswith("_bucket") and float(sample.labels["le"]) == RELEASE_BOUND_S:
+            within = int(sample.value)
+    return count, within
+
+
+def released_within_bound(server: LiveServer, before: tuple[int, int], departures: int = 1) -> bool:
+    """True once `departures` more disconnects were released (`disconnect_releases` gave `before`), if each freed
+    its lane within RELEASE_BOUND_S by the server's own clock (which starts when it sees the disconnect, so a
+    client scheduled late on a loaded machine does not count against it)."""
+    assert wait_until(lambda: disconnect_releases(server)[0] >= before[0] + departures), (
+        f"the server reported no lane release for {departures} disconnect(s)")
+    count, within = disconnect_releases(server)
+    return count == before[0] + departures and within - before[1] == departures
 
 
 def engine_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams) -> list[int]:

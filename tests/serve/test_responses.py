@@ -375,6 +375,7 @@ def test_malformed_json_is_a_400(qwen35_server):
 
 def test_a_disconnected_stream_frees_its_lane(qwen35_server):
     tokens_before = live_servers.idle_tokens_generated(qwen35_server)
+    before = live_servers.disconnect_releases(qwen35_server)
     body = {"model": "m", "input": "Write a long essay.", "max_output_tokens": 900, "stream": True}
     with httpx.stream("POST", qwen35_server.url + "/v1/responses", json=body, timeout=60) as reply:
         lines = reply.iter_lines()
@@ -383,3 +384,4 @@ def test_a_disconnected_stream_frees_its_lane(qwen35_server):
         assert qwen35_server.engine.stats().busy_lanes == 1
     # cancelled, not run to its end: fewer than its 900 tokens were generated
     assert live_servers.cut_short(qwen35_server, tokens_before, 900)
+    assert live_servers.released_within_bound(qwen35_server, before)  # within 1 s by the server's clock

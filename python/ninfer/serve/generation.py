@@ -61,6 +61,7 @@ from ninfer.frontend.tool_calls import (
     ToolCallDelta,
     ToolCallParser,
 )
+from ninfer.serve.disconnect import departure
 from ninfer.serve.errors import ContextOverflowError, InvalidRequestError
 
 
@@ -71,6 +72,8 @@ class ServedModel(Protocol):
     preserve_thinking: bool | None
 
     def record_generation(self, result: GenerationResult) -> None: ...
+
+    def record_disconnect_release(self, seconds: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,9 @@ class Generation:
         self._model = model
         self._engine = model.engine
         self._request = request
-        self._events = self._engine.generate(request)
+        self._departure = departure()
+        self._loop = asyncio.get_running_loop()
+        self._events = self._engine.generate(request, on_cancel_freed=self._lane_freed)
         self._first: asyncio.Future[GenerationEvent] | None = None
         self._text = TextStream(self._engine.frontend)
         self._stops = StopStringMatcher(params.stop)
@@ -251,6 +256,17 @@ class Generation:
         self._started = time.perf_counter()
         self._first_token_at: float | None = None
         self.result: GenerationResult | None = None
+
+    def _lane_freed(self, freed_at: float) -> None:
+        """The engine's pump thread: the cancelled request's lane is free. If its client's departure caused that,
+        the time since the server saw the disconnect is recorded (on the event loop's thread)."""
+        left_at = self._departure.at if self._departure is not None else None
+        if left_at is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._model.record_disconnect_release, freed_at - left_at)
+        except RuntimeError:  # the loop is closed: the server is gone
+            pass
 
     async def _submit(self) -> None:
         """Submits now, so admission errors surface to the caller instead of inside the response stream."""

@@ -292,13 +292,14 @@ class TrackedEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    async def generate(self, request: Request) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, request: Request, on_cancel_freed: Callable[[float], None] | None = None
+                       ) -> AsyncIterator[GenerationEvent]:
         call = CURRENT_CALL.get()
         control = request.constraint if isinstance(request.constraint, ReasoningControl) else None
         activity = Activity(self._engine, n_prompt=len(request.prompt_tokens), reasoning=control)
         if call is not None:
             call.generations.append(activity)
-        events = self._engine.generate(request)
+        events = self._engine.generate(request, on_cancel_freed)
         try:
             async for event in events:
                 if activity.request_id is None:
@@ -820,8 +821,8 @@ GATE_EXEMPT = "router_gate_exempt"  # route opt: this POST route needs no engine
 def _body_model(body: bytes) -> str | None:
     try:
         data = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
-        return None  # the handler answers malformed JSON with a 400 of its protocol
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None  # the handler answers malformed (or too deeply nested) JSON with a 400 of its protocol
     model = data.get("model") if isinstance(data, dict) else None
     return model if isinstance(model, str) else None
 
