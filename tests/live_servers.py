@@ -27,13 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.serve.app import create_app
-from ninfer.serve.router import ModelRouter, parse_config
+from ninfer.serve.router import ModelRouter, OpenEngine, RouterConfig, parse_config
 from ninfer.serve.state import ServedModel
+from prometheus_client.parser import text_string_to_metric_families
 
 # Starting the server is quick; the bound only catches a server that cannot start, so it is generous for a loaded
 # 2-core machine.
@@ -86,13 +88,22 @@ def _serve(open_router: Callable[[], Awaitable[ModelRouter]], *, webui_dir: str 
 
 
 @contextlib.contextmanager
-def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None
-                 ) -> Iterator[LiveServer]:
+def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None,
+                 open_engine: OpenEngine = Engine.open) -> Iterator[LiveServer]:
+    """`open_engine`: how the router opens an engine (tests wrap Engine.open to hold a load or see its engine)."""
     parsed = parse_config(config, defaults=EngineOptions(max_context=1024, max_concurrency=2))
+    with serve_parsed_config(parsed, webui_dir=webui_dir, port=port, open_engine=open_engine) as live:
+        yield live
+
+
+@contextlib.contextmanager
+def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, port: int | None = None,
+                        open_engine: OpenEngine = Engine.open) -> Iterator[LiveServer]:
+    """A router over a config as ninfer-serve builds it (e.g. `ninfer.cli.serve._router_config` of its arguments)."""
     holder: dict[str, ModelRouter] = {}
 
     async def open_router() -> ModelRouter:
-        holder["router"] = ModelRouter(parsed)
+        holder["router"] = ModelRouter(parsed, open_engine=open_engine)
         return holder["router"]
 
     with _serve(open_router, webui_dir=webui_dir, port=port) as (url, app):
@@ -166,17 +177,49 @@ def cut_short(server: LiveServer, tokens_before: int, max_tokens: int) -> bool:
     return lanes_free_within(server) and server.engine.stats().tokens_generated - tokens_before < max_tokens
 
 
-def greedy_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
-    """The engine's own greedy answer, without the server (what a greedy request must reproduce)."""
+RELEASE_BOUND_S = 1.0  # the issue: "a disconnect frees its lane within a second"
+
+
+def disconnect_releases(server: LiveServer) -> tuple[int, int]:
+    """From the server's /metrics: how many generations its clients' disconnects have cancelled so far, and how many
+    of those had their lane free within RELEASE_BOUND_S of the server seeing the disconnect (the server's own
+    measurement, ninfer.serve.disconnect)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=SETTLE_S).text
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "ninfer_disconnect_release_seconds")
+    count = within = 0
+    for sample in family.samples:
+        if sample.name.endswith("_count"):
+            count = int(sample.value)
+        elif sample.name.endswith("_bucket") and float(sample.labels["le"]) == RELEASE_BOUND_S:
+            within = int(sample.value)
+    return count, within
+
+
+def released_within_bound(server: LiveServer, before: tuple[int, int], departures: int = 1) -> bool:
+    """True once `departures` more disconnects were released (`disconnect_releases` gave `before`), if each freed
+    its lane within RELEASE_BOUND_S by the server's own clock (which starts when it sees the disconnect, so a
+    client scheduled late on a loaded machine does not count against it)."""
+    assert wait_until(lambda: disconnect_releases(server)[0] >= before[0] + departures), (
+        f"the server reported no lane release for {departures} disconnect(s)")
+    count, within = disconnect_releases(server)
+    return count == before[0] + departures and within - before[1] == departures
+
+
+def engine_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int, sampling: SamplingParams) -> list[int]:
+    """The engine's own answer, without the server (what a request with these sampling values must reproduce)."""
 
     async def run() -> list[int]:
         tokens: list[int] = []
-        async for event in engine.generate(Request(prompt_ids, SamplingParams(temperature=0.0),
-                                                   max_new_tokens=max_tokens)):
+        async for event in engine.generate(Request(prompt_ids, sampling, max_new_tokens=max_tokens)):
             tokens.extend(event.token_ids)
         return tokens
 
     return asyncio.run(run())
+
+
+def greedy_tokens(engine: Engine, prompt_ids: Sequence[int], max_tokens: int) -> list[int]:
+    """The engine's own greedy answer, without the server (what a greedy request must reproduce)."""
+    return engine_tokens(engine, prompt_ids, max_tokens, SamplingParams(temperature=0.0))
 
 
 def greedy_answer(server: LiveServer, messages: list[dict], max_tokens: int, **render: Any) -> tuple[list[int], str]:

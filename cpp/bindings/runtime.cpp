@@ -49,7 +49,8 @@ void bind_structs(nb::module_& m) {
       .def_rw("sampling", &GenerationRequest::sampling)
       .def_rw("max_new_tokens", &GenerationRequest::max_new_tokens)
       .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids)
-      .def_rw("constrained", &GenerationRequest::constrained);
+      .def_rw("constrained", &GenerationRequest::constrained)
+      .def_rw("report_progress", &GenerationRequest::report_progress);
 
   nb::class_<EngineOptions>(m, "EngineOptions")
       .def(nb::init<>())
@@ -80,8 +81,16 @@ void bind_structs(nb::module_& m) {
       .def_ro("decode_tokens_per_s", &Timings::decode_tokens_per_s)
       .def_ro("total_s", &Timings::total_s);
 
+  nb::class_<PrefillProgress>(m, "PrefillProgress")
+      .def_ro("total", &PrefillProgress::total)
+      .def_ro("cached", &PrefillProgress::cached)
+      .def_ro("processed", &PrefillProgress::processed)
+      .def_ro("elapsed_s", &PrefillProgress::elapsed_s);
+
   nb::class_<EngineEvent>(m, "EngineEvent")
       .def_ro("request_id", &EngineEvent::request_id)
+      .def_prop_ro("kind", [](const EngineEvent& e) { return std::string(event_kind_name(e.kind)); })
+      .def_ro("progress", &EngineEvent::progress)
       .def_ro("tokens", &EngineEvent::tokens)
       .def_ro("logprobs", &EngineEvent::logprobs)
       .def_ro("top_logprobs", &EngineEvent::top_logprobs)

@@ -68,6 +68,14 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
+const char* event_kind_name(EventKind k) {
+  switch (k) {
+    case EventKind::Output: return "output";
+    case EventKind::Progress: return "progress";
+  }
+  return "?";
+}
+
 Engine::Engine(const std::string& path, const EngineOptions& options, std::unique_ptr<Backend> backend)
     : options_(options) {
   validate_engine_options(options_);
@@ -375,6 +383,7 @@ void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t ro
     if (slice.end == n) end_lane(slice.lane, FinishReason::Length);
     return;
   }
+  report_progress(lane, slice);
   if (slice.end < static_cast<int64_t>(lane.tokens.size())) return;  // more prompt to prefill
 
   if (!lane.mask.error.empty()) {
@@ -418,6 +427,21 @@ void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t ro
     end_lane(slice.lane, FinishReason::Stop);
   else if (lane.generated >= req.max_new_tokens || static_cast<int64_t>(lane.tokens.size()) >= lane.job.reservation)
     end_lane(slice.lane, FinishReason::Length);
+}
+
+// A Progress event when the slice was a prefill chunk of a lane that asked for them: published before the token
+// its last chunk samples, so a consumer sees every chunk's progress first.
+void Engine::report_progress(const Lane& lane, const LaneSlice& slice) {
+  const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
+  if (!lane.job.request.report_progress || slice.begin >= prompt) return;
+  EngineEvent ev;
+  ev.request_id = lane.job.id;
+  ev.kind = EventKind::Progress;
+  ev.progress.total = prompt;
+  ev.progress.cached = 0;  // no prefix reuse yet (Usage::cached_tokens is 0 too)
+  ev.progress.processed = std::min(slice.end, prompt);
+  ev.progress.elapsed_s = seconds(Clock::now() - lane.admitted);
+  publish(std::move(ev));
 }
 
 // Whether the slice's lane samples a token from this step's output (what absorb does without ending the lane).

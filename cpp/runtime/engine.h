@@ -108,6 +108,7 @@ class Engine {
   void end_lane(int32_t index, FinishReason reason, const std::string& error_type = {},
                 const std::string& error_message = {});
   void absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row, const SampledToken* sampled);
+  void report_progress(const Lane& lane, const LaneSlice& slice);
   bool samples_now(const LaneSlice& slice) const;
   void sample_on_device(const StepPlan& plan, const ForwardOutput& out,
                         std::vector<std::optional<SampledToken>>& sampled);

@@ -18,6 +18,9 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;  // generation ends when one is sampled; it is counted, not emitted
   // The caller supplies a token mask before each sampled token (Engine::provide_mask), e.g. from a grammar.
   bool constrained = false;
+  // A Progress event after each prefill chunk (what a UI shows while a long prompt is read); off by default, so
+  // consumers that do not ask never see the extra kind of event.
+  bool report_progress = false;
 };
 
 enum class FinishReason : uint8_t { None, Stop, Length, Cancelled, Error };
@@ -37,9 +40,25 @@ struct Timings {
   double total_s = 0;
 };
 
+// How far a request's prompt has been prefilled, after one of its prefill chunks.
+struct PrefillProgress {
+  int64_t total = 0;      // prompt tokens
+  int64_t cached = 0;     // prompt tokens reused from a prefix cache, counted in `processed` too (none yet: 0)
+  int64_t processed = 0;  // prompt tokens now in the request's cache, the cached ones included
+  double elapsed_s = 0;   // since the prefill began (the request's admission into a lane)
+};
+
+enum class EventKind : uint8_t {
+  Output,    // tokens and/or the finish
+  Progress,  // `progress` only (GenerationRequest::report_progress); never the last event of a request
+};
+const char* event_kind_name(EventKind k);
+
 // One step's news for one request. `finish` != None marks its last event, which carries usage and timings.
 struct EngineEvent {
   uint64_t request_id = 0;
+  EventKind kind = EventKind::Output;
+  PrefillProgress progress;  // kind == Progress
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;                         // one per token when the request asked for logprobs
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // one list per token when top_logprobs > 0

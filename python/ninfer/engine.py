@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -95,6 +96,17 @@ class Request:
     logprobs: bool = False
     top_logprobs: int = 0
     constraint: TokenConstraint | None = None  # used by one request only: it keeps state
+    report_progress: bool = False  # a progress event (GenerationEvent.progress) after each prefill chunk
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """How far the prompt has been prefilled, after one prefill chunk."""
+
+    total: int  # prompt tokens
+    cached: int  # reused from a prefix cache, counted in `processed` too (0: no prefix reuse yet)
+    processed: int  # prompt tokens in the request's cache now, cached ones included; the last event has total
+    elapsed_s: float  # since the prefill began (admission into a lane)
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,10 @@ class Timings:
 
 @dataclass(frozen=True)
 class GenerationEvent:
-    """New tokens of one request; the last event has `finish_reason` (stop | length | cancelled), usage, timings."""
+    """New tokens of one request; the last event has `finish_reason` (stop | length | cancelled), usage, timings.
+
+    A request with `report_progress` also gets events that carry only `progress`, one per prefill chunk, all before
+    its first token."""
 
     request_id: int
     token_ids: tuple[int, ...]
@@ -124,6 +139,7 @@ class GenerationEvent:
     finish_reason: str | None = None
     usage: Usage | None = None
     timings: Timings | None = None
+    progress: PrefillProgress | None = None
 
 
 @dataclass(frozen=True)
@@ -248,8 +264,22 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     return native
 
 
-def _native_request(request: Request, default_stops: Sequence[int]) -> _engine.GenerationRequest:
+def _check_range(what: str, value: int, low: int, high: int, bounds: str) -> None:
+    """The native request's integers are fixed-width: a value outside [low, high) is refused here, typed, instead of
+    failing the bindings' conversion."""
+    if not low <= value < high:
+        raise errors.EngineError(f"invalid {what} = {value} (must be in {bounds})")
+
+
+def _native_request(request: Request, default_stops: Sequence[int], vocab_size: int) -> _engine.GenerationRequest:
     s = request.sampling
+    ids = request.prompt_tokens
+    if ids and not (-(2**31) <= min(ids) and max(ids) < 2**31):  # int32 ids; the engine checks the vocabulary
+        position, bad = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
+        raise errors.EngineError(f"token id {bad} at position {position} is outside the vocabulary of {vocab_size}")
+    _check_range("sampling value: top_k", s.top_k, 0, 2**31, "[0, 2^31)")
+    _check_range("top_logprobs", request.top_logprobs, 0, 2**31, "[0, 2^31)")
+    _check_range("max_new_tokens", request.max_new_tokens, 0, 2**63, "[0, 2^63)")
     sampling = _engine.SamplingParams()
     sampling.temperature = s.temperature
     sampling.top_p = s.top_p
@@ -259,8 +289,7 @@ def _native_request(request: Request, default_stops: Sequence[int]) -> _engine.G
     sampling.frequency_penalty = s.frequency_penalty
     sampling.repetition_penalty = s.repetition_penalty
     if s.seed is not None:
-        if not 0 <= s.seed < 2**64:
-            raise errors.EngineError(f"invalid sampling value: seed = {s.seed} (must be in [0, 2^64))")
+        _check_range("sampling value: seed", s.seed, 0, 2**64, "[0, 2^64)")
         sampling.has_seed, sampling.seed = True, s.seed
     sampling.logprobs = request.logprobs
     sampling.top_logprobs = request.top_logprobs
@@ -271,10 +300,15 @@ def _native_request(request: Request, default_stops: Sequence[int]) -> _engine.G
     stops = default_stops if request.stop_token_ids is None else request.stop_token_ids
     native.stop_token_ids = list(stops)
     native.constrained = request.constraint is not None
+    native.report_progress = request.report_progress
     return native
 
 
 def _event(ev: Any) -> GenerationEvent:
+    if ev.kind == "progress":
+        p = ev.progress
+        progress = PrefillProgress(p.total, p.cached, p.processed, p.elapsed_s)
+        return GenerationEvent(ev.request_id, (), progress=progress)
     finished = ev.finish != "none"
     return GenerationEvent(
         request_id=ev.request_id,
@@ -313,6 +347,8 @@ class _EventPump:
         self.native = native
         self.routes: dict[int, _Route] = {}
         self.constraints: dict[int, tuple[TokenConstraint, np.ndarray]] = {}
+        # cancelled requests whose caller wants to know when their lane is free (Engine.generate's on_cancel_freed)
+        self.freed_watchers: dict[int, Callable[[float], None]] = {}
         self.lock = threading.Lock()  # submit + registration is atomic against dispatch
         self.mask_words = (native.vocab_size + 31) // 32
         self.closed = False
@@ -332,6 +368,9 @@ class _EventPump:
                         _deliver(route, ev)
                     if ev.finish != "none":
                         self.constraints.pop(ev.request_id, None)
+                        watcher = self.freed_watchers.pop(ev.request_id, None)
+                        if watcher is not None:
+                            watcher(time.perf_counter())
             if closing and not news.events:
                 return
 
@@ -359,17 +398,28 @@ class _EventPump:
             self.thread.join()
 
 
+# The share of a load done after each of its steps, as `Engine(..., progress=)` reports it. The native loader has no
+# progress callback of its own; its one step (mapping the artifact, checking and placing every tensor) is most of a
+# load, and building the tokenizer, which takes seconds for large vocabularies, comes after it.
+LOAD_PROGRESS = {"header": 0.05, "weights": 0.85, "tokenizer": 0.95}
+
+
 class Engine:
     """One loaded model. Create with `await Engine.open(...)` (or `Engine.open_sync`); `close()` frees it (so does
     garbage collection, and interpreter exit)."""
 
     supports_token_constraints = True  # Request.constraint is honoured
 
-    def __init__(self, path: str | Path, options: EngineOptions) -> None:
+    def __init__(self, path: str | Path, options: EngineOptions,
+                 progress: Callable[[float], None] | None = None) -> None:
+        report = progress or (lambda fraction: None)  # called on the loading thread
         artifact = read_artifact(path)
+        report(LOAD_PROGRESS["header"])
         native = _engine.Engine(str(path), _native_options(options))
+        report(LOAD_PROGRESS["weights"])
         self.options = options
         self.frontend = Frontend(artifact.frontend, native.eos_token_ids)
+        report(LOAD_PROGRESS["tokenizer"])
         config = artifact.config
         self.info = ModelInfo(
             path=str(path), arch=config["arch"], max_context=options.max_context, vocab_size=config["vocab_size"],
@@ -391,15 +441,17 @@ class Engine:
         return cls(path, options or EngineOptions())
 
     @classmethod
-    async def open(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
-        """Loads in a worker thread so the event loop keeps running."""
-        return await asyncio.to_thread(cls, path, options or EngineOptions())
+    async def open(cls, path: str | Path, options: EngineOptions | None = None,
+                   progress: Callable[[float], None] | None = None) -> Engine:
+        """Loads in a worker thread so the event loop keeps running; `progress(fraction)` is called on that thread
+        after each step of the load (LOAD_PROGRESS)."""
+        return await asyncio.to_thread(cls, path, options or EngineOptions(), progress)
 
     def submit(self, request: Request) -> tuple[int, asyncio.Queue]:
         """Queues a request from inside a running event loop; returns its id and the queue its events reach."""
         if self._closed:
             raise errors.EngineError("the engine is closed")
-        native = _native_request(request, self.frontend.eos_token_ids)
+        native = _native_request(request, self.frontend.eos_token_ids, self.info.vocab_size)
         queue: asyncio.Queue = asyncio.Queue()
         pump = self._pump
         with pump.lock:
@@ -409,8 +461,11 @@ class Engine:
                 pump.constraints[request_id] = (request.constraint, np.zeros(pump.mask_words, dtype=np.uint32))
         return request_id, queue
 
-    async def generate(self, request: Request) -> AsyncIterator[GenerationEvent]:
-        """Streams the request's events. Leaving the loop early (or being cancelled) cancels the request."""
+    async def generate(self, request: Request, on_cancel_freed: Callable[[float], None] | None = None
+                       ) -> AsyncIterator[GenerationEvent]:
+        """Streams the request's events. Leaving the loop early (or being cancelled) cancels the request; then
+        `on_cancel_freed`, if given, is called on the pump thread with the `time.perf_counter()` at which the
+        engine's final event arrived, i.e. its lane (or queue place) was free (the server times disconnects so)."""
         request_id, queue = self.submit(request)
         finished = False
         try:
@@ -421,10 +476,14 @@ class Engine:
                     raise _error(ev.error_type, ev.error_message)
                 yield _event(ev)
         finally:
-            with self._pump.lock:
-                self._pump.routes.pop(request_id, None)
-            if not finished:
-                self.cancel(request_id)
+            pump = self._pump
+            with pump.lock:
+                pump.routes.pop(request_id, None)
+                if not finished and on_cancel_freed is not None:  # before the cancel, whose event may come at once
+                    pump.freed_watchers[request_id] = on_cancel_freed
+            if not finished and not self.cancel(request_id):
+                with pump.lock:  # it had ended already: no final event is coming
+                    pump.freed_watchers.pop(request_id, None)
 
     def cancel(self, request_id: int) -> bool:
         """Ends a queued or running request; its lane and KV are free by the time its last event arrives."""

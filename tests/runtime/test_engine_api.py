@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -62,6 +63,40 @@ def test_leaving_the_stream_early_cancels_and_frees(tiny_llama_artifact):
         assert deadline
         s = engine.stats()
         assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
+
+
+def test_on_cancel_freed_reports_when_a_left_request_s_lane_is_free(tiny_llama_artifact):
+    """Called once, on the pump thread, for a stream left early (running or queued), with the time its final event
+    (lane and KV free) arrived; never for a stream read to its end. The server times disconnects with it
+    (ninfer_disconnect_release_seconds)."""
+    rng = np.random.default_rng()
+    with Engine.open_sync(tiny_llama_artifact, EngineOptions(max_context=512, max_concurrency=1)) as engine:
+        prompts = [rng.integers(3, 500, size=20).tolist() for _ in range(3)]
+        reports: dict[str, list[float]] = {"running": [], "queued": [], "finished": []}
+
+        def report(name):
+            return reports[name].append
+
+        async def main():
+            events = {name: engine.generate(greedy(p, 400), on_cancel_freed=report(name))
+                      for name, p in (("running", prompts[0]), ("queued", prompts[1]))}
+            await anext(events["running"])  # it holds the one lane; "queued" waits behind it
+            waiting = asyncio.ensure_future(anext(events["queued"]))
+            await asyncio.sleep(0)  # one loop turn: submitted
+            queued = engine.stats().queued
+            waiting.cancel()  # the reader of the queued stream leaves
+            await asyncio.gather(waiting, return_exceptions=True)
+            left_at = time.perf_counter()
+            await events["running"].aclose()
+            async for _ in engine.generate(greedy(prompts[2], 5), on_cancel_freed=report("finished")):
+                pass
+            return queued, left_at
+
+        queued, left_at = asyncio.run(main())
+        assert queued == 1
+        assert asyncio.run(_wait_idle(engine))
+        assert [len(reports[k]) for k in ("running", "queued", "finished")] == [1, 1, 0]
+        assert reports["running"][0] > left_at
 
 
 async def _wait_idle(engine: Engine) -> bool:

@@ -330,16 +330,20 @@ def test_sdk_raises_its_typed_error(qwen35_server):
 
 
 def test_context_overflow_is_a_400_with_the_numbers(qwen35_server):
+    """The numbers are fields of the error object (as on the OpenAI routes), not only words in its message."""
     client = _client(qwen35_server)
+    messages = [{"role": "user", "content": "word " * 3000}]
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(
-            model="m", max_tokens=4, messages=[{"role": "user", "content": "word " * 3000}]
-        )
-    assert "1024" in info.value.body["error"]["message"]
+        client.messages.create(model="m", max_tokens=4, messages=messages)
+    error = info.value.body["error"]
+    assert error["type"] == "invalid_request_error" and "1024" in error["message"]
+    assert error["n_ctx"] == qwen35_server.engine.info.max_context == 1024
+    assert error["n_prompt_tokens"] == client.messages.count_tokens(model="m", messages=messages).input_tokens
 
 
 def test_a_disconnected_stream_frees_its_lane(qwen35_server):
     tokens_before = live_servers.idle_tokens_generated(qwen35_server)
+    before = live_servers.disconnect_releases(qwen35_server)
     body = {
         "model": "m",
         "max_tokens": 900,
@@ -353,3 +357,4 @@ def test_a_disconnected_stream_frees_its_lane(qwen35_server):
         assert qwen35_server.engine.stats().busy_lanes == 1
     # cancelled, not run to its end: fewer than its 900 tokens were generated
     assert live_servers.cut_short(qwen35_server, tokens_before, 900)
+    assert live_servers.released_within_bound(qwen35_server, before)  # within 1 s by the server's clock

@@ -172,6 +172,23 @@ def test_n_above_one_is_refused(qwen35_server, route):
     assert info.value.body["param"] == "n" and "n = 2" in info.value.body["message"]
 
 
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_logit_bias_is_refused_on_both_routes(qwen35_server, route):
+    """The sampler has no per-token bias: both routes refuse a non-empty logit_bias, naming it, rather than one of
+    them ignoring it; an empty one asks for nothing and is served."""
+    client = _client(qwen35_server)
+
+    def create(bias: dict):
+        if route == "chat":
+            return client.chat.completions.create(model="m", messages=HELLO, max_tokens=1, logit_bias=bias)
+        return client.completions.create(model="m", prompt="x", max_tokens=1, logit_bias=bias)
+
+    with pytest.raises(openai.BadRequestError) as info:
+        create({"11": -100})
+    assert info.value.body["param"] == "logit_bias" and "logit_bias is not supported" in info.value.body["message"]
+    assert create({}).usage.completion_tokens == 1
+
+
 def test_context_overflow_is_a_400_with_the_numbers(qwen35_server):
     client = _client(qwen35_server)
     n_ctx = qwen35_server.engine.info.max_context
@@ -332,6 +349,37 @@ def test_truncated_tool_call_is_recovered_and_reported(smollm2_server):
     assert len(issue["snippet"]) <= 100
 
 
+def test_truncated_qwen_xml_call_is_recovered_whole_and_streamed(smollm2_server):
+    """A Qwen3.5 XML call cut off by max_tokens (the cut placed from the full run's own tokens): inside the next
+    `<parameter=` tag, the complete parameters are kept and the partial tag is the reported snippet; inside a value,
+    what arrived is kept, typed by the schema. Streamed deltas build the same call."""
+    client = _client(smollm2_server)
+    body = {"model": "m", "messages": _few_shot("qwen_xml"), "tools": TOOLS, "temperature": 0}
+    full = client.chat.completions.create(**body, max_tokens=60, logprobs=True)
+    assert json.loads(full.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris", "days": 3}
+    tokens = [entry.token for entry in full.choices[0].logprobs.content]
+
+    def cut_after(marker: str) -> int:
+        return next(k for k in range(len(tokens)) if "".join(tokens[:k]).endswith(marker))
+
+    in_tag, in_value = cut_after("\n<parameter=days"), cut_after("<parameter=days>\n3")
+    tag, value, streamed = live_servers.concurrently(
+        lambda: client.chat.completions.create(**body, max_tokens=in_tag),
+        lambda: client.chat.completions.create(**body, max_tokens=in_value),
+        lambda: list(client.chat.completions.create(**body, max_tokens=in_tag, stream=True)),
+    )
+    for r, arguments in ((tag, {"city": "Paris"}), (value, {"city": "Paris", "days": 3})):
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == arguments
+        assert r.choices[0].finish_reason == "length" and not r.choices[0].message.content
+    (issue,) = tag.model_extra["ninfer"]["tool_parse_issues"]
+    assert issue["kind"] == "truncated" and issue["snippet"] == "<parameter=days"
+    assert issue["discarded_chars"] == len("<parameter=days")
+    deltas = [d for chunk in streamed for choice in chunk.choices for d in choice.delta.tool_calls or ()]
+    assert [d.function.name for d in deltas if d.function.name] == ["get_weather"]
+    assert "".join(d.function.arguments or "" for d in deltas) == tag.choices[0].message.tool_calls[0].function.arguments
+
+
 def test_tool_choice_none_and_advisory_required(smollm2_server):
     client = _client(smollm2_server)
     none = client.chat.completions.create(
@@ -347,3 +395,26 @@ def test_tool_choice_none_and_advisory_required(smollm2_server):
         model="m", messages=HELLO, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=4
     )
     assert required.model_extra["ninfer"]["tool_choice"]["enforced"] is False
+
+
+def test_sse_ping_interval_sets_the_stream_keepalives(smollm2_server):
+    # llama-ui sends sse_ping_interval (seconds) with every stream: keepalive comments while the stream is silent.
+    # A 5 ms interval makes them certain during the prefill of a long prompt; -1 asks for none. The data frames are
+    # the same either way.
+    client = httpx.Client(base_url=smollm2_server.url, timeout=300)
+    body = {"model": "m", "temperature": 0, "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "Repeat after me: " + "the lighthouse keeper " * 40}]}
+
+    def lines(interval: float) -> list[str]:
+        with client.stream("POST", "/v1/chat/completions", json={**body, "sse_ping_interval": interval}) as response:
+            assert response.status_code == 200
+            return [line for line in response.iter_lines() if line]
+
+    def data(frames: list[str]) -> list[str]:
+        return [json.dumps({k: v for k, v in json.loads(f[6:]).items() if k not in ("created", "id", "timings")})
+                for f in frames if f.startswith("data: ") and f != "data: [DONE]"]
+
+    pinged, disabled = live_servers.concurrently(lambda: lines(0.005), lambda: lines(-1))
+    assert sum(line.startswith(":") for line in pinged) >= 1, pinged
+    assert not any(line.startswith(":") for line in disabled), disabled
+    assert data(pinged) == data(disabled)

@@ -209,3 +209,30 @@ def test_unknown_generations_are_not_found(qwen35_server, action):
     client = httpx.Client(base_url=qwen35_server.url, timeout=60)
     answer = client.post("/v1/chat/completions/control", json={"id": "chatcmpl-none", "action": action})
     assert answer.status_code == 404
+
+
+# -- the reasoning budget (llama-ui's thinking_budget_tokens) --------------------------------------------------------
+
+BUDGET_MAX_TOKENS = 24
+
+
+@pytest.mark.parametrize(("field", "budget"), [("thinking_budget_tokens", 6), ("reasoning_budget_tokens", 0)])
+def test_a_reasoning_budget_ends_the_reasoning(qwen35_server, field, budget):
+    client = httpx.Client(base_url=qwen35_server.url, timeout=300)
+    close = qwen35_server.engine.frontend.encode(THINK_END)
+
+    def ask(**extra) -> dict:
+        return client.post("/v1/chat/completions", json=_body(HELLO, BUDGET_MAX_TOKENS, **extra)).json()
+
+    # -1 is llama.cpp's "no budget": the tiny model then reasons to the end and never writes an answer.
+    unlimited = ask(**{field: -1})
+    assert unlimited["usage"]["completion_tokens_details"]["reasoning_tokens"] == BUDGET_MAX_TOKENS
+    budgeted = ask(**{field: budget})
+    used = budgeted["usage"]["completion_tokens_details"]["reasoning_tokens"]
+    assert budget <= used <= budget + len(close), used  # the budget, then the forced close
+    message = budgeted["choices"][0]["message"]
+    assert message["content"], "the answer must follow the ended reasoning"
+    # Up to the budget it is the same greedy reasoning.
+    reasoning = message.get("reasoning_content") or ""
+    assert unlimited["choices"][0]["message"]["reasoning_content"].startswith(reasoning)
+    assert bool(reasoning) == (budget > 0)

@@ -130,6 +130,49 @@ def test_reasoning_effort_none_turns_thinking_off(qwen35_server):
     assert response.output_text == split_reasoning(text, starts_in_reasoning=False).content
 
 
+def test_output_text_logprobs_are_chat_s_logprobs(qwen35_server):
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs`: the output_text carries, per answer token, what
+    chat's `logprobs.content` gives for the same greedy request; streamed, the text deltas carry them in order and
+    `output_text.done` all of them. Without asking, `logprobs` stays empty."""
+    client = _client(qwen35_server)
+    thinking_off = {"chat_template_kwargs": {"enable_thinking": False}}  # every token is answer text
+    ask = {"model": "m", "max_output_tokens": 6, "top_logprobs": 3, "extra_body": thinking_off, **GREEDY,
+           "include": ["message.output_text.logprobs"]}
+    chat, whole, events, plain = live_servers.concurrently(
+        lambda: client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello"}],
+                                               max_tokens=6, logprobs=True, top_logprobs=3,
+                                               extra_body=thinking_off, **GREEDY),
+        lambda: client.responses.create(input="Hello", **ask),
+        lambda: list(client.responses.create(input="Hello", stream=True, **ask)),
+        lambda: client.responses.create(model="m", input="Hello", max_output_tokens=6, extra_body=thinking_off,
+                                        **GREEDY),
+    )
+    expected = [entry.model_dump() for entry in chat.choices[0].logprobs.content]
+    assert len(expected) == 6 and all(len(entry["top_logprobs"]) == 3 for entry in expected)
+    (part,) = whole.output[0].content
+    assert part.text == chat.choices[0].message.content
+    assert [entry.model_dump() for entry in part.logprobs] == expected
+    streamed = [e.model_dump() for d in events if d.type == "response.output_text.delta" for e in d.logprobs]
+    assert streamed == expected
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert [entry.model_dump() for entry in done.logprobs] == expected
+    final = events[-1].response
+    assert [entry.model_dump() for entry in final.output[0].content[0].logprobs] == expected
+    assert final.top_logprobs == 3
+    assert plain.output[0].content[0].logprobs == [] and plain.output_text == part.text
+
+
+def test_include_alone_gives_logprobs_without_alternatives(qwen35_server):
+    response = _client(qwen35_server).responses.create(
+        model="m", input="Hello", max_output_tokens=5, include=["message.output_text.logprobs"],
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **GREEDY,
+    )
+    (part,) = response.output[0].content
+    assert len(part.logprobs) == response.usage.output_tokens == 5
+    assert all(entry.top_logprobs == [] and entry.logprob <= 0 for entry in part.logprobs)
+    assert "".join(entry.token for entry in part.logprobs).strip() == part.text.strip()
+
+
 # -- conversation state ----------------------------------------------------------------------------------------
 
 
@@ -332,6 +375,7 @@ def test_malformed_json_is_a_400(qwen35_server):
 
 def test_a_disconnected_stream_frees_its_lane(qwen35_server):
     tokens_before = live_servers.idle_tokens_generated(qwen35_server)
+    before = live_servers.disconnect_releases(qwen35_server)
     body = {"model": "m", "input": "Write a long essay.", "max_output_tokens": 900, "stream": True}
     with httpx.stream("POST", qwen35_server.url + "/v1/responses", json=body, timeout=60) as reply:
         lines = reply.iter_lines()
@@ -340,3 +384,4 @@ def test_a_disconnected_stream_frees_its_lane(qwen35_server):
         assert qwen35_server.engine.stats().busy_lanes == 1
     # cancelled, not run to its end: fewer than its 900 tokens were generated
     assert live_servers.cut_short(qwen35_server, tokens_before, 900)
+    assert live_servers.released_within_bound(qwen35_server, before)  # within 1 s by the server's clock

@@ -4,11 +4,12 @@ arbitrary Delta sequences: blocks open, extend and close in order, and nothing i
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
 from ninfer.frontend.tool_calls import ToolCallDelta
-from ninfer.serve.generation import Delta
+from ninfer.serve.generation import Delta, TokenLogprob
 from ninfer.serve.output_blocks import (
     REASONING,
     TEXT,
@@ -80,3 +81,34 @@ def test_blocks_are_well_nested_and_keep_every_piece(deltas):
     # Consecutive pieces of one kind share a block; a new kind (or a new call) starts one.
     kinds = [b.kind for b in blocks.blocks]
     assert all(a != b or a == TOOL_CALL for a, b in itertools.pairwise(kinds))
+
+
+@given(delta_streams(), st.data())
+def test_logprobs_go_to_the_block_their_delta_extends(deltas, data):
+    """Each Delta's logprobs land, once and in order, on the block its text went to (a text-less one on the open
+    block); every BlockDelta's logprobs are its block's, in order."""
+    numbers = itertools.count()
+    marked: list[Delta] = []
+    for delta in deltas:
+        if data.draw(st.booleans()):
+            delta = replace(delta, logprobs=(TokenLogprob(str(next(numbers)), -1.0, []),))
+        marked.append(delta)
+        if data.draw(st.booleans()):  # tokens that wrote no text (a swallowed stop string)
+            marked.append(Delta(logprobs=(TokenLogprob(str(next(numbers)), -1.0, []),)))
+    blocks = OutputBlocks()
+    expected: list[str] = []
+    streamed: dict[int, list[TokenLogprob]] = {}
+    for delta in marked:
+        events = blocks.feed(delta)
+        if blocks.blocks:  # before the first block there is nowhere to put them
+            expected += [lp.token for lp in delta.logprobs]
+        for event in events:
+            if isinstance(event, BlockDelta):
+                streamed.setdefault(event.block.index, []).extend(event.logprobs)
+        kind = REASONING if delta.reasoning else TEXT if delta.content else None
+        if kind is not None and delta.logprobs:
+            (owner,) = [b for b in blocks.blocks if delta.logprobs[0] in b.logprobs]
+            assert owner.kind == kind
+    blocks.finish()
+    assert [lp.token for b in blocks.blocks for lp in b.logprobs] == expected
+    assert all(streamed.get(b.index, []) == b.logprobs for b in blocks.blocks)

@@ -10,13 +10,20 @@ it is an endless event stream, which schemathesis' `case.call` would read to the
 below: a 200 `text/event-stream` whose first events are a `model_status` per configured model, read with a byte cap
 and a timeout.
 
-Generation lengths are capped at a few tokens before each call (the fuzzing is about request shapes, and an
-unbounded `max_tokens` would only make the run slow); every other field is as schemathesis drew it.
+Each operation gets positive cases (bodies the document allows: every top-level field of the request models, with its
+type and bounds) and negative ones (bodies it forbids: wrong types, out-of-range values, missing required fields),
+so both the handlers and the validation in front of them are fuzzed. The generation and token routes (the ones that
+parse messages, prompts and tools) get many more cases than the rest. Generation lengths that the document allows
+are capped at a few tokens before each call (the fuzzing is about request shapes, and an unbounded `max_tokens`
+would only make the run slow); a length of the wrong type or out of range stays, for the server to refuse; every
+other field is as schemathesis drew it. test_request_fuzz.py goes inside the nested JSON (messages, content parts,
+tools) that the document leaves open.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 import httpx
@@ -24,12 +31,21 @@ import live_servers
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
 
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 MAX_FUZZ_TOKENS = 3
-# 3 generated bodies per operation keep the whole run near a minute on two cores (6 took twice that), and
-# derandomize=True makes them the same every run.
-EXAMPLES_PER_OPERATION = 3
+# Cases per operation, half of them positive and half negative (see the module doc); derandomize=True makes them
+# the same every run. About 0.15 s each on two cores: the whole module stays near a minute and a half.
+# NINFER_FUZZ_EXAMPLES=N gives the generation routes N fresh random cases each instead (a deeper hunt).
+DEEP_EXAMPLES = os.environ.get("NINFER_FUZZ_EXAMPLES")
+EXAMPLES_PER_OPERATION = 4
+EXAMPLES_PER_GENERATION_OPERATION = int(DEEP_EXAMPLES or 24)
+# The routes that parse prompts, messages and tools (their aliases, /chat/completions and /completions, are the same
+# handlers and get the few cases of the rest).
+GENERATION_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
+                    "/v1/messages", "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/apply-template"}
 STREAMING = {("GET", "/models/sse")}
 UNLOADING = {("POST", "/models/unload"), ("GET", "/unload")}
 # The router's management surface (llama.cpp router mode, llama-swap, control, dashboard).
@@ -39,11 +55,13 @@ SSE_BYTE_CAP = 64 * 1024
 
 
 def _cap_lengths(body: object) -> None:
+    """Missing or allowed lengths (-1 and null mean "to the end of the context") become MAX_FUZZ_TOKENS."""
     if not isinstance(body, dict):
         return
     for name in LENGTH_FIELDS:
         value = body.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value > MAX_FUZZ_TOKENS:
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if value is None or is_int and (value == -1 or value > MAX_FUZZ_TOKENS):
             body[name] = MAX_FUZZ_TOKENS
 
 
@@ -62,12 +80,14 @@ def _server_errors(operations: list) -> list[str]:
     # hypothesis here directly.
     failures: list[str] = []
     for operation in operations:
+        cases = st.one_of(operation.as_strategy(GenerationMode.POSITIVE), operation.as_strategy(GenerationMode.NEGATIVE))
+        examples = EXAMPLES_PER_GENERATION_OPERATION if operation.path in GENERATION_PATHS else EXAMPLES_PER_OPERATION
 
-        @given(case=operation.as_strategy())
+        @given(case=cases)
         @settings(
-            max_examples=EXAMPLES_PER_OPERATION,
+            max_examples=examples,
             deadline=None,
-            derandomize=True,
+            derandomize=DEEP_EXAMPLES is None,
             database=None,
             suppress_health_check=list(HealthCheck),
         )
@@ -128,3 +148,42 @@ def test_models_sse_is_an_event_stream_of_every_model(router_server):
     assert [e["model"] for e in events] == ["alpha", "beta"]
     assert all(e["event"] == "model_status" and e["data"]["status"] in ("unloaded", "loading", "loaded", "failed")
                for e in events)
+
+
+# The fields each generation and token route documents (docs/serving.md): the OpenAPI document must give each its
+# type, so that schemathesis draws values of that type (positive) and of every other (negative).
+DOCUMENTED_FIELDS = {
+    "/v1/chat/completions": {"messages": "array", "max_tokens": "integer", "max_completion_tokens": "integer",
+                             "temperature": "number", "top_p": "number", "top_k": "integer", "seed": "integer",
+                             "stop": "array", "stream": "boolean", "tools": "array", "response_format": "object",
+                             "logprobs": "boolean", "top_logprobs": "integer", "n": "integer"},
+    "/v1/completions": {"prompt": "string", "max_tokens": "integer", "temperature": "number", "logprobs": "integer",
+                        "echo": "boolean", "stream": "boolean"},
+    "/v1/responses": {"input": "array", "instructions": "string", "max_output_tokens": "integer", "tools": "array",
+                      "text": "object", "reasoning": "object", "previous_response_id": "string", "stream": "boolean"},
+    "/v1/messages": {"messages": "array", "max_tokens": "integer", "system": "array", "tools": "array",
+                     "thinking": "object", "stop_sequences": "array", "temperature": "number", "stream": "boolean"},
+    "/v1/messages/count_tokens": {"messages": "array", "system": "string", "tools": "array"},
+    "/tokenize": {"content": "string", "add_special": "boolean", "with_pieces": "boolean"},
+    "/detokenize": {"tokens": "array"},
+}
+
+
+def _types(schema: dict, components: dict) -> set[str]:
+    """Every JSON type a (possibly referenced, possibly oneOf) schema allows."""
+    if "$ref" in schema:
+        return _types(components[schema["$ref"].rsplit("/", 1)[1]], components)
+    found = {schema["type"]} if isinstance(schema.get("type"), str) else set(schema.get("type") or ())
+    for option in schema.get("oneOf", []) + schema.get("anyOf", []):
+        found |= _types(option, components)
+    return found or ({"object"} if "properties" in schema else set())
+
+
+def test_the_document_types_every_documented_request_field(qwen35_server):
+    document = httpx.get(f"{qwen35_server.url}/docs/openapi.json", timeout=60).json()
+    components = document["components"]["schemas"]
+    for path, fields in DOCUMENTED_FIELDS.items():
+        body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        properties = components[body["$ref"].rsplit("/", 1)[1]]["properties"]
+        for field, json_type in fields.items():
+            assert json_type in _types(properties[field], components), (path, field, properties[field])

@@ -12,6 +12,7 @@ import random
 
 import anthropic
 import jsonschema
+import live_servers
 import llguidance
 import numpy as np
 import openai
@@ -431,6 +432,31 @@ def test_responses_and_messages_structured_output_validate(qwen35_server):
     )
     text = "".join(block.text for block in m.content if block.type == "text")
     jsonschema.validate(json.loads(text), BOUNDED)
+
+
+@pytest.mark.parametrize("server_name", ["qwen35_server", "smollm2_server"])
+def test_json_object_output_parses_as_an_object(request, server_name):
+    """`response_format: {type: json_object}` (chat) and `text.format: {type: json_object}` (Responses): the answer
+    is one JSON object, even from the random model, whose unconstrained answer is not JSON at all."""
+    server = request.getfixturevalue(server_name)
+    client = _openai(server)
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    calls = [
+        lambda: client.chat.completions.create(model="any", messages=ASK, temperature=0, max_tokens=200,
+                                               response_format={"type": "json_object"}, extra_body=off),
+        lambda: client.responses.create(model="any", input=ASK, temperature=0, max_output_tokens=200,
+                                        text={"format": {"type": "json_object"}}, extra_body=off),
+    ]
+    if server_name == "qwen35_server":  # the same request unconstrained, which shows the mask is what did it
+        calls.append(lambda: client.chat.completions.create(model="any", messages=ASK, temperature=0, max_tokens=30,
+                                                            extra_body=off))
+    chat, response, *free = live_servers.concurrently(*calls)
+    assert chat.choices[0].finish_reason == "stop" and response.status == "completed"
+    assert isinstance(json.loads(chat.choices[0].message.content), dict)
+    assert isinstance(json.loads(response.output_text), dict)
+    for unconstrained in free:
+        with pytest.raises(ValueError):
+            json.loads(unconstrained.choices[0].message.content)
 
 
 def test_unenforceable_schema_is_a_400_naming_it(qwen35_server):

@@ -41,7 +41,9 @@ def browser():
 @pytest.fixture(scope="module")
 def ui_server(pytestconfig, smollm2_gguf, llama_ui_bundle) -> Iterator:
     smollm2 = artifact_for(pytestconfig, smollm2_gguf)
-    config = {"models": {"alpha": {"path": str(smollm2), "max_context": 2048},
+    # alpha prefills in chunks of 64 tokens, so that a prompt of a few hundred tokens shows its progress in several
+    # steps (the other tests' prompts are a single chunk either way).
+    config = {"models": {"alpha": {"path": str(smollm2), "max_context": 2048, "prefill_chunk": 64},
                          "beta": {"path": str(smollm2), "max_context": 1024, "max_concurrency": 1}}}
     with serve_router(config, webui_dir=str(llama_ui_bundle)) as server:
         yield server

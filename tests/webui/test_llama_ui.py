@@ -1,10 +1,12 @@
 """The real pinned llama-ui, in headless Chromium, against a live ninfer router (SmolLM2 as two models): send a
 message and see the streamed answer, stop a generation, switch models and see the status change, reload mid-stream
-and see the stream resume; and the dashboard shows live slot state. Screenshots go to docs/."""
+and see the stream resume, see a long prompt's progress; and the dashboard shows live slot state. Screenshots go to
+docs/."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,20 +77,83 @@ def assistant_text(page) -> str:
     return page.locator(ANSWER).last.inner_text()
 
 
+def watch_load_percents(page) -> Callable[[], list[float]]:
+    """Notes every width llama-ui gives its model load bars (the thin bar under the model selector while the chosen
+    model loads, its width the load's progress from /models/sse); the returned function stops watching and gives the
+    percents in the order shown."""
+    page.evaluate("""() => {
+        window.loadPercents = [];
+        window.loadWatch = new MutationObserver(() => {
+            for (const bar of document.querySelectorAll('div.animate-pulse.bg-primary[style*="width"]')) {
+                const percent = parseFloat(bar.style.width);
+                if (percent !== window.loadPercents.at(-1)) window.loadPercents.push(percent);
+            }
+        });
+        window.loadWatch.observe(document.body, {subtree: true, childList: true, attributes: true});
+    }""")
+    return lambda: page.evaluate("() => { window.loadWatch.disconnect(); return window.loadPercents; }")
+
+
 def test_send_a_message_and_see_the_streamed_answer(page, ui_server) -> None:
     bodies: list[dict] = []
     page.on("request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
-    choose_model(page, "alpha")
+    assert httpx.get(ui_server.url + "/unload", timeout=30).text == "OK"  # this test sees alpha load
+    wait_for_statuses(ui_server, {"alpha": "unloaded", "beta": "unloaded"})
+    load_percents = watch_load_percents(page)
+    choose_model(page, "alpha")  # llama-ui loads the model it is given to choose
     send(page, "What is the capital of France? Answer in one sentence.")
     page.locator(ASSISTANT).last.wait_for(timeout=ANSWER_TIMEOUT_MS)
     page.wait_for_function(f"document.querySelector('{ASSISTANT}')?.innerText.includes('Paris')",
                            timeout=ANSWER_TIMEOUT_MS)
     page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
     page.screenshot(path=str(SCREENSHOTS / "webui-chat.png"))
+    # While alpha loaded, the model selector showed the load's progress growing (the bar drops to 0 once loaded).
+    percents = load_percents()
+    peak = percents.index(max(percents))
+    assert 0 < percents[peak] < 100, percents
+    assert percents[:peak + 1] == sorted(percents[:peak + 1]) and set(percents[peak + 1:]) <= {0}, percents
     assert statuses(ui_server)["alpha"] == "loaded"
     # The settings reached the request (a greedy answer), and llama-ui arms the reasoning control as it always does.
     (body,) = bodies
     assert body["temperature"] == 0 and body["max_tokens"] == 160 and body["reasoning_control"] is True
+
+    # The answer renders as it streams: a long one is seen growing while its request is still open.
+    ended = ended_chat_requests(page)
+    send(page, "Write a very long story about a lighthouse keeper and the sea, with many chapters.")
+    growing = f"([...document.querySelectorAll('{ANSWER}')].pop()?.innerText || '').length"
+    page.wait_for_function(f"{growing} > 0 && document.querySelectorAll('{ASSISTANT}').length == 2",
+                           timeout=ANSWER_TIMEOUT_MS)
+    first = len(assistant_text(page))
+    page.wait_for_function(f"{growing} > {first + 20}", timeout=ANSWER_TIMEOUT_MS)
+    assert not ended, "the answer was only shown once its stream had ended"
+    page.get_by_role("button", name="Stop generation").click()
+    wait_until(lambda: not any(s["is_processing"] for s in httpx.get(ui_server.url + "/slots?model=alpha").json()),
+               lambda: "the stopped generation still holds its lane")
+
+
+def ui_statuses(page) -> dict[str, str]:
+    """The models' states as llama-ui's model selector shows them: a green dot for loaded, a spinner while loading,
+    a red mark for failed, a grey dot otherwise. Opens the selector and closes it again."""
+    page.get_by_role("button", name="Select model").or_(page.locator("button:has-text('alpha'), "
+                                                                   "button:has-text('beta')")).last.click()
+    options = page.get_by_role("option")
+    options.first.wait_for()
+    shown = options.evaluate_all("""options => Object.fromEntries(options.map(o => [o.innerText.trim(),
+        o.querySelector('.bg-green-500') ? 'loaded' : o.querySelector('.animate-spin') ? 'loading'
+        : o.querySelector('.text-red-500') ? 'failed' : 'unloaded']))""")
+    page.keyboard.press("Escape")
+    options.first.wait_for(state="hidden")
+    return shown
+
+
+def wait_for_ui_statuses(page, expected: dict[str, str], timeout_s: float = 60) -> None:
+    last: dict[str, str] = {}
+
+    def shown() -> bool:
+        last.update(ui_statuses(page))
+        return last == expected
+
+    wait_until(shown, lambda: f"llama-ui showed {last}, expected {expected}", timeout_s, lambda: time.sleep(0.5))
 
 
 def engine_tokens_generated(server) -> int:
@@ -160,13 +225,13 @@ def test_switch_models_and_see_the_status_change(page, ui_server) -> None:
     send(page, "Say hi.")
     page.locator(ASSISTANT).first.wait_for(timeout=ANSWER_TIMEOUT_MS)
     page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
-    wait_for_statuses(ui_server, {"alpha": "loaded", "beta": "unloaded"})
+    wait_for_ui_statuses(page, {"alpha": "loaded", "beta": "unloaded"})
     choose_model(page, "beta")
     send(page, "Say hello.")
     page.locator(ASSISTANT).nth(1).wait_for(timeout=ANSWER_TIMEOUT_MS)  # the second answer, from beta
-    # the swap: alpha unloads, then beta loads (on a loaded machine this takes as long as an answer may)
-    wait_for_statuses(ui_server, {"alpha": "unloaded", "beta": "loaded"}, timeout_s=ANSWER_TIMEOUT_MS / 1000)
     page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
+    # the swap, as the UI learnt it from /models/sse: alpha unloaded, beta loaded
+    wait_for_ui_statuses(page, {"alpha": "unloaded", "beta": "loaded"})
     # the UI shows the switch: the second answer carries beta's model badge, the first keeps alpha's
     assert page.locator(ASSISTANT).nth(1).get_by_text("beta", exact=True).count() == 1
     assert page.locator(ASSISTANT).nth(0).get_by_text("alpha", exact=True).count() == 1
@@ -186,6 +251,18 @@ def test_reload_mid_stream_and_see_the_stream_resume(page, ui_server) -> None:
     assert after.startswith(before[: max(0, len(before) - 20)])  # the same answer, continued
     streams = httpx.get(ui_server.url + "/v1/streams").json()
     assert streams and streams[-1]["total_bytes"] > 0
+
+
+def test_a_long_prompt_shows_its_progress(page, ui_server) -> None:
+    """llama-ui asks for `return_progress` and shows each `prompt_progress` chunk as "Processing N% (ETA: ...)"
+    until the answer starts: a prompt of several prefill chunks (alpha's are 64 tokens) shows a percentage below 100
+    while its later chunks are read (without the chunks the UI says only "Processing...")."""
+    choose_model(page, "alpha")
+    send(page, "Summarize this text in one sentence. " + "The quick brown fox jumps over the lazy dog. " * 25)
+    page.get_by_text(re.compile(r"Processing \d{1,2}% ")).wait_for(timeout=ANSWER_TIMEOUT_MS)
+    stop = page.get_by_role("button", name="Stop generation")  # the answer itself is not what this test is about
+    stop.click()
+    stop.wait_for(state="hidden", timeout=SETTLE_MS)
 
 
 def test_dashboard_shows_live_slot_state(browser, ui_server) -> None:

@@ -329,6 +329,7 @@ class _Run:
                 "content_block": self.shape.content_block(block, done=False),
             }
         elif isinstance(event, BlockDelta):
+            # (never text-less here: an empty BlockDelta carries only logprobs, which this route never asks for)
             if block.kind == REASONING:
                 delta = {"type": "thinking_delta", "thinking": event.text}
             elif block.kind == TEXT:

@@ -23,6 +23,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.static_files import create_static_files_router
 
 from ninfer.serve.auth import api_key_guard
+from ninfer.serve.disconnect import DisconnectClock
 from ninfer.serve.errors import EXCEPTION_HANDLERS
 from ninfer.serve.metrics import RequestCounter
 from ninfer.serve.router import DEPENDENCIES, ModelGate, ModelRouter
@@ -87,8 +88,10 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
         dependencies=DEPENDENCIES,
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,
-        # ModelGate pins (loading or swapping to) the model a POST names; StreamRecorder records chat streams.
-        middleware=[lambda app: RequestCounter(app, _metrics_of), ModelGate, StreamRecorder],
+        # ModelGate pins (loading or swapping to) the model a POST names; StreamRecorder records chat streams;
+        # DisconnectClock notes when the app sees a client's disconnect (innermost: a recorded stream, which goes on
+        # without its client, does not see it).
+        middleware=[lambda app: RequestCounter(app, _metrics_of), ModelGate, StreamRecorder, DisconnectClock],
         lifespan=[lifespan],
         state=State({"api_keys": api_keys}),
         request_max_body_size=MAX_BODY_BYTES,

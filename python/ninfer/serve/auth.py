@@ -51,7 +51,9 @@ def key_matches(presented: str, keys: frozenset[str]) -> bool:
     return found
 
 
-def api_key_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+async def api_key_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    # async although it never waits: Litestar runs a sync guard in a worker thread, a thread hop per request (a few
+    # ms of a loaded machine's time to first token) for a few comparisons.
     keys: frozenset[str] = connection.app.state.api_keys
     if not keys or handler.opt.get("public"):
         return

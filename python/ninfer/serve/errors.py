@@ -5,12 +5,14 @@ the two below are the server's own refinements of them (the body needs fields th
 
 - `InvalidRequestError(message, param=...)`: the request is well-formed JSON but asks for something refused
   (`n > 1`, an unknown option value). 400.
-- `ContextOverflowError(n_prompt_tokens, n_ctx)`: the prompt leaves no room to generate. 400 with both numbers
-  (llama.cpp's `exceed_context_size_error`, which its web UI reads).
+- `ContextOverflowError(n_prompt_tokens, n_ctx)`: the prompt leaves no room to generate. 400 with both numbers as
+  fields of the error object, in both protocols' shapes (llama.cpp's `exceed_context_size_error`, which its web UI
+  reads).
 
 The body's shape depends on the route: Anthropic routes (`/v1/messages...`) answer
 `{"type":"error","error":{"type","message"}}`, every other route OpenAI's `{"error":{"message","type","param","code"}}`.
-`EngineBusyError` is a 429 with `Retry-After`. Anything unexpected is logged and answered as a 500 in the same shape:
+`EngineBusyError` is a 429 with `Retry-After`; a RecursionError (a body nested deeper than the decoders go) is a 400.
+Anything unexpected is logged and answered as a 500 in the same shape:
 client input must never reach that branch (schemathesis checks it).
 """
 
@@ -98,6 +100,10 @@ def describe(exc: Exception) -> ErrorInfo:
         return ErrorInfo(503, str(exc), "unavailable_error", headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, errors.EngineError):  # bad token id, sampling value, template refusal, capacity
         return ErrorInfo(400, str(exc), "invalid_request_error")
+    if isinstance(exc, RecursionError):
+        # The server recurses only over what a request holds (its JSON, a schema, a template's data): a request
+        # nested deeper than the interpreter's stack, which the JSON decoders refuse this way.
+        return ErrorInfo(400, "the request is nested too deeply", "invalid_request_error")
     if isinstance(exc, ValidationException):
         return ErrorInfo(400, _validation_message(exc), "invalid_request_error", param=_validation_param(exc))
     if isinstance(exc, HTTPException):
@@ -130,10 +136,9 @@ def openai_body(info: ErrorInfo) -> dict[str, Any]:
 
 
 def anthropic_body(info: ErrorInfo) -> dict[str, Any]:
-    return {
-        "type": "error",
-        "error": {"type": _ANTHROPIC_TYPES.get(info.kind, "api_error"), "message": info.message},
-    }
+    error = {"type": _ANTHROPIC_TYPES.get(info.kind, "api_error"), "message": info.message}
+    error.update(info.extra or {})
+    return {"type": "error", "error": error}
 
 
 def body_for_path(path: str, info: ErrorInfo) -> dict[str, Any]:

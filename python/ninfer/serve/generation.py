@@ -28,6 +28,8 @@ Semantics the protocols share:
   are parsed only when `tools` is given. A tool call written inside the reasoning ends it and is returned as a call.
 - Stop strings apply to the raw generated text (reasoning included), matched across token boundaries.
 - `usage.reasoning_tokens` counts tokens generated while the reasoning block was open.
+- With `GenerationParams.report_progress`, the first Deltas carry only `progress` (PrefillProgress), one per
+  prefill chunk, the last with every prompt token processed; they count nothing and end nothing.
 - Logprobs ride on the first delta emitted after the tokens arrive (text can be held back by the stop-string and
   tag matchers); every generated token up to the end (or the stop string) is reported exactly once.
 """
@@ -40,7 +42,16 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from ninfer.engine import Engine, GenerationEvent, Request, SamplingParams, TextStream, Timings, TokenConstraint
+from ninfer.engine import (
+    Engine,
+    GenerationEvent,
+    PrefillProgress,
+    Request,
+    SamplingParams,
+    TextStream,
+    Timings,
+    TokenConstraint,
+)
 from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser
 from ninfer.frontend.stop_strings import StopStringMatcher
 from ninfer.frontend.tool_calls import (
@@ -50,6 +61,7 @@ from ninfer.frontend.tool_calls import (
     ToolCallDelta,
     ToolCallParser,
 )
+from ninfer.serve.disconnect import departure
 from ninfer.serve.errors import ContextOverflowError, InvalidRequestError
 
 
@@ -60,6 +72,8 @@ class ServedModel(Protocol):
     preserve_thinking: bool | None
 
     def record_generation(self, result: GenerationResult) -> None: ...
+
+    def record_disconnect_release(self, seconds: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,7 @@ class GenerationParams:
     top_logprobs: int = 0
     split_reasoning: bool = True
     constraint: TokenConstraint | None = None  # structured output: the per-step token mask (one request only)
+    report_progress: bool = False  # a progress-only Delta after each prefill chunk (llama.cpp's return_progress)
 
 
 @dataclass(frozen=True)
@@ -121,6 +136,7 @@ class Delta:
     reasoning: str = ""
     tool_calls: tuple[ToolCallDelta, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    progress: PrefillProgress | None = None  # a prefill progress report: no other field is set
 
 
 @dataclass(frozen=True)
@@ -201,6 +217,7 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
         logprobs=params.logprobs or params.top_logprobs > 0,
         top_logprobs=params.top_logprobs,
         constraint=params.constraint,
+        report_progress=params.report_progress,
     )
 
 
@@ -219,7 +236,9 @@ class Generation:
         self._model = model
         self._engine = model.engine
         self._request = request
-        self._events = self._engine.generate(request)
+        self._departure = departure()
+        self._loop = asyncio.get_running_loop()
+        self._events = self._engine.generate(request, on_cancel_freed=self._lane_freed)
         self._first: asyncio.Future[GenerationEvent] | None = None
         self._text = TextStream(self._engine.frontend)
         self._stops = StopStringMatcher(params.stop)
@@ -237,6 +256,17 @@ class Generation:
         self._started = time.perf_counter()
         self._first_token_at: float | None = None
         self.result: GenerationResult | None = None
+
+    def _lane_freed(self, freed_at: float) -> None:
+        """The engine's pump thread: the cancelled request's lane is free. If its client's departure caused that,
+        the time since the server saw the disconnect is recorded (on the event loop's thread)."""
+        left_at = self._departure.at if self._departure is not None else None
+        if left_at is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._model.record_disconnect_release, freed_at - left_at)
+        except RuntimeError:  # the loop is closed: the server is gone
+            pass
 
     async def _submit(self) -> None:
         """Submits now, so admission errors surface to the caller instead of inside the response stream."""
@@ -265,6 +295,9 @@ class Generation:
         events = self._engine_events()
         try:
             async for event in events:
+                if event.progress is not None:
+                    yield Delta(progress=event.progress)
+                    continue
                 last = event
                 if self._stops.stopped is not None:
                     continue  # draining after a stop string: the final event still brings usage and timings

@@ -1,8 +1,10 @@
 """llama.cpp's router-mode management surface (what llama-ui calls) and llama-swap's operations routes.
 
     POST /models/load {model}      -> {success: true} at once; /models/sse reports the load
-    POST /models/unload {model}    -> {success: true}; the model unloads once its in-flight requests finish
-    GET  /models/sse               -> `model_status` events on every load / swap / unload, keepalives every 5 s
+    POST /models/unload {model}    -> {success: true}; the model unloads once its in-flight requests finish (a
+                                      loading one: its load is cancelled)
+    GET  /models/sse               -> `model_status` events on every load / swap / unload (with the load's progress),
+                                      keepalives every `sse_ping_interval` s of the router config (default 5)
     GET  /props[?model=&autoload=] -> what llama-ui reads (role, default_generation_settings, total_slots, ...)
     GET  /slots[?model=]           -> one object per configured lane of the model
     GET  /running, GET /unload     -> llama-swap
@@ -36,9 +38,10 @@ from ninfer.serve.router import (
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ServedModel
 
-KEEPALIVE_S = 5.0
 EXEMPT = {GATE_EXEMPT: True}
-LOAD_STAGES = ["text_model", "spec_model", "mmproj_model"]
+# The load stages llama-ui knows are text_model, spec_model (a draft model) and mmproj_model (a vision projector);
+# the config refuses the spec and vision options until they exist, so every model here loads one stage.
+LOAD_STAGES = ["text_model"]
 # llama-swap's process states for our statuses
 SWAP_STATES = {LOADED: "ready", LOADING: "starting", FAILED: "stopped"}
 
@@ -81,17 +84,19 @@ async def load_model(data: JSONBody[ModelRequest], router: RouterDependency) -> 
     return {"success": True}
 
 
-@post("/models/unload", status_code=200, opt=EXEMPT, summary="Unload a model once its requests finish")
+@post("/models/unload", status_code=200, opt=EXEMPT,
+      summary="Unload a model once its requests finish, or cancel its load")
 async def unload_model(data: JSONBody[ModelRequest], router: RouterDependency) -> dict[str, Any]:
     entry = router.lookup(data.model)
     if not router.request_unload(entry.name):
-        raise InvalidRequestError(f"model {entry.name!r} is not loaded ({entry.status})", param="model")
+        raise InvalidRequestError(f"model {entry.name!r} is neither loaded nor loading ({entry.status})",
+                                  param="model")
     return {"success": True}
 
 
 def status_event_json(event: StatusEvent) -> dict[str, Any]:
     """llama.cpp's envelope: {model, event, data: {status, progress, exit_code}}."""
-    progress = {"stages": LOAD_STAGES, "current": "text_model", "value": 1.0 if event.status == LOADED else 0.0}
+    progress = {"stages": LOAD_STAGES, "current": "text_model", "value": event.progress}
     data: dict[str, Any] = {"status": event.status, "progress": progress,
                             "exit_code": 1 if event.status == FAILED else 0}
     if event.failure is not None:
@@ -104,8 +109,8 @@ async def _status_frames(router: ModelRouter) -> AsyncIterator[bytes]:
     try:
         # First the current state of every model, so a new reader starts from the truth; then each change.
         for entry in router.entries:
-            yield sse_frame(status_event_json(StatusEvent(entry.name, entry.status, entry.failure, time.time())),
-                            event="model_status")
+            snapshot = StatusEvent(entry.name, entry.status, entry.failure, time.time(), entry.progress)
+            yield sse_frame(status_event_json(snapshot), event="model_status")
         while True:
             event = await queue.get()
             if event is None:
@@ -117,7 +122,7 @@ async def _status_frames(router: ModelRouter) -> AsyncIterator[bytes]:
 
 @get("/models/sse", summary="Live model status events (llama.cpp router mode)")
 async def models_sse(router: RouterDependency) -> Any:
-    return sse_response(_status_frames(router), ping_interval_s=KEEPALIVE_S)
+    return sse_response(_status_frames(router), ping_interval_s=router.config.sse_ping_interval_s)
 
 
 # -- props and slots -----------------------------------------------------------------------------------------------

@@ -72,6 +72,13 @@ class ServerMetrics:
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
+        self.disconnect_release = Histogram(
+            "ninfer_disconnect_release_seconds",
+            "From the server seeing a client disconnect to the engine lane (or queue place) of its generation being "
+            "free",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
         r.register(_EngineCollector(stats))
 
     def render(self) -> bytes:

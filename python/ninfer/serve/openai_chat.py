@@ -4,6 +4,9 @@ A thin translator over `ninfer.serve.generation`: the request becomes a ChatProm
 pipeline's Deltas become `chat.completion.chunk`s, its result a `chat.completion`. Reasoning is returned as
 `reasoning_content` (message and delta), as llama.cpp, vLLM and DeepSeek do.
 
+`return_progress: true` (llama.cpp's; llama-ui sends it on every streamed request) streams a chunk per prefill chunk,
+before the first token: an empty delta and a top-level `prompt_progress {total, cache, processed, time_ms}`.
+
 `reasoning_control: true` (llama.cpp's, which llama-ui sends) lets `POST /v1/chat/completions/control` end the
 generation's reasoning while it runs (ninfer.serve.reasoning_control).
 
@@ -26,6 +29,7 @@ from litestar import Request, post
 from litestar.params import JSONBody
 from msgspec import Meta
 
+from ninfer.engine import PrefillProgress
 from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
 from ninfer.serve.custom_tools import call_input, chat_form_tools, chat_history_call
 from ninfer.serve.disconnect import run_while_connected
@@ -46,6 +50,7 @@ from ninfer.serve.openai_common import (
     advisory_tool_choice,
     generation_params,
     include_usage,
+    logprob_json,
     new_id,
     stream_error_frame,
     timings_json,
@@ -53,7 +58,7 @@ from ninfer.serve.openai_common import (
 )
 from ninfer.serve.reasoning_control import ReasoningControl
 from ninfer.serve.router import RouterDependency
-from ninfer.serve.sse import sse_frame, sse_response
+from ninfer.serve.sse import PING_INTERVAL_S, sse_frame, sse_response
 from ninfer.serve.structured import build_constraint, chat_response_format
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -85,6 +90,12 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None
     reasoning_control: bool = False  # llama.cpp: arms `reasoning_end` through /v1/chat/completions/control
+    # llama.cpp: reasoning tokens after which the reasoning is ended (-1: no limit); llama-ui sends the first name
+    thinking_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    reasoning_budget_tokens: Annotated[int, Meta(ge=-1)] | None = None
+    # llama.cpp: seconds between keepalive comments while the stream is silent (-1: none); llama-ui sends 1
+    sse_ping_interval: Annotated[float, Meta(ge=-1, le=3600)] | None = None
+    return_progress: bool = False  # llama.cpp: streamed `prompt_progress` chunks while the prompt is read
 
 
 def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
@@ -137,15 +148,6 @@ def _issues_json(issues: list[ParseIssue]) -> list[dict[str, Any]]:
         {"kind": i.kind, "message": i.message, "snippet": i.snippet, "discarded_chars": i.discarded_chars}
         for i in issues
     ]
-
-
-def _logprob_json(lp: TokenLogprob) -> dict[str, Any]:
-    return {
-        "token": lp.token,
-        "logprob": lp.logprob,
-        "bytes": lp.bytes,
-        "top_logprobs": [{"token": t, "logprob": v, "bytes": b} for t, v, b in lp.top],
-    }
 
 
 def _finish_reason(result: GenerationResult) -> str:
@@ -218,7 +220,7 @@ def completion_json(shape: _Shape, result: GenerationResult, logprobs: bool) -> 
         "index": 0,
         "message": _message(shape, result),
         "finish_reason": _finish_reason(result),
-        "logprobs": {"content": [_logprob_json(lp) for lp in result.logprobs]} if logprobs else None,
+        "logprobs": {"content": [logprob_json(lp) for lp in result.logprobs]} if logprobs else None,
     }
     return {
         **shape.envelope("chat.completion"),
@@ -277,14 +279,32 @@ def _chunk(
         "index": 0,
         "delta": delta,
         "finish_reason": finish_reason,
-        "logprobs": {"content": [_logprob_json(lp) for lp in logprobs]} if logprobs is not None else None,
+        "logprobs": {"content": [logprob_json(lp) for lp in logprobs]} if logprobs is not None else None,
     }
     return {**shape.envelope("chat.completion.chunk"), "choices": [choice]}
+
+
+def _progress_chunk(shape: _Shape, progress: PrefillProgress) -> dict[str, Any]:
+    """A prompt progress chunk. llama-ui reads its top-level `prompt_progress` (`processed - cache` over `total - cache`
+    is its percentage, `time_ms` feeds its ETA) besides the chunk's id and model; the delta is empty, so a client that
+    accumulates deltas (the SDKs) takes nothing from it."""
+    return {
+        **_chunk(shape, {}),
+        "prompt_progress": {
+            "total": progress.total,
+            "cache": progress.cached,
+            "processed": progress.processed,
+            "time_ms": progress.elapsed_s * 1000,
+        },
+    }
 
 
 async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: bool) -> AsyncIterator[bytes]:
     yield sse_frame(_chunk(shape, {"role": "assistant", "content": ""}))
     async for delta in generation.deltas():
+        if delta.progress is not None:
+            yield sse_frame(_progress_chunk(shape, delta.progress))
+            continue
         fields = _delta_json(shape, delta)
         if fields or (logprobs and delta.logprobs):
             yield sse_frame(_chunk(shape, fields, logprobs=list(delta.logprobs) if logprobs else None))
@@ -303,6 +323,19 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
     yield sse_frame("[DONE]")
 
 
+def _reasoning_budget(body: ChatCompletionRequest) -> int | None:
+    """The request's reasoning budget in tokens, None for no limit (llama.cpp reads reasoning_budget_tokens first)."""
+    budget = body.reasoning_budget_tokens if body.reasoning_budget_tokens is not None else body.thinking_budget_tokens
+    return None if budget is None or budget < 0 else budget
+
+
+def _ping_interval(body: ChatCompletionRequest) -> float | None:
+    """Seconds between keepalives of this stream: the request's, else the server's; None: no keepalives."""
+    if body.sse_ping_interval is None:
+        return PING_INTERVAL_S
+    return None if body.sse_ping_interval <= 0 else body.sse_ping_interval
+
+
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, summary="OpenAI Chat Completions")
 async def chat_completions(data: JSONBody[ChatCompletionRequest], router: RouterDependency,
                            request: Request) -> Any:
@@ -315,6 +348,7 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], router: Router
         logprobs=want_logprobs,
         top_logprobs=data.top_logprobs or 0,
         split_reasoning=data.reasoning_format != "none",
+        report_progress=data.stream and data.return_progress,
     )
     chat = _chat_prompt(data)
     output_format = chat_response_format(data.response_format)
@@ -324,14 +358,17 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], router: Router
             model.engine, output_format, "response_format", starts_in_reasoning=prompt.starts_in_reasoning
         )
         params = replace(params, constraint=constraint)
-    if data.reasoning_control:
+    budget = _reasoning_budget(data)
+    if data.reasoning_control or budget is not None:
         params = replace(params, constraint=ReasoningControl(
-            model.engine.frontend, starts_in_reasoning=prompt.starts_in_reasoning, inner=params.constraint))
+            model.engine.frontend, starts_in_reasoning=prompt.starts_in_reasoning, inner=params.constraint,
+            budget=budget))
     generation = await start_generation(model, prompt, params, tools=chat.tools)
     shape = _Shape(data, model.model_id)
     if data.stream:
         return sse_response(
-            _chunks(shape, generation, want_logprobs, include_usage(data)), on_error=stream_error_frame
+            _chunks(shape, generation, want_logprobs, include_usage(data)), on_error=stream_error_frame,
+            ping_interval_s=_ping_interval(data)
         )
     return completion_json(shape, await run_while_connected(request, generation.run()), want_logprobs)
 

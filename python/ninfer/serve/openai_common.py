@@ -2,7 +2,8 @@
 
 `SamplingFields` is a msgspec Struct base: a request struct that inherits it gets the sampling fields (OpenAI's
 plus the llama.cpp extensions clients send: top_k, min_p, repeat_penalty) validated by type and range before the
-handler runs, and `generation_params(body, max_tokens=...)` turns them into the pipeline's GenerationParams.
+handler runs, and `generation_params(body, max_tokens=...)` turns them into the pipeline's GenerationParams, refusing
+what the engine cannot do (`n` > 1, a non-empty `logit_bias`: the sampler has no per-token bias).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from msgspec import Meta
 
 from ninfer.errors import NinferError
 from ninfer.serve.errors import InvalidRequestError, describe, openai_body
-from ninfer.serve.generation import GenerationParams, GenerationResult, GenerationUsage
+from ninfer.serve.generation import GenerationParams, GenerationResult, GenerationUsage, TokenLogprob
 from ninfer.serve.sse import sse_frame
 
 # -1 means "until the end of the context" (llama.cpp's web UI sends it).
@@ -37,6 +38,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     seed: Annotated[int, Meta(ge=0)] | None = None  # the engine refuses >= 2^64
     stop: str | list[str] | None = None
     n: Annotated[int, Meta(ge=1)] | None = None
+    logit_bias: dict[str, float] | None = None  # refused unless empty
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     user: str | None = None
@@ -67,6 +69,14 @@ def refuse_n(n: int | None) -> None:
         )
 
 
+def refuse_logit_bias(logit_bias: dict[str, float] | None) -> None:
+    if logit_bias:
+        raise InvalidRequestError(
+            "logit_bias is not supported: the engine's sampler cannot bias token logits (send none, or {})",
+            param="logit_bias",
+        )
+
+
 def stop_strings(stop: str | list[str] | None) -> list[str]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if len(stops) > MAX_STOP_STRINGS:
@@ -81,8 +91,10 @@ def generation_params(
     logprobs: bool = False,
     top_logprobs: int = 0,
     split_reasoning: bool = True,
+    report_progress: bool = False,
 ) -> GenerationParams:
     refuse_n(body.n)
+    refuse_logit_bias(body.logit_bias)
     return GenerationParams(
         max_tokens=None if max_tokens is None or max_tokens < 0 else max_tokens,
         temperature=body.temperature,
@@ -99,7 +111,19 @@ def generation_params(
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         split_reasoning=split_reasoning,
+        report_progress=report_progress,
     )
+
+
+def logprob_json(lp: TokenLogprob) -> dict[str, Any]:
+    """One generated token's logprob entry, as Chat (`logprobs.content[]`) and Responses (`output_text.logprobs[]`)
+    both spell it."""
+    return {
+        "token": lp.token,
+        "logprob": lp.logprob,
+        "bytes": lp.bytes,
+        "top_logprobs": [{"token": t, "logprob": v, "bytes": b} for t, v, b in lp.top],
+    }
 
 
 def include_usage(body: SamplingFields) -> bool:

@@ -53,7 +53,6 @@ class CompletionRequest(SamplingFields, kw_only=True):
     echo: bool = False
     suffix: str | None = None
     best_of: Annotated[int, Meta(ge=1)] | None = None
-    logit_bias: dict[str, float] | None = None
 
 
 def _prompt(body: CompletionRequest) -> TextPrompt:
@@ -76,8 +75,6 @@ def _refuse_unsupported(body: CompletionRequest) -> None:
         raise InvalidRequestError("best_of > 1 is not supported", param="best_of")
     if body.suffix:
         raise InvalidRequestError("suffix (fill-in-the-middle) is not supported", param="suffix")
-    if body.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
 
 
 def _logprobs_json(logprobs: list[TokenLogprob], offset: int) -> dict[str, Any]:

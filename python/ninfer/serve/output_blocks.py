@@ -9,13 +9,18 @@ protocol module only names and shapes the events.
 
 The tool-call parser emits a call's name first and then its argument fragments, one call after another, so a call's
 fragments always extend the block that is open.
+
+Token logprobs (when the request asked for them) ride on the pipeline's first Delta after their tokens; each Delta
+carries one kind of output, so they belong to the block that Delta extends (Responses shows a text block's logprobs on
+its `output_text`). A Delta with logprobs and no text (tokens the stop-string matcher swallowed at the end) gives them
+to the open block, in a BlockDelta with empty text; before any block opened there is nothing to give them to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ninfer.serve.generation import Delta
+from ninfer.serve.generation import Delta, TokenLogprob
 
 REASONING = "reasoning"
 TEXT = "text"
@@ -28,6 +33,7 @@ class Block:
     kind: str  # reasoning | text | tool_call
     name: str | None = None  # the tool's name (tool_call only)
     parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the tokens that wrote this block
 
     @property
     def text(self) -> str:
@@ -44,6 +50,7 @@ class BlockStart:
 class BlockDelta:
     block: Block
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,12 +78,26 @@ class OutputBlocks:
                 self._open_block(TOOL_CALL, call.name, events)
             if call.arguments:
                 self._extend(TOOL_CALL, None, call.arguments, events)
+        if delta.logprobs:
+            self._attach(delta.logprobs, events)
         return events
 
     def finish(self) -> list[BlockEvent]:
         events: list[BlockEvent] = []
         self._close(events)
         return events
+
+    def _attach(self, logprobs: tuple[TokenLogprob, ...], events: list[BlockEvent]) -> None:
+        """Gives a Delta's logprobs to the first block it extended, else to the open block (see the module doc)."""
+        at = next((i for i, e in enumerate(events) if isinstance(e, BlockDelta)), None)
+        if at is not None:
+            delta = events[at] = replace(events[at], logprobs=logprobs)
+        elif self._open is not None:
+            delta = BlockDelta(self._open, "", logprobs)
+            events.append(delta)
+        else:
+            return
+        delta.block.logprobs.extend(logprobs)
 
     def _extend(self, kind: str, name: str | None, text: str, events: list[BlockEvent]) -> None:
         if self._open is None or self._open.kind != kind:

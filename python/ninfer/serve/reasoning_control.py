@@ -9,6 +9,11 @@ generation goes on: the model continues with its answer after a block it now see
 A structured-output constraint, when the request has one, is wrapped: it sees every token, forced ones included, so
 its grammar switches on after the forced `</think>` as it would after a natural one.
 
+A reasoning budget (llama.cpp's `thinking_budget_tokens` / `reasoning_budget_tokens`, which llama-ui sends for its
+reasoning-effort levels) uses the same forced close: once the reasoning block has taken `budget` tokens, the control
+ends it as if `end_reasoning()` had been called. The reasoning then holds at most `budget` tokens plus those of the
+close.
+
 Why opt-in: an armed request pays a mask round trip to Python before each sampled token, which unarmed requests
 never do (llama.cpp's `reasoning_control` likewise arms its budget sampler only when asked).
 """
@@ -33,7 +38,8 @@ class ReasoningControl:
     """One request's reasoning watcher and forced close. `fill_next_mask` runs on the engine's pump thread,
     `end_reasoning` on the event loop: the lock keeps their view of the reasoning state consistent."""
 
-    def __init__(self, frontend: Frontend, *, starts_in_reasoning: bool, inner: TokenConstraint | None = None) -> None:
+    def __init__(self, frontend: Frontend, *, starts_in_reasoning: bool, inner: TokenConstraint | None = None,
+                 budget: int | None = None) -> None:
         self._text = TextStream(frontend)
         # The same split the response uses (a tool-call opener inside the reasoning ends it too).
         self._reasoning = ReasoningParser(starts_in_reasoning=starts_in_reasoning)
@@ -44,6 +50,8 @@ class ReasoningControl:
         self._forcing: deque[int] = deque()  # tokens of the close still to force, one per step
         self.forced_at: int | None = None  # how many tokens had been generated when the close was forced
         self._generated = 0
+        self._budget = budget  # reasoning tokens after which the block is closed; None: no limit
+        self._reasoning_generated = 0  # tokens generated while the block was open (as usage counts them)
 
     def end_reasoning(self) -> bool:
         """Asks for the reasoning block to be closed at the next sampled token. False when it is not open (it has
@@ -60,7 +68,11 @@ class ReasoningControl:
         constrained = self._inner.fill_next_mask(new_token_ids, mask) if self._inner is not None else False
         with self._lock:
             self._generated += len(new_token_ids)
+            if self._reasoning.in_reasoning:
+                self._reasoning_generated += len(new_token_ids)
             self._reasoning.feed(self._text.push(new_token_ids))
+            if self._budget is not None and self._reasoning_generated >= self._budget:
+                self._end_requested = True
             if self._end_requested and self.forced_at is None and self._reasoning.in_reasoning:
                 self._forcing.extend(self._close)
                 self.forced_at = self._generated

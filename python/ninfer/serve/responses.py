@@ -16,12 +16,17 @@ OpenAI). Function and custom (freeform, `ninfer.serve.custom_tools`) tools are s
 `custom_tool_call` item whose input streams as one `response.custom_tool_call_input.delta` once the call is complete.
 `tool_choice` other than auto/none is advisory (see chat). `text.format`
 json_schema / json_object is checked like chat's `response_format` (`ninfer.serve.structured`).
+
+Logprobs: `include: ["message.output_text.logprobs"]` (or `top_logprobs` > 0, as chat's `top_logprobs` implies
+`logprobs`) puts each answer token's logprob, bytes and `top_logprobs` alternatives on the message's `output_text`,
+on the `response.output_text.delta` that releases the token and on `response.output_text.done`; reasoning and
+tool-call tokens are not shown (the output has no place for them).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -38,14 +43,16 @@ from ninfer.serve.custom_tools import as_function_tool, call_input, function_arg
 from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError, describe
 from ninfer.serve.generation import (
+    MAX_TOP_LOGPROBS,
     ChatPrompt,
     Generation,
     GenerationParams,
     GenerationResult,
+    TokenLogprob,
     prepare_prompt,
     start_generation,
 )
-from ninfer.serve.openai_common import advisory_tool_choice, new_id
+from ninfer.serve.openai_common import advisory_tool_choice, logprob_json, new_id
 from ninfer.serve.output_blocks import (
     REASONING,
     TEXT,
@@ -64,6 +71,7 @@ from ninfer.serve.state import ServedModel
 from ninfer.serve.structured import build_constraint, responses_text_format
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
@@ -85,6 +93,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     stream: bool = False
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     user: str | None = None
     # Extensions, as chat accepts them.
     top_k: Annotated[int, Meta(ge=0)] | None = None
@@ -294,6 +303,13 @@ class _Shape:
         self._call_ids: dict[int, str] = {}
         self.sequence_number = 0
         self.custom_tools = frozenset(t.get("name") for t in body.tools or () if t.get("type") == "custom")
+        self.logprobs = wants_logprobs(body)
+
+    def logprobs_json(self, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+        return [logprob_json(lp) for lp in logprobs] if self.logprobs else []
+
+    def output_text(self, text: str, logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": self.logprobs_json(logprobs)}
 
     def is_custom_call(self, block: Block) -> bool:
         return block.kind == TOOL_CALL and block.name in self.custom_tools
@@ -322,7 +338,7 @@ class _Shape:
                 "status": status,
             }
         if block.kind == TEXT:
-            content = [_output_text(text)] if done else []
+            content = [self.output_text(text, block.logprobs)] if done else []
             return {
                 "id": self.item_id(block),
                 "type": "message",
@@ -385,6 +401,7 @@ class _Shape:
             "store": body.store,
             "temperature": body.temperature,
             "top_p": body.top_p,
+            "top_logprobs": body.top_logprobs,
             "text": body.text or {"format": {"type": "text"}},
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
             "tools": body.tools or [],
@@ -396,8 +413,8 @@ class _Shape:
         }
 
 
-def _output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    return OUTPUT_TEXT_LOGPROBS in (body.include or ()) or bool(body.top_logprobs)
 
 
 def _status(result: GenerationResult) -> str:
@@ -492,9 +509,10 @@ class _Run:
     def _frames(self, event: BlockEvent) -> list[bytes]:
         block = event.block
         where = {"item_id": self.shape.item_id(block), "output_index": block.index}
-        part = {REASONING: lambda t: {"type": "reasoning_text", "text": t}, TEXT: _output_text}.get(
-            block.kind
-        )
+        part = {
+            REASONING: lambda text, _logprobs: {"type": "reasoning_text", "text": text},
+            TEXT: self.shape.output_text,
+        }.get(block.kind)
         if isinstance(event, BlockStart):
             frames = [
                 self.frame(
@@ -505,19 +523,22 @@ class _Run:
             ]
             if part is not None:
                 frames.append(
-                    self.frame("response.content_part.added", **where, content_index=0, part=part(""))
+                    self.frame("response.content_part.added", **where, content_index=0, part=part("", ()))
                 )
             return frames
         if isinstance(event, BlockDelta):
+            if block.kind == TEXT:
+                logprobs = self.shape.logprobs_json(event.logprobs)
+                return [
+                    self.frame(
+                        "response.output_text.delta", **where, content_index=0, delta=event.text, logprobs=logprobs
+                    )
+                ]
+            if not event.text:
+                return []  # only logprobs, which reasoning and calls have no place for
             if block.kind == REASONING:
                 return [
                     self.frame("response.reasoning_text.delta", **where, content_index=0, delta=event.text)
-                ]
-            if block.kind == TEXT:
-                return [
-                    self.frame(
-                        "response.output_text.delta", **where, content_index=0, delta=event.text, logprobs=[]
-                    )
                 ]
             if self.shape.is_custom_call(block):
                 return []  # arguments JSON, not yet the raw input: sent whole at the stop
@@ -536,10 +557,10 @@ class _Run:
             ]
         else:
             done = "response.reasoning_text.done" if block.kind == REASONING else "response.output_text.done"
-            extra = {"logprobs": []} if block.kind == TEXT else {}
+            extra = {"logprobs": self.shape.logprobs_json(block.logprobs)} if block.kind == TEXT else {}
             frames = [
                 self.frame(done, **where, content_index=0, text=text, **extra),
-                self.frame("response.content_part.done", **where, content_index=0, part=part(text)),
+                self.frame("response.content_part.done", **where, content_index=0, part=part(text, block.logprobs)),
             ]
         frames.append(
             self.frame(
@@ -585,6 +606,8 @@ async def create_response(data: JSONBody[ResponsesRequest], router: RouterDepend
         top_p=data.top_p,
         top_k=data.top_k,
         min_p=data.min_p,
+        logprobs=wants_logprobs(data),
+        top_logprobs=data.top_logprobs or 0,
     )
     items, conversation, chat, prompt = await _prepare(model, data, store)
     if fmt is not None:

@@ -48,6 +48,7 @@ log = logging.getLogger("ninfer.serve.router")
 TICK_S = 1.0
 DEFAULT_HEALTH_CHECK_TIMEOUT_S = 120.0
 DEFAULT_LOAD_WAIT_S = 300.0
+DEFAULT_SSE_PING_S = 5.0  # keepalives of /models/sse
 RETRY_AFTER_S = 5
 EVENT_QUEUE_LIMIT = 256  # per SSE subscriber; a reader that falls this far behind is dropped
 
@@ -59,7 +60,7 @@ NOT_YET_KEYS = {"spec": "speculative decoding", "draft_tokens": "speculative dec
                 "device_state_slots": "GDN state offload", "host_state_slots": "GDN state offload",
                 "host_kv_mib": "host KV offload", "reserve_gib": "GPU memory planning"}
 MODEL_KEYS = {"path", "aliases", "ttl", "preserve_thinking", "description"}
-GLOBAL_KEYS = {"models", "ttl", "health_check_timeout", "load_wait_timeout"}
+GLOBAL_KEYS = {"models", "ttl", "health_check_timeout", "load_wait_timeout", "sse_ping_interval"}
 
 
 class RouterConfigError(NinferError):
@@ -96,6 +97,7 @@ class RouterConfig:
     ttl_s: float = 0.0  # global idle TTL; 0 = never
     health_check_timeout_s: float = DEFAULT_HEALTH_CHECK_TIMEOUT_S
     load_wait_s: float = DEFAULT_LOAD_WAIT_S
+    sse_ping_interval_s: float = DEFAULT_SSE_PING_S
 
 
 def _number(value: Any, where: str, *, minimum: float = 0.0, integer: bool = False) -> Any:
@@ -208,6 +210,8 @@ def parse_config(data: Any, *, defaults: EngineOptions, source: str = "config",
                                              f"{source}: health_check_timeout", minimum=0.001)),
         load_wait_s=float(_number(data.get("load_wait_timeout", DEFAULT_LOAD_WAIT_S),
                                   f"{source}: load_wait_timeout", minimum=0.001)),
+        sse_ping_interval_s=float(_number(data.get("sse_ping_interval", DEFAULT_SSE_PING_S),
+                                          f"{source}: sse_ping_interval", minimum=0.01)),
     )
 
 
@@ -288,13 +292,14 @@ class TrackedEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    async def generate(self, request: Request) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, request: Request, on_cancel_freed: Callable[[float], None] | None = None
+                       ) -> AsyncIterator[GenerationEvent]:
         call = CURRENT_CALL.get()
         control = request.constraint if isinstance(request.constraint, ReasoningControl) else None
         activity = Activity(self._engine, n_prompt=len(request.prompt_tokens), reasoning=control)
         if call is not None:
             call.generations.append(activity)
-        events = self._engine.generate(request)
+        events = self._engine.generate(request, on_cancel_freed)
         try:
             async for event in events:
                 if activity.request_id is None:
@@ -325,6 +330,8 @@ class ModelEntry:
     last_used: float = 0.0
     loaded_at: float | None = None
     load_seconds: float | None = None
+    progress: float = 0.0  # of the load in progress (0..1), as the status feed reports it
+    load_cancelled: bool = False  # /models/unload arrived while it loaded: close it as soon as the load ends
     calls: list[Call] = field(default_factory=list)  # in-flight HTTP requests pinning it, oldest first
 
     @property
@@ -347,6 +354,7 @@ class StatusEvent:
     status: str
     failure: str | None
     at: float
+    progress: float = 0.0  # of a load (1.0 once loaded)
 
 
 class Lease:
@@ -376,7 +384,8 @@ class Lease:
 
 _ZERO_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
-OpenEngine = Callable[[Path, EngineOptions], Awaitable[Engine]]
+# (path, options, progress): `progress(fraction)` may be called from the loading thread (Engine.open's contract).
+OpenEngine = Callable[[Path, EngineOptions, Callable[[float], None]], Awaitable[Engine]]
 
 
 class ModelRouter:
@@ -399,6 +408,9 @@ class ModelRouter:
         self._subscribers: set[asyncio.Queue[StatusEvent | None]] = set()
         self._call_ids = iter(range(1, 2**62))
         self.errors: list[tuple[float, str, str]] = []  # recent (time, model, message), for the dashboard
+        # Loads past their health-check timeout, still running, each a task that closes its engine once it opens
+        # (held: the loop keeps only weak references). The next load waits for them: one engine in memory at a time.
+        self._abandoned_loads: set[asyncio.Task[None]] = set()
         self.started = time.time()
         self.metrics = ServerMetrics(self.resident_stats)
 
@@ -517,12 +529,25 @@ class ModelRouter:
 
     def request_unload(self, name: str | None = None) -> list[ModelEntry]:
         """Unloads the named model (None: whatever is resident) once its in-flight requests finish; returns the
-        entries that will be unloaded (empty when it is not loaded)."""
-        target = self._resident if name is None else self.lookup(name)
-        if target is None or target is not self._resident:
-            return []
-        self._spawn(self._wait_for(_Ticket(None), float("inf")))
-        return [target]
+        entries that will be unloaded (empty when it is neither loaded nor loading nor waited for).
+
+        A model that is loading, or that requests are waiting to load, has its load cancelled: the waiting requests
+        get a 503, and an engine whose load is under way (its thread cannot be interrupted) is closed as soon as it
+        is open, and never becomes resident. The feed reports `unloaded` then (llama-ui's "cancel load")."""
+        if name is None:
+            targets = [e for e in self._entries.values() if e is self._resident or e.status == LOADING]
+        else:
+            targets = [self.lookup(name)]
+        unloading = []
+        for target in targets:
+            if target is self._resident:
+                self._spawn(self._wait_for(_Ticket(None), float("inf")))
+            elif target.status == LOADING or any(t.entry is target for t in self._tickets):
+                self._spawn(self._cancel_load(target))
+            else:
+                continue
+            unloading.append(target)
+        return unloading
 
     def subscribe(self) -> asyncio.Queue[StatusEvent | None]:
         queue: asyncio.Queue[StatusEvent | None] = asyncio.Queue(EVENT_QUEUE_LIMIT)
@@ -539,8 +564,19 @@ class ModelRouter:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _cancel_load(self, entry: ModelEntry) -> None:
+        async with self._cond:
+            for ticket in self._tickets:
+                if ticket.entry is entry and ticket.failure is None and not self._satisfied(ticket):
+                    ticket.failure = f"the load of model {entry.name!r} was cancelled (/models/unload)"
+            if entry.status == LOADING:
+                entry.load_cancelled = True  # _swap closes it once its load ends
+            elif self._resident is entry:  # its load ended before this ran: unload it as asked
+                self._spawn(self._wait_for(_Ticket(None), float("inf")))
+            self._cond.notify_all()
+
     def _publish(self, entry: ModelEntry) -> None:
-        event = StatusEvent(entry.name, entry.status, entry.failure, time.time())
+        event = StatusEvent(entry.name, entry.status, entry.failure, time.time(), entry.progress)
         for queue in list(self._subscribers):
             try:
                 queue.put_nowait(event)
@@ -549,6 +585,7 @@ class ModelRouter:
 
     def _set_status(self, entry: ModelEntry, status: str, failure: str | None = None) -> None:
         entry.status, entry.failure = status, failure
+        entry.progress = 1.0 if status == LOADED else 0.0
         if failure is not None:
             self.errors = [*self.errors[-19:], (time.time(), entry.name, failure)]
         self._publish(entry)
@@ -629,9 +666,17 @@ class ModelRouter:
         if target is None or target is self._resident:
             await self._finish_op()
             return
+        target.load_cancelled = False
         self._set_status(target, LOADING)
         started = self._clock()
         failure = await self._open(target)
+        if target.load_cancelled:  # /models/unload came while it loaded
+            target.load_cancelled = False
+            await self._close_served(target)
+            async with self._cond:
+                self._set_status(target, UNLOADED)
+            await self._finish_op()
+            return
         async with self._cond:
             if failure is None:
                 target.load_seconds = self._clock() - started
@@ -657,15 +702,36 @@ class ModelRouter:
             self._start_next_swap()
             self._cond.notify_all()
 
+    def _progress_reporter(self, target: ModelEntry) -> Callable[[float], None]:
+        """`progress(fraction)` for the loading thread: publishes the fraction on the loop while this load is the
+        one in progress (a load abandoned at its health-check timeout reports nothing more)."""
+        loop = asyncio.get_running_loop()
+        busy = self._busy
+
+        def publish(fraction: float) -> None:
+            if self._busy is busy and target.status == LOADING and fraction > target.progress:
+                target.progress = fraction
+                self._publish(target)
+
+        return lambda fraction: loop.call_soon_threadsafe(publish, min(max(fraction, 0.0), 0.999))
+
     async def _open(self, target: ModelEntry) -> str | None:
         """Opens the target's engine and gates on readiness; returns the failure reason, or None when ready."""
         spec = target.spec
         timeout = self.config.health_check_timeout_s
-        opening = asyncio.ensure_future(self._open_engine(spec.path, spec.options))
+        if self._abandoned_loads:  # their memory is not free until they end (bounded like a load)
+            _, running = await asyncio.wait(self._abandoned_loads, timeout=timeout)
+            if running:
+                return (f"an earlier load that outlived its health-check timeout is still running, so its memory is "
+                        f"not free yet (waited {timeout:g} s)")
+        opening = asyncio.ensure_future(self._open_engine(spec.path, spec.options, self._progress_reporter(target)))
         done, _ = await asyncio.wait({opening}, timeout=timeout)
         if not done:
-            # The load thread cannot be interrupted: close whatever it produces once it finishes.
-            opening.add_done_callback(lambda f: f.exception() is None and f.result().close())
+            # The load thread cannot be interrupted: close whatever it produces once it finishes; it never becomes
+            # resident (this load has failed).
+            closing = asyncio.create_task(self._close_when_opened(opening), name="ninfer-router-abandoned-load")
+            self._abandoned_loads.add(closing)
+            closing.add_done_callback(self._abandoned_loads.discard)
             return f"not ready within the health-check timeout of {timeout:g} s"
         try:
             engine = opening.result()
@@ -684,21 +750,35 @@ class ModelRouter:
         target.served = served
         return None
 
+    @staticmethod
+    async def _close_when_opened(opening: asyncio.Future[Engine]) -> None:
+        try:
+            engine = await opening
+        except Exception as exc:  # noqa: BLE001 - nothing to close; the load was reported failed at its timeout
+            log.info("a load abandoned at its health-check timeout failed later: %s", exc)
+            return
+        log.info("closing %s, whose load finished after its health-check timeout", engine.info.path)
+        await asyncio.to_thread(engine.close)
+
+    async def _close_served(self, entry: ModelEntry) -> None:
+        """Closes the entry's engine (`Engine.close` frees all its memory) and drops it."""
+        served, entry.served = entry.served, None
+        if served is None:
+            return
+        engine = served.engine.wrapped if isinstance(served.engine, TrackedEngine) else served.engine
+        del served
+        await asyncio.to_thread(engine.close)
+        del engine
+        gc.collect()  # nothing of the old model may outlive the swap
+
     async def _unload(self, entry: ModelEntry) -> bool:
         """Closes the resident engine unless a request pins it; returns whether it did."""
-        served = entry.served
         async with self._cond:
             if entry.pins > 0:
                 return False
             self._resident = None
-            entry.served = None
             entry.loaded_at = None
-        if served is not None:
-            engine = served.engine.wrapped if isinstance(served.engine, TrackedEngine) else served.engine
-            del served
-            await asyncio.to_thread(engine.close)
-            del engine
-            gc.collect()  # nothing of the old model may outlive the swap
+        await self._close_served(entry)
         self._set_status(entry, UNLOADED)
         return True
 
@@ -741,8 +821,8 @@ GATE_EXEMPT = "router_gate_exempt"  # route opt: this POST route needs no engine
 def _body_model(body: bytes) -> str | None:
     try:
         data = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError):
-        return None  # the handler answers malformed JSON with a 400 of its protocol
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None  # the handler answers malformed (or too deeply nested) JSON with a 400 of its protocol
     model = data.get("model") if isinstance(data, dict) else None
     return model if isinstance(model, str) else None
 

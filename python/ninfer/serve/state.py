@@ -37,3 +37,9 @@ class ServedModel:
         if result.usage.completion_tokens > 1:
             decode_s = max(result.timings.total_s - result.timings.ttft_s, 0.0)
             m.token_latency.observe(decode_s / (result.usage.completion_tokens - 1))
+
+    def record_disconnect_release(self, seconds: float) -> None:
+        """Called once per generation cancelled by its client's disconnect: seconds from the server seeing the
+        disconnect to the engine's lane (or queue place) being free."""
+        if self.metrics is not None:
+            self.metrics.disconnect_release.observe(seconds)
