@@ -188,6 +188,18 @@ def test_truncated_value_yields_a_call_and_reports_the_discarded_tail() -> None:
     assert issue.kind == "truncated" and issue.snippet == "</para" and issue.discarded_chars == 6
 
 
+def test_a_typed_value_cut_off_before_it_began_is_left_out() -> None:
+    text = qwen_call("read_file", {"path": "/a", "limit": "10"})
+    for cut in (text[: text.index("10\n</parameter>")], text[: text.index("\n10\n</parameter>")]):
+        result = parse_tool_calls(cut, [READ_FILE])
+        assert calls_of(result) == [("read_file", {"path": "/a"})] and result.calls[0].truncated
+        (issue,) = result.issues
+        assert issue.kind == "truncated" and "'limit'" in issue.message
+    # a string value cut off as early is an empty string (its characters stream as they come)
+    result = parse_tool_calls(text[: text.index("/a\n</parameter>")], [READ_FILE])
+    assert calls_of(result) == [("read_file", {"path": ""})]
+
+
 def test_truncated_hermes_json_is_completed() -> None:
     result = parse_tool_calls('<tool_call>\n{"name": "f", "arguments": {"a": [1, 2], "b": "partial str')
     assert calls_of(result) == [("f", {"a": [1, 2], "b": "partial str"})] and result.calls[0].truncated

@@ -106,9 +106,10 @@ def test_models_sse_keepalives_come_at_the_configured_interval(smollm2: Path) ->
         assert wait_until(lambda: len(feed.pings) >= 6, SETTLE_S)
         feed.stop()
     gaps = [b - a for a, b in zip(feed.pings, feed.pings[1:])]
-    # Each keepalive comes after `interval` of silence, never sooner; a loaded machine may deliver one late.
-    assert all(gap >= interval * 0.8 for gap in gaps), gaps
-    assert sorted(gaps)[len(gaps) // 2] < interval * 2, gaps
+    # Each keepalive comes after `interval` of silence. The reader stamps them as its thread reads them, so on a
+    # loaded machine one can arrive late and the next seem early: the median gap is the interval's.
+    median = sorted(gaps)[len(gaps) // 2]
+    assert interval * 0.8 <= median < interval * 2, gaps
     assert parse_config(two_models(Path("x")), defaults=EngineOptions()).sse_ping_interval_s == DEFAULT_SSE_PING_S == 5
 
 
@@ -188,8 +189,9 @@ def test_unload_during_a_load_cancels_it(smollm2: Path) -> None:
             held.gate.set()  # the load in progress runs to its end, and its engine is closed at once
         assert wait_until(lambda: statuses(client)["alpha"]["value"] == "unloaded", LOAD_S)
         assert len(held.engines) == 1 and held.engines[0]._closed and server.router.models == []
+        # llama-ui settles its "cancel load" on `unloaded` with exit code 0 (not a failure); the feed is read in its
+        # own thread, so it may reach the reader after /v1/models already says so
+        assert wait_until(lambda: feed.of("alpha")[-1]["status"] == "unloaded"), feed.of("alpha")[-1]
         feed.stop()
-        # llama-ui settles its "cancel load" on `unloaded` with exit code 0 (not a failure)
-        settled = feed.of("alpha")[-1]
-        assert settled["status"] == "unloaded" and settled["exit_code"] == 0
+        assert feed.of("alpha")[-1]["exit_code"] == 0
         assert chat(client, "alpha").status_code == 200  # a later request loads it again

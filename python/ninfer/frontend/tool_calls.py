@@ -320,6 +320,7 @@ class ToolCallParser:
         self._block_calls = 0
         self._json_searched = 0
         self._call: _Call | None = None
+        self._param_name = ""
         self._param_schema: Mapping[str, Any] | None = None
         self._param_streams = False
         self._value_started = False
@@ -576,6 +577,7 @@ class ToolCallParser:
             return False
         assert self._call is not None
         schemas = self._schemas.get(self._call.name, {}) if self._schemas is not None else {}
+        self._param_name = name
         self._param_schema = schemas.get(name)
         self._param_streams = _is_plain_string(self._param_schema)
         prefix = ("" if self._call.params == 0 else ", ") + json.dumps(name, ensure_ascii=False) + ": "
@@ -648,9 +650,14 @@ class ToolCallParser:
         elif state is _State.PARAM_VALUE:
             # What was held is the value's layout newline and/or the start of `</parameter>`.
             tail = buf[1:] if d.strip_value_newlines and buf.startswith("\n") else buf
-            self._end_value()
+            if self._param_streams or "".join(self._value[1:]).strip():
+                self._end_value()
+                message = "the text ended inside a tool-call argument; the call was closed"
+            else:  # a typed value cut off before it began: there is nothing to type, so the argument is left out
+                self._value = []
+                message = f"the text ended before argument {self._param_name!r} had a value; it was left out"
             self._end_call(truncated=True)
-            self._issue("truncated", "the text ended inside a tool-call argument; the call was closed", tail)
+            self._issue("truncated", message, tail)
         elif state in (_State.INVOKE_BODY, _State.PARAM_NAME):
             opened = d.param_open if state is _State.PARAM_NAME else ""
             self._end_call(truncated=True)
