@@ -89,6 +89,12 @@ def test_reading_past_the_recording_and_unknown_streams_are_refused(server) -> N
     assert client.delete("/v1/stream", params={"conv_id": conv}).json()["success"] is True
     assert lookup(client, conv) is None
     assert client.get(f"/v1/stream/{conv}").status_code == 404  # the path form: gone too
+    by_path = f"{conv}-path"  # and forgotten through the path form
+    assert client.post("/v1/chat/completions", json={"model": "smol", **LONG, "max_tokens": 3},
+                       headers={"X-Conversation-Id": by_path}).status_code == 200
+    assert lookup(client, by_path) is not None
+    assert client.delete(f"/v1/stream/{by_path}").json()["success"] is True
+    assert lookup(client, by_path) is None
 
 
 def _stream_until_done(client: httpx.Client, body: dict, out: dict, key: str, first: threading.Event) -> None:

@@ -36,6 +36,7 @@ def _serve_command(*args: str) -> list[str]:
         (["--host-kv-mib", "512"], "--host-kv-mib: host KV offload is not implemented yet"),
         (["--reserve-gib", "0"], "--reserve-gib:"),
         (["--device-state-slots", "0"], "--device-state-slots:"),
+        (["--host-state-slots", "4"], "--host-state-slots:"),
         (["--draft-tokens", "4"], "--draft-tokens:"),
         (["--lm-head-draft", "8"], "--lm-head-draft:"),
         (["--max-concurrency", "9"], "--max-concurrency must be in 1..8"),

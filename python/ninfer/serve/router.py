@@ -541,7 +541,7 @@ class ModelRouter:
         unloading = []
         for target in targets:
             if target is self._resident:
-                self._spawn(self._wait_for(_Ticket(None), float("inf")))
+                self._unload_when_free()
             elif target.status == LOADING or any(t.entry is target for t in self._tickets):
                 self._spawn(self._cancel_load(target))
             else:
@@ -564,6 +564,10 @@ class ModelRouter:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _unload_when_free(self) -> None:
+        """Unloads the resident model once nothing pins it (a ticket for no model)."""
+        self._spawn(self._wait_for(_Ticket(None), float("inf")))
+
     async def _cancel_load(self, entry: ModelEntry) -> None:
         async with self._cond:
             for ticket in self._tickets:
@@ -572,7 +576,7 @@ class ModelRouter:
             if entry.status == LOADING:
                 entry.load_cancelled = True  # _swap closes it once its load ends
             elif self._resident is entry:  # its load ended before this ran: unload it as asked
-                self._spawn(self._wait_for(_Ticket(None), float("inf")))
+                self._unload_when_free()
             self._cond.notify_all()
 
     def _publish(self, entry: ModelEntry) -> None:
