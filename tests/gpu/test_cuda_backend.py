@@ -281,7 +281,9 @@ def test_kv_write_and_attention(ops, kv_dtype, case):
 
 # ---------- mixture of experts ----------
 
-@pytest.mark.parametrize("rows,experts,top_k", [(1, 8, 2), (37, 64, 8), (300, 128, 8)])
+# 256 and 512 experts: the warp kernel's widest shapes (35B-A3B has 256); 600 takes the thread kernel.
+@pytest.mark.parametrize("rows,experts,top_k", [(1, 8, 2), (37, 64, 8), (300, 128, 8), (1, 256, 8), (9, 256, 8),
+                                                (5, 512, 10), (3, 600, 8), (2, 40, 40)])
 def test_moe_route(ops, rows, experts, top_k):
     cuda, cpu = ops
     logits = f32(rows, experts) * 3
