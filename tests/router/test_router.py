@@ -1,8 +1,9 @@
 """Router lifecycle against real CPU engines (SmolLM2 under two names): lazy load, swap frees the previous engine,
-TTL unload, in-flight pinning, concurrent requests for two models, load failure, SSE event order, config errors."""
+TTL unload (the ticker stepped on the router's clock, and live), in-flight pinning, concurrent requests for two models, load failure, SSE event order, config errors."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import threading
@@ -15,7 +16,15 @@ import httpx
 import pytest
 from live_servers import SETTLE_S, serve_router, two_models, wait_until
 from ninfer.engine import EngineOptions
-from ninfer.serve.router import RouterConfigError, TrackedEngine, parse_config
+from ninfer.serve.router import (
+    LOADED,
+    TICK_S,
+    UNLOADED,
+    ModelRouter,
+    RouterConfigError,
+    TrackedEngine,
+    parse_config,
+)
 
 
 def chat(client: httpx.Client, model: str, max_tokens: int = 4, **extra) -> httpx.Response:
@@ -77,9 +86,82 @@ def test_ttl_unloads_an_idle_model(smollm2: Path) -> None:
         # ask (one second is its whole TTL), so the test does not look.
         assert answer.status_code == 200 and answer.json()["model"] == "beta"
         # The 1-second ticker unloads it at most TTL + 1 s after its last use; the rest is room for closing it and
-        # for this poll. A slower ticker (or one that counts from the load) misses this bound.
+        # for this poll. The end-to-end check, in real time: the ticker's period and decision are checked exactly,
+        # on a stepped clock, by test_the_ticker_checks_every_second_and_unloads_a_model_idle_for_its_ttl.
         assert wait_until(lambda: statuses(client)["beta"] == "unloaded", answered + 1 + TTL_SLACK_S - time.monotonic())
         assert server.router.models == []
+
+
+class SteppedTicker:
+    """The router's clock and sleep, stepped by the test: the ticker's sleep(s) returns when the test calls step(),
+    which first moves the clock on by s, the period the ticker asked for. So the ticker's checks happen at exact
+    times, however slow the machine, and a ticker that slept longer than a second would find more time passed."""
+
+    def __init__(self) -> None:
+        self.time = 1000.0
+        self.periods: list[float] = []  # what each of the ticker's sleeps asked for
+        self._wake: asyncio.Future[None] | None = None
+
+    def now(self) -> float:
+        return self.time
+
+    async def sleep(self, seconds: float) -> None:
+        self.periods.append(seconds)
+        self._wake = asyncio.get_running_loop().create_future()
+        await self._wake
+
+    async def _asleep(self) -> None:
+        deadline = time.monotonic() + SETTLE_S
+        while self._wake is None or self._wake.done():
+            assert time.monotonic() < deadline, "the ticker does not sleep"
+            await asyncio.sleep(0.01)
+
+    async def step(self) -> None:
+        """One tick: the clock moves on by the period slept, the ticker checks; returns once it sleeps again (any
+        unload it decided on has started by then: its first step runs before this poll's timer)."""
+        await self._asleep()
+        assert self._wake is not None
+        self.time += self.periods[-1]
+        self._wake.set_result(None)
+        await self._asleep()
+
+
+def test_the_ticker_checks_every_second_and_unloads_a_model_idle_for_its_ttl(smollm2: Path) -> None:
+    """The ticker's period and its decision, on the router's own clock (the live test below checks the same
+    end to end in real time, with slack): a model in flight is never unloaded, however long past its TTL; once
+    idle, it is unloaded at the first check at least TTL after its last use, which a 1 s ticker makes exactly TTL
+    (a 2 s ticker: TTL + 1; one that counts from the load: at once)."""
+    ttl = 3
+    config = parse_config({"models": {"m": {"path": str(smollm2), "ttl": ttl}}},
+                          defaults=EngineOptions(max_context=256, max_concurrency=1))
+    ticks = SteppedTicker()
+
+    async def scenario() -> None:
+        router = ModelRouter(config, clock=ticks.now, sleep=ticks.sleep)
+        await router.start()
+        try:
+            lease = await router.acquire("m")  # a real load; the ticker sleeps meanwhile
+            (entry,) = router.entries
+            for _ in range(ttl + 2):
+                await ticks.step()
+                assert router.idle_past_ttl() is None and router.resident is entry  # in flight
+            await lease.release()
+            released = ticks.now()
+            while router.resident is entry:
+                assert ticks.now() - released < ttl + 2, "not unloaded"
+                assert entry.status == LOADED
+                await ticks.step()
+            assert ticks.now() - released == ttl
+            deadline = time.monotonic() + SETTLE_S
+            while entry.status != UNLOADED:  # the engine closes in a worker thread
+                assert time.monotonic() < deadline, entry.status
+                await asyncio.sleep(0.05)
+            assert router.models == []
+        finally:
+            router.close()
+
+    asyncio.run(scenario())
+    assert ticks.periods and set(ticks.periods) == {TICK_S} and TICK_S == 1.0
 
 
 def test_global_ttl_does_not_unload_a_model_in_flight(smollm2: Path) -> None:
