@@ -1,5 +1,6 @@
 """Router lifecycle against real CPU engines (SmolLM2 under two names): lazy load, swap frees the previous engine,
-TTL unload (the ticker stepped on the router's clock, and live), in-flight pinning, concurrent requests for two models, load failure, SSE event order, config errors."""
+TTL unload (the ticker stepped on the router's clock, and live), in-flight pinning, concurrent requests for two
+models, load failure, SSE event order, config errors; and the one-model case as `ninfer-serve MODEL` runs it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_servers import SETTLE_S, serve_router, two_models, wait_until
+from live_servers import SETTLE_S, serve_cli, serve_router, two_models, wait_until
 from ninfer.engine import EngineOptions
 from ninfer.serve.router import (
     LOADED,
@@ -249,12 +250,14 @@ def test_unknown_model_is_a_404_naming_the_known_ones(smollm2: Path) -> None:
         assert "gamma" in response.json()["error"]["message"] and "alpha, beta" in response.json()["error"]["message"]
 
 
-def _sse_events(client: httpx.Client, out: list[dict], ready: threading.Event, stop: threading.Event) -> None:
+def _sse_events(client: httpx.Client, out: list[dict], ready: threading.Event, stop: threading.Event,
+                models: int = 2) -> None:
+    """Collects /models/sse's events into `out`; `ready` once the snapshot of the `models` served has arrived."""
     with client.stream("GET", "/models/sse") as stream:
         for line in stream.iter_lines():
             if line.startswith("data: "):
                 out.append(json.loads(line[6:]))
-                if len(out) >= 2:
+                if len(out) >= models:
                     ready.set()
             if stop.is_set():
                 return
@@ -320,6 +323,49 @@ def test_management_routes_shapes(smollm2: Path) -> None:
         assert refused.status_code == 404 and "read_file" in refused.json()["error"]["message"]
         not_loaded = client.post("/models/unload", json={"model": "beta"})
         assert not_loaded.status_code == 400 and "neither loaded nor loading" in not_loaded.json()["error"]["message"]
+
+
+def test_one_model_is_the_same_router_loaded_lazily(smollm2: Path) -> None:
+    """`ninfer-serve MODEL` (the app its CLI code builds): a router with that one model, unloaded until
+    its first request (docs/serving.md: nothing is loaded at start), which llama-ui sees in its one-model mode
+    (/props role `model`, not `router`); unloading it works as for any routed model, and the next request loads it
+    again; /models/sse reports each change."""
+    name = smollm2.name.removesuffix(".ninfer")  # no --alias: the file name
+    with serve_cli([str(smollm2), "--max-context", "512", "--max-concurrency", "1"]) as server, \
+            httpx.Client(base_url=server.url, timeout=120) as client:
+        assert isinstance(server.router, ModelRouter) and [e.name for e in server.router.entries] == [name]
+        rows = client.get("/v1/models").json()["data"]
+        assert [(r["id"], r["status"]["value"]) for r in rows] == [(name, "unloaded")]
+        assert server.router.models == [] and client.get("/running").json() == {"running": []}
+        props = client.get("/props", params={"autoload": "false"}).json()
+        assert props["role"] == "model" and props["model_alias"] == name and props["total_slots"] == 1
+        assert props["default_generation_settings"]["n_ctx"] == 512
+        assert statuses(client) == {name: "unloaded"}  # autoload=false: looking did not load it
+
+        events: list[dict] = []
+        ready, stop = threading.Event(), threading.Event()
+        reader = threading.Thread(target=_sse_events, args=(httpx.Client(base_url=server.url, timeout=60),
+                                                            events, ready, stop, 1), daemon=True)
+        reader.start()
+        assert ready.wait(SETTLE_S)  # the snapshot of the one model
+        first = chat(client, "any-name")  # with one model, every name is that model
+        assert first.status_code == 200 and first.json()["model"] == name, first.text
+        assert statuses(client) == {name: "loaded"}
+        running = client.get("/running").json()["running"]
+        assert [(r["model"], r["state"], r["ttl"]) for r in running] == [(name, "ready", 0)]  # never idle-unloaded
+
+        assert client.post("/models/unload", json={"model": name}).json() == {"success": True}
+        assert wait_until(lambda: statuses(client) == {name: "unloaded"})
+        assert server.router.models == [] and client.get("/running").json() == {"running": []}
+        again = chat(client, name)  # loads it again, lazily
+        assert again.status_code == 200 and again.json()["model"] == name, again.text
+        assert statuses(client) == {name: "loaded"}
+        assert client.get("/props").json()["chat_template"]  # the loaded model's own template
+
+        expected = [(name, "unloaded"), (name, "loading"), (name, "loaded"), (name, "unloaded"), (name, "loading"),
+                    (name, "loaded")]
+        assert wait_until(lambda: changes(events) == expected), changes(events)
+        stop.set()
 
 
 @pytest.mark.parametrize(("config", "message"), [
