@@ -4,9 +4,12 @@ real CPU engines, run by uvicorn on a loopback port in a background thread.
 - `serve_router(config)`: a router over configured models (tiny checkpoints converted to real `.ninfer` artifacts);
   nothing is resident at first. The router and web UI tests take a fresh one per module or test, since they change
   which model is resident.
+- `serve_cli(argv)`: the app `ninfer-serve ARGV` builds, by the CLI's own code (with one MODEL: the one-model router,
+  which loads the model on its first request).
 - `qwen35_server` / `smollm2_server` (session fixtures, made available to the serve tests by
-  tests/serve/conftest.py): one model each, resident from the start, the one-model case of the same router (as
-  `ninfer-serve MODEL` runs it), so every route, management routes included, is the real one.
+  tests/serve/conftest.py): one model each, the one-model case of the same router, made resident from the start
+  (`ModelRouter.serving`, so the serve tests need not wait for a load), so every route, management routes included,
+  is the real one.
   - `qwen35_server`: the tiny random Qwen3.5 checkpoint (real 248k tokenizer and chat template; thinking on by
     default, so every answer starts as reasoning). Its text is noise, which is fine for checking shapes and
     consistency.
@@ -71,6 +74,13 @@ def free_port() -> int:
 def _serve(open_router: Callable[[], Awaitable[ModelRouter]], *, webui_dir: str | None = None,
            port: int | None = None) -> Iterator[tuple[str, Any]]:
     app = create_app(open_router, webui_dir=webui_dir)
+    with _run_app(app, port) as url:
+        yield url, app
+
+
+@contextlib.contextmanager
+def _run_app(app: Any, port: int | None = None) -> Iterator[str]:
+    """Runs the app (its lifespan opens the router) on a loopback port; yields its URL."""
     port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
@@ -81,7 +91,7 @@ def _serve(open_router: Callable[[], Awaitable[ModelRouter]], *, webui_dir: str 
             raise RuntimeError("the live test server did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}", app
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)  # the lifespan closes the router and its engine
@@ -120,6 +130,17 @@ def serve_model(path: Path, model_id: str, max_context: int) -> Iterator[LiveSer
 
     with _serve(open_router) as (url, app):
         yield LiveServer(url, router, app, engine, model_id)
+
+
+@contextlib.contextmanager
+def serve_cli(argv: Sequence[str]) -> Iterator[LiveServer]:
+    """The app `ninfer-serve ARGV` builds (its arguments parsed and turned into a router and an app by the CLI's own
+    code, without API keys), served here instead of by the CLI's uvicorn.run."""
+    from ninfer.cli.serve import _app, build_parser
+
+    app = _app(build_parser().parse_args(list(argv)), frozenset())
+    with _run_app(app) as url:
+        yield LiveServer(url, app.state.router, app)
 
 
 def two_models(path: Path, **settings: Any) -> dict[str, Any]:

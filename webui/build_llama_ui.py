@@ -4,11 +4,11 @@
 
 Steps, each checked: `pip download` the exact sdist named in python/ninfer/serve/webui/pin.json (`--no-binary :all:
 --no-deps`), verify its size and sha256, extract only the UI folder, check that its lockfile pins every package by
-`resolved` URL and `integrity` hash (what Nix's importNpmLock needs; the count goes into the bundle as
-LOCKFILE_RECORD), `npm ci && npm run build` there, and copy `dist/` to DEST (default: the user cache, see
-ninfer.serve.webui_bundle). A bundle already installed for this pin, with its LOCKFILE_RECORD, is kept: the build
-runs once per pin.
-"""
+`resolved` URL and `integrity` hash (what Nix's importNpmLock needs) and holds the pin's `lockfile_entries` packages
+(the count goes into the bundle as LOCKFILE_RECORD), `npm ci && npm run build` there, and copy `dist/` to DEST
+(default: the user cache, see ninfer.serve.webui_bundle). A bundle already installed for this pin, with its
+LOCKFILE_RECORD, is kept: the build runs once per pin. A check that fails stops the build with a message saying what
+it found and what the pin says (tests/packaging/test_build_llama_ui.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_sdist(work: Path) -> Path:
+class BuildRefused(Exception):
+    """An input that fails its check: the build stops with this message (and nothing is installed)."""
+
+
+def download_sdist(work: Path) -> Path:
+    """The pinned sdist in `work`, fetched by pip unless it is there already (unchecked: see verify_sdist)."""
     sdist = work / PIN["sdist"]
     if not sdist.exists():
         # --no-build-isolation: pip reads the sdist's metadata with the build tools already here instead of
@@ -44,20 +49,26 @@ def fetch_sdist(work: Path) -> Path:
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:", "--no-deps",
                         "--no-build-isolation", "--dest", str(work), f"{PIN['pypi_package']}=={PIN['version']}"],
                        check=True)
-    size, digest = sdist.stat().st_size, _sha256(sdist)
-    if size != PIN["size"] or digest != PIN["sha256"]:
-        sdist.unlink()
-        sys.exit(f"build_llama_ui: {sdist.name} is {size} bytes with sha256 {digest}; the pin says "
-                 f"{PIN['size']} bytes, {PIN['sha256']}: refusing it")
     return sdist
 
 
-def extract_ui(sdist: Path, work: Path) -> Path:
-    prefix = f"{sdist.name.removesuffix('.tar.gz')}/{PIN['ui_dir']}/"
+def verify_sdist(sdist: Path, size: int, sha256: str) -> Path:
+    """Refuses (and deletes, so the next run fetches it again) an sdist whose size or sha256 is not the pin's."""
+    actual_size, digest = sdist.stat().st_size, _sha256(sdist)
+    if actual_size != size or digest != sha256:
+        sdist.unlink()
+        raise BuildRefused(f"{sdist.name} is {actual_size} bytes with sha256 {digest}; the pin says {size} bytes, "
+                           f"{sha256}: refusing it")
+    return sdist
+
+
+def extract_ui(sdist: Path, work: Path, ui_dir: str) -> Path:
+    """Extracts the sdist's `ui_dir` (without any node_modules it may carry) under work/src; returns its path."""
+    prefix = f"{sdist.name.removesuffix('.tar.gz')}/{ui_dir}/"
     with tarfile.open(sdist) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(prefix) and "/node_modules/" not in m.name]
         if not members:
-            sys.exit(f"build_llama_ui: {sdist.name} has no {PIN['ui_dir']}")
+            raise BuildRefused(f"{sdist.name} has no {ui_dir}")
         tar.extractall(work / "src", members=members, filter="data")
     return work / "src" / prefix
 
@@ -65,14 +76,17 @@ def extract_ui(sdist: Path, work: Path) -> Path:
 LOCKFILE_RECORD = "ninfer-lockfile.json"
 
 
-def check_lockfile(ui: Path) -> dict:
-    """Every package of the UI's package-lock.json carries `resolved` and `integrity` (links and the root excepted);
-    refuses the build otherwise. Returns the record written into the bundle."""
+def check_lockfile(ui: Path, expected_entries: int) -> dict:
+    """Every package of the UI's package-lock.json carries `resolved` and `integrity` (links and the root excepted),
+    and there are as many as the pin says; refuses the build otherwise. Returns the record written into the
+    bundle."""
     packages = json.loads((ui / "package-lock.json").read_text())["packages"]
     pinned = {name: entry for name, entry in packages.items() if name and not entry.get("link")}
     unpinned = sorted(name for name, entry in pinned.items() if not ("resolved" in entry and "integrity" in entry))
     if unpinned:
-        sys.exit(f"build_llama_ui: {len(unpinned)} lockfile entries lack resolved/integrity: {unpinned[:5]}")
+        raise BuildRefused(f"{len(unpinned)} lockfile entries lack resolved/integrity: {unpinned[:5]}")
+    if len(pinned) != expected_entries:
+        raise BuildRefused(f"the lockfile has {len(pinned)} package entries; the pin says {expected_entries}")
     return {"lockfile": f"{PIN['ui_dir']}/package-lock.json", "entries": len(pinned), "unpinned": unpinned}
 
 
@@ -82,8 +96,25 @@ def build(ui: Path) -> Path:
         subprocess.run(cmd, cwd=ui, check=True)
     dist = ui / "dist"
     if not (dist / "index.html").is_file():
-        sys.exit(f"build_llama_ui: npm run build wrote no {dist}/index.html")
+        raise BuildRefused(f"npm run build wrote no {dist}/index.html")
     return dist
+
+
+def build_bundle(dest: Path, work: Path) -> None:
+    """Fetches, checks and builds the pin in `work`, then installs `dist/` at `dest` (an atomic rename)."""
+    ui = extract_ui(verify_sdist(download_sdist(work), PIN["size"], PIN["sha256"]), work, PIN["ui_dir"])
+    record = check_lockfile(ui, PIN["lockfile_entries"])
+    dist = build(ui)
+    (dist / LOCKFILE_RECORD).write_text(json.dumps(record))
+    staging = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(dist, staging)
+    stale = dest.with_name(dest.name + ".stale")
+    shutil.rmtree(stale, ignore_errors=True)
+    if dest.exists():
+        dest.rename(stale)
+    staging.replace(dest)  # a rename: a half-copied bundle is never served
+    shutil.rmtree(stale, ignore_errors=True)
 
 
 def main() -> int:
@@ -98,19 +129,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="llama-ui-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        ui = extract_ui(fetch_sdist(work), work)
-        record = check_lockfile(ui)
-        dist = build(ui)
-        (dist / LOCKFILE_RECORD).write_text(json.dumps(record))
-        staging = args.dest.with_name(args.dest.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(dist, staging)
-        stale = args.dest.with_name(args.dest.name + ".stale")
-        shutil.rmtree(stale, ignore_errors=True)
-        if args.dest.exists():
-            args.dest.rename(stale)
-        staging.replace(args.dest)  # a rename: a half-copied bundle is never served
-        shutil.rmtree(stale, ignore_errors=True)
+        try:
+            build_bundle(args.dest, work)
+        except BuildRefused as refused:
+            sys.exit(f"build_llama_ui: {refused}")
     print(f"build_llama_ui: installed {args.dest}", file=sys.stderr)
     return 0
 

@@ -1,8 +1,10 @@
 """Router lifecycle against real CPU engines (SmolLM2 under two names): lazy load, swap frees the previous engine,
-TTL unload, in-flight pinning, concurrent requests for two models, load failure, SSE event order, config errors."""
+TTL unload (the ticker stepped on the router's clock, and live), in-flight pinning, concurrent requests for two
+models, load failure, SSE event order, config errors; and the one-model case as `ninfer-serve MODEL` runs it."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import threading
@@ -13,9 +15,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_servers import SETTLE_S, serve_router, two_models, wait_until
+from live_servers import SETTLE_S, serve_cli, serve_router, two_models, wait_until
 from ninfer.engine import EngineOptions
-from ninfer.serve.router import RouterConfigError, TrackedEngine, parse_config
+from ninfer.serve.router import (
+    LOADED,
+    TICK_S,
+    UNLOADED,
+    ModelRouter,
+    RouterConfigError,
+    TrackedEngine,
+    parse_config,
+)
 
 
 def chat(client: httpx.Client, model: str, max_tokens: int = 4, **extra) -> httpx.Response:
@@ -77,9 +87,82 @@ def test_ttl_unloads_an_idle_model(smollm2: Path) -> None:
         # ask (one second is its whole TTL), so the test does not look.
         assert answer.status_code == 200 and answer.json()["model"] == "beta"
         # The 1-second ticker unloads it at most TTL + 1 s after its last use; the rest is room for closing it and
-        # for this poll. A slower ticker (or one that counts from the load) misses this bound.
+        # for this poll. The end-to-end check, in real time: the ticker's period and decision are checked exactly,
+        # on a stepped clock, by test_the_ticker_checks_every_second_and_unloads_a_model_idle_for_its_ttl.
         assert wait_until(lambda: statuses(client)["beta"] == "unloaded", answered + 1 + TTL_SLACK_S - time.monotonic())
         assert server.router.models == []
+
+
+class SteppedTicker:
+    """The router's clock and sleep, stepped by the test: the ticker's sleep(s) returns when the test calls step(),
+    which first moves the clock on by s, the period the ticker asked for. So the ticker's checks happen at exact
+    times, however slow the machine, and a ticker that slept longer than a second would find more time passed."""
+
+    def __init__(self) -> None:
+        self.time = 1000.0
+        self.periods: list[float] = []  # what each of the ticker's sleeps asked for
+        self._wake: asyncio.Future[None] | None = None
+
+    def now(self) -> float:
+        return self.time
+
+    async def sleep(self, seconds: float) -> None:
+        self.periods.append(seconds)
+        self._wake = asyncio.get_running_loop().create_future()
+        await self._wake
+
+    async def _asleep(self) -> None:
+        deadline = time.monotonic() + SETTLE_S
+        while self._wake is None or self._wake.done():
+            assert time.monotonic() < deadline, "the ticker does not sleep"
+            await asyncio.sleep(0.01)
+
+    async def step(self) -> None:
+        """One tick: the clock moves on by the period slept, the ticker checks; returns once it sleeps again (any
+        unload it decided on has started by then: its first step runs before this poll's timer)."""
+        await self._asleep()
+        assert self._wake is not None
+        self.time += self.periods[-1]
+        self._wake.set_result(None)
+        await self._asleep()
+
+
+def test_the_ticker_checks_every_second_and_unloads_a_model_idle_for_its_ttl(smollm2: Path) -> None:
+    """The ticker's period and its decision, on the router's own clock (the live test below checks the same
+    end to end in real time, with slack): a model in flight is never unloaded, however long past its TTL; once
+    idle, it is unloaded at the first check at least TTL after its last use, which a 1 s ticker makes exactly TTL
+    (a 2 s ticker: TTL + 1; one that counts from the load: at once)."""
+    ttl = 3
+    config = parse_config({"models": {"m": {"path": str(smollm2), "ttl": ttl}}},
+                          defaults=EngineOptions(max_context=256, max_concurrency=1))
+    ticks = SteppedTicker()
+
+    async def scenario() -> None:
+        router = ModelRouter(config, clock=ticks.now, sleep=ticks.sleep)
+        await router.start()
+        try:
+            lease = await router.acquire("m")  # a real load; the ticker sleeps meanwhile
+            (entry,) = router.entries
+            for _ in range(ttl + 2):
+                await ticks.step()
+                assert router.idle_past_ttl() is None and router.resident is entry  # in flight
+            await lease.release()
+            released = ticks.now()
+            while router.resident is entry:
+                assert ticks.now() - released < ttl + 2, "not unloaded"
+                assert entry.status == LOADED
+                await ticks.step()
+            assert ticks.now() - released == ttl
+            deadline = time.monotonic() + SETTLE_S
+            while entry.status != UNLOADED:  # the engine closes in a worker thread
+                assert time.monotonic() < deadline, entry.status
+                await asyncio.sleep(0.05)
+            assert router.models == []
+        finally:
+            router.close()
+
+    asyncio.run(scenario())
+    assert ticks.periods and set(ticks.periods) == {TICK_S} and TICK_S == 1.0
 
 
 def test_global_ttl_does_not_unload_a_model_in_flight(smollm2: Path) -> None:
@@ -167,12 +250,14 @@ def test_unknown_model_is_a_404_naming_the_known_ones(smollm2: Path) -> None:
         assert "gamma" in response.json()["error"]["message"] and "alpha, beta" in response.json()["error"]["message"]
 
 
-def _sse_events(client: httpx.Client, out: list[dict], ready: threading.Event, stop: threading.Event) -> None:
+def _sse_events(client: httpx.Client, out: list[dict], ready: threading.Event, stop: threading.Event,
+                models: int = 2) -> None:
+    """Collects /models/sse's events into `out`; `ready` once the snapshot of the `models` served has arrived."""
     with client.stream("GET", "/models/sse") as stream:
         for line in stream.iter_lines():
             if line.startswith("data: "):
                 out.append(json.loads(line[6:]))
-                if len(out) >= 2:
+                if len(out) >= models:
                     ready.set()
             if stop.is_set():
                 return
@@ -219,7 +304,15 @@ def test_management_routes_shapes(smollm2: Path) -> None:
         page = client.get("/dashboard/")  # the page ships inside the package (tests/packaging/test_package_data.py)
         assert page.status_code == 200 and "dashboard.js" in page.text
         assert client.get("/running").json() == {"running": []}
-        assert chat(client, "alpha").status_code == 200
+        answer = chat(client, "alpha")
+        assert answer.status_code == 200
+        # The dashboard's prefix cache figures are the server's counters: the prompt tokens of the generation so far,
+        # none from a cache (this build reuses no prefix, and says so); a cached token the engine reports counts.
+        cache = client.get("/dashboard/state").json()["prefix_cache"]
+        assert cache == {"reuse": False, "prompt_tokens": answer.json()["usage"]["prompt_tokens"],
+                         "cached_prompt_tokens": 0}
+        server.router.metrics.cached_tokens.inc(7)  # as ServedModel.record_generation would add usage.cached_tokens
+        assert client.get("/dashboard/state").json()["prefix_cache"]["cached_prompt_tokens"] == 7
         model_props = client.get("/props", params={"model": "alpha"}).json()
         assert model_props["role"] == "model" and model_props["default_generation_settings"]["n_ctx"] == 1024
         assert model_props["total_slots"] == 2
@@ -238,6 +331,49 @@ def test_management_routes_shapes(smollm2: Path) -> None:
         assert refused.status_code == 404 and "read_file" in refused.json()["error"]["message"]
         not_loaded = client.post("/models/unload", json={"model": "beta"})
         assert not_loaded.status_code == 400 and "neither loaded nor loading" in not_loaded.json()["error"]["message"]
+
+
+def test_one_model_is_the_same_router_loaded_lazily(smollm2: Path) -> None:
+    """`ninfer-serve MODEL` (the app its CLI code builds): a router with that one model, unloaded until
+    its first request (docs/serving.md: nothing is loaded at start), which llama-ui sees in its one-model mode
+    (/props role `model`, not `router`); unloading it works as for any routed model, and the next request loads it
+    again; /models/sse reports each change."""
+    name = smollm2.name.removesuffix(".ninfer")  # no --alias: the file name
+    with serve_cli([str(smollm2), "--max-context", "512", "--max-concurrency", "1"]) as server, \
+            httpx.Client(base_url=server.url, timeout=120) as client:
+        assert isinstance(server.router, ModelRouter) and [e.name for e in server.router.entries] == [name]
+        rows = client.get("/v1/models").json()["data"]
+        assert [(r["id"], r["status"]["value"]) for r in rows] == [(name, "unloaded")]
+        assert server.router.models == [] and client.get("/running").json() == {"running": []}
+        props = client.get("/props", params={"autoload": "false"}).json()
+        assert props["role"] == "model" and props["model_alias"] == name and props["total_slots"] == 1
+        assert props["default_generation_settings"]["n_ctx"] == 512
+        assert statuses(client) == {name: "unloaded"}  # autoload=false: looking did not load it
+
+        events: list[dict] = []
+        ready, stop = threading.Event(), threading.Event()
+        reader = threading.Thread(target=_sse_events, args=(httpx.Client(base_url=server.url, timeout=60),
+                                                            events, ready, stop, 1), daemon=True)
+        reader.start()
+        assert ready.wait(SETTLE_S)  # the snapshot of the one model
+        first = chat(client, "any-name")  # with one model, every name is that model
+        assert first.status_code == 200 and first.json()["model"] == name, first.text
+        assert statuses(client) == {name: "loaded"}
+        running = client.get("/running").json()["running"]
+        assert [(r["model"], r["state"], r["ttl"]) for r in running] == [(name, "ready", 0)]  # never idle-unloaded
+
+        assert client.post("/models/unload", json={"model": name}).json() == {"success": True}
+        assert wait_until(lambda: statuses(client) == {name: "unloaded"})
+        assert server.router.models == [] and client.get("/running").json() == {"running": []}
+        again = chat(client, name)  # loads it again, lazily
+        assert again.status_code == 200 and again.json()["model"] == name, again.text
+        assert statuses(client) == {name: "loaded"}
+        assert client.get("/props").json()["chat_template"]  # the loaded model's own template
+
+        expected = [(name, "unloaded"), (name, "loading"), (name, "loaded"), (name, "unloaded"), (name, "loading"),
+                    (name, "loaded")]
+        assert wait_until(lambda: changes(events) == expected), changes(events)
+        stop.set()
 
 
 @pytest.mark.parametrize(("config", "message"), [

@@ -1,7 +1,7 @@
 """The real pinned llama-ui, in headless Chromium, against a live ninfer router (SmolLM2 as two models): send a
 message and see the streamed answer, stop a generation, switch models and see the status change, reload mid-stream
-and see the stream resume, see a long prompt's progress; and the dashboard shows live slot state. Screenshots go to
-docs/."""
+and see the stream resume, see a long prompt's progress; and the dashboard shows live slot state and the prefix
+cache's figures. Screenshots go to docs/."""
 
 from __future__ import annotations
 
@@ -284,6 +284,17 @@ def test_dashboard_shows_live_slot_state(browser, ui_server) -> None:
         assert "loaded" in row
     # Leaving the stream cancels the generation (no need to wait for its 300 tokens): the slot shows free again.
     page.locator("#slots td.state-busy").first.wait_for(state="detached", timeout=SETTLE_MS)
+    # The prefix cache card: the server's counters of finished generations' prompt tokens (a one-token answer makes
+    # sure there is one; the cancelled one may not count), none from a cache, and that this build reuses no prefix;
+    # a cached token the server counts shows up on the next poll.
+    assert client.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 1}).status_code == 200
+    prompt_tokens = client.get("/dashboard/state").json()["prefix_cache"]["prompt_tokens"]
+    card = page.locator("#prefix-cache")
+    wait_until(lambda: card.inner_text() == f"0 / {prompt_tokens} tok (0%)",
+               lambda: f"the prefix cache card shows {card.inner_text()!r}, the server counted {prompt_tokens}")
+    assert page.locator("#prefix-cache-note").inner_text() == "no prefix reuse in this build"
+    ui_server.router.metrics.cached_tokens.inc(3)  # as ServedModel.record_generation would add usage.cached_tokens
+    wait_until(lambda: card.inner_text().startswith("3 / "), lambda: f"the card still shows {card.inner_text()!r}")
     context.close()
 
 

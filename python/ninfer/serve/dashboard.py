@@ -1,7 +1,7 @@
 """ninfer's `/dashboard`: a static page (webui/dashboard/ inside this package, so installs serve it too) over one
 JSON route, `GET /dashboard/state`, which it polls once a second: per-model state, the resident engine's slots,
-queue, KV and memory, the stream registry, recent errors. Tokens/s is computed by the page from successive
-`tokens_generated` readings.
+queue, KV and memory, the prefix cache's share of prompt tokens, the stream registry, recent errors. Tokens/s is
+computed by the page from successive `tokens_generated` readings.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from ninfer.serve.router import ModelRouter, RouterDependency
 from ninfer.serve.streams import StreamRegistry
 from ninfer.serve.webui_bundle import DASHBOARD_DIR
 
+# The engine reuses no prompt prefix yet (every usage's cached_tokens is 0). The page says so next to the server's
+# counters of prompt and cached prompt tokens, which need no change to go live once the engine does reuse prefixes.
+PREFIX_REUSE = False
+
 
 def _model_state(router: ModelRouter, now: float) -> list[dict[str, Any]]:
     return [{"name": e.name, "status": e.status, "failure": e.failure, "in_flight": e.pins,
@@ -25,6 +29,11 @@ def _model_state(router: ModelRouter, now: float) -> list[dict[str, Any]]:
              "load_seconds": e.load_seconds, "path": str(e.spec.path), "max_context": e.spec.options.max_context,
              "lanes": e.spec.options.max_concurrency, "kv_dtype": e.spec.options.kv_dtype}
             for e in router.entries]
+
+
+def _prefix_cache(router: ModelRouter) -> dict[str, Any]:
+    prompt, cached = router.metrics.prompt_token_totals()
+    return {"reuse": PREFIX_REUSE, "prompt_tokens": prompt, "cached_prompt_tokens": cached}
 
 
 @get("/dashboard/state", summary="What the dashboard shows (polled once a second)")
@@ -38,6 +47,7 @@ async def dashboard_state(router: RouterDependency, request: Request) -> dict[st
         "engine": asdict(router.resident_stats()),
         "models": _model_state(router, router.now()),
         "slots": slot_rows(router, resident) if resident is not None else [],
+        "prefix_cache": _prefix_cache(router),
         "streams": {"count": len(streams), "bytes": streams.total_bytes},
         "errors": [{"time": t, "model": m, "message": msg} for t, m, msg in router.errors],
     }

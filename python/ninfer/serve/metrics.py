@@ -84,6 +84,16 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def prompt_token_totals(self) -> tuple[int, int]:
+        """(prompt tokens, of which served from the prefix cache) of the generations finished so far: the counters
+        /metrics exports, for the dashboard."""
+        return _total(self.prompt_tokens), _total(self.cached_tokens)
+
+
+def _total(counter: Counter) -> int:
+    """An unlabelled counter's value, read through its public collect()."""
+    return int(next(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total")))
+
 
 class RequestCounter:
     """ASGI middleware counting HTTP requests by matched route (bounded label set) and status code."""

@@ -393,10 +393,13 @@ class ModelRouter:
     `router` dependency (`DEPENDENCIES` below)."""
 
     def __init__(self, config: RouterConfig, *, open_engine: OpenEngine = Engine.open,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """`clock` (monotonic seconds) and `sleep` are the ticker's: tests drive both to step through its ticks."""
         self.config = config
         self._open_engine = open_engine
         self._clock = clock
+        self._sleep = sleep
         self._entries = {spec.name: ModelEntry(spec) for spec in config.models}
         self._names = {name: entry for entry in self._entries.values() for name in (entry.name, *entry.spec.aliases)}
         self._resident: ModelEntry | None = None
@@ -793,17 +796,24 @@ class ModelRouter:
     def effective_ttl(self, entry: ModelEntry) -> float:
         return self.config.ttl_s if entry.spec.ttl_s is None else entry.spec.ttl_s
 
+    def idle_past_ttl(self) -> ModelEntry | None:
+        """The resident model if it has been idle for its effective TTL or longer, with nothing in flight, waiting
+        or swapping: what the ticker unloads. Called with the condition's lock held."""
+        entry = self._resident
+        if (entry is None or entry.pins or self._tickets or (self._busy and not self._busy.done())
+                or entry.status != LOADED):
+            return None
+        ttl = self.effective_ttl(entry)
+        return entry if ttl > 0 and self._clock() - entry.last_used >= ttl else None
+
     async def _tick(self) -> None:
+        """Every TICK_S, unloads the model `idle_past_ttl` names (so it goes at most TICK_S after its TTL ran out)."""
         while True:
-            await asyncio.sleep(TICK_S)
+            await self._sleep(TICK_S)
             async with self._cond:
-                entry = self._resident
-                if (entry is None or entry.pins or self._tickets or (self._busy and not self._busy.done())
-                        or entry.status != LOADED):
-                    continue
-                ttl = self.effective_ttl(entry)
-                if ttl > 0 and self._clock() - entry.last_used >= ttl:
-                    log.info("model %s idle for %g s: unloading", entry.name, ttl)
+                entry = self.idle_past_ttl()
+                if entry is not None:
+                    log.info("model %s idle for %g s: unloading", entry.name, self.effective_ttl(entry))
                     self._busy = asyncio.create_task(self._swap(None), name="ninfer-router-ttl-unload")
 
 

@@ -90,6 +90,16 @@ function renderEngine(state) {
   document.getElementById("uptime").textContent = `up ${fmtSeconds(state.uptime_s)}`;
 }
 
+// Prompt tokens read from the prefix cache, of all prompt tokens of finished generations (the server's counters).
+function renderPrefixCache(cache) {
+  const cached = cache.cached_prompt_tokens, prompt = cache.prompt_tokens;
+  const share = prompt ? ` (${((100 * cached) / prompt).toFixed(0)}%)` : "";
+  document.getElementById("prefix-cache").textContent = `${cached} / ${prompt} tok${share}`;
+  document.getElementById("prefix-cache-note").textContent = cache.reuse
+    ? "prompt tokens from the cache"
+    : "no prefix reuse in this build";
+}
+
 function renderErrors(errors) {
   const list = document.getElementById("errors");
   list.replaceChildren();
@@ -110,6 +120,7 @@ async function poll() {
     renderModels(state.models);
     renderEngine(state);
     renderSlots(state);
+    renderPrefixCache(state.prefix_cache);
     renderErrors(state.errors);
     previous = state;
     badge.textContent = "live";
