@@ -5,8 +5,9 @@ docs say, in the route's shape.
 The examples are written for the default address, `http://127.0.0.1:8080`; the test puts the live server's address in
 its place. `resp-...` stands for an id the reader replaces ("replace the id"): the id of the first response an
 earlier example of the same block created. Nothing else is changed, but curl is given `--fail-with-body -S` so that
-an HTTP error fails the example. The server is the session's tiny Qwen3.5 (every `model` name is answered by it): its
-text is noise, which is enough for the shapes, and it decodes the examples' tokens several times faster than SmolLM2.
+an HTTP error fails the example (and `--noproxy '*'`). The server is the session's tiny Qwen3.5 (every `model` name
+is answered by it): its text is noise, which is enough for the shapes, and it decodes the examples' tokens several
+times faster than SmolLM2.
 
 An example whose route has no check below fails the test: a new example needs its expected shape here.
 """
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 ORIGIN = "http://127.0.0.1:8080"
@@ -196,7 +196,8 @@ CHECKS: dict[tuple[str, str, bool], tuple[Callable[[str], Any], Callable[[Any, A
 
 def run_curl(command: str, url: str) -> subprocess.CompletedProcess:
     assert command.startswith("curl ")
-    runnable = "curl --fail-with-body -S " + command.removeprefix("curl ").replace(ORIGIN, url)
+    # --noproxy: a proxy from the environment must not stand between curl and the loopback server
+    runnable = "curl --fail-with-body -S --noproxy '*' " + command.removeprefix("curl ").replace(ORIGIN, url)
     return subprocess.run(["bash", "-o", "pipefail", "-c", runnable], capture_output=True, text=True,
                           timeout=CURL_TIMEOUT_S)
 
