@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import build_tiny_checkpoint  # noqa: E402
 
-from ninfer.default_model import fetch_gguf  # noqa: E402
+from ninfer.default_model import default_model_path, fetch_gguf  # noqa: E402
 from ninfer.errors import ConversionError  # noqa: E402
 
 
@@ -58,6 +58,20 @@ def smollm2_gguf(pytestconfig: pytest.Config) -> Path:
         return fetch_gguf(_cache_dir(pytestconfig, "smollm2"), progress=False)
     except ConversionError as exc:
         pytest.skip(f"cannot fetch the SmolLM2 GGUF: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache_home(pytestconfig: pytest.Config, smollm2_gguf: Path) -> Path:
+    """An XDG cache home whose `ninfer/` folder holds the embedded default model, imported by ninfer.default_model
+    from the session's sha-checked GGUF (so no second download): `XDG_CACHE_HOME` for the CLIs run with no MODEL."""
+    home = _cache_dir(pytestconfig, "ninfer-cache-home")
+    folder = home / "ninfer"
+    folder.mkdir(exist_ok=True)
+    seeded = folder / smollm2_gguf.name
+    if not seeded.exists():
+        seeded.symlink_to(smollm2_gguf)
+    default_model_path(progress=False, folder=folder)
+    return home
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,8 @@
 
 - tiny_llama_artifact / tiny_qwen35_artifact: bf16 artifacts of the tiny random checkpoints (token ids only for
   llama; the real 248k tokenizer for Qwen3.5), exercising KV pages and, for Qwen3.5, per-lane GDN state slots.
-- smollm2_cache_home: an XDG cache home whose `ninfer/` folder holds the embedded default model, imported by
-  ninfer.default_model from the session's sha-checked GGUF (so no second download).
+- smollm2_default_artifact: the embedded default model in the session's cache home (`smollm2_cache_home`,
+  tests/conftest.py).
 - smollm2_bf16_artifact: SmolLM2 with bf16 weights, for parity with HF transformers on the same values.
 """
 
@@ -33,18 +33,6 @@ def tiny_llama_artifact(pytestconfig, tiny_llama) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen35_artifact(pytestconfig, tiny_qwen3_5) -> Path:
     return _converted(pytestconfig, tiny_qwen3_5, "bf16")
-
-
-@pytest.fixture(scope="session")
-def smollm2_cache_home(pytestconfig, smollm2_gguf) -> Path:
-    home = Path(pytestconfig.cache.mkdir("ninfer-cache-home"))
-    folder = home / "ninfer"
-    folder.mkdir(exist_ok=True)
-    seeded = folder / smollm2_gguf.name
-    if not seeded.exists():
-        seeded.symlink_to(smollm2_gguf)
-    default_model_path(progress=False, folder=folder)
-    return home
 
 
 @pytest.fixture(scope="session")
