@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import httpx
@@ -287,3 +288,15 @@ def test_bodies_that_once_gave_a_500_get_a_400_that_says_why(qwen35_server, rout
     assert reply.status_code == 400, reply.text
     _check_error_shape(route if route in TEMPLATES else "/tokenize", reply)  # an OpenAI-shaped route
     assert message in reply.text
+
+
+@pytest.mark.parametrize("route", [route for route, (_, length, _) in TEMPLATES.items() if length])
+def test_a_number_sent_as_a_string_is_refused_not_coerced(qwen35_server, route):
+    """Litestar alone would convert "8" to 8 (lax msgspec); ninfer.serve.strict_body refuses it, naming the field,
+    while the same template with the number itself is served (test_the_templates_are_accepted)."""
+    template, length_field, _ = TEMPLATES[route]
+    body = {**template, length_field: str(template[length_field]), "stream": False}
+    reply = httpx.post(qwen35_server.url + route, json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    _check_error_shape(route, reply)
+    assert re.search(rf"Expected `int( \| null)?`, got `str` - at `\$\.{length_field}`", reply.text), reply.text

@@ -3,8 +3,7 @@ tests/test_frontend_reasoning.py), on SmolLM2, which copies a few-shot call unde
 
 - a tool name of the longest allowed size, 256 bytes (VS Code Copilot's `activate_fallback_mcp_<server>_<tool>`
   names run that long), comes back whole as a structured call, streamed and not, on Chat Completions and Anthropic
-  Messages. One byte longer is not a valid name, so that call is given back as text, as docs/tool-calls.md says of a
-  block whose first call has an invalid name; the request itself is accepted (there is no request-side limit).
+  Messages. A tool one byte longer is refused with a 400 naming it: no call to it could come back as a call.
 - a call written inside the reasoning block (`<think> ... <tool_call>...</tool_call> ... </think>`) is not lost: the
   call opener ends the reasoning (ninfer.frontend.reasoning), so the call comes back as a tool call, the reasoning
   before it as reasoning, and the text after it (the rest of the block, `</think>` included) as content.
@@ -17,6 +16,7 @@ import json
 import anthropic
 import live_servers
 import openai
+import pytest
 from ninfer.frontend.reasoning import split_reasoning
 from ninfer.frontend.tool_calls import parse_tool_calls
 
@@ -74,7 +74,7 @@ def _streamed_chat(chunks) -> tuple[list[str], dict[int, str], str, str, str | N
     return names, arguments, content, reasoning, finish
 
 
-def test_a_256_byte_tool_name_comes_back_whole_and_a_longer_one_as_text(smollm2_server):
+def test_a_256_byte_tool_name_comes_back_whole_and_a_longer_one_is_refused(smollm2_server):
     name, too_long = _long_name(LONGEST_NAME_BYTES), _long_name(LONGEST_NAME_BYTES + 1)
     client = _openai(smollm2_server)
     messages_client = anthropic.Anthropic(base_url=smollm2_server.url, api_key="unused", max_retries=0)
@@ -84,13 +84,11 @@ def test_a_256_byte_tool_name_comes_back_whole_and_a_longer_one_as_text(smollm2_
                       "tools": [{"name": name, "description": "Search the issue tracker",
                                  "input_schema": SEARCH_PARAMETERS}],
                       "extra_body": {"temperature": 0}}
-    longer_body = {**body, "messages": _search_few_shot(too_long), "tools": [_search_tool(too_long)]}
-    # Four generations of the same length on two lanes: two rounds.
-    whole, chunks, events, longer = live_servers.concurrently(
+    # Three generations of the same length on two lanes.
+    whole, chunks, events = live_servers.concurrently(
         lambda: client.chat.completions.create(**body),
         lambda: list(client.chat.completions.create(**body, stream=True)),
         lambda: list(messages_client.messages.create(**anthropic_body, stream=True)),
-        lambda: client.chat.completions.create(**longer_body),
     )
     expected_arguments = {"query": ASKED_QUERY}
 
@@ -109,9 +107,16 @@ def test_a_256_byte_tool_name_comes_back_whole_and_a_longer_one_as_text(smollm2_
     assert json.loads(partial) == expected_arguments
     assert [e.delta.stop_reason for e in events if e.type == "message_delta"] == ["tool_use"]
 
-    # 257 bytes: the request is served; the model writes the call, which comes back as text, byte for byte.
-    assert longer.choices[0].message.tool_calls is None and longer.choices[0].finish_reason == "stop"
-    assert longer.choices[0].message.content.startswith(f"<tool_call>\n<function={too_long}>\n")
+    # 257 bytes, or a name with a space: refused on every route, naming the tool and why.
+    longer_tools = [_search_tool("search"), _search_tool(too_long)]
+    with pytest.raises(openai.BadRequestError, match="tool 1's name .* is 257 bytes long; tool names may be up to 256"):
+        client.chat.completions.create(**{**body, "tools": longer_tools})
+    with pytest.raises(openai.BadRequestError, match="tool 0's name 'search issues' contains whitespace"):
+        client.responses.create(model="m", input="hi", tools=[{"type": "function", "name": "search issues",
+                                                               "parameters": SEARCH_PARAMETERS}])
+    with pytest.raises(anthropic.BadRequestError, match="is 257 bytes long"):
+        messages_client.messages.create(**{**anthropic_body, "tools": [{"name": too_long,
+                                                                         "input_schema": SEARCH_PARAMETERS}]})
 
 
 WEATHER_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n<parameter=days>\n"

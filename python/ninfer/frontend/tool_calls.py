@@ -184,8 +184,21 @@ def _json_string_body(text: str) -> str:
 _NAME_FORBIDDEN = re.compile(r"[\s<>\"']")
 
 
+def tool_name_problem(name: str) -> str | None:
+    """Why the parsers would never return a call to a tool of this name (None: they would). The server refuses
+    such tools up front, so that a call to one cannot silently come back as text."""
+    size = len(name.encode())
+    if size == 0:
+        return "is empty"
+    if size > MAX_TOOL_NAME_BYTES:
+        return f"is {size} bytes long; tool names may be up to {MAX_TOOL_NAME_BYTES} bytes"
+    if _NAME_FORBIDDEN.search(name):
+        return "contains whitespace, '<', '>' or a quote"
+    return None
+
+
 def _valid_name(name: str) -> bool:
-    return 0 < len(name.encode()) <= MAX_TOOL_NAME_BYTES and not _NAME_FORBIDDEN.search(name)
+    return tool_name_problem(name) is None
 
 
 # ---------------------------------------------------------------------------------------------------------------

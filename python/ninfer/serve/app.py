@@ -27,6 +27,7 @@ from ninfer.serve.disconnect import DisconnectClock
 from ninfer.serve.errors import EXCEPTION_HANDLERS
 from ninfer.serve.metrics import RequestCounter
 from ninfer.serve.router import DEPENDENCIES, ModelGate, ModelRouter
+from ninfer.serve.strict_body import refuse_wrong_types
 from ninfer.serve.streams import StreamRecorder, StreamRegistry
 from ninfer.serve.tools_registry import ToolRegistry
 
@@ -88,6 +89,7 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
         dependencies=DEPENDENCIES,
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,
+        before_request=refuse_wrong_types,
         # ModelGate pins (loading or swapping to) the model a POST names; StreamRecorder records chat streams;
         # DisconnectClock notes when the app sees a client's disconnect (innermost: a recorded stream, which goes on
         # without its client, does not see it).

@@ -60,6 +60,7 @@ from ninfer.frontend.tool_calls import (
     ToolCall,
     ToolCallDelta,
     ToolCallParser,
+    tool_name_problem,
 )
 from ninfer.serve.disconnect import departure
 from ninfer.serve.errors import ContextOverflowError, InvalidRequestError
@@ -174,6 +175,7 @@ def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) -> Prepa
         if prompt.token_ids is not None:
             return PreparedPrompt(list(prompt.token_ids), None, False, is_chat=False)
         return PreparedPrompt(frontend.encode(prompt.text or ""), prompt.text, False, is_chat=False)
+    _check_tool_names(prompt.tools or ())
     rendered = frontend.render(
         prompt.messages,
         tools=prompt.tools or None,
@@ -187,6 +189,16 @@ def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) -> Prepa
     return PreparedPrompt(
         frontend.encode(rendered.text), rendered.text, rendered.starts_in_reasoning, is_chat=True
     )
+
+
+def _check_tool_names(tools: Sequence[Mapping[str, Any]]) -> None:
+    """400 for a tool whose name no call could carry (the parsers would give such a call back as plain text)."""
+    for index, tool in enumerate(tools):
+        name = (tool.get("function") or {}).get("name")
+        problem = tool_name_problem(name) if isinstance(name, str) else None
+        if problem:
+            shown = name if len(name) <= 40 else name[:40] + "..."
+            raise InvalidRequestError(f"tool {index}'s name {shown!r} {problem}", param="tools")
 
 
 def build_request(model: ServedModel, prompt: PreparedPrompt, params: GenerationParams) -> Request:
