@@ -72,8 +72,8 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def _serve(open_router: Callable[[], Awaitable[ModelRouter]], *, webui_dir: str | None = None,
-           port: int | None = None) -> Iterator[tuple[str, Any]]:
-    app = create_app(open_router, webui_dir=webui_dir)
+           port: int | None = None, api_keys: frozenset[str] = frozenset()) -> Iterator[tuple[str, Any]]:
+    app = create_app(open_router, webui_dir=webui_dir, api_keys=api_keys)
     with _run_app(app, port) as url:
         yield url, app
 
@@ -99,16 +99,18 @@ def _run_app(app: Any, port: int | None = None) -> Iterator[str]:
 
 @contextlib.contextmanager
 def serve_router(config: dict[str, Any], *, webui_dir: str | None = None, port: int | None = None,
-                 open_engine: OpenEngine = Engine.open) -> Iterator[LiveServer]:
+                 open_engine: OpenEngine = Engine.open, api_keys: frozenset[str] = frozenset()) -> Iterator[LiveServer]:
     """`open_engine`: how the router opens an engine (tests wrap Engine.open to hold a load or see its engine)."""
     parsed = parse_config(config, defaults=EngineOptions(max_context=1024, max_concurrency=2))
-    with serve_parsed_config(parsed, webui_dir=webui_dir, port=port, open_engine=open_engine) as live:
+    with serve_parsed_config(parsed, webui_dir=webui_dir, port=port, open_engine=open_engine,
+                             api_keys=api_keys) as live:
         yield live
 
 
 @contextlib.contextmanager
 def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, port: int | None = None,
-                        open_engine: OpenEngine = Engine.open) -> Iterator[LiveServer]:
+                        open_engine: OpenEngine = Engine.open,
+                        api_keys: frozenset[str] = frozenset()) -> Iterator[LiveServer]:
     """A router over a config as ninfer-serve builds it (e.g. `ninfer.cli.serve._router_config` of its arguments)."""
     holder: dict[str, ModelRouter] = {}
 
@@ -116,7 +118,7 @@ def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, p
         holder["router"] = ModelRouter(parsed, open_engine=open_engine)
         return holder["router"]
 
-    with _serve(open_router, webui_dir=webui_dir, port=port) as (url, app):
+    with _serve(open_router, webui_dir=webui_dir, port=port, api_keys=api_keys) as (url, app):
         yield LiveServer(url, holder["router"], app)
 
 

@@ -243,6 +243,28 @@ def test_load_failure_is_reported_and_the_server_keeps_serving(smollm2: Path, tm
         assert errors and errors[-1]["model"] == "broken"
 
 
+def test_a_request_without_a_valid_key_loads_no_model(smollm2: Path) -> None:
+    """With API keys, the model gate asks the key guard first: a request without a valid key, for a model or not,
+    gets its 401 and loads nothing (no outsider can swap the resident model or read the model names); so does a
+    body over the size limit (413). With the key, the same request loads and answers."""
+    key = {"Authorization": "Bearer k1"}
+    with serve_router(two_models(smollm2), api_keys=frozenset({"k1"})) as server, \
+            httpx.Client(base_url=server.url, timeout=120) as client:
+        body = {"model": "beta", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"x-api-key": "nope"}):
+            for route, payload in (("/v1/chat/completions", body), ("/v1/chat/completions", {**body, "model": "x"}),
+                                   ("/tokenize", {"model": "beta", "content": "Hi"})):
+                reply = client.post(route, json=payload, headers=headers)
+                assert reply.status_code == 401, (route, headers, reply.text)
+                assert "beta" not in reply.text and "alpha" not in reply.text
+        oversized = client.post("/v1/chat/completions", headers=key,
+                                content=b'{"model": "beta", "pad": "' + b"x" * (64 * 2**20) + b'"}')
+        assert oversized.status_code == 413, oversized.text[:200]
+        assert statuses(client.__class__(base_url=server.url, headers=key)) == {"alpha": "unloaded", "beta": "unloaded"}
+        assert server.router.models == []
+        assert client.post("/v1/chat/completions", json=body, headers=key).status_code == 200
+
+
 def test_unknown_model_is_a_404_naming_the_known_ones(smollm2: Path) -> None:
     with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=60) as client:
         response = chat(client, "gamma")

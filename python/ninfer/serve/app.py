@@ -93,7 +93,8 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
         # ModelGate pins (loading or swapping to) the model a POST names; StreamRecorder records chat streams;
         # DisconnectClock notes when the app sees a client's disconnect (innermost: a recorded stream, which goes on
         # without its client, does not see it).
-        middleware=[lambda app: RequestCounter(app, _metrics_of), ModelGate, StreamRecorder, DisconnectClock],
+        middleware=[lambda app: RequestCounter(app, _metrics_of),
+                    lambda app: ModelGate(app, max_body_bytes=MAX_BODY_BYTES), StreamRecorder, DisconnectClock],
         lifespan=[lifespan],
         state=State({"api_keys": api_keys}),
         request_max_body_size=MAX_BODY_BYTES,

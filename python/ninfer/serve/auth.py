@@ -51,14 +51,21 @@ def key_matches(presented: str, keys: frozenset[str]) -> bool:
     return found
 
 
+def refusal(connection: ASGIConnection, handler_opt: dict | None) -> str | None:
+    """Why this request may not reach its route (None: it may). The model gate asks too, so that a request without
+    a valid key never loads or swaps a model."""
+    keys: frozenset[str] = connection.app.state.api_keys
+    if not keys or (handler_opt or {}).get("public"):
+        return None
+    presented = presented_key(connection)
+    if presented is None:
+        return "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+    return None if key_matches(presented, keys) else "invalid API key"
+
+
 async def api_key_guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     # async although it never waits: Litestar runs a sync guard in a worker thread, a thread hop per request (a few
     # ms of a loaded machine's time to first token) for a few comparisons.
-    keys: frozenset[str] = connection.app.state.api_keys
-    if not keys or handler.opt.get("public"):
-        return
-    presented = presented_key(connection)
-    if presented is None:
-        raise NotAuthorizedException("missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
-    if not key_matches(presented, keys):
-        raise NotAuthorizedException("invalid API key")
+    reason = refusal(connection, handler.opt)
+    if reason:
+        raise NotAuthorizedException(reason)

@@ -33,12 +33,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException
 
 from ninfer.engine import OPTION_CHOICES, Engine, EngineOptions, EngineStats, GenerationEvent, Request
 from ninfer.errors import NinferError
+from ninfer.serve.auth import refusal
 from ninfer.serve.metrics import ServerMetrics
 from ninfer.serve.reasoning_control import ReasoningControl
 from ninfer.serve.state import ServedModel
@@ -844,24 +846,30 @@ def _body_model(body: bytes) -> str | None:
 class ModelGate:
     """ASGI middleware: every POST route not marked GATE_EXEMPT is a model request. It reads the body's `model`,
     acquires it from the router (loading or swapping, waiting with a bound) and holds the pin until the response,
-    streamed or not, has been sent; `CURRENT_CALL` tells the engine wrapper whose generation it runs."""
+    streamed or not, has been sent; `CURRENT_CALL` tells the engine wrapper whose generation it runs.
 
-    def __init__(self, app: Any) -> None:
+    What the route would refuse before looking at the model passes through ungated, so that it never loads or swaps
+    one: a request without a valid API key (the guard answers 401), and a body over `max_body_bytes` (Litestar
+    answers 413 while reading the rest)."""
+
+    def __init__(self, app: Any, *, max_body_bytes: int) -> None:
         self._app = app
+        self._max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         handler = scope.get("route_handler")
         if (scope["type"] != "http" or scope.get("method") != "POST" or handler is None
-                or (handler.opt or {}).get(GATE_EXEMPT)):
+                or (handler.opt or {}).get(GATE_EXEMPT) or refusal(ASGIConnection(scope), handler.opt)):
             await self._app(scope, receive, send)
             return
         router = scope["app"].state.router
-        chunks, more = [], True
-        while more:
+        chunks, size, more = [], 0, True
+        while more and size <= self._max_body_bytes:
             message = await receive()
             if message["type"] != "http.request":
                 return  # the client left before sending its body
             chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
             more = message.get("more_body", False)
         body = b"".join(chunks)
         replayed = False
@@ -870,8 +878,12 @@ class ModelGate:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": more}
             return await receive()
+
+        if size > self._max_body_bytes:
+            await self._app(scope, replay, send)
+            return
 
         headers = dict(scope.get("headers") or [])
         conversation = headers.get(b"x-conversation-id")

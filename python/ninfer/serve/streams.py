@@ -14,7 +14,8 @@ reader that comes back loses nothing:
 
 Memory is bounded: at most MAX_STREAMS streams and MAX_TOTAL_BYTES bytes; the oldest finished streams are evicted
 first, then the oldest running ones (whose readers then get what is left). A stream larger than MAX_STREAM_BYTES stops
-recording (its live readers still get everything from the generation itself, through the tail).
+recording: the client that made the request still gets everything, but a replay reader's stream ends where the
+recording stopped (with no `[DONE]`).
 """
 
 from __future__ import annotations
@@ -285,7 +286,9 @@ def _replay(request: Request, conv_id: str, offset: int) -> Any:
     stream = _find(request, conv_id)
     if offset > len(stream.data):
         raise InvalidRequestError(f"from={offset} is past the {len(stream.data)} bytes recorded", param="from")
-    return sse_response(stream.read_from(offset))
+    # No pings of its own: a reader counts every byte it got as its next offset, and the recording already holds
+    # the original stream's pings.
+    return sse_response(stream.read_from(offset), ping_interval_s=None)
 
 
 def _forget(request: Request, conv_id: str) -> dict[str, Any]:
