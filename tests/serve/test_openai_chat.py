@@ -153,7 +153,11 @@ def test_streamed_completion_logprobs_equal_the_whole_answer_s(qwen35_server):
     expected = whole.choices[0].logprobs
     assert len(expected.tokens) == whole.usage.completion_tokens == 10
     assert all(len(top) == 3 for top in expected.top_logprobs)
-    assert streamed == {name: getattr(expected, name) for name in fields}
+    assert streamed["tokens"] == expected.tokens and streamed["text_offset"] == expected.text_offset
+    # The values come from two lanes of a batch: equal, up to how a batch's make-up may round them.
+    assert streamed["token_logprobs"] == pytest.approx(expected.token_logprobs, abs=1e-4)
+    for got, want in zip(streamed["top_logprobs"], expected.top_logprobs, strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
 
 
 def test_seed_makes_sampling_reproducible(qwen35_server):
