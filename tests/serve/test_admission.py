@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -67,14 +68,20 @@ def test_a_full_queue_answers_429_with_retry_after(qwen35_server):
     with httpx.Client(timeout=30) as http, contextlib.ExitStack() as streams:
         for i in range(places):
             streams.callback(_open_stream(http, qwen35_server.url, f"Filler {i}").close)
+        one_more = [{"role": "user", "content": "one more"}]
         client = openai.OpenAI(base_url=f"{qwen35_server.url}/v1", api_key="k", max_retries=0)
-        try:
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "one more"}])
-        except openai.RateLimitError as exc:
-            assert int(exc.response.headers["retry-after"]) >= 1
-            assert exc.body["type"] == "rate_limit_error"
-        else:
-            raise AssertionError("the request past the queue was admitted")
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(model="m", messages=one_more)
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+        assert refused.value.body["type"] == "rate_limit_error"
+        # /v1/messages answers the same refusal in Anthropic's error shape, which its SDK raises as its own type.
+        claude = anthropic.Anthropic(base_url=qwen35_server.url, api_key="k", max_retries=0)
+        with pytest.raises(anthropic.RateLimitError) as refused_claude:
+            claude.messages.create(model="m", max_tokens=8, messages=one_more)
+        assert int(refused_claude.value.response.headers["retry-after"]) >= 1
+        body = refused_claude.value.body
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+        assert body["error"]["type"] == "rate_limit_error" and body["error"]["message"]
     # Closing the filler streams cancelled every one of them: run, even one of them would make LONG tokens.
     assert cut_short(qwen35_server, tokens_before, LONG)
     assert released_within_bound(qwen35_server, before, departures=places)

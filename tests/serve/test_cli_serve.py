@@ -17,7 +17,7 @@ import httpx
 import live_servers
 import openai
 import pytest
-from ninfer.cli.serve import _router_config, build_parser, main
+from ninfer.cli.serve import _check, _router_config, build_parser, main
 from ninfer.errors import NinferError
 
 STARTUP_TIMEOUT_S = 120.0
@@ -32,6 +32,7 @@ def _serve_command(*args: str) -> list[str]:
     "args, message",
     [
         (["--spec", "mtp"], "--spec: speculative decoding is not implemented yet"),
+        (["--spec", "draft"], "--spec: speculative decoding is not implemented yet"),
         (["--vision"], "--vision: vision input is not implemented yet"),
         (["--host-kv-mib", "512"], "--host-kv-mib: host KV offload is not implemented yet"),
         (["--reserve-gib", "0"], "--reserve-gib:"),
@@ -66,6 +67,12 @@ def test_invalid_values_are_one_line_usage_errors(args, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2
     assert line.startswith(f"ninfer-serve: error: argument {args[0]}") and line.endswith("(see ninfer-serve --help)")
+
+
+def test_spec_none_is_accepted_as_no_speculative_decoding():
+    """`--spec none` asks for what the server does anyway (no speculative decoding): it passes validation, where
+    `mtp` and `draft` are refused (above)."""
+    _check(build_parser().parse_args(["--spec", "none"]))  # raises CliError for a refused option
 
 
 def _config_of_two(tmp_path: Path, second: dict) -> Path:

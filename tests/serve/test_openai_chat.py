@@ -47,6 +47,7 @@ def test_chat_matches_the_engine_and_splits_reasoning(qwen35_server):
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 12 and r.usage.completion_tokens_details.reasoning_tokens == 12
     assert r.usage.prompt_tokens == len(frontend.encode(rendered.text))
+    assert r.usage.prompt_tokens_details.cached_tokens == 0  # documented: no prefix reuse yet
     assert r.model == qwen35_server.model_id and r.object == "chat.completion"
 
 
@@ -84,6 +85,8 @@ def test_streamed_chat_equals_the_whole_answer(qwen35_server):
     assert content == whole.choices[0].message.content
     assert finish == "length"
     assert usage.completion_tokens == 16 and usage.prompt_tokens == whole.usage.prompt_tokens
+    # The same prompt a second time: still nothing read from a prefix cache (there is no prefix reuse yet).
+    assert usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens_details.cached_tokens == 0
 
 
 def test_stop_string_across_token_boundaries(qwen35_server):
@@ -130,6 +133,31 @@ def test_logprobs_are_the_greedy_choices(qwen35_server):
     )
     tokens = [e.token for c in streamed for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
     assert tokens == [e.token for e in entries]
+
+
+def test_streamed_completion_logprobs_equal_the_whole_answer_s(qwen35_server):
+    """Streamed, each chunk carries the legacy logprobs object of the tokens it releases (`text_offset` counting
+    from the start of the whole text, echo included); together they are the whole answer's."""
+    client = _client(qwen35_server)
+    body = {"model": "m", "prompt": "The quick brown fox", "temperature": 0, "max_tokens": 10, "logprobs": 3,
+            "echo": True}
+    whole, chunks = live_servers.concurrently(lambda: client.completions.create(**body),
+                                              lambda: list(client.completions.create(**body, stream=True)))
+    fields = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    streamed: dict[str, list] = {name: [] for name in fields}
+    for choice in (c.choices[0] for c in chunks if c.choices and c.choices[0].logprobs):
+        lengths = {len(getattr(choice.logprobs, name)) for name in fields}
+        assert len(lengths) == 1 and lengths != {0}, choice.logprobs
+        for name in fields:
+            streamed[name] += getattr(choice.logprobs, name)
+    expected = whole.choices[0].logprobs
+    assert len(expected.tokens) == whole.usage.completion_tokens == 10
+    assert all(len(top) == 3 for top in expected.top_logprobs)
+    assert streamed["tokens"] == expected.tokens and streamed["text_offset"] == expected.text_offset
+    # The values come from two lanes of a batch: equal, up to how a batch's make-up may round them.
+    assert streamed["token_logprobs"] == pytest.approx(expected.token_logprobs, abs=1e-4)
+    for got, want in zip(streamed["top_logprobs"], expected.top_logprobs, strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
 
 
 def test_seed_makes_sampling_reproducible(qwen35_server):
@@ -189,14 +217,23 @@ def test_logit_bias_is_refused_on_both_routes(qwen35_server, route):
     assert create({}).usage.completion_tokens == 1
 
 
-def test_context_overflow_is_a_400_with_the_numbers(qwen35_server):
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_context_overflow_is_a_400_with_the_numbers(qwen35_server, route):
     client = _client(qwen35_server)
     n_ctx = qwen35_server.engine.info.max_context
+    frontend = qwen35_server.engine.frontend
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="m", prompt=[11] * (n_ctx + 5), max_tokens=4)
+        if route == "completions":
+            n_prompt = n_ctx + 5
+            client.completions.create(model="m", prompt=[11] * n_prompt, max_tokens=4)
+        else:
+            messages = [{"role": "user", "content": "word " * n_ctx}]
+            n_prompt = len(frontend.encode(frontend.render(messages).text))  # the rendered prompt's tokens
+            assert n_prompt > n_ctx
+            client.chat.completions.create(model="m", messages=messages, max_tokens=4)
     body = info.value.body
-    assert body["type"] == "exceed_context_size_error"
-    assert body["n_prompt_tokens"] == n_ctx + 5 and body["n_ctx"] == n_ctx
+    assert body["type"] == "exceed_context_size_error" and body["code"] == "context_length_exceeded"
+    assert body["n_prompt_tokens"] == n_prompt and body["n_ctx"] == n_ctx
 
 
 @pytest.mark.parametrize(
@@ -395,6 +432,30 @@ def test_tool_choice_none_and_advisory_required(smollm2_server):
         model="m", messages=HELLO, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=4
     )
     assert required.model_extra["ninfer"]["tool_choice"]["enforced"] is False
+
+
+ADVISORY = "tool_choice and strict are advisory: the model was asked, not forced"
+
+
+@pytest.mark.parametrize(("tool_choice", "strict", "advised"), [
+    ("required", False, True),
+    ({"type": "function", "function": {"name": "get_weather"}}, False, True),
+    ("auto", True, True),
+    ("auto", False, False),
+])
+def test_named_tool_choice_and_strict_are_reported_as_advisory(qwen35_server, tool_choice, strict, advised):
+    """`ninfer.tool_choice` says that a demanded call (required, a named function) or a strict tool was asked for,
+    not forced; whole and streamed (on the last chunk) alike. Plain `auto` has nothing to report."""
+    client = _client(qwen35_server)
+    function = TOOLS[0]["function"] | ({"strict": True} if strict else {})
+    body = {"model": "m", "messages": HELLO, "tools": [{"type": "function", "function": function}],
+            "tool_choice": tool_choice, "temperature": 0, "max_tokens": 2}
+    whole, chunks = live_servers.concurrently(lambda: client.chat.completions.create(**body),
+                                              lambda: list(client.chat.completions.create(**body, stream=True)))
+    expected = {"requested": tool_choice, "strict": strict, "enforced": False, "note": ADVISORY} if advised else None
+    assert (whole.model_extra.get("ninfer") or {}).get("tool_choice") == expected
+    (last,) = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert (last.model_extra.get("ninfer") or {}).get("tool_choice") == expected
 
 
 def test_sse_ping_interval_sets_the_stream_keepalives(smollm2_server):

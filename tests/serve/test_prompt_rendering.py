@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx2 as httpx
 import live_servers
 import openai
@@ -85,3 +86,36 @@ def test_a_final_text_only_assistant_message_is_continued(qwen35_server):
     # A new turn: the template closes the message and opens another assistant turn (thinking, by default).
     assert new_turn.usage.prompt_tokens > continued.usage.prompt_tokens
     assert new_turn.usage.completion_tokens_details.reasoning_tokens == 8
+
+
+def test_reasoning_effort_other_than_none_reaches_the_template(qwen35_server, monkeypatch):
+    """An effort other than "none" (chat `reasoning_effort`, Responses `reasoning.effort`, Anthropic
+    `output_config.effort`) is given to the chat template as its `reasoning_effort` variable (seen here at the model's
+    template) and does not touch thinking. The Qwen3.5 template has no use for it (the Qwen3.8 one writes an effort
+    sentence: tests/test_templates.py), so the prompt is the default one, thinking on, where "none" turns it off."""
+    template = qwen35_server.engine.frontend.chat_template
+    render = template.render
+    given: list[tuple[str | None, bool | None]] = []
+
+    def recording_render(messages, **options):
+        given.append((options.get("reasoning_effort"), options.get("enable_thinking")))
+        return render(messages, **options)
+
+    monkeypatch.setattr(template, "render", recording_render)
+    url = qwen35_server.url
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    chat = client.chat.completions.create(model="m", messages=CONTINUED[:1], max_tokens=2, temperature=0,
+                                          reasoning_effort="low")
+    response = client.responses.create(model="m", input=CONTINUED[:1], max_output_tokens=2, temperature=0,
+                                       reasoning={"effort": "medium"})
+    message = claude.messages.create(model="m", max_tokens=2, messages=CONTINUED[:1],
+                                     extra_body={"temperature": 0, "output_config": {"effort": "high"}})
+    assert given == [("low", None), ("medium", None), ("high", None)]
+    monkeypatch.undo()
+    default = httpx.post(f"{url}/apply-template", json={"messages": CONTINUED[:1]}).json()["prompt"]
+    assert default.endswith("<|im_start|>assistant\n<think>\n")  # thinking on: the think block is left open
+    n_default = len(qwen35_server.engine.frontend.encode(default))
+    assert chat.usage.prompt_tokens == response.usage.input_tokens == message.usage.input_tokens == n_default
+    assert chat.usage.completion_tokens_details.reasoning_tokens == 2
+    assert [item.type for item in response.output] == ["reasoning"] and message.content[0].type == "thinking"

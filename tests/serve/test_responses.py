@@ -60,6 +60,7 @@ def test_reasoning_item_matches_a_direct_engine_call(qwen35_server):
     assert response.usage.output_tokens == 16
     assert response.usage.output_tokens_details.reasoning_tokens == 16
     assert response.usage.total_tokens == len(prompt) + 16
+    assert response.usage.input_tokens_details.cached_tokens == 0  # documented: no prefix reuse yet
 
 
 def test_stream_event_sequence_and_text_agree_with_create(qwen35_server):
@@ -323,6 +324,43 @@ def test_truncated_tool_call_still_yields_a_call(smollm2_server):
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     issues = response.model_extra["ninfer"]["tool_parse_issues"]
     assert any(issue["kind"] == "truncated" for issue in issues)
+
+
+ADVISORY = "tool_choice and strict are advisory: the model was asked, not forced"
+
+
+@pytest.mark.parametrize(("tool_choice", "strict", "advised"), [
+    ("required", False, True),
+    ({"type": "function", "name": "get_weather"}, False, True),
+    ("auto", True, True),
+    ("auto", False, False),
+])
+def test_forced_tool_choice_and_strict_are_reported_as_advisory(qwen35_server, tool_choice, strict, advised):
+    """`ninfer.tool_choice` on the response (and on the streamed final response) says that a demanded call or a
+    strict tool was asked for, not forced; plain `auto` has nothing to report."""
+    client = _client(qwen35_server)
+    body = {"model": "m", "input": "hi", "tools": [WEATHER_TOOL | ({"strict": True} if strict else {})],
+            "tool_choice": tool_choice, "max_output_tokens": 2, **GREEDY}
+    whole, events = live_servers.concurrently(lambda: client.responses.create(**body),
+                                              lambda: list(client.responses.create(**body, stream=True)))
+    expected = {"requested": tool_choice, "strict": strict, "enforced": False, "note": ADVISORY} if advised else None
+    assert (whole.model_extra.get("ninfer") or {}).get("tool_choice") == expected
+    final = events[-1].response
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert (final.model_extra.get("ninfer") or {}).get("tool_choice") == expected
+
+
+def test_context_overflow_is_a_400_with_the_numbers(qwen35_server):
+    client = _client(qwen35_server)
+    n_ctx = qwen35_server.engine.info.max_context
+    text = "word " * n_ctx
+    n_prompt = client.responses.input_tokens.count(model="m", input=text).input_tokens
+    assert n_prompt > n_ctx
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="m", input=text, max_output_tokens=4)
+    body = info.value.body
+    assert body["type"] == "exceed_context_size_error" and body["code"] == "context_length_exceeded"
+    assert body["n_prompt_tokens"] == n_prompt and body["n_ctx"] == n_ctx
 
 
 # -- refusals --------------------------------------------------------------------------------------------------

@@ -79,6 +79,22 @@ def test_top_k_and_min_p_keep_every_sampled_token_among_the_likeliest(qwen35_ser
     assert any(e.logprob < e.top_logprobs[0].logprob + math.log(0.9) for e in free)
 
 
+def test_a_top_p_below_every_top_token_s_probability_at_temperature_one_is_greedy(qwen35_server):
+    """top_p keeps the likeliest tokens until their probabilities reach it: below 1 / vocabulary size (less than any
+    step's top probability) that is the top token alone, so a draw at temperature 1 is the greedy answer. The same
+    seeded draw with top_p 1 leaves the greedy path, so the comparison can fail (top_k 0 in both: no shortlist)."""
+    client = _openai(qwen35_server)
+    top_p = 0.5 / qwen35_server.engine.info.vocab_size
+    greedy, nucleus, free = live_servers.concurrently(
+        lambda: _sampled(client, temperature=0),
+        lambda: _sampled(client, temperature=1.0, seed=3, top_p=top_p, extra={"top_k": 0}),
+        lambda: _sampled(client, temperature=1.0, seed=3, top_p=1.0, extra={"top_k": 0}),
+    )
+    assert all(_rank(e) == 0 for e in nucleus)
+    assert [e.token for e in nucleus] == [e.token for e in greedy]
+    assert [e.token for e in free] != [e.token for e in greedy]
+
+
 def test_the_artifact_s_sampling_defaults_apply_when_the_request_omits_them(qwen35_server):
     """The tiny artifact's generation defaults (temperature 1, top_p 0.95, top_k 20, from its generation_config) are
     what a request without sampling fields gets: it equals the same seed with those values spelled out, differs from

@@ -2,7 +2,8 @@
 the app is ninfer.serve.app. With no MODEL it serves the embedded default model (imported once into the cache).
 
 Options that later issues implement (speculative decoding, vision, state offload, memory reservations) are parsed
-and validated now, and refused with a one-line error when given, so scripts and the Nix module fail clearly.
+and validated now, and refused with a one-line error when given, so scripts and the Nix module fail clearly
+(`--spec none`, which asks for no speculative decoding, is accepted: it is what the server does).
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> None:
     for dest, feature in NOT_YET.items():
         given = getattr(args, dest)
+        if dest == "spec" and given == "none":
+            continue  # no speculative decoding: what the server does anyway
         if given is not None and given is not False:  # (not `in (None, False)`: 0 == False, and 0 is given)
             flag = "--" + dest.replace("_", "-")
             raise CliError(f"{flag}: {feature} is not implemented yet in this build")
