@@ -5,6 +5,10 @@ plan's arithmetic refuses what does not fit with the numbers."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -84,6 +88,50 @@ def test_graph_replay_equals_eager_and_cpu(tiny_artifacts, kind):
     for (gpu_tokens, gpu_lp), (cpu_tokens, cpu_lp) in zip(results["graphs"], results["cpu"], strict=True):
         assert gpu_tokens == cpu_tokens
         np.testing.assert_allclose(gpu_lp, cpu_lp, atol=2e-3)
+
+
+# One process's greedy run of three prompts (graphs, then eager), printed as JSON: chained launches are chosen once
+# per process (NINFER_CUDA_CHAINED), so each arm runs in its own.
+CHAINED_RUN = """
+import asyncio, json, sys
+import numpy as np
+from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+
+async def run(engine, prompts):
+    async def one(prompt):
+        tokens, logprobs = [], []
+        request = Request(prompt_tokens=prompt, sampling=SamplingParams(temperature=0.0), max_new_tokens=24,
+                          stop_token_ids=(), logprobs=True)
+        async for ev in engine.generate(request):
+            tokens += ev.token_ids
+            logprobs += ev.logprobs or ()
+        return tokens, logprobs
+    return await asyncio.gather(*(one(p) for p in prompts))
+
+results = []
+for graphs in (True, False):
+    options = EngineOptions(backend="cuda", max_context=512, kv_dtype="bf16", max_concurrency=3, prefill_chunk=64,
+                            cuda_graphs=graphs)
+    with Engine.open_sync(sys.argv[1], options) as engine:
+        rng = np.random.default_rng(3)
+        prompts = [rng.integers(0, engine.info.vocab_size, int(n)).tolist() for n in (7, 70, 130)]
+        results.append(asyncio.run(run(engine, prompts)))
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
+def test_chained_launches_change_no_result(tiny_artifacts, kind):
+    """Kernels launched chained (common.cuh: each may be scheduled while the previous one runs, and waits for it
+    first) give bit for bit what plain launches give, with graphs and eagerly: a kernel that read or wrote before
+    its wait would show here as differing logprobs."""
+    arms = {}
+    for chained in ("1", "0"):
+        done = subprocess.run([sys.executable, "-c", CHAINED_RUN, str(tiny_artifacts[kind])], capture_output=True,
+                              text=True, env=os.environ | {"NINFER_CUDA_CHAINED": chained}, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        arms[chained] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert arms["1"] == arms["0"]
 
 
 @pytest.mark.usefixtures("f32_prefill_gemm")

@@ -62,6 +62,7 @@ __device__ __forceinline__ float abs_max4(float4 v) {
 template <bool kBf16, tc::Order kOrder>
 __global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const float* x, int64_t cols, uint16_t* hi,
                                                                          uint16_t* lo, int* exps) {
+  chain_start();
   const int64_t r = blockIdx.y;
   const float* xr = x + r * cols;
   int e = 0;
@@ -349,6 +350,7 @@ __device__ __forceinline__ void finish_block(const MmaArgs& a, const WeightSlice
 
 template <Encoding E>
 __global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
+  chain_start();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const BlockWork b = block_work(a);
   const WeightSlice& w = b.w;
@@ -590,6 +592,7 @@ __device__ __forceinline__ uint4 split_eight(const float* x, bool lo, bool vecto
 
 template <Encoding E, int kSets>
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(MmaArgs a) {
+  chain_start();
   constexpr int kXVectors = chunk_pairs<E>() / 4;  // 16-byte activation loads per lane, set and chunk
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const BlockWork b = block_work(a);
@@ -704,9 +707,8 @@ constexpr int kind_of() { return kind_of(E == Encoding::BF16, tc::order<E>()); }
 template <bool kBf16, tc::Order kOrder>
 void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream) {
   const dim3 grid(unsigned((s.cols + kSplitCols - 1) / kSplitCols), unsigned(s.rows));
-  split_activations_kernel<kBf16, kOrder><<<grid, kSplitThreads, 0, stream>>>(
-      x, s.cols, const_cast<uint16_t*>(s.hi), const_cast<uint16_t*>(s.lo), const_cast<int*>(s.exps));
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(split_activations_kernel<kBf16, kOrder>, grid, dim3(kSplitThreads), 0, stream, x, s.cols,
+                 const_cast<uint16_t*>(s.hi), const_cast<uint16_t*>(s.lo), const_cast<int*>(s.exps));
 }
 
 constexpr int kBf16Kind = kind_of(true, tc::Order::Natural);
@@ -745,14 +747,10 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
       partials += slots;
       counters += splits > 1 ? m_tiles : 0;
     }
-    if (kernel == MmaKernel::v3) {
-      gemv_mma_kernel<E><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
-    } else if (x.rows <= 4) {
-      gemv_v5_kernel<E, 1><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
-    } else {
-      gemv_v5_kernel<E, 2><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
-    }
-    NINFER_CUDA_CHECK_LAUNCH();
+    const auto kernel_of = kernel == MmaKernel::v3 ? gemv_mma_kernel<E>
+                           : x.rows <= 4           ? gemv_v5_kernel<E, 1>
+                                                   : gemv_v5_kernel<E, 2>;
+    launch_chained(kernel_of, dim3(unsigned(blocks)), dim3(kBlockThreads), 0, stream, a);
     begin = end;
   }
 }
