@@ -47,8 +47,11 @@ struct Partials {
   }
 };
 
+// At most 128 registers a thread, so that four blocks fit a multiprocessor (flash_decode_max_splits' target):
+// with every load of a page in flight at once the kernel would take up to 142 (three blocks); capped, ptxas
+// spills a few loop-invariant values (under 64 bytes a thread, in L1).
 template <class Kv, int D>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+__global__ void __launch_bounds__(kThreadsPerBlock, 4)
     flash_decode_split_kernel(AttentionArgs a, const int32_t* rows, int32_t group, Partials partials) {
   using E = typename Kv::Element;
   constexpr int kChunks = D / 8;                              // 8-element vectors per row
@@ -70,10 +73,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     return;
   }
 
+  // q of all kMaxGroup heads, zero past the group, so that the per-head loops between the K and V loads below run
+  // a fixed count with no branch on `group`: such a branch after each vector load's dot products kept the next
+  // load from issuing before they were done, one memory latency per load (16 K and 16 V loads a page at D = 256).
+  // The heads past the group cost only FMAs on zeros (weights 0, outputs never written). Their loads read the
+  // group's last head, so that every load is unconditional and all are in flight at once.
   const float q_scale = a.shape.scale * kLog2e;
-  for (int e = threadIdx.x; e < group * D; e += kThreadsPerBlock) {
-    const int h = e / D, c = e % D;
-    q_s[h][c] = a.q[r * a.q_row_stride + (int64_t(kv_head) * group + h) * a.q_head_stride + c] * q_scale;
+  static_assert(kMaxGroup * D % kThreadsPerBlock == 0, "q fills whole rounds of the block");
+#pragma unroll
+  for (int j = 0; j < kMaxGroup * D / kThreadsPerBlock; ++j) {
+    const int e = j * kThreadsPerBlock + threadIdx.x, h = e / D, c = e % D;
+    const float q = a.q[r * a.q_row_stride + (int64_t(kv_head) * group + min(h, group - 1)) * a.q_head_stride + c];
+    q_s[h][c] = h < group ? q * q_scale : 0.0f;
   }
   if (threadIdx.x < kMaxGroup) max_s[threadIdx.x] = -INFINITY, sum_s[threadIdx.x] = 0.0f;
 
@@ -105,7 +116,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
           load8<Kv>(k_row + c * 8, k8);
 #pragma unroll
           for (int h = 0; h < kMaxGroup; ++h) {
-            if (h >= group) break;
             const float4 qa = *reinterpret_cast<const float4*>(&q_s[h][c * 8]);
             const float4 qb = *reinterpret_cast<const float4*>(&q_s[h][c * 8 + 4]);
             score[h] += qa.x * k8[0] + qa.y * k8[1] + qa.z * k8[2] + qa.w * k8[3] + qb.x * k8[4] + qb.y * k8[5] +
@@ -118,9 +128,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         if (key < valid) k_scale = a.k.scales(const_cast<uint8_t*>(k_block))[key * a.k.kv_heads + kv_head];
 #pragma unroll
       for (int h = 0; h < kMaxGroup; ++h) {
-        if (h >= group) break;
         score[h] += __shfl_xor_sync(0xffffffffu, score[h], 1);
-        if (half == 0) p_s[key][h] = key < valid ? score[h] * k_scale : -INFINITY;
+        if (half == 0) p_s[key][h] = h >= group ? 0.0f : key < valid ? score[h] * k_scale : -INFINITY;
       }
     }
     __syncthreads();
@@ -145,7 +154,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       }
     }
     __syncthreads();
-    // O = O * correction + P V over the valid keys (rows past them were never written).
+    // O = O * correction + P V over the valid keys.
 #pragma unroll
     for (int h = 0; h < kMaxGroup; ++h) {
       if (h >= group) break;
@@ -153,19 +162,21 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[h][e] *= correction;
     }
-#pragma unroll 4
-    for (int key = key_group; key < valid; key += kKeyGroups) {
+    // A fixed count of keys per thread, so its V loads can all be in flight at once: a key past `valid` (its
+    // weight is exp2(-inf) = 0, or 0 when scaled) reads the last valid row instead of its own, never written
+    // (possibly not finite, and 0 * NaN is NaN), and adds exactly 0.
+#pragma unroll
+    for (int j = 0; j < kKeys / kKeyGroups; ++j) {
+      const int key = key_group + j * kKeyGroups, row = min(key, valid - 1);
       float v8[8];
-      load8<Kv>(reinterpret_cast<const E*>(v_block + key * row_bytes) + kv_head * D + chunk * 8, v8);
+      load8<Kv>(reinterpret_cast<const E*>(v_block + row * row_bytes) + kv_head * D + chunk * 8, v8);
       const float4 pa = *reinterpret_cast<const float4*>(&p_s[key][0]);
       const float4 pb = *reinterpret_cast<const float4*>(&p_s[key][4]);
       const float p[kMaxGroup] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
 #pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
-        if (h >= group) break;
+      for (int h = 0; h < kMaxGroup; ++h)
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[h][e] += p[h] * v8[e];
-      }
     }
   }
 
