@@ -656,7 +656,7 @@ std::tuple<double, double> bench_moe(const ArtifactHandle& handle, const std::st
   auto call = [&](int32_t c) {
     const cuda::DeviceWeight* w = &weights[size_t(c % copies) * 3];
     backend.moe_experts(x.as<float>(), rows, hidden, ids[size_t(c)].as<int32_t>(), route_weights.as<float>(), top_k,
-                        w[0].view, w[1].view, w[2].view, out.as<float>());
+                        w[0].view, w[1].view, w[2].view, SharedExpertTerm{}, out.as<float>());
   };
   call(0);  // grows the scratch buffers outside the capture
   NINFER_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));

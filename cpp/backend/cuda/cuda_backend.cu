@@ -75,10 +75,6 @@ bool float4_elementwise(int64_t n, std::initializer_list<const void*> pointers) 
   return true;
 }
 
-__global__ void scale_rows_by_sigmoid_kernel(float* x, int64_t rows, int64_t dim, const float* logit) {
-  NINFER_GRID_STRIDE(i, rows * dim) x[i] *= sigmoid(logit[i / dim]);
-}
-
 __global__ void copy_columns_kernel(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) {
   NINFER_GRID_STRIDE(i, rows * cols) out[i] = x[(i / cols) * x_stride + i % cols];
 }
@@ -352,12 +348,6 @@ void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* o
     swiglu_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream_>>>(gate, up, n, out);
   else
     swiglu_kernel<1><<<blocks_for(n), kThreads, 0, stream_>>>(gate, up, n, out);
-  NINFER_CUDA_CHECK_LAUNCH();
-}
-
-void CudaBackend::scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) {
-  if (rows * dim <= 0 || tables_only()) return;
-  scale_rows_by_sigmoid_kernel<<<blocks_for(rows * dim), kThreads, 0, stream_>>>(x, rows, dim, logit);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 

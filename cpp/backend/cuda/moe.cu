@@ -156,12 +156,14 @@ __global__ void experts_down_kernel(const float* h, int64_t inter, const int32_t
   if (threadIdx.x % 32 == 0) y[p * hidden + c] = s;
 }
 
+// The block's output: the routed experts' weighted sum, then the gated shared expert (if any) added to it.
 __global__ void experts_sum_kernel(const float* y, int64_t rows, int64_t hidden, const float* weights, int32_t top_k,
-                                   float* out) {
+                                   SharedExpertTerm shared, float* out) {
   NINFER_GRID_STRIDE(i, rows * hidden) {
     const int64_t r = i / hidden, c = i % hidden;
     float s = 0.0f;
     for (int32_t j = 0; j < top_k; ++j) s += weights[r * top_k + j] * y[(r * top_k + j) * hidden + c];
+    if (shared.out) s += sigmoid(shared.logit[r]) * shared.out[i];
     out[i] = s;
   }
 }
@@ -186,7 +188,7 @@ void CudaBackend::moe_route(const float* logits, int64_t rows, int32_t experts, 
 
 void CudaBackend::moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
                               int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
-                              float* out) {
+                              const SharedExpertTerm& shared, float* out) {
   if (rows <= 0 || tables_only()) return;
   const TensorView& g = resident(gate);
   const TensorView& u = resident(up);
@@ -218,7 +220,8 @@ void CudaBackend::moe_experts(const float* x, int64_t rows, int64_t hidden, cons
       NINFER_CUDA_CHECK_LAUNCH();
     });
   }
-  experts_sum_kernel<<<blocks_for(rows * hidden), kThreads, 0, stream_>>>(y, rows, hidden, weights, top_k, out);
+  experts_sum_kernel<<<blocks_for(rows * hidden), kThreads, 0, stream_>>>(y, rows, hidden, weights, top_k, shared,
+                                                                            out);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
