@@ -11,6 +11,7 @@
 // result differs from the CPU twin by summation order only.
 #include <algorithm>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_attention.h"
 
@@ -53,6 +54,7 @@ struct Partials {
 template <class Kv, int D>
 __global__ void __launch_bounds__(kThreadsPerBlock, 4)
     flash_decode_split_kernel(AttentionArgs a, const int32_t* rows, int32_t group, Partials partials) {
+  chain_start();
   using E = typename Kv::Element;
   constexpr int kChunks = D / 8;                              // 8-element vectors per row
   constexpr int kKeyGroups = kThreadsPerBlock / kChunks;      // P V: threads sharing one output chunk
@@ -226,6 +228,7 @@ __device__ __forceinline__ float block_reduce(float v, float* warp_s) {
 
 __global__ void __launch_bounds__(kCombineThreads)
     flash_decode_combine_kernel(const int32_t* rows, Partials partials, float* out) {
+  chain_start();
   __shared__ float warp_s[kCombineWarps];
   __shared__ int32_t listed_before_s[kCombineWarps];
   __shared__ int32_t split_s[kMaxSplits];
@@ -277,8 +280,8 @@ template <class Kv, int D>
 void launch_split(const AttentionArgs& a, const int32_t* rows, int32_t row_count, const Partials& p,
                   cudaStream_t stream) {
   const dim3 grid(unsigned(p.splits), unsigned(a.shape.num_kv_heads), unsigned(row_count));
-  flash_decode_split_kernel<Kv, D><<<grid, kThreadsPerBlock, 0, stream>>>(
-      a, rows, a.shape.num_heads / a.shape.num_kv_heads, p);
+  launch_chained(flash_decode_split_kernel<Kv, D>, grid, dim3(kThreadsPerBlock), 0, stream, a, rows,
+                 a.shape.num_heads / a.shape.num_kv_heads, p);
 }
 
 template <class Kv>
@@ -333,9 +336,9 @@ void flash_decode(const AttentionArgs& a, KvDtype dtype, const int32_t* rows, in
   }
   NINFER_CUDA_CHECK_LAUNCH();
   const int32_t column_slices = std::max(1, a.shape.head_dim / kCombineColumns);
-  flash_decode_combine_kernel<<<dim3(unsigned(row_count), unsigned(a.shape.num_heads), unsigned(column_slices)),
-                                kCombineThreads, 0, stream>>>(rows, p, a.out);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(flash_decode_combine_kernel,
+                 dim3(unsigned(row_count), unsigned(a.shape.num_heads), unsigned(column_slices)),
+                 dim3(kCombineThreads), 0, stream, rows, p, a.out);
 }
 
 }  // namespace ninfer::cuda
