@@ -189,9 +189,10 @@ BOUNDARY_BUDGETS = [70, 40, 75, 30, 20]
 def test_graph_replays_across_pages_and_batch_changes_equal_eager(tiny_artifacts, kind, kv_dtype):
     """Decode graphs captured once per batch size and replayed with new step tables: lanes joining and leaving
     (batch 3 -> 2 -> 3 -> ...), contexts growing across page boundaries. Every lane's tokens are the eager run's;
-    logprobs agree to 1e-4 (a lane admitted one step earlier or later in one of the runs meets other batch sizes,
-    whose GEMV rounds the same row differently; test_graph_replay_equals_eager_and_cpu checks bit equality at a
-    fixed batch). bf16 / fp8 / int8 KV take the split-KV decode kernel, whose split count no longer follows the
+    logprobs agree to 5e-4 (a lane admitted one step earlier or later in one of the runs, which host timing decides,
+    meets other batch sizes, and the split-KV decode kernel's split count follows the batch size, so it sums the
+    same row in another order: session 6 saw 1.9e-4 on bf16 KV in 2 of 3 runs; test_graph_replay_equals_eager_and_cpu
+    checks bit equality at a fixed batch). bf16 / fp8 / int8 KV take the split-KV decode kernel, whose split count no longer follows the
     context (int8 and fp8 also read per-row scales from the pages the replay's page table names); the MoE model
     routes on the device inside the graph (its grouped matmul's buckets come from this step's router logits)."""
     path = tiny_artifacts[kind]
@@ -206,7 +207,7 @@ def test_graph_replays_across_pages_and_batch_changes_equal_eager(tiny_artifacts
                                                            strict=True):
         assert len(g_tokens) == budget
         assert g_tokens == e_tokens
-        np.testing.assert_allclose(g_lp, e_lp, atol=1e-4)
+        np.testing.assert_allclose(g_lp, e_lp, atol=5e-4)
     g, e = counts["graphs"], counts["eager"]
     assert e["graph_replays"] == 0 and e["graph_captures"] == 0, e
     # ~95 decode passes: most are replays; captures happen once per batch size (again only after a buffer grew).
