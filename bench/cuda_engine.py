@@ -114,17 +114,19 @@ def elementwise_bytes(config: dict, rows: int) -> dict[str, float]:
     return out
 
 
-def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: int, new_tokens: int,
+def bench(model: str, recipe: str, path: Path, bandwidth: float, prompt_len: int, new_tokens: int,
           prefill_lens: list[int], decode_batches: list[int], prefill_chunk: int, prefill_repeats: int,
           device_sampling: bool = True, cuda_gemm: str = "auto", op_times: bool = False,
           decode_op_times: bool = False) -> dict:
-    path = workdir / f"{model}.{recipe}.ninfer"
     started = time.perf_counter()
-    write_synthetic(model, recipe, path, progress=False)
+    reused = path.exists()  # an --artifact kept from an earlier run (e.g. the other arm of an A/B)
+    if not reused:
+        write_synthetic(model, recipe, path, progress=False)
     written_s = time.perf_counter() - started
     config = MODELS[model]
     rng = np.random.default_rng(0)
     result = {"model": model, "recipe": recipe, "artifact_bytes": path.stat().st_size, "write_s": written_s,
+              "artifact_reused": reused,
               "decode": [], "prefill": []}
     options = EngineOptions(backend="cuda", max_context=max(prefill_lens + [prompt_len + new_tokens]) + 64,
                             max_concurrency=8, kv_capacity="auto", prefill_chunk=prefill_chunk,
@@ -166,7 +168,6 @@ def bench(model: str, recipe: str, workdir: Path, bandwidth: float, prompt_len: 
             ttft = float(np.median(ttfts))
             result["prefill"].append({"prompt_tokens": length, "ttft_s": ttft, "ttft_runs_s": ttfts,
                                       "prefill_tokens_per_s": length / ttft, "op_times": op_times})
-    path.unlink()
     return result
 
 
@@ -213,13 +214,16 @@ def main() -> int:
                         help="decode without graphs, timing every op; print each batch size's device time per step")
     parser.add_argument("--cuda-gemm", choices=["auto", "twin"], default="auto",
                         help="the prefill GEMM (EngineOptions.cuda_gemm): auto, or the f32 twin for every weight")
+    parser.add_argument("--artifact", type=Path, default=None,
+                        help="keep the synthetic artifact here (written if missing, reused if present: A/B runs)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     assert tensor_shapes(MODELS[args.model])
     bandwidth = measure_bandwidth()["read"]
     commit = source_commit()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        result = bench(args.model, args.recipe, Path(tmp), bandwidth, args.prompt, args.new_tokens, args.prefill,
+        path = args.artifact or Path(tmp) / f"{args.model}.{args.recipe}.ninfer"
+        result = bench(args.model, args.recipe, path, bandwidth, args.prompt, args.new_tokens, args.prefill,
                        args.decode_batches, args.prefill_chunk, args.prefill_repeats,
                        device_sampling=not args.host_sampling, cuda_gemm=args.cuda_gemm, op_times=args.op_times,
                        decode_op_times=args.decode_op_times)
@@ -230,7 +234,8 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"{result['device']} {args.model} {args.recipe}: read BW {bandwidth / 1e9:.0f} GB/s, "
-          f"artifact {result['artifact_bytes'] / 1e9:.1f} GB written in {result['write_s']:.0f} s")
+          f"artifact {result['artifact_bytes'] / 1e9:.1f} GB "
+          f"{'reused' if result['artifact_reused'] else 'written'} in {result['write_s']:.0f} s")
     print(result["memory_plan"].get("summary", ""))
     for d in result["decode"]:
         print(f"decode C={d['batch']}: {d['tokens_per_s_per_seq']:.1f} tok/s/seq, {d['aggregate_tokens_per_s']:.1f} "

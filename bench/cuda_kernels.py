@@ -223,6 +223,9 @@ def print_row_ops(rows: list[dict]) -> None:
 
 
 ATTENTION_27B = {"heads": 24, "kv_heads": 4, "head_dim": 256}  # Qwen3.5-27B full-attention layer
+# Qwen3.5-35B-A3B's (1 row x 2 KV heads: 128 splits, nearly all empty at a chat's first turns: ctx 130).
+ATTENTION_35B_A3B = {"heads": 16, "kv_heads": 2, "head_dim": 256}
+DECODE_ATTENTION = [("27B", ATTENTION_27B, (1024, 8192, 32768)), ("35B-A3B", ATTENTION_35B_A3B, (130, 1024, 8192))]
 DENSE_BF16_FLOPS = 790e12  # H200 dense bf16 matrix rate (issue 5)
 L2_BYTES = 50 * 2**20
 
@@ -241,13 +244,12 @@ def bench_attention(bandwidth: float) -> list[dict]:
             rows_out.append({"kernel": "attention_prefill", "kv_dtype": kv_dtype, "prompt": prompt,
                              "median_us": micros, "tflop_per_s": flops / micros / 1e6,
                              "fraction_of_bf16_peak": flops / (micros * 1e-6) / DENSE_BF16_FLOPS})
-        for context in (1024, 8192, 32768):
-            for batch in (1, 8):
+        for layer, shape, contexts in DECODE_ATTENTION:
+            for context, batch in ((c, b) for c in contexts for b in (1, 8)):
                 micros, kv_bytes = _engine.cuda.bench_attention(
-                    **ATTENTION_27B, kv_dtype=kv_dtype, context=context, new_rows=1, batch=batch, calls=20,
-                    iterations=20)
-                rows_out.append({"kernel": "attention_decode", "kv_dtype": kv_dtype, "context": context,
-                                 "batch": batch, "median_us": micros, "bytes": kv_bytes,
+                    **shape, kv_dtype=kv_dtype, context=context, new_rows=1, batch=batch, calls=20, iterations=20)
+                rows_out.append({"kernel": "attention_decode", "layer": layer, "kv_dtype": kv_dtype,
+                                 "context": context, "batch": batch, "median_us": micros, "bytes": kv_bytes,
                                  "gb_per_s": kv_bytes / micros / 1e3,
                                  "fraction_of_bandwidth": kv_bytes / (micros * 1e-6) / bandwidth,
                                  "fits_in_l2": kv_bytes < L2_BYTES})
@@ -260,11 +262,11 @@ def print_attention(rows: list[dict]) -> None:
     for r in (r for r in rows if r["kernel"] == "attention_prefill"):
         print(f"{'':32} {r['kv_dtype']:5} {r['prompt']:>6} {r['median_us']:10.1f} {r['tflop_per_s']:8.1f} "
               f"{r['fraction_of_bf16_peak']:8.1%}")
-    print(f"{'attention decode (27B layer)':32} {'kv':5} {'ctx':>6} {'batch':>5} {'us':>9} {'GB/s':>7} "
+    print(f"{'attention decode (layer)':32} {'kv':5} {'ctx':>6} {'batch':>5} {'us':>9} {'GB/s':>7} "
           f"{'of BW':>6}")
     for r in (r for r in rows if r["kernel"] == "attention_decode"):
         note = "  (KV fits in L2)" if r["fits_in_l2"] else ""
-        print(f"{'':32} {r['kv_dtype']:5} {r['context']:>6} {r['batch']:>5} {r['median_us']:9.1f} "
+        print(f"{r['layer']:32} {r['kv_dtype']:5} {r['context']:>6} {r['batch']:>5} {r['median_us']:9.1f} "
               f"{r['gb_per_s']:7.0f} {r['fraction_of_bandwidth']:6.1%}{note}")
 
 

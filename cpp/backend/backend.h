@@ -51,6 +51,13 @@ struct GdnShape {
   int64_t conv_channels() const { return 2LL * num_key_heads * key_head_dim + int64_t(num_value_heads) * value_head_dim; }
 };
 
+// An MoE block's shared expert as moe_experts adds it: sigmoid(logit[r]) * out[r] (out [rows, hidden], logit
+// [rows]: the shared expert's gate). No shared expert: out == nullptr.
+struct SharedExpertTerm {
+  const float* out = nullptr;
+  const float* logit = nullptr;
+};
+
 // One of several linear layers applied to the same activations (see Backend::linear_shared_input).
 struct LinearOut {
   const TensorView* w = nullptr;
@@ -85,8 +92,6 @@ class Backend {
   virtual void add(float* inout, const float* x, int64_t n) = 0;
   // out = silu(gate) * up, n values. `out` may alias either input.
   virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
-  // x[r, :] *= sigmoid(logit[r]) for rows of `dim` values (the shared expert's gate).
-  virtual void scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) = 0;
   // out[r, j] = x[r * x_stride + j] for j < cols (a column slice made contiguous).
   virtual void copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) = 0;
 
@@ -121,10 +126,12 @@ class Backend {
   // Softmax over all experts (f32), top-k, renormalised: ids/weights [rows, top_k].
   virtual void moe_route(const float* logits, int64_t rows, int32_t experts, int32_t top_k, int32_t* ids,
                          float* weights) = 0;
-  // out[r] = sum_j weights[r, j] * down_e(silu(gate_e x[r]) * up_e x[r]), e = ids[r, j]. Stacked [E, ., .] weights.
+  // out[r] = sum_j weights[r, j] * down_e(silu(gate_e x[r]) * up_e x[r]), e = ids[r, j], plus the shared
+  // expert's gated output sigmoid(shared.logit[r]) * shared.out[r] when shared.out is set (in that order, the
+  // block's output in one pass instead of three: the routed sum, the gate, the add). Stacked [E, ., .] weights.
   virtual void moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
                            int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
-                           float* out) = 0;
+                           const SharedExpertTerm& shared, float* out) = 0;
 
   // --- Gated DeltaNet ---
   // Causal depthwise conv + SiLU per sequence over mixed [rows, C], with each sequence's conv history in

@@ -135,13 +135,6 @@ class Ops {
     return get(out, {n});
   }
 
-  FloatArray scale_rows_by_sigmoid(In<float> x, In<float> logit) {
-    const int64_t rows = int64_t(logit.size()), dim = int64_t(x.size()) / rows;
-    MemoryBlock dx = put(x), dl = put(logit);
-    run([&] { be_->scale_rows_by_sigmoid(dx.get<float>(), rows, dim, dl.get<float>()); });
-    return get(dx, {rows, dim});
-  }
-
   FloatArray copy_columns(In<float> x, int64_t rows, int64_t x_stride, int64_t cols) {
     MemoryBlock dx = put(x), out = poisoned<float>(rows * cols);
     run([&] { be_->copy_columns(dx.get<float>(), rows, x_stride, cols, out.get<float>()); });
@@ -247,14 +240,26 @@ class Ops {
     return {IntArray(host_ids, 2, shape, owner), get(w, {rows, top_k})};
   }
 
+  // With shared_out [rows, hidden] and shared_logit [rows]: plus the gated shared expert.
   FloatArray moe_experts(In<float> x, int64_t rows, int64_t hidden, In<int32_t> ids, In<float> weights, int32_t top_k,
                          const ArtifactHandle& art, const std::string& gate, const std::string& up,
-                         const std::string& down) {
+                         const std::string& down, std::optional<In<float>> shared_out,
+                         std::optional<In<float>> shared_logit) {
+    if (shared_out.has_value() != shared_logit.has_value())
+      throw EngineError("moe_experts: shared_out and shared_logit go together");
     const Artifact& a = *art.get();
-    MemoryBlock dx = put(x), di = put(ids), dw = put(weights), out = poisoned<float>(rows * hidden);
+    MemoryBlock dx = put(x), di = put(ids), dw = put(weights), out = poisoned<float>(rows * hidden), ds, dl;
+    SharedExpertTerm shared;
+    if (shared_out) {
+      if (rows_of(*shared_out, hidden, "shared_out") != rows || int64_t(shared_logit->size()) != rows)
+        throw EngineError("moe_experts: shared_out and shared_logit need one row per x row");
+      ds = put(*shared_out);
+      dl = put(*shared_logit);
+      shared = {ds.get<float>(), dl.get<float>()};
+    }
     run([&] {
       be_->moe_experts(dx.get<float>(), rows, hidden, di.get<int32_t>(), dw.get<float>(), top_k, a.tensor(gate),
-                       a.tensor(up), a.tensor(down), out.get<float>());
+                       a.tensor(up), a.tensor(down), shared, out.get<float>());
     });
     return get(out, {rows, hidden});
   }
@@ -399,7 +404,6 @@ void bind_backend_ops(nb::module_& m) {
       .def("gather_rows", &Ops::gather_rows)
       .def("add", &Ops::add)
       .def("swiglu", &Ops::swiglu)
-      .def("scale_rows_by_sigmoid", &Ops::scale_rows_by_sigmoid)
       .def("copy_columns", &Ops::copy_columns)
       .def("sigmoid_gate", &Ops::sigmoid_gate)
       .def("rmsnorm", &Ops::rmsnorm)
@@ -410,7 +414,9 @@ void bind_backend_ops(nb::module_& m) {
       .def("rope", &Ops::rope)
       .def("attention", &Ops::attention)
       .def("moe_route", &Ops::moe_route)
-      .def("moe_experts", &Ops::moe_experts)
+      .def("moe_experts", &Ops::moe_experts, nb::arg("x"), nb::arg("rows"), nb::arg("hidden"), nb::arg("ids"),
+           nb::arg("weights"), nb::arg("top_k"), nb::arg("artifact"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
+           nb::arg("shared_out").none() = nb::none(), nb::arg("shared_logit").none() = nb::none())
       .def("gdn_conv", &Ops::gdn_conv)
       .def("gdn_conv_qkv", &Ops::gdn_conv_qkv)
       .def("gdn_rule", &Ops::gdn_rule);

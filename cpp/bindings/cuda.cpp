@@ -112,21 +112,26 @@ class GemvLauncher {
   cuda::GemvWorkspace workspace_;
 };
 
-// y = x W^T on the GPU for x [rows, cols]; the output buffer is poisoned (NaN bytes) first.
-FloatArray linear(const InFloats& x, const ArtifactHandle& handle, const std::string& name, const std::string& impl) {
+// y = x W^T on the GPU for x [rows, cols]; the output buffer is poisoned (NaN bytes) first. `x_offset` places x
+// that many floats into its device buffer (1..3: activations not 16-byte aligned, as a slice of a row can be).
+FloatArray linear(const InFloats& x, const ArtifactHandle& handle, const std::string& name, const std::string& impl,
+                  int x_offset) {
   const TensorView& host = handle.get()->tensor(name);
   if (x.ndim() != 2 || x.shape(1) != size_t(host.cols())) {
     throw EngineError("cuda.linear: x must be [rows, " + std::to_string(host.cols()) + "]");
   }
   const int rows = int(x.shape(0));
   cuda::DeviceWeight weight = cuda::upload_weight(host);
+  if (x_offset < 0 || x_offset > 3) throw EngineError("cuda.linear: x_offset must be 0..3 floats");
   GemvLauncher gemv(impl, weight.view);
-  cuda::DeviceBuffer x_device = to_device(x);
+  cuda::DeviceBuffer x_device((x.size() + size_t(x_offset)) * sizeof(float));
+  NINFER_CUDA_CHECK(cudaMemcpy(x_device.as<float>() + x_offset, x.data(), x.size() * sizeof(float),
+                               cudaMemcpyHostToDevice));
   cuda::DeviceBuffer y_device(size_t(rows) * size_t(host.rows()) * sizeof(float));
   NINFER_CUDA_CHECK(cudaMemset(y_device.get(), 0xff, y_device.bytes()));
   {
     nb::gil_scoped_release release;
-    gemv(x_device.as<float>(), rows, weight.view, y_device.as<float>());
+    gemv(x_device.as<float>() + x_offset, rows, weight.view, y_device.as<float>());
     NINFER_CUDA_CHECK(cudaDeviceSynchronize());
   }
   return to_host(y_device, {rows, host.rows()});
@@ -651,7 +656,7 @@ std::tuple<double, double> bench_moe(const ArtifactHandle& handle, const std::st
   auto call = [&](int32_t c) {
     const cuda::DeviceWeight* w = &weights[size_t(c % copies) * 3];
     backend.moe_experts(x.as<float>(), rows, hidden, ids[size_t(c)].as<int32_t>(), route_weights.as<float>(), top_k,
-                        w[0].view, w[1].view, w[2].view, out.as<float>());
+                        w[0].view, w[1].view, w[2].view, SharedExpertTerm{}, out.as<float>());
   };
   call(0);  // grows the scratch buffers outside the capture
   NINFER_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
@@ -684,7 +689,9 @@ void bind_cuda(nb::module_& m) {
   sub.def("device_count", &device_count, "Usable CUDA devices (0 without a driver or GPU).");
   sub.def("device_name", &device_name);
   sub.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
-          "x @ W.T on the GPU with the decode GEMV (1..8 rows), W in its stored encoding; impl: auto, mma, simt.");
+          nb::arg("x_offset") = 0,
+          "x @ W.T on the GPU with the decode GEMV (1..8 rows), W in its stored encoding; impl: auto, mma, mma_v3, "
+          "simt; x_offset: x starts that many floats into its device buffer (misaligned activations).");
   sub.attr("cublaslt") = cuda::LtMatmul::available();
   sub.def("gemm", &gemm, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
           nb::arg("bias") = nb::none(),

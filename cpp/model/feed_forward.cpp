@@ -24,15 +24,17 @@ void moe(const PassContext& p, const MoeWeights& w, const float* x, float* out) 
   int32_t* ids = p.scratch.route_ids(rows * m.top_k);
   be.linear(x, rows, *w.router, logits);
   be.moe_route(logits, rows, m.num_experts, m.top_k, ids, weights);
-  be.moe_experts(x, rows, hidden, ids, weights, m.top_k, *w.experts_gate, *w.experts_up, *w.experts_down, out);
+  // The shared expert runs first, so that moe_experts adds its gated output in the pass that writes `out`.
+  SharedExpertTerm shared;
   if (w.shared.gate) {
-    float* shared = p.scratch.get(Buf::SharedOut, rows * hidden);
+    float* shared_out = p.scratch.get(Buf::SharedOut, rows * hidden);
     float* gate_logit = p.scratch.get(Buf::SharedLogit, rows);
-    swiglu_mlp(p, w.shared, x, Buf::SharedGate, Buf::SharedUp, shared);
+    swiglu_mlp(p, w.shared, x, Buf::SharedGate, Buf::SharedUp, shared_out);
     be.linear(x, rows, *w.shared_expert_gate, gate_logit);
-    be.scale_rows_by_sigmoid(shared, rows, hidden, gate_logit);
-    be.add(out, shared, rows * hidden);
+    shared = {shared_out, gate_logit};
   }
+  be.moe_experts(x, rows, hidden, ids, weights, m.top_k, *w.experts_gate, *w.experts_up, *w.experts_down, shared,
+                 out);
 }
 
 }  // namespace

@@ -48,6 +48,20 @@ CASES = [  # (heads, kv_heads, head_dim, [(history, new rows) per sequence])
     (24, 4, 256, [(3000, 1), (0, 1), (777, 1), (64, 1)]),     # 27B decode batch: many splits, some empty
 ]
 
+# Split-KV decode at the split counts the engine uses (flash_decode_max_splits: about 4 blocks per
+# multiprocessor over rows x KV heads, at most 128; the counts below are an H200's, 132 multiprocessors), at
+# contexts (history + 1 for a decode row) of 1, 63, 64, 65 (either side of a page boundary), several thousand,
+# and past 128 pages (two pages per split at 128 splits). 35B-A3B's attention shape: 16 heads, 2 KV heads, 256.
+DECODE_CONTEXTS = (1, 63, 64, 65, 4000, 9000)
+DECODE_CASES = [
+    *[pytest.param((16, 2, 256, [(c - 1, 1)]), id=f"batch1-ctx{c}") for c in DECODE_CONTEXTS],  # 128 splits
+    pytest.param((16, 2, 256, [(c - 1, 1) for c in (*DECODE_CONTEXTS, 130, 1000)]), id="batch8"),  # 33 splits
+    # 70 rows x 8 KV heads: one split, so a split walks a row's every page; contexts 1..66 and thousands.
+    pytest.param((16, 8, 128, [(h, 7) for h in (0, 57, 58, 59, 3000, 1, 100, 640, 63, 2000)]), id="one-split"),
+    # 16 rows x 4 KV heads: 9 splits, several pages each at the long contexts.
+    pytest.param((8, 4, 64, [(h, 2) for h in (0, 62, 63, 64, 5000, 700, 2, 1500)]), id="few-splits"),
+]
+
 
 def bf16_round(x: np.ndarray) -> np.ndarray:
     """Round f32 to the nearest bf16, ties to even (the kernels' __floats2bfloat162_rn)."""
@@ -62,7 +76,8 @@ def flash_prefill_sequences(spec, heads: int, kv_heads: int, d: int, kv_dtype: s
 
 
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "int8", "f32"])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"h{c[0]}-kv{c[1]}-d{c[2]}-{len(c[3])}seq")
+@pytest.mark.parametrize("case", [*(pytest.param(c, id=f"h{c[0]}-kv{c[1]}-d{c[2]}-{len(c[3])}seq") for c in CASES),
+                                  *DECODE_CASES])
 def test_fast_attention_matches_cpu(ops, kv_dtype, case):
     cuda, cpu = ops
     heads, kv_heads, d, spec = case

@@ -118,6 +118,23 @@ def test_gemv_mma_rows_are_batch_invariant(weights, case, impl: str) -> None:
     np.testing.assert_array_equal(_engine.cuda.linear(x[:5], art, name, impl), batched[:5])
 
 
+@pytest.mark.parametrize("impl", MMA_IMPLS)
+@pytest.mark.parametrize("case", [("bf16", None, 17, 128), ("bf16", None, 33, 4224), ("int4", 128, 40, 1408)],
+                         ids=case_id)
+def test_gemv_mma_takes_activations_at_any_float_offset(weights, case, impl: str) -> None:
+    """Activations that do not start on 16 bytes (a slice of a row) give the aligned result bit for bit: v5 reads
+    bf16 weights' f32 activations itself, with vector loads only when they are aligned; the other encodings read
+    the split planes."""
+    art, _ = weights
+    name = f"real/{case_id(case)}"
+    x = np.random.default_rng().standard_normal((6, case[3])).astype(np.float32)
+    for rows in (1, 6):
+        aligned = _engine.cuda.linear(x[:rows], art, name, impl)
+        for offset in (1, 2, 3):
+            np.testing.assert_array_equal(_engine.cuda.linear(x[:rows], art, name, impl, x_offset=offset), aligned,
+                                          err_msg=f"{name} rows={rows} x_offset={offset}")
+
+
 def test_gemv_mma_refuses_what_it_does_not_take(weights) -> None:
     art, _ = weights
     from ninfer.errors import EngineError

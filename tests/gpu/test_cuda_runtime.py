@@ -5,6 +5,10 @@ plan's arithmetic refuses what does not fit with the numbers."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -86,6 +90,50 @@ def test_graph_replay_equals_eager_and_cpu(tiny_artifacts, kind):
         np.testing.assert_allclose(gpu_lp, cpu_lp, atol=2e-3)
 
 
+# One process's greedy run of three prompts (graphs, then eager), printed as JSON: chained launches are chosen once
+# per process (NINFER_CUDA_CHAINED), so each arm runs in its own.
+CHAINED_RUN = """
+import asyncio, json, sys
+import numpy as np
+from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+
+async def run(engine, prompts):
+    async def one(prompt):
+        tokens, logprobs = [], []
+        request = Request(prompt_tokens=prompt, sampling=SamplingParams(temperature=0.0), max_new_tokens=24,
+                          stop_token_ids=(), logprobs=True)
+        async for ev in engine.generate(request):
+            tokens += ev.token_ids
+            logprobs += ev.logprobs or ()
+        return tokens, logprobs
+    return await asyncio.gather(*(one(p) for p in prompts))
+
+results = []
+for graphs in (True, False):
+    options = EngineOptions(backend="cuda", max_context=512, kv_dtype="bf16", max_concurrency=3, prefill_chunk=64,
+                            cuda_graphs=graphs)
+    with Engine.open_sync(sys.argv[1], options) as engine:
+        rng = np.random.default_rng(3)
+        prompts = [rng.integers(0, engine.info.vocab_size, int(n)).tolist() for n in (7, 70, 130)]
+        results.append(asyncio.run(run(engine, prompts)))
+print(json.dumps(results))
+"""
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
+def test_chained_launches_change_no_result(tiny_artifacts, kind):
+    """Kernels launched chained (common.cuh: each may be scheduled while the previous one runs, and waits for it
+    first) give bit for bit what plain launches give, with graphs and eagerly: a kernel that read or wrote before
+    its wait would show here as differing logprobs."""
+    arms = {}
+    for chained in ("1", "0"):
+        done = subprocess.run([sys.executable, "-c", CHAINED_RUN, str(tiny_artifacts[kind])], capture_output=True,
+                              text=True, env=os.environ | {"NINFER_CUDA_CHAINED": chained}, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        arms[chained] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert arms["1"] == arms["0"]
+
+
 @pytest.mark.usefixtures("f32_prefill_gemm")
 def test_lanes_equal_single_runs_with_graphs(tiny_artifacts):
     path = tiny_artifacts["qwen3_5"]
@@ -141,9 +189,10 @@ BOUNDARY_BUDGETS = [70, 40, 75, 30, 20]
 def test_graph_replays_across_pages_and_batch_changes_equal_eager(tiny_artifacts, kind, kv_dtype):
     """Decode graphs captured once per batch size and replayed with new step tables: lanes joining and leaving
     (batch 3 -> 2 -> 3 -> ...), contexts growing across page boundaries. Every lane's tokens are the eager run's;
-    logprobs agree to 1e-4 (a lane admitted one step earlier or later in one of the runs meets other batch sizes,
-    whose GEMV rounds the same row differently; test_graph_replay_equals_eager_and_cpu checks bit equality at a
-    fixed batch). bf16 / fp8 / int8 KV take the split-KV decode kernel, whose split count no longer follows the
+    logprobs agree to 5e-4 (a lane admitted one step earlier or later in one of the runs, which host timing decides,
+    meets other batch sizes, and the split-KV decode kernel's split count follows the batch size, so it sums the
+    same row in another order: session 6 saw 1.9e-4 on bf16 KV in 2 of 3 runs; test_graph_replay_equals_eager_and_cpu
+    checks bit equality at a fixed batch). bf16 / fp8 / int8 KV take the split-KV decode kernel, whose split count no longer follows the
     context (int8 and fp8 also read per-row scales from the pages the replay's page table names); the MoE model
     routes on the device inside the graph (its grouped matmul's buckets come from this step's router logits)."""
     path = tiny_artifacts[kind]
@@ -158,7 +207,7 @@ def test_graph_replays_across_pages_and_batch_changes_equal_eager(tiny_artifacts
                                                            strict=True):
         assert len(g_tokens) == budget
         assert g_tokens == e_tokens
-        np.testing.assert_allclose(g_lp, e_lp, atol=1e-4)
+        np.testing.assert_allclose(g_lp, e_lp, atol=5e-4)
     g, e = counts["graphs"], counts["eager"]
     assert e["graph_replays"] == 0 and e["graph_captures"] == 0, e
     # ~95 decode passes: most are replays; captures happen once per batch size (again only after a buffer grew).

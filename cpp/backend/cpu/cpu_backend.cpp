@@ -45,13 +45,6 @@ void CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* ou
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
-void CpuBackend::scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float s = sigmoid(logit[r]);
-    for (int64_t j = 0; j < dim; ++j) x[r * dim + j] *= s;
-  }
-}
-
 void CpuBackend::copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) {
   for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * cols, x + r * x_stride, size_t(cols) * sizeof(float));
 }

@@ -37,7 +37,7 @@ void CpuBackend::moe_route(const float* logits, int64_t rows, int32_t experts, i
 
 void CpuBackend::moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
                              int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
-                             float* out) {
+                             const SharedExpertTerm& shared, float* out) {
   const int64_t experts = gate.matrices(), inter = gate.rows();
   std::fill_n(out, rows * hidden, 0.0f);
   for (int64_t e = 0; e < experts; ++e) {
@@ -68,6 +68,13 @@ void CpuBackend::moe_experts(const float* x, int64_t rows, int64_t hidden, const
       const float w = moe_w_[size_t(i)];
       for (int64_t c = 0; c < hidden; ++c) o[c] += w * y[c];
     }
+  }
+  if (!shared.out) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float gate_r = 1.0f / (1.0f + std::exp(-shared.logit[r]));  // sigmoid
+    const float* s = shared.out + r * hidden;
+    float* o = out + r * hidden;
+    for (int64_t c = 0; c < hidden; ++c) o[c] += gate_r * s[c];
   }
 }
 

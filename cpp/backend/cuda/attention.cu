@@ -31,6 +31,7 @@ constexpr int64_t kPrefillMinRows = 8;
 template <class Kv>
 __global__ void kv_write_kernel(const float* k, const float* v, SeqTables t, PagedRows kr, PagedRows vr,
                                 int32_t head_dim) {
+  chain_start();
   using E = typename Kv::Element;
   const int64_t r = blockIdx.x;
   const int32_t si = t.row_seq[r];
@@ -171,10 +172,9 @@ void CudaBackend::kv_write(const float* k, const float* v, std::span<const Seque
   const SeqTables t{o.seqs, o.pages, o.row_seq};
   const int32_t head_dim = int32_t(pool.row_elements() / pool.kv_heads());
   dispatch_kv_device(pool.dtype(), [&](auto kv) {
-    kv_write_kernel<decltype(kv)><<<unsigned(o.rows), kThreads, 0, stream_>>>(
-        k, v, t, paged(pool, layer, false), paged(pool, layer, true), head_dim);
+    launch_chained(kv_write_kernel<decltype(kv)>, dim3(unsigned(o.rows)), dim3(kThreads), 0, stream_, k, v, t,
+                   paged(pool, layer, false), paged(pool, layer, true), head_dim);
   });
-  NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::attention(const float* q, int64_t q_row_stride, int64_t q_head_stride,

@@ -5,6 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include "backend/cuda/cuda_check.h"
 
 namespace ninfer::cuda {
 
@@ -43,6 +47,46 @@ __device__ float block_reduce(float v, Op op) {
   v = partial[0];
   for (int i = 1; i < warps; ++i) v = op(v, partial[i]);
   return v;
+}
+
+// --- chained launches (programmatic dependent launch, sm_90+) ---
+//
+// A decode step is ~1,100 small kernels (35B-A3B), and each one's launch and ramp-up used to wait for the one
+// before it to drain. A kernel launched by launch_chained() may be scheduled while the previous kernel of its stream
+// still runs: its first statement must be chain_start(), which waits until that kernel has finished and its writes
+// are visible (griddepcontrol.wait, before any global memory access: reads of its outputs and writes to what it
+// reads alike), then lets the next chained kernel be scheduled in turn. The stream order of results is unchanged.
+// A kernel with chain_start() may also be launched plainly (the wait is then a no-op).
+__device__ __forceinline__ void chain_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launch_chained() chains (NINFER_CUDA_CHAINED=0 in the environment turns it off, for A/B runs).
+inline bool chained_launches() {
+  static const bool on = [] {
+    const char* value = std::getenv("NINFER_CUDA_CHAINED");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return on;
+}
+
+template <class... Params, class... Args>
+void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                    Args... args) {
+  cudaLaunchAttribute chained{};
+  chained.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  chained.val.programmaticStreamSerializationAllowed = chained_launches() ? 1 : 0;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &chained;
+  config.numAttrs = 1;
+  NINFER_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, Params(args)...));
 }
 
 }  // namespace ninfer::cuda

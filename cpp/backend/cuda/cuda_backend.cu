@@ -25,6 +25,7 @@ namespace {
 
 template <Encoding E>
 __global__ void embed_kernel(const int32_t* tokens, int64_t n, WeightRef table, float* out) {
+  chain_start();
   NINFER_GRID_STRIDE(i, n * table.cols) {
     const int64_t t = i / table.cols, c = i % table.cols;
     out[i] = weight_at<E>(table, tokens[t], c);
@@ -32,10 +33,12 @@ __global__ void embed_kernel(const int32_t* tokens, int64_t n, WeightRef table, 
 }
 
 __global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {
+  chain_start();
   NINFER_GRID_STRIDE(i, n * dim) out[i] = x[rows[i / dim] * dim + i % dim];
 }
 
 __global__ void add_bias_kernel(float* y, int64_t rows, int64_t cols, const float* bias) {
+  chain_start();
   NINFER_GRID_STRIDE(i, rows * cols) y[i] += bias[i % cols];
 }
 
@@ -43,6 +46,7 @@ __global__ void add_bias_kernel(float* y, int64_t rows, int64_t cols, const floa
 // n % 4 == 0 (float4_elementwise), else 1.
 template <int V>
 __global__ void add_kernel(float* inout, const float* x, int64_t n) {
+  chain_start();
   NINFER_GRID_STRIDE(i, n / V) {
     if constexpr (V == 4) {
       float4 a = reinterpret_cast<float4*>(inout)[i];
@@ -57,6 +61,7 @@ __global__ void add_kernel(float* inout, const float* x, int64_t n) {
 
 template <int V>
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  chain_start();
   NINFER_GRID_STRIDE(i, n / V) {
     if constexpr (V == 4) {
       const float4 g = reinterpret_cast<const float4*>(gate)[i], u = reinterpret_cast<const float4*>(up)[i];
@@ -75,16 +80,14 @@ bool float4_elementwise(int64_t n, std::initializer_list<const void*> pointers) 
   return true;
 }
 
-__global__ void scale_rows_by_sigmoid_kernel(float* x, int64_t rows, int64_t dim, const float* logit) {
-  NINFER_GRID_STRIDE(i, rows * dim) x[i] *= sigmoid(logit[i / dim]);
-}
-
 __global__ void copy_columns_kernel(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) {
+  chain_start();
   NINFER_GRID_STRIDE(i, rows * cols) out[i] = x[(i / cols) * x_stride + i % cols];
 }
 
 __global__ void sigmoid_gate_kernel(float* x, int64_t rows, int32_t heads, int32_t dim, const float* gate,
                                     int64_t gate_row_stride, int64_t gate_head_stride) {
+  chain_start();
   NINFER_GRID_STRIDE(i, rows * heads * dim) {
     const int64_t r = i / (int64_t(heads) * dim), h = (i / dim) % heads, j = i % dim;
     x[i] *= sigmoid(gate[r * gate_row_stride + h * gate_head_stride + j]);
@@ -259,8 +262,8 @@ float* CudaBackend::scratch(DeviceBuffer& buffer, size_t floats) {
 
 void CudaBackend::add_bias(float* y, int64_t rows, const TensorView& w, const float* bias) {
   if (!bias) return;
-  add_bias_kernel<<<blocks_for(rows * w.rows()), kThreads, 0, stream_>>>(y, rows, w.rows(), resident(bias, w.rows()));
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(add_bias_kernel, dim3(blocks_for(rows * w.rows())), dim3(kThreads), 0, stream_, y, rows, w.rows(),
+                 resident(bias, w.rows()));
 }
 
 void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
@@ -323,10 +326,9 @@ void CudaBackend::embed(const int32_t* tokens, int64_t n, const TensorView& tabl
   if (tables_only()) return;
   const TensorView& dt = resident(table);
   dispatch_encoding(dt.encoding, [&](auto encoding) {
-    embed_kernel<decltype(encoding)::value>
-        <<<blocks_for(n * dt.cols()), kThreads, 0, stream_>>>(dtokens, n, weight_ref(dt), out);
+    launch_chained(embed_kernel<decltype(encoding)::value>, dim3(blocks_for(n * dt.cols())), dim3(kThreads), 0,
+                   stream_, dtokens, n, weight_ref(dt), out);
   });
-  NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {
@@ -335,45 +337,35 @@ void CudaBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, 
   const size_t at = tables.add(rows, size_t(n));
   const int64_t* drows = reinterpret_cast<const int64_t*>(upload(tables) + at);
   if (tables_only()) return;
-  gather_rows_kernel<<<blocks_for(n * dim), kThreads, 0, stream_>>>(x, dim, drows, n, out);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(gather_rows_kernel, dim3(blocks_for(n * dim)), dim3(kThreads), 0, stream_, x, dim, drows, n, out);
 }
 
 void CudaBackend::add(float* inout, const float* x, int64_t n) {
   if (n <= 0 || tables_only()) return;
-  if (float4_elementwise(n, {inout, x})) add_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream_>>>(inout, x, n);
-  else add_kernel<1><<<blocks_for(n), kThreads, 0, stream_>>>(inout, x, n);
-  NINFER_CUDA_CHECK_LAUNCH();
+  const bool vectors = float4_elementwise(n, {inout, x});
+  launch_chained(vectors ? add_kernel<4> : add_kernel<1>, dim3(blocks_for(vectors ? n / 4 : n)), dim3(kThreads), 0,
+                 stream_, inout, x, n);
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
   if (n <= 0 || tables_only()) return;
-  if (float4_elementwise(n, {gate, up, out}))
-    swiglu_kernel<4><<<blocks_for(n / 4), kThreads, 0, stream_>>>(gate, up, n, out);
-  else
-    swiglu_kernel<1><<<blocks_for(n), kThreads, 0, stream_>>>(gate, up, n, out);
-  NINFER_CUDA_CHECK_LAUNCH();
-}
-
-void CudaBackend::scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) {
-  if (rows * dim <= 0 || tables_only()) return;
-  scale_rows_by_sigmoid_kernel<<<blocks_for(rows * dim), kThreads, 0, stream_>>>(x, rows, dim, logit);
-  NINFER_CUDA_CHECK_LAUNCH();
+  const bool vectors = float4_elementwise(n, {gate, up, out});
+  launch_chained(vectors ? swiglu_kernel<4> : swiglu_kernel<1>, dim3(blocks_for(vectors ? n / 4 : n)), dim3(kThreads),
+                 0, stream_, gate, up, n, out);
 }
 
 void CudaBackend::copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) {
   if (rows * cols <= 0 || tables_only()) return;
-  copy_columns_kernel<<<blocks_for(rows * cols), kThreads, 0, stream_>>>(x, rows, x_stride, cols, out);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(copy_columns_kernel, dim3(blocks_for(rows * cols)), dim3(kThreads), 0, stream_, x, rows, x_stride,
+                 cols, out);
 }
 
 void CudaBackend::sigmoid_gate(float* x, int64_t rows, int32_t heads, int32_t dim, const float* gate,
                                int64_t gate_row_stride, int64_t gate_head_stride) {
   const int64_t n = rows * heads * dim;
   if (n <= 0 || tables_only()) return;
-  sigmoid_gate_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(x, rows, heads, dim, gate, gate_row_stride,
-                                                                gate_head_stride);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(sigmoid_gate_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, stream_, x, rows, heads, dim, gate,
+                 gate_row_stride, gate_head_stride);
 }
 
 }  // namespace cuda

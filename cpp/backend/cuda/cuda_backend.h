@@ -86,7 +86,6 @@ class CudaBackend : public Backend, public DeviceRuntime {
 
   void add(float* inout, const float* x, int64_t n) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
-  void scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) override;
   void copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) override;
 
   void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind, float eps,
@@ -108,7 +107,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
                  float* weights) override;
   void moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
                    int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
-                   float* out) override;
+                   const SharedExpertTerm& shared, float* out) override;
 
   void gdn_conv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape, const float* weight,
                 StatePool& states, int32_t layer, float* out) override;

@@ -11,6 +11,7 @@
 // result differs from the CPU twin by summation order only.
 #include <algorithm>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_attention.h"
 
@@ -47,9 +48,13 @@ struct Partials {
   }
 };
 
+// At most 128 registers a thread, so that four blocks fit a multiprocessor (flash_decode_max_splits' target):
+// with every load of a page in flight at once the kernel would take up to 142 (three blocks); capped, ptxas
+// spills a few loop-invariant values (under 64 bytes a thread, in L1).
 template <class Kv, int D>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+__global__ void __launch_bounds__(kThreadsPerBlock, 4)
     flash_decode_split_kernel(AttentionArgs a, const int32_t* rows, int32_t group, Partials partials) {
+  chain_start();
   using E = typename Kv::Element;
   constexpr int kChunks = D / 8;                              // 8-element vectors per row
   constexpr int kKeyGroups = kThreadsPerBlock / kChunks;      // P V: threads sharing one output chunk
@@ -70,10 +75,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     return;
   }
 
+  // q of all kMaxGroup heads, zero past the group, so that the per-head loops between the K and V loads below run
+  // a fixed count with no branch on `group`: such a branch after each vector load's dot products kept the next
+  // load from issuing before they were done, one memory latency per load (16 K and 16 V loads a page at D = 256).
+  // The heads past the group cost only FMAs on zeros (weights 0, outputs never written). Their loads read the
+  // group's last head, so that every load is unconditional and all are in flight at once.
   const float q_scale = a.shape.scale * kLog2e;
-  for (int e = threadIdx.x; e < group * D; e += kThreadsPerBlock) {
-    const int h = e / D, c = e % D;
-    q_s[h][c] = a.q[r * a.q_row_stride + (int64_t(kv_head) * group + h) * a.q_head_stride + c] * q_scale;
+  static_assert(kMaxGroup * D % kThreadsPerBlock == 0, "q fills whole rounds of the block");
+#pragma unroll
+  for (int j = 0; j < kMaxGroup * D / kThreadsPerBlock; ++j) {
+    const int e = j * kThreadsPerBlock + threadIdx.x, h = e / D, c = e % D;
+    const float q = a.q[r * a.q_row_stride + (int64_t(kv_head) * group + min(h, group - 1)) * a.q_head_stride + c];
+    q_s[h][c] = h < group ? q * q_scale : 0.0f;
   }
   if (threadIdx.x < kMaxGroup) max_s[threadIdx.x] = -INFINITY, sum_s[threadIdx.x] = 0.0f;
 
@@ -105,7 +118,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
           load8<Kv>(k_row + c * 8, k8);
 #pragma unroll
           for (int h = 0; h < kMaxGroup; ++h) {
-            if (h >= group) break;
             const float4 qa = *reinterpret_cast<const float4*>(&q_s[h][c * 8]);
             const float4 qb = *reinterpret_cast<const float4*>(&q_s[h][c * 8 + 4]);
             score[h] += qa.x * k8[0] + qa.y * k8[1] + qa.z * k8[2] + qa.w * k8[3] + qb.x * k8[4] + qb.y * k8[5] +
@@ -118,9 +130,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         if (key < valid) k_scale = a.k.scales(const_cast<uint8_t*>(k_block))[key * a.k.kv_heads + kv_head];
 #pragma unroll
       for (int h = 0; h < kMaxGroup; ++h) {
-        if (h >= group) break;
         score[h] += __shfl_xor_sync(0xffffffffu, score[h], 1);
-        if (half == 0) p_s[key][h] = key < valid ? score[h] * k_scale : -INFINITY;
+        if (half == 0) p_s[key][h] = h >= group ? 0.0f : key < valid ? score[h] * k_scale : -INFINITY;
       }
     }
     __syncthreads();
@@ -145,7 +156,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       }
     }
     __syncthreads();
-    // O = O * correction + P V over the valid keys (rows past them were never written).
+    // O = O * correction + P V over the valid keys.
 #pragma unroll
     for (int h = 0; h < kMaxGroup; ++h) {
       if (h >= group) break;
@@ -153,19 +164,21 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[h][e] *= correction;
     }
-#pragma unroll 4
-    for (int key = key_group; key < valid; key += kKeyGroups) {
+    // A fixed count of keys per thread, so its V loads can all be in flight at once: a key past `valid` (its
+    // weight is exp2(-inf) = 0, or 0 when scaled) reads the last valid row instead of its own, never written
+    // (possibly not finite, and 0 * NaN is NaN), and adds exactly 0.
+#pragma unroll
+    for (int j = 0; j < kKeys / kKeyGroups; ++j) {
+      const int key = key_group + j * kKeyGroups, row = min(key, valid - 1);
       float v8[8];
-      load8<Kv>(reinterpret_cast<const E*>(v_block + key * row_bytes) + kv_head * D + chunk * 8, v8);
+      load8<Kv>(reinterpret_cast<const E*>(v_block + row * row_bytes) + kv_head * D + chunk * 8, v8);
       const float4 pa = *reinterpret_cast<const float4*>(&p_s[key][0]);
       const float4 pb = *reinterpret_cast<const float4*>(&p_s[key][4]);
       const float p[kMaxGroup] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
 #pragma unroll
-      for (int h = 0; h < kMaxGroup; ++h) {
-        if (h >= group) break;
+      for (int h = 0; h < kMaxGroup; ++h)
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[h][e] += p[h] * v8[e];
-      }
     }
   }
 
@@ -190,30 +203,76 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 // out[row, head] = sum over splits of 2^(max_z - max) O_z / sum over splits of 2^(max_z - max) sum_z, over the
 // splits that hold keys (an empty split's weight is 0 and its O_z unwritten). Split 0 always holds key 0.
-__global__ void __launch_bounds__(kThreadsPerBlock)
+// A block takes one (row, query head, slice of up to kCombineColumns output columns). The per-split scans are
+// spread over the block, because the split count is fixed by the row count (128 at one row), not by the
+// context, so at short contexts most splits are empty: thread z reads split z's (max, sum) once; the max and
+// the weighted sum are block reductions; the splits of non-zero weight are listed in split order, and only
+// they are read for the outputs, each thread summing 4 columns (one float4) over a strided subset of the list,
+// the subsets then summed in a fixed order. f32 throughout: this differs from the serial sum by order only.
+constexpr int kCombineThreads = 128;
+constexpr int kCombineWarps = kCombineThreads / 32;
+constexpr int kCombineColumns = 64;
+static_assert(kCombineThreads == kMaxSplits, "the weights take one thread per split");
+
+// The max (kMax) or the sum of v over the block's threads, returned to every thread.
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v, float* warp_s) {
+  v = kMax ? warp_max(v) : warp_sum(v);
+  if (threadIdx.x % 32 == 0) warp_s[threadIdx.x / 32] = v;
+  __syncthreads();
+  float all = warp_s[0];
+  for (int w = 1; w < kCombineWarps; ++w) all = kMax ? fmaxf(all, warp_s[w]) : all + warp_s[w];
+  __syncthreads();  // warp_s is free for the next reduction
+  return all;
+}
+
+__global__ void __launch_bounds__(kCombineThreads)
     flash_decode_combine_kernel(const int32_t* rows, Partials partials, float* out) {
+  chain_start();
+  __shared__ float warp_s[kCombineWarps];
+  __shared__ int32_t listed_before_s[kCombineWarps];
+  __shared__ int32_t split_s[kMaxSplits];
   __shared__ float weight_s[kMaxSplits];
-  __shared__ float total_s;
+  __shared__ __align__(16) float reduce_s[kCombineThreads * 4];
   const int64_t i = blockIdx.x, h = blockIdx.y, r = rows[i];
-  const int32_t splits = partials.splits, d = partials.head_dim;
-  float best = -INFINITY;
-  for (int32_t z = 0; z < splits; ++z) best = fmaxf(best, partials.max_sum(i, h, z)->x);
-  for (int32_t z = threadIdx.x; z < splits; z += kThreadsPerBlock)
-    weight_s[z] = exp2f(partials.max_sum(i, h, z)->x - best);  // 0 for empty splits
+  const int32_t splits = partials.splits, d = partials.head_dim, z = int32_t(threadIdx.x);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  const float2 max_sum = z < splits ? *partials.max_sum(i, h, z) : make_float2(-INFINITY, 0.0f);
+  const float best = block_reduce<true>(max_sum.x, warp_s);
+  const float weight = exp2f(max_sum.x - best);  // 0 for empty splits
+  const bool listed = weight != 0.0f;
+  const float total = block_reduce<false>(listed ? weight * max_sum.y : 0.0f, warp_s);
+
+  // List the splits of non-zero weight in split order: a ballot per warp, the warps' counts before it.
+  const uint32_t ballot = __ballot_sync(0xffffffffu, listed);
+  if (lane == 0) listed_before_s[warp] = __popc(ballot);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int32_t z = 0; z < splits; ++z)
-      if (weight_s[z] != 0.0f) total += weight_s[z] * partials.max_sum(i, h, z)->y;
-    total_s = total;
+  int32_t at = __popc(ballot & ((1u << lane) - 1u)), count = 0;
+  for (int w = 0; w < kCombineWarps; ++w) {
+    if (w < warp) at += listed_before_s[w];
+    count += listed_before_s[w];
   }
+  if (listed) split_s[at] = z, weight_s[at] = weight;
   __syncthreads();
-  const float inv = 1.0f / total_s;
-  for (int c = threadIdx.x; c < d; c += kThreadsPerBlock) {
-    float sum = 0.0f;
-    for (int32_t z = 0; z < splits; ++z)
-      if (weight_s[z] != 0.0f) sum += weight_s[z] * partials.output(i, h, z)[c];
-    out[(r * partials.heads + h) * d + c] = sum * inv;
+
+  // This block's columns [first, first + columns): `vectors` float4 columns, `groups` threads per column.
+  const int32_t columns = min(d, kCombineColumns), first = int32_t(blockIdx.z) * columns;
+  const int vectors = columns / 4, groups = kCombineThreads / vectors;
+  const int vector = threadIdx.x % vectors, group = threadIdx.x / vectors;
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int32_t k = group; k < count; k += groups) {
+    const float w = weight_s[k];
+    const float4 o = *reinterpret_cast<const float4*>(partials.output(i, h, split_s[k]) + first + 4 * vector);
+    sum.x += w * o.x, sum.y += w * o.y, sum.z += w * o.z, sum.w += w * o.w;
+  }
+  reinterpret_cast<float4*>(reduce_s)[group * vectors + vector] = sum;
+  __syncthreads();
+  if (threadIdx.x < columns) {
+    float column = 0.0f;
+    for (int g = 0; g < groups; ++g) column += reduce_s[g * columns + threadIdx.x];
+    out[(r * partials.heads + h) * d + first + threadIdx.x] = column / total;
   }
 }
 
@@ -221,8 +280,8 @@ template <class Kv, int D>
 void launch_split(const AttentionArgs& a, const int32_t* rows, int32_t row_count, const Partials& p,
                   cudaStream_t stream) {
   const dim3 grid(unsigned(p.splits), unsigned(a.shape.num_kv_heads), unsigned(row_count));
-  flash_decode_split_kernel<Kv, D><<<grid, kThreadsPerBlock, 0, stream>>>(
-      a, rows, a.shape.num_heads / a.shape.num_kv_heads, p);
+  launch_chained(flash_decode_split_kernel<Kv, D>, grid, dim3(kThreadsPerBlock), 0, stream, a, rows,
+                 a.shape.num_heads / a.shape.num_kv_heads, p);
 }
 
 template <class Kv>
@@ -276,9 +335,10 @@ void flash_decode(const AttentionArgs& a, KvDtype dtype, const int32_t* rows, in
     case KvDtype::F32: return;
   }
   NINFER_CUDA_CHECK_LAUNCH();
-  flash_decode_combine_kernel<<<dim3(unsigned(row_count), unsigned(a.shape.num_heads)), kThreadsPerBlock, 0,
-                                stream>>>(rows, p, a.out);
-  NINFER_CUDA_CHECK_LAUNCH();
+  const int32_t column_slices = std::max(1, a.shape.head_dim / kCombineColumns);
+  launch_chained(flash_decode_combine_kernel,
+                 dim3(unsigned(row_count), unsigned(a.shape.num_heads), unsigned(column_slices)),
+                 dim3(kCombineThreads), 0, stream, rows, p, a.out);
 }
 
 }  // namespace ninfer::cuda

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 
 namespace ninfer::cuda {
@@ -17,6 +18,7 @@ constexpr int kRowSplits = 4;
 
 template <int DK>
 __global__ void __launch_bounds__(kColumnsPerBlock * kRowSplits) gdn_decode_kernel(GdnDecodeArgs a) {
+  chain_start();
   constexpr int kRows = DK / kRowSplits;
   const int head = blockIdx.x, seq = blockIdx.z;
   const int lane = threadIdx.x % kColumnsPerBlock, part = threadIdx.x / kColumnsPerBlock;
@@ -75,8 +77,7 @@ __global__ void __launch_bounds__(kColumnsPerBlock * kRowSplits) gdn_decode_kern
 template <int DK>
 void launch(const GdnDecodeArgs& a, cudaStream_t stream) {
   const dim3 grid(a.num_value_heads, (a.value_head_dim + kColumnsPerBlock - 1) / kColumnsPerBlock, a.batch);
-  gdn_decode_kernel<DK><<<grid, kColumnsPerBlock * kRowSplits, 0, stream>>>(a);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(gdn_decode_kernel<DK>, grid, dim3(kColumnsPerBlock * kRowSplits), 0, stream, a);
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kConvThreads) gdn_conv_kernel(const float* mix
                                                                 const DeviceSequence* seqs,
                                                                 float* const* conv_states, int64_t C,
                                                                 const float* weight, float* out) {
+  chain_start();
   const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const ConvTile tile = tiles[blockIdx.x];
@@ -109,6 +110,7 @@ __global__ void __launch_bounds__(kMaxConvSplitThreads) gdn_conv_qkv_kernel(cons
                                                                            const DeviceSequence* seqs,
                                                                            float* const* conv_states, int64_t C,
                                                                            const float* weight, ConvSplit split) {
+  chain_start();
   const int32_t group = blockIdx.y, dk = split.key_dim;
   const int64_t qk_width = int64_t(split.key_heads) * dk;
   const int64_t first = int64_t(group) * dk;  // the group's first channel
@@ -160,15 +162,18 @@ void launch_gdn_conv(dim3 grid, int threads, cudaStream_t stream, const float* m
                      const DeviceSequence* seqs, float* const* conv_states, int64_t C, const float* weight,
                      const ConvSplit* split, float* out) {
   if (split)
-    gdn_conv_qkv_kernel<K><<<grid, threads, 0, stream>>>(mixed, tiles, seqs, conv_states, C, weight, *split);
+    launch_chained(gdn_conv_qkv_kernel<K>, grid, dim3(threads), 0, stream, mixed, tiles, seqs, conv_states, C, weight,
+                   *split);
   else
-    gdn_conv_kernel<K><<<grid, threads, 0, stream>>>(mixed, tiles, seqs, conv_states, C, weight, out);
+    launch_chained(gdn_conv_kernel<K>, grid, dim3(threads), 0, stream, mixed, tiles, seqs, conv_states, C, weight,
+                   out);
 }
 
 __device__ __forceinline__ float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
 __global__ void gdn_gates_kernel(const float* a, const float* b, int64_t rows, int32_t heads, const float* A_log,
                                  const float* dt_bias, float* g, float* beta) {
+  chain_start();
   NINFER_GRID_STRIDE(i, rows * heads) {
     const int64_t h = i % heads;
     g[i] = -expf(A_log[h]) * softplus(a[i] + dt_bias[h]);
@@ -271,9 +276,8 @@ void CudaBackend::gdn_conv_qkv(const float* mixed, std::span<const SequenceRows>
 void CudaBackend::gdn_gates(const float* a, const float* b, int64_t rows, int32_t heads, const float* A_log,
                             const float* dt_bias, float* g, float* beta) {
   if (rows * heads <= 0 || tables_only()) return;
-  gdn_gates_kernel<<<blocks_for(rows * heads), kThreads, 0, stream_>>>(a, b, rows, heads, resident(A_log, heads),
-                                                                       resident(dt_bias, heads), g, beta);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(gdn_gates_kernel, dim3(blocks_for(rows * heads)), dim3(kThreads), 0, stream_, a, b, rows, heads,
+                 resident(A_log, heads), resident(dt_bias, heads), g, beta);
 }
 
 void CudaBackend::gdn_rule(const float* q, const float* k, const float* v, const float* g, const float* beta,

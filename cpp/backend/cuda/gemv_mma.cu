@@ -8,6 +8,7 @@
 #include <cfloat>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -61,6 +62,7 @@ __device__ __forceinline__ float abs_max4(float4 v) {
 template <bool kBf16, tc::Order kOrder>
 __global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const float* x, int64_t cols, uint16_t* hi,
                                                                          uint16_t* lo, int* exps) {
+  chain_start();
   const int64_t r = blockIdx.y;
   const float* xr = x + r * cols;
   int e = 0;
@@ -187,6 +189,8 @@ struct MmaArgs {
   const uint16_t* x_hi;
   const uint16_t* x_lo;
   const int* exps;
+  const float* x;  // v5 with bf16 weights: the f32 activations, split in registers (no planes)
+  bool x_vectors;  // x is 16-byte aligned
   float* partials;
   unsigned* counters;
   int64_t k;
@@ -346,6 +350,7 @@ __device__ __forceinline__ void finish_block(const MmaArgs& a, const WeightSlice
 
 template <Encoding E>
 __global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
+  chain_start();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const BlockWork b = block_work(a);
   const WeightSlice& w = b.w;
@@ -557,8 +562,37 @@ __device__ __forceinline__ void multiply_chunk(const Chunk<E>& c, const uint4 (&
   }
 }
 
+// Eight f32 activations as the bf16 operand words v5 reads: their hi parts (lo == false) or lo parts, exactly what
+// split_activations_kernel<true, Natural> writes. bf16 needs no per-row exponent, so v5 splits in registers and a
+// launch on bf16 weights costs no split kernel (35B-A3B decode runs ~110 bf16 GEMVs a step: router, gates).
+// `vectors`: x is 16-byte aligned (the row stride is, so the launch decides for all lanes).
+__device__ __forceinline__ uint4 split_eight(const float* x, bool lo, bool vectors) {
+  float v[8];
+  if (vectors) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x)), b = __ldg(reinterpret_cast<const float4*>(x) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = __ldg(x + i);
+  }
+  uint32_t word[4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    uint16_t part[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint16_t hi_bits, lo_bits;
+      split_value<true>(v[2 * p + h], hi_bits, lo_bits);
+      part[h] = lo ? lo_bits : hi_bits;
+    }
+    word[p] = uint32_t(part[0]) | (uint32_t(part[1]) << 16);
+  }
+  return make_uint4(word[0], word[1], word[2], word[3]);
+}
+
 template <Encoding E, int kSets>
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(MmaArgs a) {
+  chain_start();
   constexpr int kXVectors = chunk_pairs<E>() / 4;  // 16-byte activation loads per lane, set and chunk
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const BlockWork b = block_work(a);
@@ -584,11 +618,15 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
   }
   // Lanes past the batch's rows read the last row: their B columns only reach outputs that are not written.
   constexpr int kXStride = kWarps * chunk_cols<E>();  // activation values from chunk i to i + 1
-  const uint16_t* x[kSets];
+  constexpr bool kSplitHere = E == Encoding::BF16;   // bf16 reads the f32 activations (see split_eight)
+  using XValue = std::conditional_t<kSplitHere, float, uint16_t>;
+  const XValue* x[kSets];
 #pragma unroll
-  for (int set = 0; set < kSets; ++set)
-    x[set] = (g % 2 ? a.x_lo : a.x_hi) + min(4 * set + g / 2, a.rows - 1) * a.k + c0 * chunk_cols<E>() +
-             q * chunk_values<E>();
+  for (int set = 0; set < kSets; ++set) {
+    const int64_t offset = min(4 * set + g / 2, a.rows - 1) * a.k + c0 * chunk_cols<E>() + q * chunk_values<E>();
+    if constexpr (kSplitHere) x[set] = a.x + offset;
+    else x[set] = (g % 2 ? a.x_lo : a.x_hi) + offset;
+  }
 
   float acc[kSets][4] = {};
   constexpr int kDepth = ring_depth<kSets>();
@@ -606,8 +644,10 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
 #pragma unroll
       for (int set = 0; set < kSets; ++set)
 #pragma unroll
-        for (int v = 0; v < kXVectors; ++v)
-          xv[set][v] = __ldg(reinterpret_cast<const uint4*>(x[set] + r * kXStride) + v);
+        for (int v = 0; v < kXVectors; ++v) {
+          if constexpr (kSplitHere) xv[set][v] = split_eight(x[set] + r * kXStride + 8 * v, g % 2, a.x_vectors);
+          else xv[set][v] = __ldg(reinterpret_cast<const uint4*>(x[set] + r * kXStride) + v);
+        }
       multiply_chunk<E, kSets>(ring[r], xv, acc);
       if (i + kDepth < n) load_chunk<E>(next, r, ring[r]);
     }
@@ -664,16 +704,28 @@ constexpr int kind_of(bool bf16, tc::Order order) { return (bf16 ? 3 : 0) + int(
 template <Encoding E>
 constexpr int kind_of() { return kind_of(E == Encoding::BF16, tc::order<E>()); }
 
+template <bool kBf16, tc::Order kOrder>
+void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream) {
+  const dim3 grid(unsigned((s.cols + kSplitCols - 1) / kSplitCols), unsigned(s.rows));
+  launch_chained(split_activations_kernel<kBf16, kOrder>, grid, dim3(kSplitThreads), 0, stream, x, s.cols,
+                 const_cast<uint16_t*>(s.hi), const_cast<uint16_t*>(s.lo), const_cast<int*>(s.exps));
+}
+
+constexpr int kBf16Kind = kind_of(true, tc::Order::Natural);
+
 // Weights of one encoding and width on one split, kMaxWeights per launch.
 template <Encoding E>
 void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWorkspace& ws, cudaStream_t stream,
             MmaKernel kernel) {
   const int64_t k = x.cols;
+  if (kernel == MmaKernel::v3 && !x.planes) launch_split<true, tc::Order::Natural>(x.x, x, stream);  // bf16
   for (size_t begin = 0; begin < outs.size();) {
     MmaArgs a{};
     a.x_hi = x.hi;
     a.x_lo = x.lo;
     a.exps = x.exps;
+    a.x = x.x;
+    a.x_vectors = reinterpret_cast<uintptr_t>(x.x) % 16 == 0;
     a.partials = ws.partials_.as<float>();
     a.counters = ws.counters_.as<unsigned>();
     a.k = k;
@@ -695,24 +747,12 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
       partials += slots;
       counters += splits > 1 ? m_tiles : 0;
     }
-    if (kernel == MmaKernel::v3) {
-      gemv_mma_kernel<E><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
-    } else if (x.rows <= 4) {
-      gemv_v5_kernel<E, 1><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
-    } else {
-      gemv_v5_kernel<E, 2><<<unsigned(blocks), kBlockThreads, 0, stream>>>(a);
-    }
-    NINFER_CUDA_CHECK_LAUNCH();
+    const auto kernel_of = kernel == MmaKernel::v3 ? gemv_mma_kernel<E>
+                           : x.rows <= 4           ? gemv_v5_kernel<E, 1>
+                                                   : gemv_v5_kernel<E, 2>;
+    launch_chained(kernel_of, dim3(unsigned(blocks)), dim3(kBlockThreads), 0, stream, a);
     begin = end;
   }
-}
-
-template <bool kBf16, tc::Order kOrder>
-void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream) {
-  const dim3 grid(unsigned((s.cols + kSplitCols - 1) / kSplitCols), unsigned(s.rows));
-  split_activations_kernel<kBf16, kOrder><<<grid, kSplitThreads, 0, stream>>>(
-      x, s.cols, const_cast<uint16_t*>(s.hi), const_cast<uint16_t*>(s.lo), const_cast<int*>(s.exps));
-  NINFER_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -756,14 +796,16 @@ SplitActivations split_activations(const float* x, int rows, int64_t cols, int k
   s.hi = hi;
   s.lo = hi + int64_t(rows) * cols;
   s.exps = reinterpret_cast<const int*>(s.lo + int64_t(rows) * cols);
+  s.x = x;
   s.rows = rows;
   s.cols = cols;
   s.kind = kind;
+  s.planes = kind != kBf16Kind;  // v5 splits bf16 in registers; v3 makes the planes when it runs (launch)
   switch (kind) {
     case kind_of(false, tc::Order::Natural): launch_split<false, tc::Order::Natural>(x, s, stream); break;
     case kind_of(false, tc::Order::Nibble): launch_split<false, tc::Order::Nibble>(x, s, stream); break;
     case kind_of(false, tc::Order::Byte): launch_split<false, tc::Order::Byte>(x, s, stream); break;
-    case kind_of(true, tc::Order::Natural): launch_split<true, tc::Order::Natural>(x, s, stream); break;
+    case kBf16Kind: break;
     default: throw EngineError("gemv_mma: unknown activation split kind " + std::to_string(kind));
   }
   return s;

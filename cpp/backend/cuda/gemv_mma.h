@@ -37,13 +37,16 @@ class GemvWorkspace {
 
 // The activations as the tensor-core GEMV reads them (hi/lo planes in a lane pair order, per-row exponents):
 // made once by split_activations() and usable by every weight of the same split_kind() — the projections that
-// share one input (a layer's q/k/v, gate/up) split it once.
+// share one input (a layer's q/k/v, gate/up) split it once. The bf16 kind has no planes until a v3 launch needs
+// them (`planes`): v5 splits the f32 activations `x` in registers.
 struct SplitActivations {
+  const float* x = nullptr;
   const uint16_t* hi = nullptr;
   const uint16_t* lo = nullptr;
   const int* exps = nullptr;
   int rows = 0, kind = -1;
   int64_t cols = 0;
+  bool planes = false;
 };
 
 // Which split a weight needs (equal kinds share one); -1 when gemv_mma does not take the weight.

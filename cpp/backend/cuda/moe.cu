@@ -26,6 +26,7 @@ __device__ __forceinline__ bool ranks_before(float pa, int32_t a, float pb, int3
 // 35B-A3B decode step.
 __global__ void moe_route_kernel(const float* logits, int64_t rows, int32_t experts, int32_t top_k, int32_t* ids,
                                  float* weights) {
+  chain_start();
   NINFER_GRID_STRIDE(r, rows) {
     const float* l = logits + r * experts;
     float max_logit = l[0];
@@ -70,6 +71,7 @@ constexpr int kRouteWarpsPerBlock = 4;
 // Probabilities are expf(l - max) / sum as in the thread kernel; only the sum's order of addition differs.
 __global__ void moe_route_warp_kernel(const float* logits, int64_t rows, int32_t experts, int32_t top_k,
                                       int32_t* ids, float* weights) {
+  chain_start();
   const int64_t r = int64_t(blockIdx.x) * kRouteWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -156,12 +158,15 @@ __global__ void experts_down_kernel(const float* h, int64_t inter, const int32_t
   if (threadIdx.x % 32 == 0) y[p * hidden + c] = s;
 }
 
+// The block's output: the routed experts' weighted sum, then the gated shared expert (if any) added to it.
 __global__ void experts_sum_kernel(const float* y, int64_t rows, int64_t hidden, const float* weights, int32_t top_k,
-                                   float* out) {
+                                   SharedExpertTerm shared, float* out) {
+  chain_start();
   NINFER_GRID_STRIDE(i, rows * hidden) {
     const int64_t r = i / hidden, c = i % hidden;
     float s = 0.0f;
     for (int32_t j = 0; j < top_k; ++j) s += weights[r * top_k + j] * y[(r * top_k + j) * hidden + c];
+    if (shared.out) s += sigmoid(shared.logit[r]) * shared.out[i];
     out[i] = s;
   }
 }
@@ -176,17 +181,17 @@ void CudaBackend::moe_route(const float* logits, int64_t rows, int32_t experts, 
   if (tables_only()) return;  // a replayed decode pass: the routing is in the graph and writes no step tables
   if (experts <= kRouteWarpExperts && !reference_kernels_) {
     const unsigned blocks = unsigned((rows + kRouteWarpsPerBlock - 1) / kRouteWarpsPerBlock);
-    moe_route_warp_kernel<<<blocks, 32 * kRouteWarpsPerBlock, 0, stream_>>>(logits, rows, experts, top_k, ids,
-                                                                           weights);
+    launch_chained(moe_route_warp_kernel, dim3(blocks), dim3(32 * kRouteWarpsPerBlock), 0, stream_, logits, rows,
+                   experts, top_k, ids, weights);
   } else {
-    moe_route_kernel<<<blocks_for(rows, 64), 64, 0, stream_>>>(logits, rows, experts, top_k, ids, weights);
+    launch_chained(moe_route_kernel, dim3(blocks_for(rows, 64)), dim3(64), 0, stream_, logits, rows, experts, top_k,
+                   ids, weights);
   }
-  NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
                               int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
-                              float* out) {
+                              const SharedExpertTerm& shared, float* out) {
   if (rows <= 0 || tables_only()) return;
   const TensorView& g = resident(gate);
   const TensorView& u = resident(up);
@@ -218,8 +223,8 @@ void CudaBackend::moe_experts(const float* x, int64_t rows, int64_t hidden, cons
       NINFER_CUDA_CHECK_LAUNCH();
     });
   }
-  experts_sum_kernel<<<blocks_for(rows * hidden), kThreads, 0, stream_>>>(y, rows, hidden, weights, top_k, out);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(experts_sum_kernel, dim3(blocks_for(rows * hidden)), dim3(kThreads), 0, stream_, y, rows, hidden,
+                 weights, top_k, shared, out);
 }
 
 }  // namespace ninfer::cuda

@@ -18,6 +18,7 @@ __device__ float sum_of_squares(const float* x, int64_t dim) {
 
 __global__ void rmsnorm_kernel(const float* x, int64_t dim, int64_t x_stride, const float* w, float offset, float eps,
                                float* out, int64_t out_stride) {
+  chain_start();
   const float* xr = x + int64_t(blockIdx.x) * x_stride;
   float* yr = out + int64_t(blockIdx.x) * out_stride;
   const float inv = 1.0f / sqrtf(sum_of_squares(xr, dim) / float(dim) + eps);
@@ -53,6 +54,7 @@ template <int V>
 __global__ void __launch_bounds__(kAddNormThreads) add_rmsnorm_kernel(float* hidden, const float* delta, int64_t dim,
                                                                       const float* w, float offset, float eps,
                                                                       float* out) {
+  chain_start();
   const int64_t base = int64_t(blockIdx.x) * dim;
   float s = 0.0f;
   for (int64_t j = int64_t(threadIdx.x) * V; j < dim; j += int64_t(blockDim.x) * V) {
@@ -75,6 +77,7 @@ __global__ void __launch_bounds__(kAddNormThreads) add_rmsnorm_kernel(float* hid
 
 __global__ void gated_rmsnorm_kernel(const float* x, const float* z, int32_t dim, const float* w, float eps,
                                      float* out) {
+  chain_start();
   const int64_t base = int64_t(blockIdx.x) * dim;
   const float inv = 1.0f / sqrtf(sum_of_squares(x + base, dim) / float(dim) + eps);
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
@@ -89,6 +92,7 @@ __global__ void __launch_bounds__(32 * kWarpNormWarps) gated_rmsnorm_warp_kernel
                                                                                  int64_t vectors, int32_t dim,
                                                                                  const float* w, float eps,
                                                                                  float* out) {
+  chain_start();
   const int64_t vec = int64_t(blockIdx.x) * kWarpNormWarps + threadIdx.x / 32;
   if (vec >= vectors) return;
   const int lane = threadIdx.x % 32;
@@ -110,6 +114,7 @@ __global__ void __launch_bounds__(32 * kWarpNormWarps) gated_rmsnorm_warp_kernel
 
 __global__ void l2norm_heads_kernel(const float* x, int32_t heads, int32_t dim, int64_t x_stride, float scale,
                                     float* out) {
+  chain_start();
   const int64_t r = blockIdx.x / heads, h = blockIdx.x % heads;
   const float* xr = x + r * x_stride + h * dim;
   float* yr = out + int64_t(blockIdx.x) * dim;
@@ -127,10 +132,8 @@ void CudaBackend::rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_s
                           float eps, float* out, int64_t out_stride) {
   if (rows <= 0 || tables_only()) return;
   check_grid(rows, "rmsnorm");
-  rmsnorm_kernel<<<unsigned(rows), kNormThreads, 0, stream_>>>(x, dim, x_stride, resident(w, dim),
-                                                               kind == NormKind::Offset ? 1.0f : 0.0f, eps, out,
-                                                               out_stride);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(rmsnorm_kernel, dim3(unsigned(rows)), dim3(kNormThreads), 0, stream_, x, dim, x_stride,
+                 resident(w, dim), kind == NormKind::Offset ? 1.0f : 0.0f, eps, out, out_stride);
 }
 
 void CudaBackend::add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w,
@@ -139,11 +142,9 @@ void CudaBackend::add_rmsnorm(float* hidden, const float* delta, int64_t rows, i
   check_grid(rows, "add_rmsnorm");
   const float* dw = resident(w, dim);
   const float offset = kind == NormKind::Offset ? 1.0f : 0.0f;
-  if (dim % 4 == 0 && aligned16(hidden) && aligned16(delta) && aligned16(dw) && aligned16(out))
-    add_rmsnorm_kernel<4><<<unsigned(rows), kAddNormThreads, 0, stream_>>>(hidden, delta, dim, dw, offset, eps, out);
-  else
-    add_rmsnorm_kernel<1><<<unsigned(rows), kAddNormThreads, 0, stream_>>>(hidden, delta, dim, dw, offset, eps, out);
-  NINFER_CUDA_CHECK_LAUNCH();
+  const bool vectors = dim % 4 == 0 && aligned16(hidden) && aligned16(delta) && aligned16(dw) && aligned16(out);
+  launch_chained(vectors ? add_rmsnorm_kernel<4> : add_rmsnorm_kernel<1>, dim3(unsigned(rows)), dim3(kAddNormThreads),
+                 0, stream_, hidden, delta, dim, dw, offset, eps, out);
 }
 
 void CudaBackend::gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim,
@@ -154,21 +155,21 @@ void CudaBackend::gated_rmsnorm(const float* x, const float* z, int64_t rows, in
   if (dim % 4 == 0 && aligned16(x) && aligned16(z) && aligned16(dw) && aligned16(out)) {
     const int64_t blocks = (vectors + kWarpNormWarps - 1) / kWarpNormWarps;
     check_grid(blocks, "gated_rmsnorm");
-    gated_rmsnorm_warp_kernel<<<unsigned(blocks), 32 * kWarpNormWarps, 0, stream_>>>(x, z, vectors, dim, dw, eps,
-                                                                                     out);
+    launch_chained(gated_rmsnorm_warp_kernel, dim3(unsigned(blocks)), dim3(32 * kWarpNormWarps), 0, stream_, x, z,
+                   vectors, dim, dw, eps, out);
   } else {
     check_grid(vectors, "gated_rmsnorm");
-    gated_rmsnorm_kernel<<<unsigned(vectors), kNormThreads, 0, stream_>>>(x, z, dim, dw, eps, out);
+    launch_chained(gated_rmsnorm_kernel, dim3(unsigned(vectors)), dim3(kNormThreads), 0, stream_, x, z, dim, dw, eps,
+                   out);
   }
-  NINFER_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::l2norm_heads(const float* x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride,
                                float scale, float* out) {
   if (rows * heads <= 0 || tables_only()) return;
   check_grid(rows * heads, "l2norm_heads");
-  l2norm_heads_kernel<<<unsigned(rows * heads), kNormThreads, 0, stream_>>>(x, heads, dim, x_stride, scale, out);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(l2norm_heads_kernel, dim3(unsigned(rows * heads)), dim3(kNormThreads), 0, stream_, x, heads, dim,
+                 x_stride, scale, out);
 }
 
 }  // namespace ninfer::cuda

@@ -140,10 +140,6 @@ class TimedCudaBackend final : public CudaBackend {
     OpTimer::Scope s(timer_, "swiglu");
     CudaBackend::swiglu(gate, up, n, out);
   }
-  void scale_rows_by_sigmoid(float* x, int64_t rows, int64_t dim, const float* logit) override {
-    OpTimer::Scope s(timer_, "scale_rows_by_sigmoid");
-    CudaBackend::scale_rows_by_sigmoid(x, rows, dim, logit);
-  }
   void copy_columns(const float* x, int64_t rows, int64_t x_stride, int64_t cols, float* out) override {
     OpTimer::Scope s(timer_, "copy_columns");
     CudaBackend::copy_columns(x, rows, x_stride, cols, out);
@@ -185,9 +181,9 @@ class TimedCudaBackend final : public CudaBackend {
   }
   void moe_experts(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, const float* weights,
                    int32_t top_k, const TensorView& gate, const TensorView& up, const TensorView& down,
-                   float* out) override {
+                   const SharedExpertTerm& shared, float* out) override {
     OpTimer::Scope s(timer_, "moe_experts");
-    CudaBackend::moe_experts(x, rows, hidden, ids, weights, top_k, gate, up, down, out);
+    CudaBackend::moe_experts(x, rows, hidden, ids, weights, top_k, gate, up, down, shared, out);
   }
   void gdn_conv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape, const float* weight,
                 StatePool& states, int32_t layer, float* out) override {

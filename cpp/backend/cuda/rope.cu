@@ -9,6 +9,7 @@ namespace {
 
 __global__ void rope_kernel(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride,
                             const int64_t* positions, const float* inv_freq, int32_t half, bool interleaved) {
+  chain_start();
   NINFER_GRID_STRIDE(idx, rows * heads * half) {
     const int64_t r = idx / (int64_t(heads) * half), h = (idx / half) % heads, i = idx % half;
     const float angle = float(positions[r]) * inv_freq[i];
@@ -33,10 +34,9 @@ void CudaBackend::rope(float* x, int64_t rows, int32_t heads, int64_t head_strid
   const size_t at_freq = tables.add(rope.inv_freq, size_t(half));
   const uint8_t* base = upload(tables);
   if (tables_only()) return;
-  rope_kernel<<<blocks_for(rows * heads * half), kThreads, 0, stream_>>>(
-      x, rows, heads, head_stride, row_stride, reinterpret_cast<const int64_t*>(base + at_positions),
-      reinterpret_cast<const float*>(base + at_freq), half, rope.pairing == RopePairing::Interleaved);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(rope_kernel, dim3(blocks_for(rows * heads * half)), dim3(kThreads), 0, stream_, x, rows, heads,
+                 head_stride, row_stride, reinterpret_cast<const int64_t*>(base + at_positions),
+                 reinterpret_cast<const float*>(base + at_freq), half, rope.pairing == RopePairing::Interleaved);
 }
 
 }  // namespace ninfer::cuda
