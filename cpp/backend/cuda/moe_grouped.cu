@@ -102,6 +102,7 @@ template <tc::Order kOrder>
 __global__ void __launch_bounds__(kBucketThreads)
     prepare_kernel(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, int64_t pairs, int32_t experts,
                    Routing routing, uint16_t* x_hi, uint16_t* x_lo) {
+  chain_start();
   if (blockIdx.x == 0) {
     bucket_pairs(ids, pairs, experts, routing);
     return;
@@ -199,6 +200,7 @@ __device__ __forceinline__ void multiply_tile(const PassArgs& a, const Tile<E, k
 template <Encoding E, bool kGateUp, int kNTiles>
 __global__ void __launch_bounds__(kBlockThreads, !kGateUp && kNTiles == kDecodeNTiles ? 4 : 1)
     expert_pass_kernel(PassArgs a) {
+  chain_start();
   static_assert(kNTiles <= kWarps, "the final sum gives each n-tile to one warp");
   constexpr int kMats = kGateUp ? 2 : 1, kChunk = 8 * kNTiles;
   const int64_t item = blockIdx.x / a.m_tiles, m_tile = blockIdx.x % a.m_tiles;
@@ -311,10 +313,10 @@ Passes pass_args(int64_t rows, int64_t hidden, int32_t top_k, const TensorView& 
 
 template <Encoding E, int kNTiles>
 void launch_passes(const Passes& p, int64_t items, cudaStream_t stream) {
-  expert_pass_kernel<E, true, kNTiles><<<unsigned(items * p.gate_up.m_tiles), kBlockThreads, 0, stream>>>(p.gate_up);
-  NINFER_CUDA_CHECK_LAUNCH();
-  expert_pass_kernel<E, false, kNTiles><<<unsigned(items * p.down.m_tiles), kBlockThreads, 0, stream>>>(p.down);
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(expert_pass_kernel<E, true, kNTiles>, dim3(unsigned(items * p.gate_up.m_tiles)), dim3(kBlockThreads),
+                 0, stream, p.gate_up);
+  launch_chained(expert_pass_kernel<E, false, kNTiles>, dim3(unsigned(items * p.down.m_tiles)), dim3(kBlockThreads), 0,
+                 stream, p.down);
 }
 
 template <Encoding E>
@@ -323,10 +325,9 @@ void launch(const float* x, int64_t rows, int64_t hidden, const int32_t* ids, in
   const int64_t experts = gate.matrices(), pairs = rows * top_k;
   const Passes p = pass_args(rows, hidden, top_k, gate, up, down, scratch, y);
   const int64_t split_blocks = std::min<int64_t>((rows * hidden + kBucketThreads - 1) / kBucketThreads, 2048);
-  prepare_kernel<tc::order<E>()><<<unsigned(1 + split_blocks), kBucketThreads, 0, stream>>>(
-      x, rows, hidden, ids, pairs, int32_t(experts), p.gate_up.routing, const_cast<uint16_t*>(p.gate_up.b_hi),
-      const_cast<uint16_t*>(p.gate_up.b_lo));
-  NINFER_CUDA_CHECK_LAUNCH();
+  launch_chained(prepare_kernel<tc::order<E>()>, dim3(unsigned(1 + split_blocks)), dim3(kBucketThreads), 0, stream, x,
+                 rows, hidden, ids, pairs, int32_t(experts), p.gate_up.routing, const_cast<uint16_t*>(p.gate_up.b_hi),
+                 const_cast<uint16_t*>(p.gate_up.b_lo));
   // Enough blocks for every expert that can have tokens; those past the active count return at once.
   const int64_t items = std::min(experts, pairs);
   if (rows <= kDecodeRows) {
