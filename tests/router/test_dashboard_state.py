@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from live_servers import SETTLE_S, artifact_for, serve_router, wait_until
 from ninfer.engine import Request, SamplingParams
-from ninfer.errors import EngineError
+from ninfer.errors import EngineBusyError, EngineError, OutOfMemoryError
+from ninfer.serve.router import _failure
 
 LONG = 600  # tokens: far longer than the test holds the generation (it is cancelled when its stream closes)
 
@@ -117,3 +118,13 @@ def test_a_generation_ended_by_an_engine_error_is_a_recent_error(server) -> None
     message = errors[0]["message"]
     assert message.startswith("generation ended by an engine error: ") and "the constraint gave up" in message
     assert "\n" not in message, json.dumps(message)
+
+
+@pytest.mark.parametrize(("error", "started", "expected"), [
+    (EngineBusyError("the queue is full\n(16 waiting)"), False, "429 engine full: the queue is full (16 waiting)"),
+    (EngineError("lane state lost"), True, "generation ended by an engine error: lane state lost"),
+    (OutOfMemoryError("KV needs 2 GiB"), False, "request refused, out of memory: KV needs 2 GiB"),
+    (EngineError("token id 99999 is outside the vocabulary"), False, None),  # the client's 400: not listed
+])
+def test_which_engine_errors_are_recent_errors(error: EngineError, started: bool, expected: str | None) -> None:
+    assert _failure(error, started=started) == expected
