@@ -9,9 +9,11 @@ PIP := $(VENV)/bin/pip
 export NINFER_CUDA_ARCHS ?= 90a
 PYTEST_ARGS ?=
 
-# Debian packages the tests use (Nix evaluation and systemd-analyze for the packaging tests). Installed when
-# missing and we are root with apt-get; otherwise those tests skip and name the missing package.
-SYSTEM_PACKAGES := nix-bin systemd chromium
+# Debian packages the tests use (Nix evaluation and systemd-analyze for the packaging tests, chromium for the browser
+# tests, npm for `make webui`). Installed when missing and we are root with apt-get; otherwise those tests skip and
+# name the missing package (and `make webui` says npm is missing). npm counts as present when an `npm` command is on
+# PATH: NodeSource's nodejs package carries its own npm and conflicts with Debian's.
+SYSTEM_PACKAGES := nix-bin systemd chromium npm
 
 .PHONY: all venv build system-deps webui test serve bench gpu-test clean
 
@@ -30,7 +32,9 @@ build: venv
 	$(PIP) install --quiet --no-build-isolation --no-deps -e .
 
 system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || { [ $$p = npm ] && command -v npm >/dev/null; } || missing="$$missing $$p"; \
+	done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing system packages:$$missing"; \
@@ -41,7 +45,7 @@ system-deps:
 # The pinned llama-ui bundle (python/ninfer/serve/webui/pin.json: the llama-cpp-python sdist, sha256-checked,
 # npm ci && npm run build), built once per pin into the user cache where `ninfer-serve --webui` finds it; the
 # browser tests use it.
-webui: venv
+webui: venv system-deps
 	$(PY) webui/build_llama_ui.py
 
 test: build system-deps webui

@@ -90,6 +90,13 @@ def check_lockfile(ui: Path, expected_entries: int) -> dict:
     return {"lockfile": f"{PIN['ui_dir']}/package-lock.json", "entries": len(pinned), "unpinned": unpinned}
 
 
+def require_npm() -> None:
+    """Refuses the build up front (before the download) when there is no npm to run it."""
+    if shutil.which("npm") is None:
+        raise BuildRefused("npm is not installed (no `npm` on PATH): install Debian's `npm` package (`make "
+                           "system-deps` does, as root) or Node.js with npm, then run `make webui` again")
+
+
 def build(ui: Path) -> Path:
     for cmd in (["npm", "ci", "--no-audit", "--no-fund"], ["npm", "run", "build"]):
         print(f"build_llama_ui: {' '.join(cmd)} in {ui}", file=sys.stderr, flush=True)
@@ -102,6 +109,7 @@ def build(ui: Path) -> Path:
 
 def build_bundle(dest: Path, work: Path) -> None:
     """Fetches, checks and builds the pin in `work`, then installs `dist/` at `dest` (an atomic rename)."""
+    require_npm()
     ui = extract_ui(verify_sdist(download_sdist(work), PIN["size"], PIN["sha256"]), work, PIN["ui_dir"])
     record = check_lockfile(ui, PIN["lockfile_entries"])
     dist = build(ui)

@@ -123,6 +123,7 @@ def test_the_script_exits_with_the_refusal_and_installs_nothing(tmp_path: Path, 
     work, dest = tmp_path / "work", tmp_path / "bundle"
     work.mkdir()
     bad = write_sdist(work / build_llama_ui.PIN["sdist"], lockfile(PACKAGES))
+    monkeypatch.setattr(build_llama_ui, "require_npm", lambda: None)  # (the next test checks it)
     monkeypatch.setattr(sys, "argv", ["build_llama_ui.py", "--work", str(work), "--dest", str(dest)])
     with pytest.raises(SystemExit) as exited:
         build_llama_ui.main()
@@ -130,6 +131,23 @@ def test_the_script_exits_with_the_refusal_and_installs_nothing(tmp_path: Path, 
     assert message.startswith("build_llama_ui: ") and "refusing it" in message
     assert build_llama_ui.PIN["sha256"] in message
     assert not dest.exists() and not bad.exists()
+
+
+def test_without_npm_the_script_says_so_before_downloading(tmp_path: Path, monkeypatch) -> None:
+    """`make webui` on a machine without npm: one line naming npm and how to get it, and nothing downloaded."""
+    work, dest = tmp_path / "work", tmp_path / "bundle"
+    monkeypatch.setenv("PATH", str(tmp_path / "no-such-bin"))
+
+    def download(_work: Path) -> Path:
+        raise AssertionError("the sdist was downloaded although npm is missing")
+
+    monkeypatch.setattr(build_llama_ui, "download_sdist", download)
+    monkeypatch.setattr(sys, "argv", ["build_llama_ui.py", "--work", str(work), "--dest", str(dest)])
+    with pytest.raises(SystemExit) as exited:
+        build_llama_ui.main()
+    message = str(exited.value.code)
+    assert message.startswith("build_llama_ui: npm is not installed") and "\n" not in message
+    assert "`npm` package" in message and not dest.exists()
 
 
 def test_the_pins_entry_count_is_the_built_bundles() -> None:

@@ -451,3 +451,32 @@ def test_config_accepts_the_nix_module_shape(tmp_path: Path) -> None:
     big, small = config.models
     assert (big.options.max_context, big.options.kv_dtype, big.options.max_concurrency) == (65536, "fp8", 4)
     assert small.path == tmp_path / "rel/9b.ninfer" and config.ttl_s == 900
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('{"models": {"m": {"path": "m.ninfer"}}, "ttl": -1}',
+     "{file}: ttl must be >= 0 (0: never unload), got -1 (-1 means the global ttl, and only in a model entry)"),
+    ('{"models": {"m": {"path": "m.ninfer", "ttl": -2}}}', "{file}: models.m.ttl must be >= 0, got -2"),
+    ('models:\n  m: {path: m.ninfer}\n', "{file} is not JSON: Expecting value: line 1 column 1 (char 0)"),
+    (None, "cannot read the router config {file}: No such file or directory"),
+    ("<a folder>", "cannot read the router config {file}: Is a directory"),
+])
+def test_config_file_errors_are_one_line_from_the_cli(tmp_path: Path, capsys, content: str | None,
+                                                      message: str) -> None:
+    """`ninfer-serve --config FILE` reads the file itself: what is wrong with it is one line on stderr (exit 2)."""
+    from ninfer.cli.serve import main
+
+    config = tmp_path / "models.json"
+    if content == "<a folder>":
+        config.mkdir()
+    elif content is not None:
+        config.write_text(content)
+    assert main(["--config", str(config)]) == 2
+    assert capsys.readouterr().err == f"ninfer-serve: error: {message.format(file=config)}\n"
+
+
+def test_a_models_ttl_of_minus_one_is_the_global_ttl() -> None:
+    config = parse_config({"models": {"m": {"path": "x", "ttl": -1}, "n": {"path": "y", "ttl": 0}}, "ttl": 30},
+                          defaults=EngineOptions())
+    router = ModelRouter(config)
+    assert [router.effective_ttl(e) for e in router.entries] == [30.0, 0.0]

@@ -195,3 +195,33 @@ def test_unload_during_a_load_cancels_it(smollm2: Path) -> None:
         feed.stop()
         assert feed.of("alpha")[-1]["exit_code"] == 0
         assert chat(client, "alpha").status_code == 200  # a later request loads it again
+
+
+def test_a_failed_load_is_a_failed_frame_with_a_nonzero_exit_code_and_the_reason(smollm2: Path,
+                                                                                  tmp_path: Path) -> None:
+    """What llama-ui reads of a load that fails: a `model_status` frame with status `failed` (or `unloaded` with a
+    non-zero exit_code) rejects its pending load; the reason is the frame's `message`. A reader that joins later gets
+    the same in its snapshot, and the reason is also on the dashboard's recent errors."""
+    broken = tmp_path / "broken.ninfer"
+    broken.write_bytes(b"NINFER" + bytes(range(256)) * 64)  # not an artifact
+    config = two_models(smollm2, sse_ping_interval=0.2)  # (the readers notice stop() at their next line)
+    config["models"]["broken"] = {"path": str(broken)}
+    with serve_router(config) as server, httpx.Client(base_url=server.url, timeout=LOAD_S) as client:
+        feed = SseReader(server.url)
+        assert wait_until(lambda: len(feed.events) >= 3)  # the snapshot of the three models
+        assert client.post("/models/load", json={"model": "broken"}).json() == {"success": True}
+        assert wait_until(lambda: feed.of("broken")[-1]["status"] == "failed", LOAD_S), feed.of("broken")
+        reason = statuses(client)["broken"]["message"]
+        late = SseReader(server.url)
+        assert wait_until(lambda: len(late.events) >= 3)
+        errors = client.get("/dashboard/state").json()["errors"]
+        feed.stop()
+        late.stop()
+    assert "broken.ninfer" in reason or "artifact" in reason.lower(), reason
+    frames = feed.of("broken")
+    assert [d["status"] for d in frames] == ["unloaded"] + ["loading"] * (len(frames) - 2) + ["failed"]
+    assert all(d["exit_code"] == 0 and "message" not in d for d in frames[:-1])
+    assert frames[-1]["exit_code"] == 1 and frames[-1]["message"] == reason
+    snapshot = late.of("broken")[0]
+    assert (snapshot["status"], snapshot["exit_code"], snapshot["message"]) == ("failed", 1, reason)
+    assert [(e["model"], e["message"]) for e in errors] == [("broken", f"failed to load: {reason}")]

@@ -1,6 +1,7 @@
 """Resumable conversation streams and the control route, on a live server (SmolLM2, CPU engine): replay from
 arbitrary byte offsets while the generation runs, a client that leaves does not stop its recorded generation, control
-cancels exactly its target; and the registry's memory bound."""
+cancels exactly its target (addressed by completion id or by conversation id), a running stream evicted from the
+registry ends its readers; and the registry's memory bound."""
 
 from __future__ import annotations
 
@@ -97,8 +98,9 @@ def test_reading_past_the_recording_and_unknown_streams_are_refused(server) -> N
     assert lookup(client, by_path) is None
 
 
-def _stream_until_done(client: httpx.Client, body: dict, out: dict, key: str, first: threading.Event) -> None:
-    with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+def _stream_until_done(client: httpx.Client, body: dict, out: dict, key: str, first: threading.Event,
+                       headers: dict | None = None) -> None:
+    with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as stream:
         events = []
         for line in stream.iter_lines():
             if line.startswith("data: "):
@@ -141,6 +143,81 @@ def test_control_cancels_only_its_target(server) -> None:
     assert out["b"] == "cancelled"
     gone = client.post("/v1/chat/completions/control", json={"id": out["a-id"], "action": "stop"})
     assert gone.status_code == 404
+
+
+def test_control_addressed_by_conversation_id_cancels_only_that_generation(server) -> None:
+    """llama-ui's stop button addresses a generation by its X-Conversation-Id: exactly that one stops."""
+    client = httpx.Client(base_url=server.url, timeout=120)
+    body = {"model": "smol", **LONG, "max_tokens": 800}  # far longer than the test holds them (as above)
+    convs = {k: f"conv-{k}-{time.monotonic_ns()}::smol" for k in ("a", "b")}
+    out: dict = {}
+    started = {k: threading.Event() for k in convs}
+    threads = {k: threading.Thread(target=_stream_until_done, args=(client, body, out, k, started[k]),
+                                   kwargs={"headers": {"X-Conversation-Id": convs[k]}}) for k in convs}
+    for t in threads.values():
+        t.start()
+    assert all(e.wait(60) for e in started.values())
+
+    stopped = client.post("/v1/chat/completions/control", json={"id": convs["a"], "action": "stop"})
+    assert stopped.json() == {"success": True, "id": convs["a"], "cancelled": 1}
+    threads["a"].join(120)
+    assert out["a"] == "cancelled" and lookup(client, convs["a"])["is_done"]
+    # "b" still streams, records and holds its lane (a stop that reached it too would have ended it).
+    assert threads["b"].is_alive() and "b" not in out and not lookup(client, convs["b"])["is_done"]
+    busy = [s for s in client.get("/slots").json() if s["is_processing"]]
+    assert [s["conversation_id"] for s in busy] == [convs["b"]]
+    stopped = client.post("/v1/chat/completions/control", json={"id": convs["b"], "action": "stop"})
+    assert stopped.json()["cancelled"] == 1
+    threads["b"].join(120)
+    assert out["b"] == "cancelled"
+
+
+def _read_all(client: httpx.Client, path: str, params: dict, out: list[bytes], first: threading.Event) -> None:
+    with client.stream("GET", path, params=params) as stream:
+        for chunk in stream.iter_raw():
+            out.append(chunk)
+            first.set()
+
+
+def test_evicting_a_running_stream_ends_its_readers_with_what_was_recorded(server, monkeypatch) -> None:
+    """When the registry is full, a running stream is evicted once no finished one is left to evict (the module
+    doc): a reader attached to it gets the bytes recorded until then and its stream ends (no `[DONE]`); the stream is
+    no longer found; the generation itself runs on for the client that made the request."""
+    client = httpx.Client(base_url=server.url, timeout=120)
+    conv = f"evicted-{time.monotonic_ns()}"
+    body = {"model": "smol", **LONG, "max_tokens": 800}
+    with client.stream("POST", "/v1/chat/completions", json=body, headers={"X-Conversation-Id": conv}) as original:
+        chunks = original.iter_raw()  # (read with next(): leaving a loop over it would close the request)
+        received = b""
+        while received.count(b"\n\n") < 4:
+            received += next(chunks)
+        replayed: list[bytes] = []
+        attached = threading.Event()
+        reader = threading.Thread(target=_read_all, args=(httpx.Client(base_url=server.url, timeout=120),
+                                                          "/v1/stream", {"conv_id": conv}, replayed, attached),
+                                  daemon=True)
+        reader.start()
+        assert attached.wait(60)
+
+        monkeypatch.setattr(server.app.state.streams, "max_streams", 1)
+        other = client.post("/v1/chat/completions", json={"model": "smol", **LONG, "max_tokens": 2},
+                            headers={"X-Conversation-Id": f"{conv}-newer"})
+        assert other.status_code == 200
+        reader.join(60)
+        assert not reader.is_alive(), "the reader of the evicted stream still waits"
+        assert lookup(client, conv) is None and client.get("/v1/stream", params={"conv_id": conv}).status_code == 404
+
+        more = len(b"".join(replayed)) + 200  # the request goes on past what was recorded before the eviction
+        while len(received) < more:
+            received += next(chunks)
+        stop = client.post("/v1/chat/completions/control", json={"id": conv, "action": "stop"})
+        assert stop.json()["cancelled"] == 1
+        for chunk in chunks:
+            received += chunk
+    replay = b"".join(replayed)
+    assert replay and received.startswith(replay) and b"[DONE]" not in replay
+    assert frames(received)[-1] == "[DONE]"
+    assert json.loads(frames(received)[-2])["choices"][0]["finish_reason"] == "cancelled"
 
 
 def test_registry_memory_is_bounded_and_evicts_finished_streams_first() -> None:

@@ -1,7 +1,8 @@
 """ninfer's `/dashboard`: a static page (webui/dashboard/ inside this package, so installs serve it too) over one
 JSON route, `GET /dashboard/state`, which it polls once a second: per-model state, the resident engine's slots,
-queue, KV and memory, the prefix cache's share of prompt tokens, the stream registry, recent errors. Tokens/s is
-computed by the page from successive `tokens_generated` readings.
+queue, KV and memory, the prefix cache's share of prompt tokens, the stream registry, recent errors (`router.errors`:
+load failures, 429s of a full engine, generations ended by an engine error). Tokens/s is computed by the page from
+successive `tokens_generated` readings.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import gc
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -39,7 +40,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException
 
 from ninfer.engine import OPTION_CHOICES, Engine, EngineOptions, EngineStats, GenerationEvent, Request
-from ninfer.errors import NinferError
+from ninfer.errors import EngineBusyError, NinferError, OutOfMemoryError
 from ninfer.serve.auth import refusal
 from ninfer.serve.metrics import ServerMetrics
 from ninfer.serve.reasoning_control import ReasoningControl
@@ -53,6 +54,7 @@ DEFAULT_LOAD_WAIT_S = 300.0
 DEFAULT_SSE_PING_S = 5.0  # keepalives of /models/sse
 RETRY_AFTER_S = 5
 EVENT_QUEUE_LIMIT = 256  # per SSE subscriber; a reader that falls this far behind is dropped
+RECENT_ERRORS = 20  # what the dashboard's "recent errors" keeps: load failures and server-side request failures
 
 # Engine keys a model entry may carry, besides the router's own keys below.
 ENGINE_KEYS = {f.name for f in fields(EngineOptions)} - {"verify_checksums"}
@@ -113,6 +115,13 @@ def _number(value: Any, where: str, *, minimum: float = 0.0, integer: bool = Fal
 def _ttl(value: Any, where: str) -> float | None:
     # llama-swap writes -1 for "use the global TTL".
     return None if value == -1 else float(_number(value, where))
+
+
+def _global_ttl(value: Any, source: str) -> float:
+    if value == -1:  # a model entry's "the global value": the global TTL itself has none to refer to
+        raise RouterConfigError(f"{source}: ttl must be >= 0 (0: never unload), got -1 (-1 means the global ttl, "
+                                "and only in a model entry)")
+    return float(_number(value, f"{source}: ttl"))
 
 
 def _engine_value(key: str, value: Any, default: Any, where: str) -> Any:
@@ -207,7 +216,7 @@ def parse_config(data: Any, *, defaults: EngineOptions, source: str = "config",
             seen[name] = spec.name
     return RouterConfig(
         models=specs,
-        ttl_s=_ttl(data.get("ttl", 0), f"{source}: ttl") or 0.0,
+        ttl_s=_global_ttl(data.get("ttl", 0), source),
         health_check_timeout_s=float(_number(data.get("health_check_timeout", DEFAULT_HEALTH_CHECK_TIMEOUT_S),
                                              f"{source}: health_check_timeout", minimum=0.001)),
         load_wait_s=float(_number(data.get("load_wait_timeout", DEFAULT_LOAD_WAIT_S),
@@ -284,8 +293,10 @@ class TrackedEngine:
     """The engine as handlers see it: the real one, with each generation's progress recorded on the HTTP call that
     started it (the `CURRENT_CALL` context, set by ModelGate), so /slots shows tokens and control can cancel it."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, on_error: Callable[[str], None] | None = None) -> None:
+        """`on_error(message)`: told of each request the engine failed on the server's side (see `_failure`)."""
         self._engine = engine
+        self._on_error = on_error
 
     @property
     def wrapped(self) -> Engine:
@@ -311,10 +322,28 @@ class TrackedEngine:
                 activity.n_decoded += len(event.token_ids)
                 activity.finish_reason = event.finish_reason
                 yield event
+        except NinferError as exc:
+            failure = _failure(exc, started=activity.request_id is not None)
+            if failure is not None and self._on_error is not None:
+                self._on_error(failure)
+            raise
         finally:
             if activity.finish_reason is None:
                 activity.finish_reason = "cancelled"
             await events.aclose()
+
+
+def _failure(exc: NinferError, *, started: bool) -> str | None:
+    """What a supervisor reads of an engine error that ended a request, on one line; None for a request the engine
+    refused as invalid before starting it (the client's mistake, answered with a 400)."""
+    reason = " ".join(str(exc).split())
+    if isinstance(exc, EngineBusyError):
+        return f"429 engine full: {reason}"
+    if started:
+        return f"generation ended by an engine error: {reason}"
+    if isinstance(exc, OutOfMemoryError):
+        return f"request refused, out of memory: {reason}"
+    return None
 
 
 # -- runtime state -------------------------------------------------------------------------------------------------
@@ -412,7 +441,9 @@ class ModelRouter:
         self._background: set[asyncio.Task[Any]] = set()
         self._subscribers: set[asyncio.Queue[StatusEvent | None]] = set()
         self._call_ids = iter(range(1, 2**62))
-        self.errors: list[tuple[float, str, str]] = []  # recent (time, model, message), for the dashboard
+        # Recent (time, model, one-line message), for the dashboard: load failures, and requests the engine failed
+        # (TrackedEngine's on_error).
+        self.errors: deque[tuple[float, str, str]] = deque(maxlen=RECENT_ERRORS)
         # Loads past their health-check timeout, still running, each a task that closes its engine once it opens
         # (held: the loop keeps only weak references). The next load waits for them: one engine in memory at a time.
         self._abandoned_loads: set[asyncio.Task[None]] = set()
@@ -426,7 +457,7 @@ class ModelRouter:
         router = cls(single_model_config(engine.info.path, served.model_id, engine.options,
                                          served.preserve_thinking), **kwargs)
         entry = router._entries[served.model_id]
-        served.engine = TrackedEngine(engine)  # type: ignore[assignment]
+        served.engine = TrackedEngine(engine, router._error_recorder(served.model_id))  # type: ignore[assignment]
         served.metrics = router.metrics
         entry.served, entry.status, entry.loaded_at = served, LOADED, time.time()
         router._resident = entry
@@ -596,8 +627,14 @@ class ModelRouter:
         entry.status, entry.failure = status, failure
         entry.progress = 1.0 if status == LOADED else 0.0
         if failure is not None:
-            self.errors = [*self.errors[-19:], (time.time(), entry.name, failure)]
+            self.record_error(entry.name, f"failed to load: {failure}")
         self._publish(entry)
+
+    def record_error(self, model: str, message: str) -> None:
+        self.errors.append((time.time(), model, message))
+
+    def _error_recorder(self, model: str) -> Callable[[str], None]:
+        return lambda message: self.record_error(model, message)
 
     def _satisfied(self, ticket: _Ticket) -> bool:
         """A ticket is granted when its wish holds and no older ticket wishes otherwise (FIFO fairness)."""
@@ -754,7 +791,8 @@ class ModelRouter:
         except NinferError as exc:
             engine.close()
             return f"not ready: {exc}"
-        served = ServedModel(spec.name, TrackedEngine(engine),  # type: ignore[arg-type]
+        tracked = TrackedEngine(engine, self._error_recorder(spec.name))
+        served = ServedModel(spec.name, tracked,  # type: ignore[arg-type]
                              preserve_thinking=spec.preserve_thinking, metrics=self.metrics)
         target.served = served
         return None
