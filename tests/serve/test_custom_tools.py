@@ -209,7 +209,9 @@ OTHER_ARGUMENTS = st.one_of(
     st.text().filter(lambda text: not text.lstrip().startswith("{")),
     st.text().filter(lambda text: '"' not in text).map(lambda text: '{"input": "' + text),  # cut off
     JSON_VALUES.filter(lambda value: not _one_input_string(value)).map(json.dumps),
-    st.tuples(st.text(), st.text()).map(lambda ab: f'{{"input": {json.dumps(ab[0])}, "input": {json.dumps(ab[1])}}}'),
+    st.lists(st.text(), min_size=2, max_size=3).map(
+        lambda values: "{" + ", ".join(f'"input": {json.dumps(v)}' for v in values) + "}"  # repeated
+    ),
     st.integers(1, 4).map(lambda k: '{"input": ' + "[" * (5000 * k)),  # deeper than the decoder allows
 )
 
