@@ -483,8 +483,9 @@ def arbitrary_text(draw: st.DrawFn) -> str:
 
 def assert_only_blocks_removed(text: str, result: ToolParseResult, formats: Collection[str]) -> None:
     """The no-loss rule: the content is the text with the consumed blocks taken out, byte for byte. Each block
-    starts at an opener and yields calls, except a last one cut off by the end of the text, which is reported
-    whole; only that last block's calls may be truncated."""
+    starts at an opener and ends with a tag (and the layout after it) or at the end of the text; it yields calls,
+    except a last one cut off by the end of the text, which is reported whole; only that last block's calls may be
+    truncated."""
     openers = tuple(
         opener
         for opener, used in (("<tool_call>", {QWEN_XML, HERMES_JSON}), ("<function_calls>", {CLAUDE_XML}))
@@ -497,6 +498,7 @@ def assert_only_blocks_removed(text: str, result: ToolParseResult, formats: Coll
         kept.append(text[at : block.start])
         at = block.end
         last = block is result.blocks[-1]
+        assert block.end == len(text) or text[block.start : block.end].rstrip().endswith(">")
         if block.calls == 0:
             assert last and block.end == len(text)
             truncated = [i for i in result.issues if i.kind == "truncated"]
