@@ -7,12 +7,19 @@ from typing import Any
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from collections.abc import Collection
+
 from ninfer.frontend.tool_calls import (
+    ALL_FORMATS,
+    CLAUDE_XML,
+    HERMES_JSON,
     MAX_TOOL_NAME_BYTES,
+    QWEN_XML,
     SNIPPET_CHARS,
     ContentDelta,
     ToolCallDelta,
     ToolCallParser,
+    ToolBlock,
     ToolParseResult,
     accumulate_events,
     bounded_snippet,
@@ -47,8 +54,10 @@ def qwen_call(name: str, args: dict[str, str]) -> str:
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
-def stream(pieces: list[str], tools: Any = None) -> tuple[list[Any], ToolParseResult]:
-    parser = ToolCallParser(tools)
+def stream(
+    pieces: list[str], tools: Any = None, formats: Collection[str] = ALL_FORMATS
+) -> tuple[list[Any], ToolParseResult]:
+    parser = ToolCallParser(tools, formats)
     events = [e for piece in pieces for e in parser.feed(piece)] + parser.finish()
     return events, parser.result()
 
@@ -159,9 +168,26 @@ def test_block_that_holds_no_call_is_content() -> None:
         "<tool_call>{not json}</tool_call> tail",
         "<function_calls>plain</function_calls>",
         '<tool_call>{"x": 1}</tool_call>',
+        "<tool_call>\n</tool_call> empty",  # used to vanish: an empty block was taken for a finished one
+        "<function_calls></function_calls>",
     ):
         result = parse_tool_calls(text)
-        assert (result.content, result.calls) == (text, [])
+        assert (result.content, result.calls, result.blocks) == (text, [], [])
+
+
+def test_blocks_locate_the_text_that_is_not_content() -> None:
+    call = qwen_call("a", {"x": "1"})
+    claude = '<function_calls><invoke name="b"></invoke>'
+    text = "pre " + call + " mid <tool_call>no call</tool_call> " + claude + "\n\nafter"
+    result = parse_tool_calls(text)
+    first = text.index(call)
+    second = text.index(claude)
+    # the second block misses its close: it ends where the text resumes, its layout newlines with it
+    assert result.blocks == [
+        ToolBlock(first, first + len(call), 1),
+        ToolBlock(second, len(text) - len("after"), 1),
+    ]
+    assert result.content == "pre  mid <tool_call>no call</tool_call> after"
 
 
 def test_missing_closing_function_and_stray_text_are_tolerated() -> None:
@@ -206,6 +232,30 @@ def test_truncated_hermes_json_is_completed() -> None:
     result = parse_tool_calls('<tool_call>{"name": "f", "arguments": {"a": 1, "bb')
     assert calls_of(result) == [("f", {"a": 1})]
     assert result.issues[0].snippet == ', "bb'
+
+
+def test_truncated_json_without_a_call_reports_all_it_discarded() -> None:
+    text = '<tool_call>\n{"x": 1, "name'  # the report used to stop at the opener
+    result = parse_tool_calls(text)
+    assert (result.content, result.calls, result.blocks) == ("", [], [ToolBlock(0, len(text), 0)])
+    (issue,) = result.issues
+    assert (issue.kind, issue.snippet, issue.discarded_chars) == ("truncated", text, len(text))
+
+
+def test_json_nested_deeper_than_the_decoder_allows_never_raises() -> None:
+    deep = "[" * 20_000  # json.loads raises RecursionError here, not ValueError
+    tools = [{"name": "f", "parameters": {"properties": {"opts": {"type": "object"}}}}]
+    for text in (
+        f'<tool_call>{{"name": "f", "arguments": {deep}</tool_call>',
+        f'<tool_call>{{"name": "f", "arguments": "{deep}"}}</tool_call>',
+        f'<tool_call>{{"name": "f", "arguments": {{"a": {deep}',
+        f"<tool_call>\n<function=f>\n<parameter=opts>\n{deep}\n</parameter>\n</function>\n</tool_call>",
+    ):
+        result = parse_tool_calls(text, tools)
+        for call in result.calls:
+            assert isinstance(json.loads(call.arguments), dict)
+    assert complete_truncated_json(deep) is None
+    assert coerce_argument(deep, {"type": "array"}) == deep
 
 
 def test_truncated_before_the_name_is_complete_recovers_nothing_but_reports() -> None:
@@ -379,53 +429,99 @@ def test_any_prefix_never_raises_and_streams_like_the_whole(case: Any, data: st.
         assert isinstance(json.loads(call.arguments), dict)
 
 
-ARBITRARY = st.one_of(
-    st.text(),
-    st.lists(
-        st.sampled_from(
-            [
-                "<tool_call>",
-                "</tool_call>",
-                "<function=",
-                "f",
-                ">",
-                "<parameter=",
-                "p",
-                "</parameter>",
-                "</function>",
-                "\n",
-                "{",
-                "}",
-                '"',
-                ":",
-                "name",
-                "x",
-                " ",
-                "<function_calls>",
-                '<invoke name="',
-                '">',
-                "</invoke>",
-                '<parameter name="',
-                "</function_calls>",
-            ]
-        ),
-        max_size=40,
-    ).map("".join),
-)
+# Tags, partial tags, JSON punctuation and names, so that arbitrary text is often almost (or just) a call.
+FRAGMENTS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<function=",
+    "f",
+    ">",
+    "<parameter=",
+    "p",
+    "</parameter>",
+    "</function>",
+    "\n",
+    "{",
+    "}",
+    "[",
+    '"',
+    ":",
+    ",",
+    '{"name": "f", "arguments": {',
+    '"name"',
+    "x",
+    " ",
+    "<",
+    "</",
+    "<function_calls>",
+    '<invoke name="',
+    '">',
+    "</invoke>",
+    '<parameter name="',
+    "</function_calls>",
+]
+FORMAT_SETS = [ALL_FORMATS, (QWEN_XML,), (HERMES_JSON,), (CLAUDE_XML,), (QWEN_XML, CLAUDE_XML)]
+
+
+@st.composite
+def arbitrary_text(draw: st.DrawFn) -> str:
+    """Any text, fragment soup, or a generated conversation with fragments spliced in, maybe cut anywhere."""
+    text = draw(
+        st.one_of(
+            st.text(),
+            st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join),
+            conversation().map(lambda case: case[0]),
+        )
+    )
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + draw(st.sampled_from(FRAGMENTS) | st.text(max_size=3)) + text[at:]
+    if draw(st.booleans()):
+        text = text[: draw(st.integers(0, len(text)))]
+    return text
+
+
+def assert_only_blocks_removed(text: str, result: ToolParseResult, formats: Collection[str]) -> None:
+    """The no-loss rule: the content is the text with the consumed blocks taken out, byte for byte. Each block
+    starts at an opener and ends with a tag (and the layout after it) or at the end of the text; it yields calls,
+    except a last one cut off by the end of the text, which is reported whole; only that last block's calls may be
+    truncated."""
+    openers = tuple(
+        opener
+        for opener, used in (("<tool_call>", {QWEN_XML, HERMES_JSON}), ("<function_calls>", {CLAUDE_XML}))
+        if used & set(formats)
+    )
+    kept, at, calls_before = [], 0, 0
+    for block in result.blocks:
+        assert at <= block.start < block.end <= len(text)
+        assert text.startswith(openers, block.start)
+        kept.append(text[at : block.start])
+        at = block.end
+        last = block is result.blocks[-1]
+        assert block.end == len(text) or text[block.start : block.end].rstrip().endswith(">")
+        if block.calls == 0:
+            assert last and block.end == len(text)
+            truncated = [i for i in result.issues if i.kind == "truncated"]
+            assert [i.discarded_chars for i in truncated] == [block.end - block.start]
+        if not (last and block.end == len(text)):
+            assert not any(c.truncated for c in result.calls[calls_before : calls_before + block.calls])
+        calls_before += block.calls
+    kept.append(text[at:])
+    assert result.content == "".join(kept)
+    assert calls_before == len(result.calls)
 
 
 @settings(max_examples=500, deadline=None)
-@given(ARBITRARY, st.data())
-def test_fuzz_never_raises_and_keeps_text_outside_calls(text: str, data: st.DataObject) -> None:
-    whole = parse_tool_calls(text)
-    _, streamed = stream(data.draw(chunkings(text)))
-    assert (streamed.content, streamed.calls) == (whole.content, whole.calls)
-    if "<tool_call>" not in text and "<function_calls>" not in text:
-        assert whole.content == text and whole.calls == []
-    else:
-        # Text before the first block opener is never touched.
-        first = min(i for i in (text.find("<tool_call>"), text.find("<function_calls>")) if i >= 0)
-        assert whole.content.startswith(text[:first])
+@given(arbitrary_text(), st.sampled_from(FORMAT_SETS), st.booleans(), st.data())
+def test_fuzz_never_raises_and_loses_no_text_outside_calls(
+    text: str, formats: tuple[str, ...], with_tools: bool, data: st.DataObject
+) -> None:
+    tools = [READ_FILE] if with_tools else None
+    whole = parse_tool_calls(text, tools, formats)
+    events, streamed = stream(data.draw(chunkings(text)), tools, formats)
+    assert (streamed.content, streamed.calls, streamed.blocks) == (whole.content, whole.calls, whole.blocks)
+    assert accumulate_events(events) == (whole.content, [(c.name, c.arguments) for c in whole.calls])
+    assert_only_blocks_removed(text, whole, formats)
     for call in whole.calls:
         assert isinstance(json.loads(call.arguments), dict)
     for issue in whole.issues:

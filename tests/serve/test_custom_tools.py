@@ -7,12 +7,15 @@ Qwen3.5 server, whose template renders earlier calls' arguments, by the exact pr
 
 from __future__ import annotations
 
+import json
 import random
 import string
 
 import live_servers
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
 from ninfer.serve.errors import InvalidRequestError
 
@@ -189,6 +192,40 @@ def test_raw_input_survives_the_function_form_round_trip():
     # What the model wrote that is not one `input` string is kept whole.
     for other in ('{"path": "a.py"}', "not json {", '{"input": 3}', '{"input": "a", "extra": 1}'):
         assert call_input(other) == other
+
+
+def _one_input_string(value) -> bool:
+    return isinstance(value, dict) and list(value) == ["input"] and isinstance(value["input"], str)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(["input", "x"]) | st.text(max_size=3), inner, max_size=3),
+    max_leaves=8,
+)
+# Arguments that are not one `input` string, by construction.
+OTHER_ARGUMENTS = st.one_of(
+    st.text().filter(lambda text: not text.lstrip().startswith("{")),
+    st.text().filter(lambda text: '"' not in text).map(lambda text: '{"input": "' + text),  # cut off
+    JSON_VALUES.filter(lambda value: not _one_input_string(value)).map(json.dumps),
+    st.lists(st.text(), min_size=2, max_size=3).map(
+        lambda values: "{" + ", ".join(f'"input": {json.dumps(v)}' for v in values) + "}"  # repeated
+    ),
+    st.integers(1, 4).map(lambda k: '{"input": ' + "[" * (5000 * k)),  # deeper than the decoder allows
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.sampled_from([None, 0, 2]), st.booleans())
+def test_call_input_returns_the_one_input_string_however_it_is_written(raw, indent, ascii_only):
+    assert call_input(json.dumps({"input": raw}, indent=indent, ensure_ascii=ascii_only)) == raw
+
+
+@settings(max_examples=300, deadline=None)
+@given(OTHER_ARGUMENTS)
+def test_call_input_never_raises_and_keeps_anything_else_whole(arguments):
+    assert call_input(arguments) == arguments
 
 
 def test_the_template_sees_one_string_parameter_with_the_format():

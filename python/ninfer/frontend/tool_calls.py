@@ -68,10 +68,23 @@ class ParseIssue:
 
 
 @dataclass(frozen=True)
+class ToolBlock:
+    """A tool-call block taken out of the content: `text[start:end]`, from its opener to its close (or to where
+    the text ended, or resumed after a missing close), and how many of the calls it yielded. Every other character
+    of the text is content, in order; a block with no call was cut off by the end of the text (a `truncated`
+    issue)."""
+
+    start: int
+    end: int
+    calls: int
+
+
+@dataclass(frozen=True)
 class ToolParseResult:
     content: str
     calls: list[ToolCall]
     issues: list[ParseIssue]
+    blocks: list[ToolBlock]  # in text order; what is not content
 
 
 @dataclass(frozen=True)
@@ -136,16 +149,22 @@ def schema_types(schema: Mapping[str, Any] | None) -> frozenset[str]:
 _NOT_PARSED = object()
 
 
+def _loads(text: str) -> Any:
+    """`json.loads(text)`, or `_NOT_PARSED` when the text is not JSON. Nesting deeper than the decoder's recursion
+    limit (a model can write `[[[[...`) is not JSON here either: the parsers never raise on generated text."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _NOT_PARSED
+
+
 def _parse_as(json_type: str, text: str) -> Any:
     if json_type == "null":
         return None if text in ("null", "None") else _NOT_PARSED
     if json_type == "boolean":
         lowered = text.lower()
         return lowered == "true" if lowered in ("true", "false") else _NOT_PARSED
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return _NOT_PARSED
+    value = _loads(text)
     wanted: dict[str, tuple[type, ...]] = {
         "integer": (int,),
         "number": (int, float),
@@ -205,15 +224,28 @@ def _valid_name(name: str) -> bool:
 # Truncated JSON (Hermes bodies cut off at the end)
 
 
+_Closers = tuple[str, "_Closers"] | None
+
+
+def _closing_text(closers: _Closers) -> str:
+    text = []
+    while closers is not None:
+        text.append(closers[0])
+        closers = closers[1]
+    return "".join(text)
+
+
 def complete_truncated_json(
     text: str, *, keep_open_string: bool = True, max_attempts: int = 64
 ) -> tuple[Any, int] | None:
     """Parse a JSON value that may be cut off at the end: close what is open, or cut back to the last element
     boundary. Returns (value, characters of `text` used) or None. With `keep_open_string` a string cut off at the
     end is kept as far as it goes; without, it is dropped with its element."""
-    closers: list[str] = []
+    # The open brackets' closers, innermost first, as a linked list (closer, outer) that boundaries share: a
+    # snapshot costs nothing, so deeply nested text stays linear.
+    closers: _Closers = None
     in_string = escape = False
-    boundaries: list[tuple[int, str]] = []  # (cut position, closing text valid there), in text order
+    boundaries: list[tuple[int, _Closers]] = []  # (cut position, closers open there), in text order
     for i, ch in enumerate(text):
         if in_string:
             if escape:
@@ -226,23 +258,22 @@ def complete_truncated_json(
         if ch == '"':
             in_string = True
         elif ch in "{[":
-            closers.append("}" if ch == "{" else "]")
-            boundaries.append((i + 1, "".join(reversed(closers))))
-        elif ch in "}]" and closers:
-            closers.pop()
-            boundaries.append((i + 1, "".join(reversed(closers))))
+            closers = ("}" if ch == "{" else "]", closers)
+            boundaries.append((i + 1, closers))
+        elif ch in "}]" and closers is not None:
+            closers = closers[1]
+            boundaries.append((i + 1, closers))
         elif ch == ",":
-            boundaries.append((i, "".join(reversed(closers))))
+            boundaries.append((i, closers))
     used = len(text) - 1 if escape else len(text)
     attempts: list[tuple[int, str]] = []
     if keep_open_string or not in_string:
-        attempts.append((used, ('"' if in_string else "") + "".join(reversed(closers))))
-    attempts += reversed(boundaries[-max_attempts:])
+        attempts.append((used, ('"' if in_string else "") + _closing_text(closers)))
+    attempts += ((cut, _closing_text(open_there)) for cut, open_there in reversed(boundaries[-max_attempts:]))
     for cut, closing in attempts:
-        try:
-            return json.loads(text[:cut] + closing), cut
-        except ValueError:
-            continue
+        value = _loads(text[:cut] + closing)
+        if value is not _NOT_PARSED:
+            return value, cut
     return None
 
 
@@ -331,6 +362,9 @@ class ToolCallParser:
             str
         ] = []  # text consumed since the block opened, given back if it holds no call
         self._block_calls = 0
+        self._block_start = 0
+        self._blocks: list[ToolBlock] = []
+        self._fed = 0  # characters fed so far: the text offset of the buffer's end
         self._json_searched = 0
         self._call: _Call | None = None
         self._param_name = ""
@@ -352,6 +386,7 @@ class ToolCallParser:
         if self._finished:
             raise RuntimeError("ToolCallParser.feed after finish")
         self._buf += piece
+        self._fed += len(piece)
         while self._step():
             pass
         return self._take_events()
@@ -365,7 +400,7 @@ class ToolCallParser:
 
     def result(self) -> ToolParseResult:
         calls = [ToolCall(c.name, "".join(c.arguments), c.format, c.truncated) for c in self._calls]
-        return ToolParseResult("".join(self._content), calls, list(self._issues))
+        return ToolParseResult("".join(self._content), calls, list(self._issues), list(self._blocks))
 
     # -- output ----------------------------------------------------------------------------------------------
 
@@ -400,8 +435,9 @@ class ToolCallParser:
         self._block_raw.append(taken)
         return taken
 
-    def _open_block(self, dialect: _XmlDialect) -> None:
+    def _open_block(self, dialect: _XmlDialect, start: int) -> None:
         self._dialect = dialect
+        self._block_start = start
         self._block_raw = [dialect.block_open]
         self._block_calls = 0
         self._state = _State.BLOCK
@@ -409,6 +445,12 @@ class ToolCallParser:
     def _give_block_back(self) -> None:
         """The block holds no call after all: its text so far is content; parsing resumes after it."""
         self._emit_content("".join(self._block_raw))
+        self._block_raw = []
+        self._state = _State.TEXT
+
+    def _close_block(self) -> None:
+        """The block ends where the buffer now starts; its text is not content (calls, markup, slips)."""
+        self._blocks.append(ToolBlock(self._block_start, self._fed - len(self._buf), self._block_calls))
         self._block_raw = []
         self._state = _State.TEXT
 
@@ -457,7 +499,7 @@ class ToolCallParser:
             pos, opener = min(found)
             self._emit_content(buf[:pos])
             self._buf = buf[pos + len(opener) :]
-            self._open_block(self._dialects[opener])
+            self._open_block(self._dialects[opener], self._fed - len(buf) + pos)
             return True
         hold = partial_suffix_len(buf, tuple(self._dialects))
         self._emit_content(buf[: len(buf) - hold])
@@ -475,8 +517,10 @@ class ToolCallParser:
         json_ok = d is _QWEN and HERMES_JSON in self._formats and first
         if stripped.startswith(d.block_close):
             self._consume(len(d.block_close))
-            self._block_raw = []
-            self._state = _State.TEXT
+            if first:
+                self._give_block_back()  # an empty block holds no call
+            else:
+                self._close_block()
             return True
         if xml_ok and stripped.startswith(d.invoke_open):
             self._consume(len(d.invoke_open))
@@ -494,8 +538,7 @@ class ToolCallParser:
         else:
             # Calls done and the model went on writing without closing the block: take the block as closed.
             self._issue("malformed", f"missing {d.block_close} after a tool call")
-            self._block_raw = []
-            self._state = _State.TEXT
+            self._close_block()
         return True
 
     def _step_json_body(self) -> bool:
@@ -506,14 +549,13 @@ class ToolCallParser:
             return False
         body = self._consume(end)
         self._consume(len(close))
-        call = _hermes_call(_loads_or_none(body))
+        call = _hermes_call(_loads(body))
         if call is None:
             self._issue("malformed", "a <tool_call> block holds neither XML nor a JSON call", body)
             self._give_block_back()
             return True
         self._emit_hermes(*call)
-        self._block_raw = []
-        self._state = _State.TEXT
+        self._close_block()
         return True
 
     def _emit_hermes(self, name: str, arguments: dict[str, Any], truncated: bool = False) -> None:
@@ -648,8 +690,7 @@ class ToolCallParser:
             self._consume(len(self._buf) - keep)
             return False
         self._consume(end + len(close))
-        self._block_raw = []
-        self._state = _State.TEXT
+        self._close_block()
         return True
 
     # -- end of text -----------------------------------------------------------------------------------------
@@ -686,7 +727,8 @@ class ToolCallParser:
             self._issue(
                 "truncated", "the text ended inside an unfinished tool call", "".join(self._block_raw) + buf
             )
-        self._block_raw = []
+        if state is not _State.TEXT:
+            self._close_block()
 
     def _finish_json_body(self, body: str) -> None:
         recovered = complete_truncated_json(body)
@@ -696,9 +738,8 @@ class ToolCallParser:
         if call is not None and (closed_only is None or _hermes_name(closed_only[0]) != call[0]):
             call = None
         if call is None:
-            self._issue(
-                "truncated", "the text ended inside an unfinished JSON tool call", "".join(self._block_raw)
-            )
+            discarded = "".join(self._block_raw) + body
+            self._issue("truncated", "the text ended inside an unfinished JSON tool call", discarded)
             return
         self._emit_hermes(*call, truncated=True)
         assert recovered is not None
@@ -713,13 +754,6 @@ class _BadName(Exception):
         self.text = text
 
 
-def _loads_or_none(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
 def _hermes_name(obj: Any) -> str | None:
     return obj.get("name") if isinstance(obj, dict) and isinstance(obj.get("name"), str) else None
 
@@ -730,7 +764,7 @@ def _hermes_call(obj: Any) -> tuple[str, dict[str, Any]] | None:
         return None
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):
-        arguments = _loads_or_none(arguments)
+        arguments = _loads(arguments)
     if not isinstance(arguments, dict):
         return None
     return obj["name"], arguments

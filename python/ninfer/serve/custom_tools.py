@@ -86,13 +86,16 @@ def chat_form_tools(tools: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, 
 
 def call_input(arguments: str) -> str:
     """A parsed call's arguments JSON -> the custom call's raw input. A model that wrote something other than one
-    `input` string keeps its text whole (no call text is ever dropped)."""
+    `input` string keeps its text whole (no call text is ever dropped): other or repeated keys (an XML call can
+    repeat a parameter), text that is not JSON, or JSON nested too deeply for the decoder."""
     try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError:
+        members = json.loads(arguments, object_pairs_hook=list)  # objects as [(key, value)]: repeats kept
+    except (ValueError, RecursionError):
         return arguments
-    if isinstance(parsed, dict) and set(parsed) == {INPUT} and isinstance(parsed[INPUT], str):
-        return parsed[INPUT]
+    if isinstance(members, list) and len(members) == 1 and isinstance(members[0], tuple):
+        key, value = members[0]
+        if key == INPUT and isinstance(value, str):
+            return value
     return arguments
 
 
