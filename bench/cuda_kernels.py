@@ -88,6 +88,19 @@ def measure_bandwidth() -> dict[str, float]:
 GEMV_IMPLS = ("mma", "mma_v3", "simt")
 
 
+DENSE_BF16_FLOPS = 790e12  # H200 dense bf16 matrix rate (issue 5)
+
+
+def byte_rate(moved: float, micros: float, bandwidth: float) -> dict[str, float]:
+    """A kernel's bytes per second, and that over the measured read bandwidth."""
+    return {"gb_per_s": moved / micros / 1e3, "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth}
+
+
+def flop_rate(flops: float, micros: float) -> dict[str, float]:
+    """A kernel's TFLOP/s, and that over the device's dense bf16 matrix rate."""
+    return {"tflop_per_s": flops / micros / 1e6, "fraction_of_bf16_peak": flops / (micros * 1e-6) / DENSE_BF16_FLOPS}
+
+
 def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IMPLS) -> list[dict]:
     """Each GEMV is one graph of calls cycling over device copies of the weight (no host gaps, as in a captured
     decode pass). Every call splits its activations itself ("own" split: the cost of a lone weight), and the
@@ -110,8 +123,7 @@ def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IM
                         rows_out.append({
                             "kernel": "gemv", "impl": impl, "split": split, "encoding": encoding, "group_size": group,
                             "tensor": name, "shape": [out, cols], "rows": rows, "median_us": micros, "bytes": moved,
-                            "gb_per_s": moved / micros / 1e3,
-                            "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth,
+                            **byte_rate(moved, micros, bandwidth),
                         })
         art.close()
         path.unlink()
@@ -209,8 +221,7 @@ def bench_row_ops(bandwidth: float) -> list[dict]:
         for op in ROW_OPS:
             micros, moved = _engine.cuda.bench_prefill_op(op, rows, iterations=20)
             rows_out.append({"op": op, "rows": rows, "median_us": micros, "bytes": moved,
-                             "gb_per_s": moved / micros / 1e3,
-                             "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth})
+                             **byte_rate(moved, micros, bandwidth)})
     return rows_out
 
 
@@ -226,7 +237,6 @@ ATTENTION_27B = {"heads": 24, "kv_heads": 4, "head_dim": 256}  # Qwen3.5-27B ful
 # Qwen3.5-35B-A3B's (1 row x 2 KV heads: 128 splits, nearly all empty at a chat's first turns: ctx 130).
 ATTENTION_35B_A3B = {"heads": 16, "kv_heads": 2, "head_dim": 256}
 DECODE_ATTENTION = [("27B", ATTENTION_27B, (1024, 8192, 32768)), ("35B-A3B", ATTENTION_35B_A3B, (130, 1024, 8192))]
-DENSE_BF16_FLOPS = 790e12  # H200 dense bf16 matrix rate (issue 5)
 L2_BYTES = 50 * 2**20
 
 
@@ -242,17 +252,14 @@ def bench_attention(bandwidth: float) -> list[dict]:
                                                      new_rows=prompt, batch=1, calls=calls, iterations=5)
             flops = 4 * ATTENTION_27B["head_dim"] * ATTENTION_27B["heads"] * prompt * (prompt + 1) / 2
             rows_out.append({"kernel": "attention_prefill", "kv_dtype": kv_dtype, "prompt": prompt,
-                             "median_us": micros, "tflop_per_s": flops / micros / 1e6,
-                             "fraction_of_bf16_peak": flops / (micros * 1e-6) / DENSE_BF16_FLOPS})
+                             "median_us": micros, **flop_rate(flops, micros)})
         for layer, shape, contexts in DECODE_ATTENTION:
             for context, batch in ((c, b) for c in contexts for b in (1, 8)):
                 micros, kv_bytes = _engine.cuda.bench_attention(
                     **shape, kv_dtype=kv_dtype, context=context, new_rows=1, batch=batch, calls=20, iterations=20)
                 rows_out.append({"kernel": "attention_decode", "layer": layer, "kv_dtype": kv_dtype,
                                  "context": context, "batch": batch, "median_us": micros, "bytes": kv_bytes,
-                                 "gb_per_s": kv_bytes / micros / 1e3,
-                                 "fraction_of_bandwidth": kv_bytes / (micros * 1e-6) / bandwidth,
-                                 "fits_in_l2": kv_bytes < L2_BYTES})
+                                 **byte_rate(kv_bytes, micros, bandwidth), "fits_in_l2": kv_bytes < L2_BYTES})
     return rows_out
 
 
@@ -303,10 +310,8 @@ def bench_moe(workdir: Path, bandwidth: float) -> list[dict]:
             flops = 2.0 * rows * k * 3 * h * i
             rows_out.append({
                 "kernel": "moe_experts", "impl": impl, "encoding": encoding, "group_size": group, "rows": rows,
-                "shape": m, "median_us": micros, "bytes": moved, "gb_per_s": moved / micros / 1e3,
-                "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth, "flops": flops,
-                "tflop_per_s": flops / micros / 1e6,
-                "fraction_of_bf16_peak": flops / (micros * 1e-6) / DENSE_BF16_FLOPS,
+                "shape": m, "median_us": micros, "bytes": moved, **byte_rate(moved, micros, bandwidth),
+                "flops": flops, **flop_rate(flops, micros),
             })
         art.close()
         path.unlink()

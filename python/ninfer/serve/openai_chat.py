@@ -45,6 +45,7 @@ from ninfer.serve.generation import (
     start_generation,
 )
 from ninfer.serve.openai_common import (
+    REASONING_EFFORTS,
     MaxTokens,
     SamplingFields,
     advisory_tool_choice,
@@ -61,7 +62,6 @@ from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import PING_INTERVAL_S, sse_frame, sse_response
 from ninfer.serve.structured import build_constraint, chat_response_format
 
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -19,6 +19,9 @@ from ninfer.serve.errors import InvalidRequestError, describe, openai_body
 from ninfer.serve.generation import GenerationParams, GenerationResult, GenerationUsage, TokenLogprob
 from ninfer.serve.sse import sse_frame
 
+# What `reasoning_effort` (chat) and `reasoning.effort` (Responses) may be.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
 # -1 means "until the end of the context" (llama.cpp's web UI sends it).
 MaxTokens = Annotated[int, Meta(ge=-1)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]

@@ -52,7 +52,7 @@ from ninfer.serve.generation import (
     prepare_prompt,
     start_generation,
 )
-from ninfer.serve.openai_common import advisory_tool_choice, logprob_json, new_id
+from ninfer.serve.openai_common import REASONING_EFFORTS, advisory_tool_choice, logprob_json, new_id
 from ninfer.serve.output_blocks import (
     REASONING,
     TEXT,
@@ -70,7 +70,6 @@ from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ServedModel
 from ninfer.serve.structured import build_constraint, responses_text_format
 
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
 
 
