@@ -17,6 +17,7 @@ the GIL: a daemon thread woken inside a native call after that point aborts the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 import weakref
@@ -189,6 +190,14 @@ class Frontend:
         self.chat_template = None if source is None else ChatTemplate(
             source, bos_token=self._token_text(self.bos_token_id),
             eos_token=self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None))
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token can stand for: the longest vocabulary entry (added tokens
+        included). Byte-level and metaspace vocabularies spell each token with at least one character per character
+        it decodes to, so a text of N characters has at least N / max_token_chars tokens."""
+        tokenizer = self._require_tokenizer()
+        return max(1, max(len(piece) for piece in tokenizer.get_vocab(with_added_tokens=True)))
 
     def _token_text(self, token_id: int | None) -> str:
         if token_id is None or self.tokenizer is None:

@@ -369,7 +369,7 @@ def _tool_choice_note(body: MessagesRequest) -> dict[str, Any] | None:
 async def create_message(data: JSONBody[MessagesRequest], router: RouterDependency, request: Request) -> Any:
     model: ServedModel = router.resolve(data.model)
     chat = chat_prompt(data)
-    prompt = prepare_prompt(model, chat)
+    prompt = await prepare_prompt(model, chat)
     fmt = output_format(data)
     params = _params(data)
     if fmt is not None:
@@ -387,7 +387,7 @@ async def create_message(data: JSONBody[MessagesRequest], router: RouterDependen
 @post("/v1/messages/count_tokens", status_code=200, summary="Anthropic token count of a Messages request")
 async def count_tokens(data: JSONBody[CountTokensRequest], router: RouterDependency) -> dict[str, int]:
     model = router.resolve(data.model)
-    return {"input_tokens": len(prepare_prompt(model, chat_prompt(data)).token_ids)}
+    return {"input_tokens": len((await prepare_prompt(model, chat_prompt(data))).token_ids)}
 
 
 route_handlers = [create_message, count_tokens]

@@ -53,6 +53,19 @@ class ContextOverflowError(errors.CapacityError):
         self.n_ctx = n_ctx
 
 
+class TextOverflowError(ContextOverflowError):
+    """The prompt's text is so long that it cannot fit the context whatever it tokenizes to: refused without
+    tokenizing it, so `n_prompt_tokens` is a lower bound (the text's length over the most characters one token
+    covers)."""
+
+    def __init__(self, n_chars: int, at_least_tokens: int, n_ctx: int) -> None:
+        super().__init__(at_least_tokens, n_ctx)
+        self.args = (
+            f"the request's prompt text has {n_chars} characters, at least {at_least_tokens} tokens, which "
+            f"cannot fit the context of {n_ctx} tokens",
+        )
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     """A protocol-neutral description of one error response."""

@@ -5,7 +5,7 @@
 
 API (protocol modules use only this):
 
-    prompt = prepare_prompt(model, ChatPrompt(messages, tools=..., enable_thinking=..., ...))   # or TextPrompt
+    prompt = await prepare_prompt(model, ChatPrompt(messages, tools=..., enable_thinking=..., ...))   # or TextPrompt
         PreparedPrompt(token_ids, text, starts_in_reasoning, is_chat); raises EngineError (400) on template refusal.
     gen = await start_generation(model, prompt, GenerationParams(max_tokens=..., stop=[...], ...), tools=...)
         Checks the context (ContextOverflowError), builds the engine Request from the request's sampling values over
@@ -63,7 +63,7 @@ from ninfer.frontend.tool_calls import (
     tool_name_problem,
 )
 from ninfer.serve.disconnect import departure
-from ninfer.serve.errors import ContextOverflowError, InvalidRequestError
+from ninfer.serve.errors import ContextOverflowError, InvalidRequestError, TextOverflowError
 
 
 class ServedModel(Protocol):
@@ -168,15 +168,27 @@ class GenerationResult:
 MAX_TOP_LOGPROBS = 20
 
 
-def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) -> PreparedPrompt:
-    """Renders and tokenizes a prompt with the model's own template and tokenizer."""
+# How many characters of text one token can cover at most, times this slack, bounds a text's token count from
+# below without tokenizing it: a tokenizer's normalizer can fold a few characters into one (NFKC, combining marks),
+# which the longest vocabulary entry alone does not account for.
+NORMALIZATION_SLACK = 4
+
+
+async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) -> PreparedPrompt:
+    """Renders and tokenizes a prompt with the model's own template and tokenizer, off the event loop (a long
+    prompt takes the CPU for seconds, which would delay every other request and stream). A text whose length alone
+    proves it cannot fit the context is refused before it is tokenized (TextOverflowError)."""
     frontend = model.engine.frontend
+    n_ctx = model.engine.info.max_context
     if isinstance(prompt, TextPrompt):
         if prompt.token_ids is not None:
             return PreparedPrompt(list(prompt.token_ids), None, False, is_chat=False)
-        return PreparedPrompt(frontend.encode(prompt.text or ""), prompt.text, False, is_chat=False)
+        text = prompt.text or ""
+        _refuse_overlong_text(len(text), frontend.max_token_chars, n_ctx)
+        return PreparedPrompt(await asyncio.to_thread(frontend.encode, text), text, False, is_chat=False)
     _check_tool_names(prompt.tools or ())
-    rendered = frontend.render(
+    rendered = await asyncio.to_thread(
+        frontend.render,
         prompt.messages,
         tools=prompt.tools or None,
         add_generation_prompt=prompt.add_generation_prompt,
@@ -186,9 +198,15 @@ def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) -> Prepa
         reasoning_effort=prompt.reasoning_effort,
         chat_template_kwargs=prompt.chat_template_kwargs,
     )
-    return PreparedPrompt(
-        frontend.encode(rendered.text), rendered.text, rendered.starts_in_reasoning, is_chat=True
-    )
+    _refuse_overlong_text(len(rendered.text), frontend.max_token_chars, n_ctx)
+    token_ids = await asyncio.to_thread(frontend.encode, rendered.text)
+    return PreparedPrompt(token_ids, rendered.text, rendered.starts_in_reasoning, is_chat=True)
+
+
+def _refuse_overlong_text(n_chars: int, max_token_chars: int, n_ctx: int) -> None:
+    at_least = n_chars // (max_token_chars * NORMALIZATION_SLACK)
+    if at_least >= n_ctx:
+        raise TextOverflowError(n_chars, at_least, n_ctx)
 
 
 def _check_tool_names(tools: Sequence[Mapping[str, Any]]) -> None:

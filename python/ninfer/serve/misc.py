@@ -7,6 +7,7 @@ Prometheus metrics.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 import msgspec
@@ -86,7 +87,7 @@ class ApplyTemplateRequest(msgspec.Struct, kw_only=True):
 @post("/tokenize", status_code=200, summary="Text -> token ids (llama.cpp body)")
 async def tokenize(data: JSONBody[TokenizeRequest], router: RouterDependency) -> dict[str, Any]:
     frontend = router.resolve(data.model).engine.frontend
-    ids = frontend.encode(data.content)
+    ids = await asyncio.to_thread(frontend.encode, data.content)  # a long text: off the event loop
     if data.add_special and frontend.bos_token_id is not None:
         ids = [frontend.bos_token_id, *ids]
     if not data.with_pieces:
@@ -112,7 +113,7 @@ async def apply_template(data: JSONBody[ApplyTemplateRequest], router: RouterDep
                       add_generation_prompt=data.add_generation_prompt,
                       enable_thinking=thinking if isinstance(thinking, bool) else None,
                       chat_template_kwargs=kwargs or None)
-    return {"prompt": prepare_prompt(router.resolve(data.model), chat).text}
+    return {"prompt": (await prepare_prompt(router.resolve(data.model), chat)).text}
 
 
 @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE)

@@ -352,7 +352,7 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], router: Router
     )
     chat = _chat_prompt(data)
     output_format = chat_response_format(data.response_format)
-    prompt = prepare_prompt(model, chat)
+    prompt = await prepare_prompt(model, chat)
     if output_format is not None:
         constraint = await build_constraint(
             model.engine, output_format, "response_format", starts_in_reasoning=prompt.starts_in_reasoning

@@ -148,7 +148,7 @@ async def completions(data: JSONBody[CompletionRequest], router: RouterDependenc
     params = generation_params(
         data, max_tokens=data.max_tokens, logprobs=want_logprobs, top_logprobs=data.logprobs or 0
     )
-    prompt = prepare_prompt(model, _prompt(data))
+    prompt = await prepare_prompt(model, _prompt(data))
     generation = await start_generation(model, prompt, params)
     echo = ""
     if data.echo:

@@ -589,7 +589,7 @@ async def _prepare(model: ServedModel, body: ResponsesRequest | InputTokensReque
     items = input_items(body.input)
     conversation = _previous(store, body.previous_response_id) + items_to_messages(items)
     chat = _chat_prompt(body, conversation)
-    return items, conversation, chat, prepare_prompt(model, chat)
+    return items, conversation, chat, await prepare_prompt(model, chat)
 
 
 @post("/v1/responses", status_code=200, summary="OpenAI Responses")

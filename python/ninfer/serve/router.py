@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
+import msgspec
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
@@ -872,12 +873,16 @@ RouterDependency: TypeAlias = NamedDependency[ModelRouter]
 GATE_EXEMPT = "router_gate_exempt"  # route opt: this POST route needs no engine (management, streams, tools)
 
 
+class _ModelField(msgspec.Struct):
+    model: Any = None
+
+
 def _body_model(body: bytes) -> str | None:
+    """The body's `model`, decoded without building the rest (a long conversation costs a scan, not a copy)."""
     try:
-        data = json.loads(body) if body else None
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None  # the handler answers malformed (or too deeply nested) JSON with a 400 of its protocol
-    model = data.get("model") if isinstance(data, dict) else None
+        model = msgspec.json.decode(body, type=_ModelField).model if body else None
+    except (msgspec.DecodeError, RecursionError):
+        return None  # the handler answers malformed (or too deeply nested, or non-object) JSON with a 400
     return model if isinstance(model, str) else None
 
 
