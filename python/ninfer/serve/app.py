@@ -27,6 +27,7 @@ from ninfer.serve.disconnect import DisconnectClock
 from ninfer.serve.errors import EXCEPTION_HANDLERS
 from ninfer.serve.metrics import RequestCounter
 from ninfer.serve.router import DEPENDENCIES, ModelGate, ModelRouter
+from ninfer.serve.static_paths import check_static_path
 from ninfer.serve.strict_body import refuse_wrong_types
 from ninfer.serve.streams import StreamRecorder, StreamRegistry
 from ninfer.serve.tools_registry import ToolRegistry
@@ -72,7 +73,8 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
     handlers = _route_handlers(protocols)
     if webui_dir is not None:  # a UI bundle at /, public like any web page (its API calls carry the key)
         handlers.append(create_static_files_router(path="/", directories=[webui_dir], html_mode=True,
-                                                   opt={"public": True}, include_in_schema=False))
+                                                   opt={"public": True}, include_in_schema=False,
+                                                   before_request=check_static_path))
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
