@@ -8,7 +8,10 @@ permutation. (`qwen2` GGUFs are not permuted: llama.cpp runs them with NeoX pair
 
 from __future__ import annotations
 
+import mmap
+import os
 import re
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,7 +65,11 @@ def _loader(tensor) -> Callable[[], np.ndarray]:
     from gguf import quants
 
     def load() -> np.ndarray:
-        return np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        try:
+            return np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        except _MALFORMED as exc:  # a corrupt type or shape, seen only when the data is read
+            raise ConversionError(f"GGUF tensor {tensor.name}: unreadable data ({type(exc).__name__}: "
+                                  f"{_one_line(exc)})") from exc
 
     return load
 
@@ -96,13 +103,115 @@ def _tokenizer(reader, path: Path) -> str:
     )
 
 
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+# The smallest a tensor-info or key/value entry can be (an 8-byte name length, the name, a 4-byte type, ...): a count
+# the file cannot hold at this size is refused before the gguf package loops over it.
+MIN_ENTRY_BYTES = 12
+MAX_DIMS = 4  # GGML_MAX_DIMS
+# What the gguf package raises on a file that is cut short or corrupt (it indexes and reshapes memory-mapped arrays
+# as the header says): turned into one ConversionError naming the file, never a traceback.
+_MALFORMED = (ValueError, IndexError, KeyError, TypeError, OverflowError, UnicodeDecodeError, struct.error,
+              AttributeError, ZeroDivisionError)
+
+
+# GGUF value types (gguf.GGUFValueType) -> their size in bytes; 8 is a string, 9 an array.
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+class _Cursor:
+    """Walks the GGUF header's lengths without building anything: every length must fit in what is left of the
+    file, so the gguf package never loops over a count the file cannot hold (it would, for 2^62 array items)."""
+
+    def __init__(self, path: Path, data: bytes | mmap.mmap) -> None:
+        self.path, self.data, self.at = path, data, 0
+
+    def take(self, n: int, what: str) -> int:
+        """Skips `n` bytes; returns where they start."""
+        if n > len(self.data) - self.at:
+            raise ConversionError(f"{self.path}: {what} at byte {self.at} needs {n} bytes, more than the file has "
+                                  "left (truncated or corrupt)")
+        self.at += n
+        return self.at - n
+
+    def number(self, fmt: str, what: str) -> int:
+        size = struct.calcsize(fmt)
+        return struct.unpack_from("<" + fmt, self.data, self.take(size, what))[0]
+
+    def string(self, what: str) -> None:
+        self.take(self.number("Q", f"{what}'s length"), what)
+
+    def value(self, kind: int, what: str, depth: int = 0) -> None:
+        if kind == _STRING:
+            self.string(what)
+        elif kind == _ARRAY and depth == 0:
+            item_kind, count = self.number("I", f"{what}'s item type"), self.number("Q", f"{what}'s length")
+            if item_kind in _SCALAR_BYTES:
+                self.take(count * _SCALAR_BYTES[item_kind], what)
+                return
+            if count > (len(self.data) - self.at) // 8:  # each string item is at least its 8-byte length
+                raise ConversionError(f"{self.path}: {what} declares {count} items, more than the file can hold")
+            for _ in range(count):
+                self.value(item_kind, what, depth + 1)
+        elif kind in _SCALAR_BYTES:
+            self.take(_SCALAR_BYTES[kind], what)
+        else:
+            raise ConversionError(f"{self.path}: {what} has the unknown GGUF value type {kind}")
+
+
+def _check_header(path: Path) -> None:
+    """Magic, version, and every count and length of the metadata and tensor table against the file's size."""
+    with path.open("rb") as f:
+        if os.fstat(f.fileno()).st_size < 4 or f.read(4) != GGUF_MAGIC:
+            raise ConversionError(f"{path}: not a GGUF file (no GGUF magic in its first 4 bytes)")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            _walk(path, data)
+
+
+def _walk(path: Path, data: mmap.mmap) -> None:
+    cursor = _Cursor(path, data)
+    cursor.at = 4  # past the magic, checked first
+    version = cursor.number("I", "the version")
+    if version not in GGUF_VERSIONS:
+        raise ConversionError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+    n_tensors, n_kv = cursor.number("Q", "the tensor count"), cursor.number("Q", "the metadata count")
+    for count, what in ((n_tensors, "tensors"), (n_kv, "metadata keys")):
+        if count > len(data) // MIN_ENTRY_BYTES:
+            raise ConversionError(f"{path}: the GGUF header declares {count} {what}, more than a file of "
+                                  f"{len(data)} bytes can hold (truncated or corrupt)")
+    for index in range(n_kv):
+        cursor.string(f"metadata key {index}")
+        cursor.value(cursor.number("I", f"metadata {index}'s type"), f"metadata value {index}")
+    for index in range(n_tensors):
+        cursor.string(f"tensor {index}'s name")
+        dims = cursor.number("I", f"tensor {index}'s dimension count")
+        if dims > MAX_DIMS:
+            raise ConversionError(f"{path}: tensor {index} has {dims} dimensions (GGUF allows {MAX_DIMS})")
+        cursor.take(8 * dims + 4 + 8, f"tensor {index}'s shape, type and offset")
+
+
 def open_gguf_file(path: Path) -> Source:
+    """The GGUF file as a Source; a truncated or corrupt file is a ConversionError naming the file."""
+    try:
+        _check_header(path)
+        return _open_checked(path)
+    except OSError as exc:
+        raise ConversionError(f"{path}: not a readable GGUF file: {exc.strerror or exc}") from exc
+    except _MALFORMED as exc:
+        raise ConversionError(f"{path}: not a readable GGUF file (truncated or corrupt: {type(exc).__name__}: "
+                              f"{_one_line(exc)})") from exc
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _open_checked(path: Path) -> Source:
     from gguf import GGUFReader
 
-    try:
-        reader = GGUFReader(path)
-    except (ValueError, OSError) as exc:
-        raise ConversionError(f"{path}: not a readable GGUF file: {exc}") from exc
+    reader = GGUFReader(path)
     arch = str(_required(reader, path, "general.architecture"))
     if arch not in _ROPE_PAIRING:
         raise unsupported_architecture(path, "GGUF architecture", arch)
@@ -113,6 +222,8 @@ def open_gguf_file(path: Path) -> Source:
     hidden = int(_required(reader, path, f"{arch}.embedding_length"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
     num_layers = int(_required(reader, path, f"{arch}.block_count"))
+    if not 0 < num_layers <= len(tensors):  # every layer has tensors: a larger count is corruption
+        raise ConversionError(f"{path}: GGUF block_count {num_layers} does not match its {len(tensors)} tensors")
     embed = next(t for t in tensors if t.name == "embed") if "embed" in names else None
     if embed is None:
         raise ConversionError(f"{path}: GGUF has no token_embd.weight")
