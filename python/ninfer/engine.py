@@ -174,13 +174,25 @@ class ModelInfo:
     encoding: dict[str, Any]
 
 
+def _tokenizer(source: Any) -> tokenizers.Tokenizer:
+    """The artifact's tokenizer.json; a bad one (its checksum can be valid: the writer's input was bad) is an
+    ArtifactError, not the tokenizers library's multi-line exception."""
+    if not isinstance(source, str):
+        raise errors.ArtifactError(f"the artifact's tokenizer is a {type(source).__name__}, not tokenizer.json text")
+    try:
+        return tokenizers.Tokenizer.from_str(source)
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exception for every parse error
+        reason = " ".join(str(exc).split())[:200]
+        raise errors.ArtifactError(f"the artifact's tokenizer.json is not a valid tokenizer: {reason}") from None
+
+
 class Frontend:
     """What the artifact says about text: tokenizer, chat template, special tokens and generation defaults."""
 
     def __init__(self, frontend: Mapping[str, Any], eos_token_ids: Sequence[int]) -> None:
         source = frontend.get("tokenizer_json")
         # Artifacts converted from a checkpoint without a tokenizer take and give token ids only.
-        self.tokenizer = None if source is None else tokenizers.Tokenizer.from_str(source)
+        self.tokenizer = None if source is None else _tokenizer(source)
         special = frontend.get("special_tokens") or {}
         self.eos_token_ids: tuple[int, ...] = tuple(special.get("eos") or eos_token_ids)
         self.bos_token_id: int | None = special.get("bos")
@@ -427,7 +439,11 @@ class Engine:
         native = _engine.Engine(str(path), _native_options(options))
         report(LOAD_PROGRESS["weights"])
         self.options = options
-        self.frontend = Frontend(artifact.frontend, native.eos_token_ids)
+        try:
+            self.frontend = Frontend(artifact.frontend, native.eos_token_ids)
+        except errors.ArtifactError as exc:
+            native.close()  # its memory now, not at garbage collection
+            raise errors.ArtifactError(f"{path}: {exc}") from None
         report(LOAD_PROGRESS["tokenizer"])
         config = artifact.config
         self.info = ModelInfo(

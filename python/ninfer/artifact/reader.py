@@ -16,6 +16,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from ninfer.artifact.convert import SUPPORTED_ARCHITECTURES
 from ninfer.artifact.encodings import ENCODINGS, GROUPED_ENCODINGS, BlobSpec, blob_specs, encoding_problem
 from ninfer.artifact.format import (
     BLOB_ALIGNMENT,
@@ -154,14 +155,19 @@ def _read_header(path: Path, raw: bytes, size: int) -> Header:
         )
     if header.flags != 0:
         raise ArtifactError(f"{path}: unknown header flags {header.flags:#x}")
+    if any(header.reserved):
+        raise ArtifactError(f"{path}: the header's reserved bytes are not zero ({header.reserved.hex()}): written "
+                            "by a newer or broken writer")
     if header.manifest_offset != MANIFEST_OFFSET:
         raise ArtifactError(
             f"{path}: manifest_offset is {header.manifest_offset}, expected {MANIFEST_OFFSET}"
         )
-    if header.data_offset % DATA_ALIGNMENT or header.data_offset < MANIFEST_OFFSET + header.manifest_size:
+    if header.data_offset % DATA_ALIGNMENT:
+        raise ArtifactError(f"{path}: data_offset {header.data_offset} is not a multiple of {DATA_ALIGNMENT}")
+    if header.data_offset < MANIFEST_OFFSET + header.manifest_size:
         raise ArtifactError(
-            f"{path}: data_offset {header.data_offset} is not a multiple of {DATA_ALIGNMENT} "
-            f"after the {header.manifest_size}-byte manifest"
+            f"{path}: data_offset {header.data_offset} is inside the {header.manifest_size}-byte manifest "
+            f"(which ends at byte {MANIFEST_OFFSET + header.manifest_size})"
         )
     expected = header.data_offset + header.data_size
     if size < expected:
@@ -188,7 +194,36 @@ def _parse_manifest(path: Path, raw: bytes) -> dict:
             raise ArtifactError(f"{path}: manifest section {section!r} is missing or not an object")
     if not isinstance(manifest.get("tensors"), list):
         raise ArtifactError(f"{path}: manifest section 'tensors' is missing or not a list")
+    _check_model_identity(path, manifest["config"], manifest["frontend"])
     return manifest
+
+
+def _check_model_identity(path: Path, config: dict, frontend: dict) -> None:
+    """The architecture is one this build runs, and every special token id the config and frontend name is a token
+    of the vocabulary (an end-of-sequence id outside it would never stop a generation)."""
+    arch = config.get("arch")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ArtifactError(f"{path}: config.arch {arch!r} is not an architecture this build runs "
+                            f"({', '.join(SUPPORTED_ARCHITECTURES)})")
+    vocab = config.get("vocab_size")
+    if vocab is None:
+        return  # a format-only artifact (no model): the engine refuses it by the missing size when it loads one
+    if not _is_count(vocab) or vocab == 0:
+        raise ArtifactError(f"{path}: config.vocab_size must be a positive integer, got {vocab!r}")
+    special = frontend.get("special_tokens") or {}
+    named = [("config.bos_token_id", config.get("bos_token_id")),
+             *((f"config.eos_token_ids[{i}]", t) for i, t in enumerate(_as_list(config.get("eos_token_ids")))),
+             ("frontend.special_tokens.bos", special.get("bos") if isinstance(special, dict) else None),
+             ("frontend.special_tokens.pad", special.get("pad") if isinstance(special, dict) else None),
+             *((f"frontend.special_tokens.eos[{i}]", t)
+               for i, t in enumerate(_as_list(special.get("eos") if isinstance(special, dict) else None)))]
+    for where, token in named:
+        if token is not None and not (_is_count(token) and token < vocab):
+            raise ArtifactError(f"{path}: {where} is {token!r}, not a token id of the {vocab}-token vocabulary")
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [] if value is None else [value]
 
 
 def _is_count(value: Any) -> bool:

@@ -90,7 +90,8 @@ _ANTHROPIC_TYPES = {
     "unavailable_error": "overloaded_error",
 }
 
-_HTTP_KINDS = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error"}
+_HTTP_KINDS = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
+               503: "unavailable_error", 529: "unavailable_error"}
 
 
 def describe(exc: Exception) -> ErrorInfo:
