@@ -64,6 +64,7 @@ from ninfer.frontend.tool_calls import (
 )
 from ninfer.serve.disconnect import departure
 from ninfer.serve.errors import ContextOverflowError, InvalidRequestError, TextOverflowError
+from ninfer.serve.structured import check_schema
 
 
 class ServedModel(Protocol):
@@ -186,7 +187,7 @@ async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) ->
         text = prompt.text or ""
         _refuse_overlong_text(len(text), frontend.max_token_chars, n_ctx)
         return PreparedPrompt(await asyncio.to_thread(frontend.encode, text), text, False, is_chat=False)
-    _check_tool_names(prompt.tools or ())
+    _check_tools(prompt.tools or ())
     rendered = await asyncio.to_thread(
         frontend.render,
         prompt.messages,
@@ -209,14 +210,19 @@ def _refuse_overlong_text(n_chars: int, max_token_chars: int, n_ctx: int) -> Non
         raise TextOverflowError(n_chars, at_least, n_ctx)
 
 
-def _check_tool_names(tools: Sequence[Mapping[str, Any]]) -> None:
-    """400 for a tool whose name no call could carry (the parsers would give such a call back as plain text)."""
+def _check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
+    """400 for a tool whose name no call could carry (the parsers would give such a call back as plain text), and
+    for parameters that are not a JSON Schema structured output would accept (the same check as response_format's:
+    a schema the model is shown must be one the server could hold it to)."""
     for index, tool in enumerate(tools):
-        name = (tool.get("function") or {}).get("name")
+        function = tool.get("function") or {}
+        name = function.get("name")
         problem = tool_name_problem(name) if isinstance(name, str) else None
         if problem:
             shown = name if len(name) <= 40 else name[:40] + "..."
             raise InvalidRequestError(f"tool {index}'s name {shown!r} {problem}", param="tools")
+        if "parameters" in function:
+            check_schema(function["parameters"], f"tools[{index}].parameters")
 
 
 def build_request(model: ServedModel, prompt: PreparedPrompt, params: GenerationParams) -> Request:

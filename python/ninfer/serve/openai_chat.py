@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, post
@@ -64,8 +64,11 @@ from ninfer.serve.structured import build_constraint, chat_response_format
 
 
 
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+
+
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
-    role: str
+    role: ChatRole
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -98,7 +101,28 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     return_progress: bool = False  # llama.cpp: streamed `prompt_progress` chunks while the prompt is read
 
 
+def _check_messages(messages: list[ChatMessage]) -> None:
+    """A tool message answers a call: it names the call's id, which an earlier assistant message made."""
+    called: set[str] = set()
+    for index, message in enumerate(messages):
+        for call in message.tool_calls or ():
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                called.add(call["id"])
+        if message.role != "tool":
+            continue
+        if not message.tool_call_id:
+            raise InvalidRequestError(f"messages[{index}]: a tool message needs the tool_call_id it answers",
+                                      param=f"messages[{index}].tool_call_id")
+        if message.tool_call_id not in called:
+            raise InvalidRequestError(
+                f"messages[{index}].tool_call_id {message.tool_call_id!r} answers no tool call of an earlier "
+                "assistant message", param=f"messages[{index}].tool_call_id")
+
+
 def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
+    _check_messages(body.messages)
+    if body.top_logprobs and body.logprobs is not True:
+        raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
     if body.reasoning_effort is not None and body.reasoning_effort not in REASONING_EFFORTS:
         raise InvalidRequestError(
             f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort"

@@ -19,7 +19,6 @@ from msgspec import Meta
 from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.generation import (
-    MAX_TOP_LOGPROBS,
     Generation,
     GenerationResult,
     TextPrompt,
@@ -41,6 +40,7 @@ from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import sse_frame, sse_response
 
 DEFAULT_MAX_TOKENS = 16
+MAX_LEGACY_LOGPROBS = 5  # OpenAI's cap on the legacy `logprobs: K`
 
 TokenId = Annotated[int, Meta(ge=0)]
 
@@ -49,7 +49,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
     # a string, token ids, or a batch of one of either (msgspec allows one list type per union)
     prompt: str | list[TokenId | str | list[TokenId]]
     max_tokens: MaxTokens | None = DEFAULT_MAX_TOKENS
-    logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=MAX_LEGACY_LOGPROBS)] | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: Annotated[int, Meta(ge=1)] | None = None

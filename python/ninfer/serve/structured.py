@@ -91,7 +91,7 @@ def chat_response_format(value: Any) -> OutputFormat | None:
         spec = {}
     return _format_from(
         value.get("type"),
-        spec.get("schema", JSON_OBJECT_SCHEMA),
+        spec.get("schema"),
         spec.get("name"),
         spec.get("strict"),
         "response_format.json_schema" if spec else "response_format",
@@ -122,6 +122,12 @@ def _with_whitespace_limit(schema: Mapping[str, Any]) -> dict[str, Any]:
     bounded = copy.deepcopy(dict(schema))
     bounded["x-guidance"] = {"whitespace_pattern": _INNER_WHITESPACE}
     return bounded
+
+
+def check_schema(schema: Any, field: str) -> None:
+    """The one check of a JSON Schema a request carries, whether it constrains the output (`response_format`,
+    `text.format`, `output_format`) or describes a tool's parameters: an object that llguidance accepts."""
+    compile_grammar(OutputFormat("json_schema", _require_mapping(schema, field)), field)
 
 
 def compile_grammar(fmt: OutputFormat, field: str) -> str:

@@ -1,0 +1,66 @@
+"""One validation per field, the same on every route (issue 18, item 5): what chat refuses, the other routes that
+carry the same field refuse too, each in its protocol's error shape with a message naming the field."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+USER = [{"role": "user", "content": "hi"}]
+BAD_SCHEMAS = [5, [1, 2], {"type": "nonsense"}]
+
+
+def _chat_tool(schema):
+    return [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+
+
+CASES = {
+    "chat role": ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+    "tool message without id": ("/v1/chat/completions",
+                                {"messages": [*USER, {"role": "tool", "content": "42"}]}, "tool_call_id"),
+    "tool message answering nothing": ("/v1/chat/completions",
+                                       {"messages": [*USER, {"role": "tool", "content": "42", "tool_call_id": "c1"}]},
+                                       "answers no tool call"),
+    "json_schema without schema": ("/v1/chat/completions",
+                                   {"messages": USER, "response_format": {"type": "json_schema",
+                                                                          "json_schema": {"name": "x"}}}, "schema"),
+    "top_logprobs without logprobs": ("/v1/chat/completions", {"messages": USER, "top_logprobs": 3}, "logprobs"),
+    "completions logprobs 6": ("/v1/completions", {"prompt": "hi", "logprobs": 6}, "logprobs"),
+}
+for i, schema in enumerate(BAD_SCHEMAS):
+    CASES[f"chat tool schema {i}"] = ("/v1/chat/completions", {"messages": USER, "tools": _chat_tool(schema)},
+                                      "tools[0].parameters")
+    CASES[f"responses tool schema {i}"] = (
+        "/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": schema}]},
+        "tools[0].parameters")
+    CASES[f"messages tool schema {i}"] = (
+        "/v1/messages", {"messages": USER, "max_tokens": 1, "tools": [{"name": "f", "input_schema": schema}]},
+        "tools[0].parameters")
+    CASES[f"count_tokens tool schema {i}"] = (
+        "/v1/messages/count_tokens", {"messages": USER, "tools": [{"name": "f", "input_schema": schema}]},
+        "tools[0].parameters")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_route_refuses_the_field(qwen35_server, case):
+    path, body, named = CASES[case]
+    body = {"max_tokens": 1, **body} if path != "/v1/responses" and "count_tokens" not in path else body
+    response = httpx.post(f"{qwen35_server.url}{path}", json=body, timeout=60)
+    assert response.status_code == 400, response.text[:300]
+    payload = response.json()
+    error = payload["error"]
+    if path.startswith("/v1/messages"):
+        assert payload["type"] == "error" and error["type"] == "invalid_request_error"
+    else:
+        assert error["type"] == "invalid_request_error"
+    assert named in error["message"] or named == error.get("param"), error
+
+
+def test_a_valid_tool_schema_and_answered_call_pass(qwen35_server):
+    messages = [*USER, {"role": "assistant", "content": None,
+                        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "content": "42", "tool_call_id": "c1"}]
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    response = httpx.post(f"{qwen35_server.url}/v1/chat/completions", timeout=60,
+                          json={"messages": messages, "tools": _chat_tool(schema), "max_tokens": 1})
+    assert response.status_code == 200, response.text[:300]
