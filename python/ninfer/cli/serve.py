@@ -21,6 +21,7 @@ from ninfer.cli.generate import KV_DTYPES, resolve_model
 from ninfer.cli.main import CliError, OneLineErrorParser
 from ninfer.errors import NinferError
 from ninfer.serve.auth import read_api_keys
+from ninfer.serve.shutdown import DEFAULT_GRACE_S
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 SPEC_METHODS = ("none", "mtp", "draft")
@@ -155,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.add_argument(
         "--webui-dir", metavar="DIR", help="serve this web UI bundle (a folder with index.html)"
+    )
+    server.add_argument(
+        "--shutdown-grace", type=_non_negative_float("--shutdown-grace"), default=DEFAULT_GRACE_S, metavar="S",
+        help=f"on SIGTERM, seconds running requests get to finish before their streams are ended with an error "
+        f"(new requests get 503 meanwhile; default {DEFAULT_GRACE_S:g})",
     )
     server.add_argument(
         "--print-systemd-unit",
@@ -299,13 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, NinferError) as exc:
         print(f"ninfer-serve: error: {exc}", file=sys.stderr)
         return 2
-    import uvicorn
+    from ninfer.serve.graceful_server import GracefulServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
-        uvicorn.run(
-            app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5
-        )
+        GracefulServer.serve_app(app, host=args.host, port=args.port, log_level=args.log_level,
+                                 grace_s=args.shutdown_grace)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -27,6 +27,7 @@ from ninfer.serve.disconnect import DisconnectClock
 from ninfer.serve.errors import EXCEPTION_HANDLERS
 from ninfer.serve.metrics import RequestCounter
 from ninfer.serve.router import DEPENDENCIES, ModelGate, ModelRouter
+from ninfer.serve.shutdown import Drain, ShutdownGate
 from ninfer.serve.static_paths import check_static_path
 from ninfer.serve.strict_body import refuse_wrong_types
 from ninfer.serve.streams import StreamRecorder, StreamRegistry
@@ -80,6 +81,7 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.router = await open_router()
         app.state.streams, app.state.tools = StreamRegistry(), ToolRegistry()
+        app.state.drain = Drain()  # SIGTERM's graceful shutdown (ninfer.serve.shutdown; the CLI runs it)
         await app.state.router.start()  # the TTL ticker
         try:
             yield
@@ -95,7 +97,7 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
         # ModelGate pins (loading or swapping to) the model a POST names; StreamRecorder records chat streams;
         # DisconnectClock notes when the app sees a client's disconnect (innermost: a recorded stream, which goes on
         # without its client, does not see it).
-        middleware=[lambda app: RequestCounter(app, _metrics_of),
+        middleware=[lambda app: RequestCounter(app, _metrics_of), ShutdownGate,
                     lambda app: ModelGate(app, max_body_bytes=MAX_BODY_BYTES), StreamRecorder, DisconnectClock],
         lifespan=[lifespan],
         state=State({"api_keys": api_keys}),

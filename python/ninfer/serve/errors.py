@@ -66,6 +66,11 @@ class TextOverflowError(ContextOverflowError):
         )
 
 
+class ServerShuttingDownError(errors.NinferError):
+    """The server is shutting down (ninfer.serve.shutdown): the request was refused, or its stream ended before its
+    answer was complete."""
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     """A protocol-neutral description of one error response."""
@@ -110,6 +115,9 @@ def describe(exc: Exception) -> ErrorInfo:
         return ErrorInfo(
             429, str(exc), "rate_limit_error", code="engine_busy", headers={"Retry-After": str(RETRY_AFTER_S)}
         )
+    if isinstance(exc, ServerShuttingDownError):
+        return ErrorInfo(503, str(exc), "unavailable_error", code="shutting_down",
+                         headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, errors.OutOfMemoryError):
         return ErrorInfo(503, str(exc), "unavailable_error", headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, errors.EngineError):  # bad token id, sampling value, template refusal, capacity

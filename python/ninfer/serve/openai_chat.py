@@ -45,6 +45,7 @@ from ninfer.serve.generation import (
     start_generation,
 )
 from ninfer.serve.openai_common import (
+    DONE_FRAME,
     REASONING_EFFORTS,
     MaxTokens,
     SamplingFields,
@@ -391,7 +392,7 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], router: Router
     shape = _Shape(data, model.model_id)
     if data.stream:
         return sse_response(
-            _chunks(shape, generation, want_logprobs, include_usage(data)), on_error=stream_error_frame,
+            _chunks(shape, generation, want_logprobs, include_usage(data)), on_error=stream_error_frame, final_frame=DONE_FRAME,
             ping_interval_s=_ping_interval(data)
         )
     return completion_json(shape, await run_while_connected(request, generation.run()), want_logprobs)

@@ -162,6 +162,9 @@ def timings_json(result: GenerationResult) -> dict[str, Any]:
     }
 
 
+DONE_FRAME = sse_frame("[DONE]")  # how an OpenAI stream ends, after its last chunk or its error frame
+
+
 def stream_error_frame(exc: NinferError) -> bytes:
     """A mid-stream failure as OpenAI streams it: one data frame holding the error object."""
     return sse_frame(openai_body(describe(exc)))

@@ -27,6 +27,7 @@ from ninfer.serve.generation import (
     start_generation,
 )
 from ninfer.serve.openai_common import (
+    DONE_FRAME,
     MaxTokens,
     SamplingFields,
     generation_params,
@@ -156,7 +157,8 @@ async def completions(data: JSONBody[CompletionRequest], router: RouterDependenc
     shape = _Shape(model.model_id)
     if data.stream:
         return sse_response(
-            _chunks(shape, generation, echo, want_logprobs, include_usage(data)), on_error=stream_error_frame
+            _chunks(shape, generation, echo, want_logprobs, include_usage(data)), on_error=stream_error_frame,
+            final_frame=DONE_FRAME,
         )
     return completion_json(shape, await run_while_connected(request, generation.run()), echo, want_logprobs)
 

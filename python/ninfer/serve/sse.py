@@ -22,6 +22,8 @@ from litestar.response import Stream
 from litestar.response.streaming import ASGIStreamingResponse
 
 from ninfer.errors import NinferError
+from ninfer.serve.errors import ServerShuttingDownError
+from ninfer.serve.shutdown import CURRENT_DRAIN
 
 PING_INTERVAL_S = 15.0
 PING_FRAME = b": ping\n\n"
@@ -44,7 +46,8 @@ class _Failed:
 
 
 async def _with_pings(
-    frames: AsyncIterator[bytes], interval_s: float | None, on_error: Callable[[NinferError], bytes] | None
+    frames: AsyncIterator[bytes], interval_s: float | None, on_error: Callable[[NinferError], bytes] | None,
+    final_frame: bytes | None = None,
 ) -> AsyncIterator[bytes]:
     """`frames`, with PING_FRAME after each `interval_s` of silence.
 
@@ -77,8 +80,16 @@ async def _with_pings(
             else:
                 await asyncio.sleep(interval_s)
 
+    async def end_at_shutdown() -> None:
+        # The server's grace is over (ninfer.serve.shutdown): the stream ends with its protocol's error.
+        drain = CURRENT_DRAIN.get()
+        if drain is not None:
+            await drain.ending.wait()
+            await queue.put(_Failed(ServerShuttingDownError("the server shut down before this answer was complete")))
+
     producer = asyncio.ensure_future(produce())
     pinger = asyncio.ensure_future(keep_alive())
+    ender = asyncio.ensure_future(end_at_shutdown())
     try:
         while True:
             item = await queue.get()
@@ -88,13 +99,15 @@ async def _with_pings(
                 if on_error is None or not isinstance(item.error, NinferError):
                     raise item.error
                 yield on_error(item.error)
+                if final_frame is not None:
+                    yield final_frame
                 return
             yield item
             last_sent = loop.time()
     finally:
-        for task in (pinger, producer):  # the frames generator is suspended inside the producer: cancel it there
+        for task in (ender, pinger, producer):  # the frames generator is suspended inside the producer: cancel it there
             task.cancel()
-        await asyncio.gather(pinger, producer, return_exceptions=True)
+        await asyncio.gather(ender, pinger, producer, return_exceptions=True)
         await frames.aclose()
 
 
@@ -126,10 +139,12 @@ def sse_response(
     *,
     ping_interval_s: float | None = PING_INTERVAL_S,
     on_error: Callable[[NinferError], bytes] | None = None,
+    final_frame: bytes | None = None,
     headers: dict[str, str] | None = None,
 ) -> SSEStream:
+    """`final_frame`: what the protocol sends after an error frame to end a stream (OpenAI's `[DONE]`)."""
     return SSEStream(
-        _with_pings(frames, ping_interval_s, on_error),
+        _with_pings(frames, ping_interval_s, on_error, final_frame),
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **(headers or {})},
     )

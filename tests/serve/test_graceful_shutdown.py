@@ -1,0 +1,105 @@
+"""SIGTERM ends streams properly (issue 18, item 4): `ninfer-serve` (a real process, the embedded default model)
+with a 1 s grace; an OpenAI and an Anthropic stream, read by the official SDKs, that would run far longer. After
+SIGTERM a new request is refused (503 / 529 with Retry-After) while the streams run; when the grace is over each
+stream ends with its protocol's error event (and OpenAI's `[DONE]`), which the SDKs raise as an API error, not a
+broken connection; the process then exits 0."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import anthropic
+import httpx
+import live_servers
+import openai
+import pytest
+
+GRACE_S = 1.0
+
+
+@pytest.fixture
+def server(smollm2_cache_home):
+    port = live_servers.free_port()
+    env = {"XDG_CACHE_HOME": str(smollm2_cache_home), "PATH": "/usr/bin:/bin"}
+    process = subprocess.Popen([sys.executable, "-m", "ninfer.cli.serve", "--port", str(port), "--shutdown-grace",
+                                str(GRACE_S), "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    assert live_servers.wait_until(lambda: _up(url), 120), process.stderr.read() if process.poll() else "no start"
+    yield process, url
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+LONG = [{"role": "user", "content": "Count from 1 to 5000, one number per line."}]
+
+
+def test_sigterm_refuses_new_requests_and_ends_streams_with_an_error(server):
+    process, url = server
+    model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    outcomes: dict[str, object] = {}
+    started = threading.Barrier(3)
+
+    def openai_stream() -> None:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        stream = client.chat.completions.create(model=model, messages=LONG, max_tokens=3000, stream=True,
+                                                temperature=0)
+        chunks = 0
+        try:
+            for _ in stream:
+                chunks += 1
+                if chunks == 2:
+                    started.wait()
+            outcomes["openai"] = ("completed", chunks)
+        except openai.APIError as exc:
+            outcomes["openai"] = ("api error", chunks, str(exc))
+        except Exception as exc:  # noqa: BLE001 - what the test must not see
+            outcomes["openai"] = ("broken", chunks, repr(exc))
+
+    def anthropic_stream() -> None:
+        client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+        chunks = 0
+        try:
+            with client.messages.stream(model=model, messages=LONG, max_tokens=3000) as stream:
+                for _ in stream.text_stream:
+                    chunks += 1
+                    if chunks == 2:
+                        started.wait()
+            outcomes["anthropic"] = ("completed", chunks)
+        except anthropic.APIError as exc:
+            outcomes["anthropic"] = ("api error", chunks, str(exc))
+        except Exception as exc:  # noqa: BLE001
+            outcomes["anthropic"] = ("broken", chunks, repr(exc))
+
+    threads = [threading.Thread(target=openai_stream), threading.Thread(target=anthropic_stream)]
+    for thread in threads:
+        thread.start()
+    try:
+        started.wait(timeout=120)
+    except threading.BrokenBarrierError:
+        pytest.fail(f"the streams did not start: {outcomes}")
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    refused = httpx.post(f"{url}/v1/chat/completions", json={"messages": LONG, "max_tokens": 1}, timeout=10)
+    refused_messages = httpx.post(f"{url}/v1/messages", json={"messages": LONG, "max_tokens": 1}, timeout=10)
+    for thread in threads:
+        thread.join(timeout=60)
+    assert process.wait(timeout=30) == 0
+    assert refused.status_code == 503 and refused.headers["retry-after"]
+    assert refused.json()["error"]["code"] == "shutting_down"
+    assert refused_messages.status_code == 529 and refused_messages.headers["retry-after"]
+    assert refused_messages.json()["error"]["type"] == "overloaded_error"
+    for name in ("openai", "anthropic"):
+        outcome = outcomes[name]
+        assert outcome[0] == "api error" and "shut down" in outcome[2], (name, outcome)
