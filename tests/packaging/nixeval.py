@@ -169,6 +169,8 @@ def nixos_eval(services_ninfer: str, extra_modules: str = "") -> Any:
         in {{
           inherit (system) failedAssertions;
           inherit service;
+          services = if ok then system.config.systemd.services else null;
+          nginx = if ok then system.config.services.nginx else null;
           unitText = if ok then system.unitTexts.ninfer or null else null;
           firewall = system.config.networking.firewall.allowedTCPPorts;
           inherit (system.config) users;
