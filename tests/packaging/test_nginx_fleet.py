@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 from live_servers import artifact_for, free_port
-from nixeval import needs_nix, nixos_eval
+from nixeval import REPO, eval_json, needs_nix, nixos_eval
 
 NGINX = shutil.which("nginx", path=os.environ.get("PATH", "") + os.pathsep + "/usr/sbin")
 pytestmark = [
@@ -204,3 +204,16 @@ def test_conversations_stick_and_only_a_lost_instance_moves(pytestconfig, tiny_q
             assert lost_address not in answered and len(answered) == 1, (conversation, answered)
         else:
             assert answered == {address}, (conversation, address, answered)
+
+
+def test_deployment_docs_template_is_what_the_module_renders():
+    docs = (REPO / "docs" / "deployment.md").read_text()
+    template = re.search(r"from this template \(what `lib.mkNginxConfig` renders\):\n\n```nginx\n(.*?)```", docs,
+                         re.S).group(1)
+    rendered = eval_json('(import ./nix/nginx.nix).mkNginxConfig { listen = "0.0.0.0:8080"; '
+                         'instances = [ "127.0.0.1:18080" "127.0.0.1:18081" ]; }')
+
+    def directives(text: str) -> list[str]:
+        return [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+    assert directives(template) == directives(rendered)
