@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_models import build_saved_checkpoint, load_saved_reference
-
 from ninfer import _engine
 from ninfer.artifact.convert import convert
 from ninfer.errors import ConversionError
+from tiny_models import build_saved_checkpoint, load_saved_reference
 
 KINDS = ["qwen3_5", "qwen3_5_moe"]
 F32_KV_TOL = 1e-4  # as tests/test_model_parity.py: identical bf16 weights, only f32 rounding order differs

@@ -109,7 +109,7 @@ def store_dir() -> Path:
 
 def _run(argv: list[str], cwd: Path = REPO) -> str:
     environment = private_nix().environment(dict(os.environ))
-    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120, env=environment)
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=120, env=environment, check=False)
     if result.returncode != 0:
         raise NixError(result.stderr.strip())
     return result.stdout
