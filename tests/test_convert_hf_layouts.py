@@ -21,8 +21,8 @@ F32_KV_TOL = 1e-4  # as tests/test_model_parity.py: identical bf16 weights, only
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def saved(request, tmp_path_factory) -> tuple[str, Path]:
-    return request.param, build_saved_checkpoint(request.param, tmp_path_factory.mktemp(request.param))
+def saved(request, tiny_root) -> tuple[str, Path]:
+    return request.param, build_saved_checkpoint(request.param, tiny_root)
 
 
 def weight_map(folder: Path) -> dict[str, str]:

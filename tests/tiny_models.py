@@ -11,8 +11,8 @@ API (other test modules use only these):
         text weights only), loaded with exactly the checkpoint's values.
     load_reference_mtp(path, model) -> transformers MtpModel (fp32, eval mode)
         HF's generic MTP head for a Qwen3.5 checkpoint, sharing embeddings and lm_head with `model`.
-    build_saved_checkpoint(kind, folder, seed=0) -> Path
-        A Qwen3.5 kind in the layout the published checkpoints use, written by transformers' own save_pretrained:
+    build_saved_checkpoint(kind, root, seed=0) -> Path
+        Built once under `root` like build_tiny_checkpoint: a Qwen3.5 kind in the layout the published checkpoints use, written by transformers' own save_pretrained:
         Qwen3_5(Moe)ForConditionalGeneration (text + vision) in bf16 shards with model.safetensors.index.json,
         routed experts one tensor per expert (`mlp.experts.N.gate_proj.weight`, ...), plus the MTP layer (which
         transformers' class does not hold) in one more shard listed in the index. Same configs as above.
@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -274,14 +275,19 @@ def build_tiny_checkpoint(kind: str, root: Path, seed: int = 0) -> Path:
     """Build (once) and return the folder of the tiny `kind` checkpoint under `root`."""
     if kind not in TINY_KINDS:
         raise ValueError(f"unknown tiny checkpoint kind {kind!r}; known: {', '.join(TINY_KINDS)}")
-    folder = Path(root) / f"{kind}-seed{seed}-v{BUILDER_VERSION}"
+    builder = _build_qwen35 if kind.startswith("qwen3_5") else _build_plain
+    return _build_once(Path(root) / f"{kind}-seed{seed}-v{BUILDER_VERSION}", lambda staging: builder(kind, staging, seed))
+
+
+def _build_once(folder: Path, build: Callable[[Path], object]) -> Path:
+    """`folder`, built by `build(staging)` unless it exists. The build goes to a sibling temp folder that is then
+    renamed, so a concurrent or interrupted build never leaves half a checkpoint."""
     if (folder / "config.json").exists():
         return folder
-    Path(root).mkdir(parents=True, exist_ok=True)
-    # Build in a sibling temp folder and rename, so a concurrent or interrupted build never leaves half a checkpoint.
-    staging = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=root))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        (_build_qwen35 if kind.startswith("qwen3_5") else _build_plain)(kind, staging, seed)
+        build(staging)
         os.rename(staging, folder)
     except OSError:
         if not (folder / "config.json").exists():
@@ -354,8 +360,16 @@ def _conditional_generation(kind: str, text: dict):
     return model_class(config_class(text_config=fields, vision_config=dict(_VISION_CONFIG), tie_word_embeddings=False))
 
 
-def build_saved_checkpoint(kind: str, folder: Path, seed: int = 0) -> Path:
-    """Write the tiny `kind` checkpoint (a Qwen3.5 kind) into `folder` with save_pretrained; see the module doc."""
+def build_saved_checkpoint(kind: str, root: Path, seed: int = 0) -> Path:
+    """Build (once) and return the folder under `root` of the tiny `kind` checkpoint (a Qwen3.5 kind) written with
+    save_pretrained; see the module doc."""
+    if not kind.startswith("qwen3_5"):
+        raise ValueError(f"build_saved_checkpoint builds the Qwen3.5 kinds, not {kind!r}")
+    return _build_once(Path(root) / f"{kind}-saved-seed{seed}-v{BUILDER_VERSION}",
+                       lambda staging: _save_pretrained_qwen35(kind, staging, seed))
+
+
+def _save_pretrained_qwen35(kind: str, folder: Path, seed: int) -> None:
     from transformers.modeling_layers import MtpModel
 
     text = _qwen35_text_config(kind)
@@ -377,7 +391,6 @@ def build_saved_checkpoint(kind: str, folder: Path, seed: int = 0) -> Path:
     index = json.loads(index_path.read_text())
     index["weight_map"].update(dict.fromkeys(mtp_tensors, mtp_shard))
     _write_json(index_path, index)
-    return folder
 
 
 def _experts_per_expert(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
