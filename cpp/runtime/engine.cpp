@@ -350,12 +350,14 @@ std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
   return inputs;
 }
 
-// Fills the sampling part of each Sample slice whose lane still runs and whose mask lets it sample.
+// Fills the sampling part of each Sample slice whose lane still runs and whose mask lets it sample, and forgets the
+// tokens of lanes that ended.
 void Engine::add_sampling(const StepPlan& plan, std::vector<SliceInput>& inputs) {
   for (size_t i = 0; i < plan.slices.size(); ++i) {
     const PlannedSlice& s = plan.slices[i];
     SliceInput& in = inputs[i];
     std::optional<Lane>& lane = scheduler_->lane(s.lane);
+    if (!lane) in.tokens = nullptr;  // it ended while the masks were awaited
     in.sample = lane && s.output == SliceOutput::Sample && !lane->mask.ends_request();
     if (!in.sample) continue;
     in.params = &lane->job.request.sampling;

@@ -99,7 +99,7 @@ void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceIn
     const PlannedSlice& s = plan.slices[i];
     const SliceInput& in = inputs[i];
     const float* rows = out_.logits.data() + out_.row_offset[i] * vocab;
-    if (s.output == SliceOutput::PromptLogprobs) {
+    if (s.output == SliceOutput::PromptLogprobs && in.tokens) {
       for (int64_t p = s.begin; p < s.end && p + 1 < in.total_tokens; ++p) {
         const std::vector<float> lp = log_softmax(std::span<const float>(rows + (p - s.begin) * vocab, vocab));
         result.slices[i].prompt_logprobs.push_back(lp[in.tokens[p + 1]]);
