@@ -50,7 +50,7 @@ def _required(reader, path: Path, key: str) -> object:
     return value
 
 
-def _logical_name(name: str) -> str | None:
+def logical_name(name: str) -> str | None:
     if name in _TOP_NAMES:
         return _TOP_NAMES[name]
     match = _BLOCK.fullmatch(name)
@@ -71,7 +71,7 @@ def _loader(tensor) -> Callable[[], np.ndarray]:
 def _tensors(reader, path: Path) -> list[SourceTensor]:
     tensors, unknown = [], []
     for tensor in reader.tensors:
-        logical = _logical_name(tensor.name)
+        logical = logical_name(tensor.name)
         if logical is None:
             unknown.append(tensor.name)
             continue
