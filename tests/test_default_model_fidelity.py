@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from hf_reference import llama_reference
-
 from ninfer import _engine
 from ninfer.artifact.gguf import logical_name
 from ninfer.default_model import default_model_path

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-
 from ninfer import _engine
 from ninfer.default_model import default_model_path
 
