@@ -51,6 +51,8 @@ CASES = [
     ("int4", 32, 13, 576, ("bf16", "twin")),
     ("int4", 64, 5, 1088, ("bf16", "twin")),
     ("int4", 128, 67, 4096, ("bf16", "twin")),
+    ("int4_affine", 32, 13, 576, ("twin",)),  # bf16 would round its values: the exact twin only
+    ("int4_affine", 64, 67, 1088, ("twin",)),
     ("nvfp4", None, 7, 48, ("twin", "bf16")),
     ("nvfp4", None, 71, 2048, ("bf16", "twin")),
 ]
