@@ -1,4 +1,4 @@
-"""Vision placeholders in a tokenized prompt, and the M-RoPE (t, h, w) positions they imply (architecture
+"""Vision placeholders in a prompt, and the M-RoPE (t, h, w) positions they imply (architecture
 reference §7.6-7.7).
 
 The chat template writes one `<|vision_start|><|image_pad|><|vision_end|>` per image and one
@@ -15,6 +15,7 @@ length, and a token generated at index k has position k + delta on all three str
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -68,47 +69,60 @@ class ExpandedPrompt:
     spans: tuple[VisionSpan, ...]
 
 
-def expand_placeholders(token_ids: Sequence[int], inputs: Sequence[VisionInput], parts: Sequence[str],
-                        ids: VisionTokenIds, encode_text: Callable[[str], list[int]]) -> ExpandedPrompt:
+_PLACEHOLDER = re.compile("|".join(re.escape(t) for t in (
+    VISION_START + VIDEO_PAD + VISION_END, IMAGE_PAD, VIDEO_PAD)))
+
+
+def expand_placeholders(text: str, inputs: Sequence[VisionInput], parts: Sequence[str], ids: VisionTokenIds,
+                        encode: Callable[[str], list[int]]) -> ExpandedPrompt:
     """Expand one placeholder per input, taken in order (the template writes them in the order of the
-    messages' parts); `parts` names each input for errors, `encode_text` tokenizes a video's timestamp text."""
-    out: list[int] = []
-    spans: list[VisionSpan] = []
+    messages' parts), and tokenize. The expansion is textual, like HF's processor, so a timestamp merges with
+    the text before it exactly as the whole prompt would tokenize. `parts` names each input for errors."""
     used = 0
-    position = 0
-    while position < len(token_ids):
-        token = token_ids[position]
-        position += 1
-        if token not in (ids.image_pad, ids.video_pad):
-            out.append(token)
-            continue
-        kind = "image" if token == ids.image_pad else "video"
+
+    def expand(match: re.Match[str]) -> str:
+        nonlocal used
+        kind = "image" if match[0] == IMAGE_PAD else "video"
         if used == len(inputs):
             raise MediaError("prompt", f"the prompt has more {kind} placeholders than the request has media")
         item, part = inputs[used], parts[used]
         if item.kind != kind:
             raise MediaError(part, f"the prompt has a {kind} placeholder where this {item.kind} belongs")
-        _, height, width = item.grid_thw
-        rows, cols = height // item.merge_size, width // item.merge_size
-        if kind == "image":
-            spans.append(VisionSpan(used, 0, len(out), rows, cols))
-            out.extend([ids.image_pad] * item.tokens_per_group)
-        else:
-            if not out or out[-1] != ids.vision_start or position >= len(token_ids) \
-                    or token_ids[position] != ids.vision_end:
-                raise MediaError(part, f"the video placeholder is not {VISION_START}{VIDEO_PAD}{VISION_END}")
-            out.pop()
-            position += 1
-            for group, seconds in enumerate(item.timestamps):
-                out.extend(encode_text(f"<{seconds:.1f} seconds>"))
-                out.append(ids.vision_start)
-                spans.append(VisionSpan(used, group, len(out), rows, cols))
-                out.extend([ids.video_pad] * item.tokens_per_group)
-                out.append(ids.vision_end)
+        if match[0] == VIDEO_PAD:
+            raise MediaError(part, f"the video placeholder is not {VISION_START}{VIDEO_PAD}{VISION_END}")
         used += 1
+        if kind == "image":
+            return IMAGE_PAD * item.tokens_per_group
+        block = VISION_START + VIDEO_PAD * item.tokens_per_group + VISION_END
+        return "".join(f"<{seconds:.1f} seconds>" + block for seconds in item.timestamps)
+
+    token_ids = encode(_PLACEHOLDER.sub(expand, text))
     if used < len(inputs):
         raise MediaError(parts[used], "the prompt has no placeholder for this part")
-    return ExpandedPrompt(out, tuple(spans))
+    return ExpandedPrompt(token_ids, _spans(token_ids, inputs, ids))
+
+
+def _spans(token_ids: Sequence[int], inputs: Sequence[VisionInput], ids: VisionTokenIds) -> tuple[VisionSpan, ...]:
+    """The runs of pad tokens, matched to the inputs' groups in order."""
+    expected = [(n, g, item) for n, item in enumerate(inputs) for g in range(item.grid_thw[0]
+                                                                            if item.kind == "video" else 1)]
+    pads = np.flatnonzero(np.isin(np.asarray(token_ids, dtype=np.int64), (ids.image_pad, ids.video_pad)))
+    spans: list[VisionSpan] = []
+    cursor = 0
+    for n, group, item in expected:
+        length = item.tokens_per_group
+        start = int(pads[cursor]) if cursor < len(pads) else -1
+        run_ends = cursor + length == len(pads) or pads[min(cursor + length, len(pads) - 1)] != start + length
+        if start < 0 or cursor + length > len(pads) or pads[cursor + length - 1] != start + length - 1 \
+                or not run_ends:
+            raise MediaError("prompt", "the prompt's vision pad tokens do not match its media "
+                                       "(is there a literal pad token in the text?)")
+        _, height, width = item.grid_thw
+        spans.append(VisionSpan(n, group, start, height // item.merge_size, width // item.merge_size))
+        cursor += length
+    if cursor != len(pads):
+        raise MediaError("prompt", "the prompt holds vision pad tokens that belong to no media")
+    return tuple(spans)
 
 
 def mrope_positions(length: int, spans: Sequence[VisionSpan]) -> tuple[np.ndarray, int]:
