@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from vision_media import (  # noqa: E402
     random_video,
 )
 
+from ninfer.artifact.convert import convert  # noqa: E402
+from ninfer.artifact.reader import read_artifact  # noqa: E402
 from ninfer.frontend.media_decode import decode_image  # noqa: E402
 from ninfer.frontend.media_limits import MediaLimits  # noqa: E402
 from ninfer.frontend.vision import VisionPreprocessor, smart_resize, smart_resize_video  # noqa: E402
@@ -183,3 +186,18 @@ def test_digest_follows_content() -> None:
     one, other = (encode_image(random_pixels(rng, 32, 32), "PNG") for _ in range(2))
     assert preprocessor.image(one, part="a").digest == preprocessor.image(one, part="b").digest
     assert preprocessor.image(one, part="a").digest != preprocessor.image(other, part="a").digest
+
+
+def test_settings_from_a_converted_artifact_equal_hf(tiny_qwen3_5, tmp_path) -> None:
+    """The artifact carries the checkpoint's preprocessor config; preprocessing from it equals HF's processor
+    built from the checkpoint's own file."""
+    with read_artifact(convert(tiny_qwen3_5, tmp_path / "q.ninfer", progress=False)) as artifact:
+        preprocessing = artifact.frontend["preprocessing"]
+    preprocessor = VisionPreprocessor.from_configs(preprocessing.get("image"), preprocessing.get("video"))
+    checkpoint_config = json.loads((tiny_qwen3_5 / "preprocessor_config.json").read_text())
+    checkpoint_config.pop("image_processor_type")
+    data = encode_image(random_pixels(np.random.default_rng(8), 70, 45), "PNG")
+    pixels, grid = _hf_image(checkpoint_config, Image.open(io.BytesIO(data)))
+    mine = preprocessor.image(data, part="image")
+    assert mine.grid_thw == tuple(grid[0])
+    np.testing.assert_allclose(mine.pixel_values, pixels, rtol=0, atol=1e-6)
