@@ -159,6 +159,9 @@ let
           ExecStart = execStart;
           Restart = "on-failure";
           RestartSec = 5;
+          # Above ninfer-serve's default --shutdown-grace (30 s) plus its 5 s stream-end and 5 s connection waits,
+          # so SIGTERM's graceful shutdown ends its streams before systemd's SIGKILL.
+          TimeoutStopSec = 60;
           StateDirectory = stateDirectory;
           StateDirectoryMode = "0700";
           CacheDirectory = cacheDirectory;

@@ -106,6 +106,9 @@ def render_unit(options: UnitOptions) -> str:
         "ExecStart": exec_start(options),
         "Restart": "on-failure",
         "RestartSec": 5,
+        # Above ninfer-serve's default --shutdown-grace (30 s) plus its 5 s stream-end and 5 s connection waits, so
+        # SIGTERM's graceful shutdown ends its streams before systemd's SIGKILL (nix/unit.nix says the same).
+        "TimeoutStopSec": 60,
         "StateDirectory": STATE_DIRECTORY,
         "StateDirectoryMode": "0700",
         "CacheDirectory": CACHE_DIRECTORY,
