@@ -64,3 +64,9 @@ def test_a_valid_tool_schema_and_answered_call_pass(qwen35_server):
     response = httpx.post(f"{qwen35_server.url}/v1/chat/completions", timeout=60,
                           json={"messages": messages, "tools": _chat_tool(schema), "max_tokens": 1})
     assert response.status_code == 200, response.text[:300]
+
+
+@pytest.mark.parametrize("query", ["from=-1", "from=abc"])
+def test_a_refused_query_parameter_is_named_as_the_client_spells_it(qwen35_server, query):
+    response = httpx.get(f"{qwen35_server.url}/v1/stream?conv_id=nothing&{query}", timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "from", response.text

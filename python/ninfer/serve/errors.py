@@ -19,7 +19,7 @@ client input must never reach that branch (schemathesis checks it).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from litestar import MediaType, Request, Response
@@ -167,9 +167,20 @@ def body_for_path(path: str, info: ErrorInfo) -> dict[str, Any]:
     return anthropic_body(info) if path.startswith(ANTHROPIC_PREFIX) else openai_body(info)
 
 
+def _wire_name(request: Request, key: str | None) -> str | None:
+    """A parameter as the client spells it: Litestar names a refused query parameter by its Python name
+    (`offset`), not by the name the route declares for it (`from`)."""
+    handler = request.scope.get("route_handler")
+    parameter = handler.parsed_fn_signature.parameters.get(key) if handler is not None and key else None
+    alias = getattr(getattr(parameter, "kwarg_definition", None), "name", None)
+    return alias if isinstance(alias, str) else key
+
+
 def handle_exception(request: Request, exc: Exception) -> Response:
     """The app's one exception handler."""
     info = describe(exc)
+    if isinstance(exc, ValidationException):
+        info = replace(info, param=_wire_name(request, info.param))
     return Response(
         body_for_path(request.url.path, info),
         status_code=info.status,
