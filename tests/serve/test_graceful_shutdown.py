@@ -51,38 +51,32 @@ def test_sigterm_refuses_new_requests_and_ends_streams_with_an_error(server):
     outcomes: dict[str, object] = {}
     started = threading.Barrier(3)
 
-    def openai_stream() -> None:
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-        stream = client.chat.completions.create(model=model, messages=LONG, max_tokens=3000, stream=True,
-                                                temperature=0)
+    def read(name: str, chunks_of, api_error: type[Exception]) -> None:
+        """Reads one SDK stream, noting how it ended: completed, an API error (what the test wants), or broken."""
         chunks = 0
         try:
-            for _ in stream:
+            for _ in chunks_of():
                 chunks += 1
                 if chunks == 2:
                     started.wait()
-            outcomes["openai"] = ("completed", chunks)
-        except openai.APIError as exc:
-            outcomes["openai"] = ("api error", chunks, str(exc))
+            outcomes[name] = ("completed", chunks)
+        except api_error as exc:
+            outcomes[name] = ("api error", chunks, str(exc))
         except Exception as exc:  # noqa: BLE001 - what the test must not see
-            outcomes["openai"] = ("broken", chunks, repr(exc))
+            outcomes[name] = ("broken", chunks, repr(exc))
 
-    def anthropic_stream() -> None:
+    def openai_chunks():
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        yield from client.chat.completions.create(model=model, messages=LONG, max_tokens=3000, stream=True,
+                                                  temperature=0)
+
+    def anthropic_chunks():
         client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
-        chunks = 0
-        try:
-            with client.messages.stream(model=model, messages=LONG, max_tokens=3000) as stream:
-                for _ in stream.text_stream:
-                    chunks += 1
-                    if chunks == 2:
-                        started.wait()
-            outcomes["anthropic"] = ("completed", chunks)
-        except anthropic.APIError as exc:
-            outcomes["anthropic"] = ("api error", chunks, str(exc))
-        except Exception as exc:  # noqa: BLE001
-            outcomes["anthropic"] = ("broken", chunks, repr(exc))
+        with client.messages.stream(model=model, messages=LONG, max_tokens=3000) as stream:
+            yield from stream.text_stream
 
-    threads = [threading.Thread(target=openai_stream), threading.Thread(target=anthropic_stream)]
+    threads = [threading.Thread(target=read, args=("openai", openai_chunks, openai.APIError)),
+               threading.Thread(target=read, args=("anthropic", anthropic_chunks, anthropic.APIError))]
     for thread in threads:
         thread.start()
     try:
