@@ -517,10 +517,12 @@ void Engine::step() {
       items.push_back({lane.tokens.data() + s.begin, s.end - s.begin, &lane.cache, s.all_logits});
     }
     request_masks(plan);
-    // A device backend samples on the device unless a lane needs host logits (scoring: every row's logprobs).
+    // A device backend samples on the device unless a lane needs host logits (scoring: every row's logprobs; a
+    // sampler stage only the host sampler has).
     out.keep_on_device = device_ && options_.device_sampling &&
                          std::none_of(plan.slices.begin(), plan.slices.end(), [&](const LaneSlice& s) {
-                           return s.all_logits || scheduler_->lane(s.lane)->is_scoring();
+                           const Lane& lane = *scheduler_->lane(s.lane);
+                           return s.all_logits || lane.is_scoring() || needs_host_sampler(lane.job.request.sampling);
                          });
   }
   // The model runs unlocked: submit, cancel and next_events stay responsive. Only this thread touches lanes'
