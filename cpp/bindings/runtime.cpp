@@ -41,6 +41,7 @@ void bind_structs(nb::module_& m) {
       .value("xtc", SamplerStage::Xtc)
       .value("temperature", SamplerStage::Temperature);
   m.def("sampler_default_order", &sampler_default_order);
+  m.def("sampling_params_validate", &sampling_params_validate);
 
   nb::class_<SamplingParams>(m, "SamplingParams")
       .def(nb::init<>())
@@ -164,7 +165,6 @@ void bind_test_hooks(nb::module_& m) {
     for (int32_t i = 0; i < n; ++i) out.push_back(s.sample(logits, TokenHistory{}).token);
     return out;
   });
-  m.def("sampling_params_validate", &sampling_params_validate);
   m.def("apply_token_mask", [](std::vector<float> logits, MaskArray mask) {
     apply_token_mask(logits, std::span<const uint32_t>(mask.data(), mask.shape(0)));
     return logits;
