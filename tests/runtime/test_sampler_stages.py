@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import pytest
-
 from ninfer import _engine, errors
 
 VOCAB = 48
@@ -149,10 +148,10 @@ def ref_temperature(c, p):
     return {tok: v / t for tok, v in c.items()}
 
 
-DEFAULTS = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
-                repetition_penalty=1.0, repeat_last_n=-1, typical_p=1.0, top_n_sigma=-1.0, dynatemp_range=0.0,
-                dynatemp_exponent=1.0, xtc_probability=0.0, xtc_threshold=0.1, dry_multiplier=0.0, dry_base=1.75,
-                dry_allowed_length=2, dry_penalty_last_n=-1, dry_breakers=())
+DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                "repetition_penalty": 1.0, "repeat_last_n": -1, "typical_p": 1.0, "top_n_sigma": -1.0, "dynatemp_range": 0.0,
+                "dynatemp_exponent": 1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "dry_multiplier": 0.0, "dry_base": 1.75,
+                "dry_allowed_length": 2, "dry_penalty_last_n": -1, "dry_breakers": ()}
 DEFAULT_ORDER = ["penalties", "dry", "top_n_sigma", "top_k", "temperature", "top_p", "min_p", "typ_p", "xtc"]
 
 
@@ -186,25 +185,25 @@ def native_case(case):
 
 
 CASES = {
-    "typical": dict(typical_p=0.7),
-    "typical-strict": dict(typical_p=0.2, temperature=0.8),
-    "top-n-sigma": dict(top_n_sigma=1.0),
-    "dynatemp": dict(temperature=0.8, dynatemp_range=0.5, dynatemp_exponent=1.0),
-    "dynatemp-exponent": dict(temperature=1.2, dynatemp_range=1.5, dynatemp_exponent=2.5, top_k=10),
-    "xtc": dict(xtc_probability=1.0, xtc_threshold=0.05, temperature=0.6),
-    "xtc-high-threshold": dict(xtc_probability=1.0, xtc_threshold=0.6),
-    "dry": dict(dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2),
-    "dry-window-breakers": dict(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=1, dry_penalty_last_n=30,
-                                dry_breakers=(3, 7)),
-    "penalty-window": dict(repeat_last_n=12, repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.3),
-    "penalty-window-0": dict(repeat_last_n=0, repetition_penalty=1.5),
-    "llama.cpp-order": dict(order=["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
-                            temperature=0.5, top_k=20, top_p=0.9, min_p=0.05, typical_p=0.9, dry_multiplier=0.5,
-                            repetition_penalty=1.2, xtc_probability=1.0, xtc_threshold=0.08),
-    "ui-order-without-penalties": dict(order=["top_k", "typ_p", "top_p", "min_p", "temperature"], top_k=30,
-                                       temperature=0.7, repetition_penalty=2.0, dry_multiplier=2.0),
-    "reversed": dict(order=["temperature", "min_p", "top_p", "typ_p", "top_k"], temperature=0.4, min_p=0.1,
-                     top_p=0.8, typical_p=0.95, top_k=8),
+    "typical": {"typical_p": 0.7},
+    "typical-strict": {"typical_p": 0.2, "temperature": 0.8},
+    "top-n-sigma": {"top_n_sigma": 1.0},
+    "dynatemp": {"temperature": 0.8, "dynatemp_range": 0.5, "dynatemp_exponent": 1.0},
+    "dynatemp-exponent": {"temperature": 1.2, "dynatemp_range": 1.5, "dynatemp_exponent": 2.5, "top_k": 10},
+    "xtc": {"xtc_probability": 1.0, "xtc_threshold": 0.05, "temperature": 0.6},
+    "xtc-high-threshold": {"xtc_probability": 1.0, "xtc_threshold": 0.6},
+    "dry": {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2},
+    "dry-window-breakers": {"dry_multiplier": 1.5, "dry_base": 2.0, "dry_allowed_length": 1, "dry_penalty_last_n": 30,
+                                "dry_breakers": (3, 7)},
+    "penalty-window": {"repeat_last_n": 12, "repetition_penalty": 1.5, "presence_penalty": 0.5, "frequency_penalty": 0.3},
+    "penalty-window-0": {"repeat_last_n": 0, "repetition_penalty": 1.5},
+    "llama.cpp-order": {"order": ["penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+                            "temperature": 0.5, "top_k": 20, "top_p": 0.9, "min_p": 0.05, "typical_p": 0.9, "dry_multiplier": 0.5,
+                            "repetition_penalty": 1.2, "xtc_probability": 1.0, "xtc_threshold": 0.08},
+    "ui-order-without-penalties": {"order": ["top_k", "typ_p", "top_p", "min_p", "temperature"], "top_k": 30,
+                                       "temperature": 0.7, "repetition_penalty": 2.0, "dry_multiplier": 2.0},
+    "reversed": {"order": ["temperature", "min_p", "top_p", "typ_p", "top_k"], "temperature": 0.4, "min_p": 0.1,
+                     "top_p": 0.8, "typical_p": 0.95, "top_k": 8},
 }
 
 
@@ -232,7 +231,7 @@ def test_stage_matches_reference(name):
 def test_dry_penalises_the_token_that_extends_a_repeat():
     """A hand-checked case: `1 2 3 4 ... 1 2 3` -> 4 would extend a repeat of length 3 (allowed 2: 0.8 * 1.75)."""
     logits = [0.0] * 8
-    case = dict(dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2, temperature=1.0)
+    case = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "temperature": 1.0}
     got = np.array(_engine.sampler_distribution(logits, native_case(case), [1, 2, 3, 4, 6, 1, 2], [3]))
     weights = np.ones(8)
     weights[4] = math.exp(-0.8 * 1.75)
@@ -245,7 +244,7 @@ def test_dry_penalises_the_token_that_extends_a_repeat():
 def test_xtc_acts_only_when_its_coin_says_so():
     rng = np.random.default_rng()
     logits = rng.normal(0, 2.0, size=VOCAB).astype(np.float32)
-    case = dict(xtc_probability=0.5, xtc_threshold=0.05)
+    case = {"xtc_probability": 0.5, "xtc_threshold": 0.05}
     spared = np.array(_engine.sampler_distribution(logits.tolist(), native_case(case), [], [], False))
     np.testing.assert_allclose(spared, reference(logits, case, [], [], xtc_fires=False), atol=2e-5)
     # Drawn: about half the tokens come from the cut distribution, which never gives the likeliest token.

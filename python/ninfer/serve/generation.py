@@ -239,7 +239,7 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
         )
     if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
-    defaults = model.sampling_defaults(thinking=prompt.starts_in_reasoning)
+    defaults = model.sampling_defaults(thinking=prompt.starts_in_reasoning or not prompt.is_chat)
     chosen = {name: getattr(params, name, None) for name in SamplingParams.__dataclass_fields__}
     chosen["order"] = tuple(params.order) if params.order is not None else None
     sampling = replace(defaults, **{k: v for k, v in chosen.items() if v is not None})

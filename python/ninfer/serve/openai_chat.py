@@ -64,7 +64,6 @@ from ninfer.serve.sse import PING_INTERVAL_S, sse_frame, sse_response
 from ninfer.serve.structured import build_constraint, chat_response_format
 
 
-
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str
     content: str | list[dict[str, Any]] | None = None

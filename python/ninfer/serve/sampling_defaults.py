@@ -9,7 +9,8 @@ Layers, later ones winning:
 2. For the Qwen3.5 family (Qwen3.5 / 3.6 / 3.8 share the model card's advice): the card's recommended values for
    general tasks, in thinking and non-thinking mode.
 3. The artifact's own `generation_defaults` (the source's generation_config.json). For Qwen3.5 those are the
-   thinking-mode values, so a non-thinking request keeps the card's non-thinking ones.
+   thinking-mode values, so a chat request with thinking off keeps the card's non-thinking ones (plain prompts count
+   as thinking mode: the artifact's values apply).
 4. The router config's per-model `sampling` object.
 """
 
@@ -23,11 +24,11 @@ from ninfer.engine import SamplingParams
 
 LLAMA_CPP_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 QWEN35_ARCHS = frozenset({"qwen3_5", "qwen3_5_moe"})
-# The Qwen3.5 model cards' recommended settings for general tasks.
-QWEN35_THINKING: dict[str, Any] = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
-                                   "presence_penalty": 1.5, "repetition_penalty": 1.0}
-QWEN35_NON_THINKING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0,
-                                       "presence_penalty": 1.5, "repetition_penalty": 1.0}
+# The Qwen3.5 model cards' recommended settings for general tasks. The cards also suggest a presence penalty (up to
+# 1.5) against endless repetition; it is not a default here, since a penalty changes even a greedy (temperature 0)
+# answer: a router config's `sampling` sets it per model.
+QWEN35_THINKING: dict[str, Any] = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+QWEN35_NON_THINKING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0}
 # What a router config's `sampling` may set: the numeric fields of SamplingParams (not the seed, breakers or order).
 OVERRIDABLE = tuple(f.name for f in fields(SamplingParams) if f.type in ("float", "int"))
 
