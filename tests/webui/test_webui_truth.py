@@ -11,6 +11,7 @@ import threading
 import httpx
 from test_llama_ui import (
     ANSWER,
+    ASSISTANT,
     ANSWER_TIMEOUT_MS,
     PAGE_TIMEOUT_MS,
     SCREENSHOTS,
@@ -69,11 +70,21 @@ def test_the_generation_speed_is_live_while_the_answer_streams(browser, ui_serve
     send(page, LONG_PROMPT)
     page.wait_for_function(f"([...document.querySelectorAll('{ANSWER}')].pop()?.innerText || '').length > 20",
                            timeout=ANSWER_TIMEOUT_MS)
-    # llama-ui's "Generation speed" badge, from the chunks' timings (timings_per_token), before the answer ends
-    speed = page.get_by_text(re.compile(r"^\d+\.\d\d t/s$")).last
-    speed.wait_for(timeout=SETTLE_MS)
-    assert float(speed.inner_text().split()[0]) > 0
+    # llama-ui's message statistics ("N tokens", "T s", "R t/s"), from the chunks' timings (timings_per_token):
+    # they grow while the answer streams, not only once it has ended
+    def statistics() -> tuple[int, float]:
+        text = page.locator(ASSISTANT).last.inner_text()
+        found = re.search(r"\n(\d+) tokens\n[\d.]+s\n([\d.]+) t/s", text)
+        assert found, f"no live statistics under the answer: {text[-200:]!r}"
+        return int(found.group(1)), float(found.group(2))
+
+    page.wait_for_function(f"/\\d+ tokens/.test([...document.querySelectorAll('{ASSISTANT}')].pop()?.innerText)",
+                           timeout=SETTLE_MS)
+    first_count, first_rate = statistics()
+    page.wait_for_timeout(1500)
+    later_count, later_rate = statistics()
     assert page.get_by_role("button", name="Stop generation").is_visible(), "the answer ended before the check"
+    assert later_count > first_count and first_rate > 0 and later_rate > 0
     assert page.get_by_text(re.compile(r"Processing 100%")).count() == 0  # no stale prompt progress
     page.get_by_role("button", name="Stop generation").click()
     context.close()
@@ -84,18 +95,24 @@ def test_two_tabs_on_one_conversation(browser, ui_server) -> None:
     tab_a = context.new_page()
     tab_a.goto(ui_server.url + "/")
     choose_model(tab_a, "alpha")
-    send(tab_a, LONG_PROMPT)
-    tab_a.wait_for_function(f"([...document.querySelectorAll('{ANSWER}')].pop()?.innerText || '').length > 20",
-                            timeout=ANSWER_TIMEOUT_MS)
+    send(tab_a, "Say hi.")
+    tab_a.locator(ANSWER).first.wait_for(timeout=ANSWER_TIMEOUT_MS)
+    tab_a.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
     tab_b = context.new_page()
-    tab_b.goto(tab_a.url)  # the same conversation
+    tab_b.goto(tab_a.url)  # the same conversation, open in a second tab while it is idle
     tab_b.locator(ANSWER).first.wait_for(timeout=ANSWER_TIMEOUT_MS)
-    assert len(busy_slots(ui_server)) == 1
-    # Tab B asks something else on the same conversation while A's answer still runs: A's generation is cancelled
-    # (one generation per conversation), B's runs, and it is the one recorded.
+    send(tab_a, LONG_PROMPT)
+    tab_a.wait_for_function(f"document.querySelectorAll('{ANSWER}').length == 2 && "
+                            f"[...document.querySelectorAll('{ANSWER}')].pop().innerText.length > 20",
+                            timeout=ANSWER_TIMEOUT_MS)
+    (a_slot,) = busy_slots(ui_server)
+    # Tab B, which does not know of A's answer, asks something else on the same conversation while A's answer still
+    # runs: A's generation is cancelled (one generation per conversation), B's runs, and it is the one recorded.
     send(tab_b, "Now write a long poem about the sea.")
     tab_a.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=SETTLE_MS)
-    wait_until(lambda: len(busy_slots(ui_server)) == 1, lambda: f"busy slots: {busy_slots(ui_server)}")
+    wait_until(lambda: [s["request_id"] for s in busy_slots(ui_server)] not in ([], [a_slot["request_id"]]),
+               lambda: f"busy slots: {busy_slots(ui_server)}, A's was {a_slot}")
+    assert len(busy_slots(ui_server)) == 1
     (stream,) = [s for s in httpx.get(ui_server.url + "/v1/streams").json() if not s["is_done"]]
     tab_b.screenshot(path=str(SCREENSHOTS / "webui-two-tabs.png"))
     # B's Stop ends exactly B's generation (its recording is the conversation's) and nothing runs on unrecorded.
