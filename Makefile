@@ -9,11 +9,11 @@ PIP := $(VENV)/bin/pip
 export NINFER_CUDA_ARCHS ?= 90a
 PYTEST_ARGS ?=
 
-# Debian packages the tests use (Nix evaluation and systemd-analyze for the packaging tests, chromium for the browser
-# tests, npm for `make webui`). Installed when missing and we are root with apt-get; otherwise those tests skip and
+# Debian packages the tests use (Nix evaluation, systemd-analyze and nginx for the packaging tests, chromium for the
+# browser tests, npm for `make webui`). Installed when missing and we are root with apt-get; otherwise those tests skip and
 # name the missing package (and `make webui` says npm is missing). npm counts as present when an `npm` command is on
 # PATH: NodeSource's nodejs package carries its own npm and conflicts with Debian's.
-SYSTEM_PACKAGES := nix-bin systemd chromium npm
+SYSTEM_PACKAGES := nix-bin systemd nginx chromium npm
 
 .PHONY: all venv build system-deps webui test serve bench gpu-test clean
 

@@ -117,9 +117,11 @@
           };
         };
 
-      # The unit for non-NixOS systems: `nix eval --raw .#lib.mkUnit --apply ...` (builtins only).
+      # The unit and the multi-GPU nginx config for non-NixOS systems: `nix eval --raw .#lib.mkUnit --apply ...`
+      # (builtins only).
       lib = {
         inherit (unit) mkUnit renderUnitFile hardening;
+        inherit (import ./nix/nginx.nix) mkNginxConfig;
       };
 
       checks = forAllSystems (

@@ -1,4 +1,6 @@
-# NixOS module: services.ninfer runs `ninfer-serve` as a hardened systemd service.
+# NixOS module: services.ninfer runs `ninfer-serve` as a hardened systemd service, or, with `gpus`, one instance per
+# GPU (`ninfer-gpu<N>`, each with its GPU, loopback port and state and cache directories) behind nginx on
+# host:port, routed by conversation (./nginx.nix).
 # The unit itself (command line, environment, sandboxing) is rendered by ./unit.nix, shared with the flake's
 # `lib.mkUnit` for other Linux systems; this file maps options onto it and adds users, firewall and assertions.
 {
@@ -63,25 +65,58 @@ let
 
   isLoopback = host: host == "localhost" || lib.hasPrefix "127." host || host == "::1";
 
-  rendered = unit.mkUnit {
-    executable = "${cfg.package}/bin/ninfer-serve";
-    inherit (cfg)
-      host
-      port
-      model
-      logLevel
-      apiKeyFile
-      extraFlags
-      gpu
-      environment
-      user
-      group
-      stateDirectory
-      cacheDirectory
-      ;
-    configFile = if usesRouterConfig then configFile else null;
-    webui = cfg.webui.enable;
-    webuiDir = cfg.webui.directory;
+  renderUnit =
+    instance:
+    unit.mkUnit (
+      {
+        executable = "${cfg.package}/bin/ninfer-serve";
+        inherit (cfg)
+          host
+          port
+          model
+          logLevel
+          apiKeyFile
+          extraFlags
+          gpu
+          environment
+          user
+          group
+          stateDirectory
+          cacheDirectory
+          ;
+        configFile = if usesRouterConfig then configFile else null;
+        webui = cfg.webui.enable;
+        webuiDir = cfg.webui.directory;
+      }
+      // instance
+    );
+  asService = rendered: {
+    description = rendered.unitConfig.Description;
+    after = [ rendered.unitConfig.After ];
+    wantedBy = [ rendered.installConfig.WantedBy ];
+    inherit (rendered) environment serviceConfig;
+  };
+
+  # One instance per GPU: the i-th listed GPU's instance listens on 127.0.0.1:(instanceBasePort + i).
+  multiGpu = cfg.gpus != [ ];
+  instances = lib.imap0 (position: gpu: {
+    name = "ninfer-gpu${toString gpu}";
+    port = cfg.instanceBasePort + position;
+    inherit gpu;
+  }) cfg.gpus;
+  instanceUnit =
+    instance:
+    renderUnit {
+      host = "127.0.0.1";
+      inherit (instance) port gpu;
+      stateDirectory = "${cfg.stateDirectory}-gpu${toString instance.gpu}";
+      cacheDirectory = "${cfg.cacheDirectory}-gpu${toString instance.gpu}";
+      description = "ninfer inference server on GPU ${toString instance.gpu}";
+    };
+  listenAddress = if builtins.match ".*:.*" cfg.host != null then "[${cfg.host}]:${toString cfg.port}" else "${cfg.host}:${toString cfg.port}";
+  nginxConfig = (import ./nginx.nix).mkNginxConfig {
+    listen = listenAddress;
+    instances = map (instance: "127.0.0.1:${toString instance.port}") instances;
   };
 in
 {
@@ -192,6 +227,29 @@ in
       description = "Index of the GPU to use (CUDA_VISIBLE_DEVICES, in nvidia-smi order); null shows all.";
     };
 
+    gpus = mkOption {
+      type = types.listOf types.ints.unsigned;
+      default = [ ];
+      example = [
+        0
+        1
+        2
+        3
+      ];
+      description = ''
+        GPUs (nvidia-smi indices) to run one instance each on, as services `ninfer-gpu<N>` listening on loopback
+        ports from `instanceBasePort`, with state and cache directories `<stateDirectory>-gpu<N>`. nginx listens
+        on `host`:`port` in front of them and routes each conversation (X-Conversation-Id) to one instance by
+        consistent hashing. Empty: one service `ninfer` on `host`:`port` (and `gpu`).
+      '';
+    };
+
+    instanceBasePort = mkOption {
+      type = types.port;
+      default = 18080;
+      description = "With `gpus`: the loopback port of the first instance; the next ones count up from it.";
+    };
+
     webui = {
       enable = mkEnableOption "the web UI at `/` and the dashboard at `/dashboard`";
       directory = mkOption {
@@ -259,15 +317,37 @@ in
         }
       ];
 
-      systemd.services.ninfer = {
-        description = rendered.unitConfig.Description;
-        after = [ rendered.unitConfig.After ];
-        wantedBy = [ rendered.installConfig.WantedBy ];
-        inherit (rendered) environment serviceConfig;
-      };
-
       networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.port;
     }
+
+    (mkIf (!multiGpu) { systemd.services.ninfer = asService (renderUnit { }); })
+
+    (mkIf multiGpu {
+      assertions = [
+        {
+          assertion = cfg.gpu == null;
+          message = "services.ninfer: set either `gpu` (one instance) or `gpus` (one instance per GPU), not both.";
+        }
+        {
+          assertion = lib.unique cfg.gpus == cfg.gpus;
+          message = "services.ninfer: `gpus` lists a GPU twice.";
+        }
+        {
+          assertion = lib.all (instance: instance.port != cfg.port) instances;
+          message = "services.ninfer: an instance port (from instanceBasePort) is nginx's `port`.";
+        }
+      ];
+      systemd.services = builtins.listToAttrs (
+        map (instance: {
+          inherit (instance) name;
+          value = asService (instanceUnit instance);
+        }) instances
+      );
+      services.nginx = {
+        enable = true;
+        appendHttpConfig = nginxConfig;
+      };
+    })
 
     (mkIf (cfg.user != null) {
       users.users.${cfg.user} = {

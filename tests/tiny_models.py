@@ -11,6 +11,13 @@ API (other test modules use only these):
         text weights only), loaded with exactly the checkpoint's values.
     load_reference_mtp(path, model) -> transformers MtpModel (fp32, eval mode)
         HF's generic MTP head for a Qwen3.5 checkpoint, sharing embeddings and lm_head with `model`.
+    build_saved_checkpoint(kind, root, seed=0) -> Path
+        Built once under `root` like build_tiny_checkpoint: a Qwen3.5 kind in the layout the published checkpoints use, written by transformers' own save_pretrained:
+        Qwen3_5(Moe)ForConditionalGeneration (text + vision) in bf16 shards with model.safetensors.index.json,
+        routed experts one tensor per expert (`mlp.experts.N.gate_proj.weight`, ...), plus the MTP layer (which
+        transformers' class does not hold) in one more shard listed in the index. Same configs as above.
+    load_saved_reference(path) -> transformers Qwen3_5(Moe)ForConditionalGeneration (fp32, eval mode)
+        HF's from_pretrained of such a folder: HF's own loader, not ours, reads the saved layout back.
 
 What the checkpoints look like and why:
 - Qwen3.5 kinds use the real VLM layout: `model.language_model.*`, `lm_head.weight`, `mtp.*` and a tiny
@@ -29,6 +36,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -267,14 +275,19 @@ def build_tiny_checkpoint(kind: str, root: Path, seed: int = 0) -> Path:
     """Build (once) and return the folder of the tiny `kind` checkpoint under `root`."""
     if kind not in TINY_KINDS:
         raise ValueError(f"unknown tiny checkpoint kind {kind!r}; known: {', '.join(TINY_KINDS)}")
-    folder = Path(root) / f"{kind}-seed{seed}-v{BUILDER_VERSION}"
+    builder = _build_qwen35 if kind.startswith("qwen3_5") else _build_plain
+    return _build_once(Path(root) / f"{kind}-seed{seed}-v{BUILDER_VERSION}", lambda staging: builder(kind, staging, seed))
+
+
+def _build_once(folder: Path, build: Callable[[Path], object]) -> Path:
+    """`folder`, built by `build(staging)` unless it exists. The build goes to a sibling temp folder that is then
+    renamed, so a concurrent or interrupted build never leaves half a checkpoint."""
     if (folder / "config.json").exists():
         return folder
-    Path(root).mkdir(parents=True, exist_ok=True)
-    # Build in a sibling temp folder and rename, so a concurrent or interrupted build never leaves half a checkpoint.
-    staging = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=root))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
-        (_build_qwen35 if kind.startswith("qwen3_5") else _build_plain)(kind, staging, seed)
+        build(staging)
         os.rename(staging, folder)
     except OSError:
         if not (folder / "config.json").exists():
@@ -332,3 +345,79 @@ def load_reference_mtp(path: Path, model):
         raise RuntimeError(f"MTP weights do not fit MtpModel: missing {missing}, unexpected {unexpected}")
     _use_eager_experts(mtp)
     return mtp.eval()
+
+
+def _conditional_generation(kind: str, text: dict):
+    import transformers
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
+    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig
+
+    config_class, model_class = {
+        "qwen3_5": (Qwen3_5Config, transformers.Qwen3_5ForConditionalGeneration),
+        "qwen3_5_moe": (Qwen3_5MoeConfig, transformers.Qwen3_5MoeForConditionalGeneration),
+    }[kind]
+    fields = {k: v for k, v in text.items() if k != "model_type"}
+    return model_class(config_class(text_config=fields, vision_config=dict(_VISION_CONFIG), tie_word_embeddings=False))
+
+
+def build_saved_checkpoint(kind: str, root: Path, seed: int = 0) -> Path:
+    """Build (once) and return the folder under `root` of the tiny `kind` checkpoint (a Qwen3.5 kind) written with
+    save_pretrained; see the module doc."""
+    if not kind.startswith("qwen3_5"):
+        raise ValueError(f"build_saved_checkpoint builds the Qwen3.5 kinds, not {kind!r}")
+    return _build_once(Path(root) / f"{kind}-saved-seed{seed}-v{BUILDER_VERSION}",
+                       lambda staging: _save_pretrained_qwen35(kind, staging, seed))
+
+
+def _save_pretrained_qwen35(kind: str, folder: Path, seed: int) -> None:
+    from transformers.modeling_layers import MtpModel
+
+    text = _qwen35_text_config(kind)
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = _conditional_generation(kind, text)
+    mtp = MtpModel(_causal_lm_class(kind)(_text_config_object(kind, text)), 1)
+    _initialise_mtp(mtp, generator)
+    for module in (model, mtp):
+        _perturb(module, generator)
+    # Small shards, so that even this tiny model is split and needs the index.
+    model.to(torch.bfloat16).save_pretrained(folder, max_shard_size="20MB")
+    mtp_shard = "model-mtp.safetensors"
+    shared = {"embed_tokens.weight", "shared_head.weight"}
+    mtp_tensors = _experts_per_expert({_mtp_checkpoint_name(k): v.to(torch.bfloat16).contiguous()
+                                       for k, v in mtp.state_dict().items() if k not in shared})
+    save_file(mtp_tensors, folder / mtp_shard, metadata={"format": "pt"})
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update(dict.fromkeys(mtp_tensors, mtp_shard))
+    _write_json(index_path, index)
+
+
+def _experts_per_expert(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """MtpModel's fused routed experts (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) in the
+    one-tensor-per-expert names save_pretrained gives the decoder layers' experts (MTP has no save_pretrained)."""
+    out = {}
+    for name, value in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            base, half = name[: -len("gate_up_proj")], value.shape[1] // 2
+            for e in range(value.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = value[e, :half].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = value[e, half:].contiguous()
+        elif name.endswith("mlp.experts.down_proj"):
+            base = name[: -len("down_proj")]
+            for e in range(value.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = value[e].contiguous()
+        else:
+            out[name] = value
+    return out
+
+
+def load_saved_reference(path: Path):
+    """HF's from_pretrained of a build_saved_checkpoint folder, fp32 (its MTP shard is no part of the class)."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    model, info = _conditional_generation(_kind_of(config), config["text_config"]).__class__.from_pretrained(
+        path, dtype=torch.float32, output_loading_info=True)
+    if info["missing_keys"] or info["mismatched_keys"]:
+        raise RuntimeError(f"{path}: from_pretrained left weights at their init: {info}")
+    _use_eager_experts(model)
+    return model.eval()

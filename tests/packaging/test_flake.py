@@ -6,7 +6,7 @@ import json
 import tomllib
 
 import pytest
-from nixeval import REPO, STUB_NIXPKGS, NixError, copy_flake, eval_json, needs_nix, nix
+from nixeval import REPO, STUB_NIXPKGS, NixError, copy_flake, eval_json, needs_nix, nix, nixos_eval
 
 pytestmark = needs_nix
 
@@ -61,6 +61,14 @@ def test_flake_lib_renders_the_unit(flake):
         cwd=flake,
     )
     assert "ExecStart=/usr/bin/ninfer-serve --host 127.0.0.1 --port 8080 --log-level info\n" in text
+
+
+def test_flake_lib_renders_the_nginx_config_the_module_uses(flake):
+    # Plain systemd and containers take the same text as services.ninfer.gpus (see docs/deployment.md).
+    text = nix(["eval", "--raw", "path:.#lib.mkNginxConfig", "--apply",
+                'f: f { listen = "0.0.0.0:8080"; instances = [ "127.0.0.1:18080" "127.0.0.1:18081" ]; }'], cwd=flake)
+    module = nixos_eval("enable = true; host = \"0.0.0.0\"; gpus = [ 0 1 ];")
+    assert text == module["nginx"]["appendHttpConfig"]
 
 
 def test_flake_check_passes_against_the_stub_nixpkgs(flake):

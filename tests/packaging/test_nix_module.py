@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from nixeval import REPO, NixError, eval_json, needs_nix, nixos_eval, parse, realise
+from nixeval import REPO, NixError, eval_json, needs_nix, nixos_eval, parse, realise, store_dir
 
 pytestmark = needs_nix
 
@@ -110,7 +110,7 @@ def test_module_single_model_with_defaults():
     service = result["service"]
     exec_start = service["serviceConfig"]["ExecStart"]
     assert re.fullmatch(
-        r"/nix/store/[a-z0-9]{32}-ninfer-stub-0/bin/ninfer-serve /var/lib/models/q\.ninfer "
+        re.escape(str(store_dir())) + r"/[a-z0-9]{32}-ninfer-stub-0/bin/ninfer-serve /var/lib/models/q\.ninfer "
         r"--host 127\.0\.0\.1 --port 8080 --log-level info",
         exec_start,
     ), exec_start
@@ -140,7 +140,7 @@ def test_module_router_config_is_written_to_the_store():
     result = nixos_eval(body)
     assert result["failedAssertions"] == []
     exec_start = result["service"]["serviceConfig"]["ExecStart"]
-    config_path = re.search(r"--config (/nix/store/\S+-ninfer-serve\.json)", exec_start).group(1)
+    config_path = re.search(rf"--config ({re.escape(str(store_dir()))}/\S+-ninfer-serve\.json)", exec_start).group(1)
     realise(eval_json(ROUTER_CONFIG_DERIVATION.format(body=body)))
     written = Path(config_path).read_text()
     assert json.loads(written) == {
@@ -190,7 +190,7 @@ def test_module_settings_can_be_overridden_with_mkforce():
         ("settings.ttl = 5;", "`settings` configure the router; they need `models`"),
         ("openFirewall = true;", "host 127.0.0.1 only listens on loopback"),
         ('group = "gpu";', "`group` needs `user`"),
-        ('apiKeyFile = "/nix/store/abc-keys";', "keep secrets outside it"),
+        ('apiKeyFile = "${builtins.storeDir}/abc-keys";', "keep secrets outside it"),
         ('extraFlags = [ "--port=9" "--api-key-file" "/k" ];', "--port=9, --api-key-file; use the module's options"),
         ("webui.enable = true;", "webui.enable needs webui.directory, a built llama-ui bundle"),
     ],

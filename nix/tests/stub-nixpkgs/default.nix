@@ -1,7 +1,7 @@
 # A stand-in for `import nixpkgs { system, config, overlays }`, so that `nix flake check` can evaluate every flake
 # output and build the checks offline (`--override-input nixpkgs path:.?dir=nix/tests/stub-nixpkgs`). Packages
 # are placeholders; the two helpers the checks run (runCommand, systemd) are real enough to run
-# `systemd-analyze` from the host. Only valid with Debian's unsandboxed nix-bin builds; see docs/deployment.md.
+# `systemd-analyze` from the host. Only valid with unsandboxed builds (tests/packaging/nixeval.py configures them).
 {
   system ? builtins.currentSystem,
   config ? { },

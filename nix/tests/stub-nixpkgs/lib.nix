@@ -40,6 +40,7 @@ let
 
   unique = foldl' (acc: x: if elem x acc then acc else acc ++ [ x ]) [ ];
   optional = cond: value: if cond then [ value ] else [ ];
+  imap0 = f: list: builtins.genList (n: f n (builtins.elemAt list n)) (builtins.length list);
   optionals = cond: list: if cond then list else [ ];
   optionalAttrs = cond: attrs: if cond then attrs else { };
   isDerivation = v: isAttrs v && v.type or null == "derivation";
@@ -424,6 +425,7 @@ let
       evalModules
       optional
       optionals
+      imap0
       optionalAttrs
       isDerivation
       hasPrefix

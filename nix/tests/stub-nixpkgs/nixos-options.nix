@@ -18,6 +18,14 @@ in
       type = types.attrsOf types.json;
       default = { };
     };
+    services.nginx.enable = mkOption {
+      type = types.bool;
+      default = false;
+    };
+    services.nginx.appendHttpConfig = mkOption {
+      type = types.str; # NixOS: types.lines
+      default = "";
+    };
     networking.firewall.allowedTCPPorts = mkOption {
       type = types.listOf types.port;
       default = [ ];

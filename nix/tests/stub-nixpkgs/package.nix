@@ -1,5 +1,5 @@
 # Stand-in for the ninfer package: a store path whose bin/ninfer-serve exists and is executable, so that a rendered
-# unit's ExecStart names a real file for `systemd-analyze verify`. It builds offline with /bin/sh; Debian's nix-bin
+# unit's ExecStart names a real file for `systemd-analyze verify`. It builds offline with /bin/sh; the tests' Nix
 # builds without a sandbox, so the host's coreutils are reachable through PATH.
 {
   system ? builtins.currentSystem,

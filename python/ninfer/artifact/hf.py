@@ -1,8 +1,11 @@
 """Hugging Face safetensors folder -> `Source` (config normalisation and checkpoint-name mapping).
 
 Supported: qwen3_5 / qwen3_5_moe (VLM layout `model.language_model.*` + `lm_head` + `mtp.*` + `model.visual.*`,
-or the text-only layout `model.*`), llama, qwen2, qwen3. Tensors are read one at a time through safetensors'
-lazy `safe_open`; nothing else of the model is held in memory.
+or the text-only layout `model.*`), llama, qwen2, qwen3; one `model.safetensors` or shards listed by
+`model.safetensors.index.json`; routed experts fused (`mlp.experts.gate_up_proj`, transformers' in-memory layout) or
+one tensor per expert (`mlp.experts.N.gate_proj.weight`, what save_pretrained and the published checkpoints write).
+Tensors are read one at a time through safetensors' lazy `safe_open` (a per-expert projection: its experts, stacked);
+nothing else of the model is held in memory.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ _LAYER_NAMES = {
     "mlp.shared_expert_gate.weight": "moe.shared_expert_gate",
 }
 _FUSED_EXPERTS = "mlp.experts.gate_up_proj"  # [E, 2I, H]: rows 0..I-1 gate, I..2I-1 up
+# One routed expert's projection, [I, H] (gate, up) or [H, I] (down); stacked over N into the logical [E, ...].
+_PER_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+_INDEX_FILE = "model.safetensors.index.json"
 _TOP_NAMES = {"embed_tokens.weight": "embed", "norm.weight": "final_norm"}
 _MTP_TOP_NAMES = {
     "fc.weight": "mtp.fc",
@@ -90,9 +96,7 @@ class _SafetensorsIndex:
         from safetensors import safe_open
 
         self._safe_open = safe_open
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise ConversionError(f"{folder}: no *.safetensors files (a Hugging Face model folder has them)")
+        files = _safetensors_files(folder)
         self.file_of: dict[str, Path] = {}
         self.shape_of: dict[str, tuple[int, ...]] = {}
         for file in files:
@@ -103,6 +107,11 @@ class _SafetensorsIndex:
                         self.shape_of[name] = tuple(f.get_slice(name).get_shape())
             except Exception as exc:  # safetensors raises its own error types for a damaged header
                 raise ConversionError(f"{file}: not a readable safetensors file: {exc}") from exc
+
+    def stacked_loader(self, names: list[str]) -> Callable[[], np.ndarray]:
+        """A function reading tensors `names` (same shape) as one float32 array with a new leading axis."""
+        loaders = [self.loader(name) for name in names]
+        return lambda: np.stack([load() for load in loaders])
 
     def loader(self, name: str, transform: Callable[[np.ndarray], np.ndarray] | None = None,
                rows: slice | None = None) -> Callable[[], np.ndarray]:
@@ -116,6 +125,38 @@ class _SafetensorsIndex:
             return transform(values) if transform is not None else values
 
         return load
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The shards the index names when there is one (a folder may hold other .safetensors, e.g. a consolidated
+    copy), else every *.safetensors file."""
+    index = _read_json(folder / _INDEX_FILE)
+    if index is None:
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ConversionError(f"{folder}: no *.safetensors files (a Hugging Face model folder has them)")
+        return files
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ConversionError(f"{folder / _INDEX_FILE}: no weight_map")
+    files = [folder / name for name in sorted(set(map(str, weight_map.values())))]
+    missing = [file.name for file in files if not file.is_file()]
+    if missing:
+        raise ConversionError(f"{folder}: {_INDEX_FILE} names shards that are not there: {', '.join(missing)}")
+    return files
+
+
+def _check_index(index: _SafetensorsIndex, folder: Path) -> None:
+    """The index and the shards must agree tensor by tensor: a stale index would silently drop or misplace one."""
+    listed = _read_json(folder / _INDEX_FILE)
+    if listed is None:
+        return
+    weight_map = {str(k): folder / str(v) for k, v in listed["weight_map"].items()}
+    wrong = sorted(name for name in weight_map.keys() | index.file_of.keys()
+                   if weight_map.get(name) != index.file_of.get(name))
+    if wrong:
+        raise ConversionError(f"{folder}: {_INDEX_FILE} disagrees with the shards about {len(wrong)} tensors, e.g. "
+                              f"{', '.join(wrong[:3])}")
 
 
 def _split_layer(name: str) -> tuple[int, str] | None:
@@ -143,30 +184,60 @@ def _layer_tensors(index: _SafetensorsIndex, ckpt: str, prefix: str, rest: str) 
     return [SourceTensor(prefix + logical, shape, index.loader(ckpt))]
 
 
+def _layer_of(ckpt: str, text_prefix: str) -> tuple[str, str] | None:
+    """(logical layer prefix, name within the layer) of a decoder or MTP layer tensor."""
+    if ckpt.startswith("mtp."):
+        layer, prefix = _split_layer(ckpt[len("mtp."):]), "mtp.layers."
+    elif ckpt.startswith(text_prefix):
+        layer, prefix = _split_layer(ckpt[len(text_prefix):]), "layers."
+    else:
+        return None
+    return (f"{prefix}{layer[0]}.", layer[1]) if layer else None
+
+
 def _map_tensor(index: _SafetensorsIndex, ckpt: str, text_prefix: str) -> list[SourceTensor]:
     """The logical tensor(s) of one checkpoint tensor; [] when the name is not one the converter knows."""
     if ckpt == "lm_head.weight":
         return [SourceTensor("lm_head", index.shape_of[ckpt], index.loader(ckpt))]
     if ckpt.startswith("model.visual."):
         return [SourceTensor("visual." + ckpt[len("model.visual."):], index.shape_of[ckpt], index.loader(ckpt))]
-    if ckpt.startswith("mtp."):
-        rest = ckpt[len("mtp."):]
-        if rest in _MTP_TOP_NAMES:
-            return [SourceTensor(_MTP_TOP_NAMES[rest], index.shape_of[ckpt], index.loader(ckpt))]
-        layer = _split_layer(rest)
-        return _layer_tensors(index, ckpt, f"mtp.layers.{layer[0]}.", layer[1]) if layer else []
-    if not ckpt.startswith(text_prefix):
-        return []
-    rest = ckpt[len(text_prefix):]
-    if rest in _TOP_NAMES:
-        return [SourceTensor(_TOP_NAMES[rest], index.shape_of[ckpt], index.loader(ckpt))]
-    layer = _split_layer(rest)
-    return _layer_tensors(index, ckpt, f"layers.{layer[0]}.", layer[1]) if layer else []
+    if ckpt.startswith("mtp.") and ckpt[len("mtp."):] in _MTP_TOP_NAMES:
+        return [SourceTensor(_MTP_TOP_NAMES[ckpt[len("mtp."):]], index.shape_of[ckpt], index.loader(ckpt))]
+    if ckpt.startswith(text_prefix) and ckpt[len(text_prefix):] in _TOP_NAMES:
+        return [SourceTensor(_TOP_NAMES[ckpt[len(text_prefix):]], index.shape_of[ckpt], index.loader(ckpt))]
+    layer = _layer_of(ckpt, text_prefix)
+    return _layer_tensors(index, ckpt, *layer) if layer else []
+
+
+def _stack_per_expert(index: _SafetensorsIndex, folder: Path, text_prefix: str) -> tuple[list[SourceTensor], set[str]]:
+    """The logical `moe.experts_{gate,up,down}` [E, ...] of checkpoints that store one tensor per expert, and the
+    checkpoint names they consumed."""
+    groups: dict[tuple[str, str], dict[int, str]] = {}
+    for ckpt in index.file_of:
+        layer = _layer_of(ckpt, text_prefix)
+        match = _PER_EXPERT.fullmatch(layer[1]) if layer else None
+        if match:
+            groups.setdefault((layer[0], match.group(2)), {})[int(match.group(1))] = ckpt
+    tensors = []
+    for (prefix, projection), experts in sorted(groups.items()):
+        if sorted(experts) != list(range(len(experts))):
+            missing = sorted(set(range(max(experts) + 1)) - experts.keys())
+            raise ConversionError(f"{folder}: {prefix}{projection}: experts {missing} missing from the checkpoint")
+        names = [experts[e] for e in range(len(experts))]
+        shapes = {index.shape_of[name] for name in names}
+        if len(shapes) != 1:
+            raise ConversionError(f"{folder}: {prefix}{projection}: experts of different shapes {sorted(shapes)}")
+        tensors.append(SourceTensor(f"{prefix}moe.experts_{projection}", (len(names), *shapes.pop()),
+                                    index.stacked_loader(names)))
+    return tensors, {name for experts in groups.values() for name in experts.values()}
 
 
 def _map_all(index: _SafetensorsIndex, folder: Path, text_prefix: str) -> list[SourceTensor]:
-    tensors, unknown = [], []
+    tensors, consumed = _stack_per_expert(index, folder, text_prefix)
+    unknown = []
     for ckpt in index.file_of:
+        if ckpt in consumed:
+            continue
         mapped = _map_tensor(index, ckpt, text_prefix)
         if mapped:
             tensors.extend(mapped)
@@ -293,6 +364,7 @@ def open_hf_folder(folder: Path) -> Source:
         raise unsupported_architecture(folder, "model_type", model_type)
 
     index = _SafetensorsIndex(folder)
+    _check_index(index, folder)
     tensors = _map_all(index, folder, text_prefix)
     tie = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
     tie = tie or "lm_head.weight" not in index.file_of
