@@ -11,8 +11,8 @@ import threading
 import httpx
 from test_llama_ui import (
     ANSWER,
-    ASSISTANT,
     ANSWER_TIMEOUT_MS,
+    ASSISTANT,
     PAGE_TIMEOUT_MS,
     SCREENSHOTS,
     SETTLE_MS,

@@ -310,8 +310,9 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
         fields = _delta_json(shape, delta)
         if fields or (logprobs and delta.logprobs):
             chunk = _chunk(shape, fields, logprobs=list(delta.logprobs) if logprobs else None)
-            if timings:
-                chunk["timings"] = live_timings_json(generation.so_far())
+            live = generation.so_far()
+            if timings and live.completion_tokens >= 2:  # one token has no decode time yet: no rate to give
+                chunk["timings"] = live_timings_json(live)
             yield sse_frame(chunk)
     result = generation.result
     assert result is not None
