@@ -74,6 +74,11 @@ def random_codes(rng: np.random.Generator, encoding: str, shape: tuple[int, ...]
         zero = rng.integers(0, qmax + 1, groups, dtype=np.uint8)
         q = u8(*lead, cols) if encoding == "int8" else u8(*lead, cols // 2)
         return encoding, group_size, {"q": q, "scale": scale, "zero": zero}
+    if encoding == "int4_affine":
+        groups = lead + (cols // group_size,)
+        scale = rng.uniform(1e-4, 0.05, groups).astype(np.float16)
+        offset = rng.uniform(-0.5, 0.1, groups).astype(np.float16)
+        return encoding, group_size, {"q": u8(*lead, cols // 2), "scale": scale, "offset": offset}
     if encoding == "nvfp4":
         return encoding, None, {"q": u8(*lead, cols // 2), "scale": u8(*lead, cols // 16),
                                 "global_scale": np.array([rng.uniform(0.01, 2.0)], dtype=np.float32)}

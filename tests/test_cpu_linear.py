@@ -25,6 +25,9 @@ WEIGHTS = [
     ("int4", 32, 13, 576),
     ("int4", 64, 5, 1088),
     ("int4", 128, 9, 128),
+    ("int4_affine", 32, 13, 576),
+    ("int4_affine", 64, 6, 1088),
+    ("int4_affine", 128, 3, 128),
     ("nvfp4", None, 7, 48),
     ("nvfp4", None, 10, 528),
 ]
@@ -46,6 +49,7 @@ def weights(tmp_path_factory: pytest.TempPathFactory):
         tensors["real/" + weight_id(case)] = encoded(rng.standard_normal((out, cols)).astype(np.float32), encoding,
                                                       group)
     tensors["stack"] = random_codes(rng, "int4", (3, 6, 64), 32)
+    tensors["stack_affine"] = random_codes(rng, "int4_affine", (3, 6, 64), 32)
     path = write_artifact(tmp_path_factory.mktemp("linear") / "w.ninfer", tensors)
     art = _engine.Artifact.open(path)
     reference = {name: decode(blobs, enc, shape_of(enc, blobs), group) for name, (enc, group, blobs) in tensors.items()}
@@ -113,15 +117,16 @@ def test_in_kernel_decode_is_exact(weights, case: tuple) -> None:
     np.testing.assert_array_equal(linear_poisoned(art, name, eye), w.T)
 
 
-def test_bias_and_stacked_matrices(weights) -> None:
+@pytest.mark.parametrize("name", ["stack", "stack_affine"])
+def test_bias_and_stacked_matrices(weights, name: str) -> None:
     art, reference = weights
     rng = np.random.default_rng()
-    stack = reference["stack"]
+    stack = reference[name]
     for index in range(stack.shape[0]):
         x = rng.standard_normal((3, 64)).astype(np.float32)
         bias = rng.standard_normal(6).astype(np.float32)
-        check_close(linear_poisoned(art, "stack", x, bias=bias, matrix=index), x, stack[index], bias)
-    fresh = _engine.kernels.linear(x, art, "stack", matrix=1)  # the allocating form
+        check_close(linear_poisoned(art, name, x, bias=bias, matrix=index), x, stack[index], bias)
+    fresh = _engine.kernels.linear(x, art, name, matrix=1)  # the allocating form
     check_close(fresh, x, stack[1])
 
 

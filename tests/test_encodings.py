@@ -170,6 +170,21 @@ def test_int_error_is_at_most_half_a_step(encoding, group, shape):
     assert blobs["zero"].max() <= qmax
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_int4_affine_error_is_at_most_half_a_step(shape, group):
+    if shape[-1] % group:
+        pytest.skip("groups must tile the rows")
+    values = fresh(shape, salt=group + 1)
+    blobs = enc.encode(values, "int4_affine", group)
+    scale = np.repeat(blobs["scale"].astype(np.float32), group, axis=-1)
+    offset = np.repeat(blobs["offset"].astype(np.float32), group, axis=-1)
+    error = np.abs(enc.decode(blobs, "int4_affine", shape, group) - values)
+    # Rounding to the nearest step, plus the f16 rounding of the offset (the minimum) where it clips code 0.
+    bound = scale / 2 * (1 + 1e-4) + np.abs(offset) * 2.0**-11 + np.abs(values) * 1e-6
+    assert np.all(error <= bound), f"seed {SEED}: worst excess {np.max(error - bound)}"
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fp8_error_is_at_most_half_an_e4m3_ulp(shape):
     values = fresh(shape, salt=8)
@@ -212,17 +227,17 @@ def test_plain_encodings_round_as_their_formats(shape):
 
 def test_all_zero_groups_rows_and_blocks_decode_to_zero():
     values = np.zeros((3, 64), np.float32)
-    for encoding, group in [("fp8_e4m3", None), ("int8", 32), ("int4", 64), ("nvfp4", None)]:
+    for encoding, group in [("fp8_e4m3", None), ("int8", 32), ("int4", 64), ("int4_affine", 32), ("nvfp4", None)]:
         blobs = enc.encode(values, encoding, group)
         np.testing.assert_array_equal(enc.decode(blobs, encoding, values.shape, group), values)
 
 
-@pytest.mark.parametrize("encoding", ["fp8_e4m3", "int8", "int4", "nvfp4", "f16"])
+@pytest.mark.parametrize("encoding", ["fp8_e4m3", "int8", "int4", "int4_affine", "nvfp4", "f16"])
 def test_non_finite_or_unrepresentable_input_is_refused(encoding):
     values = fresh((4, 64))
     values[1, 3] = np.inf if encoding != "f16" else 1e6
     with pytest.raises(ConversionError, match=encoding):
-        enc.encode(values, encoding, 32 if encoding in ("int8", "int4") else None)
+        enc.encode(values, encoding, 32 if encoding in enc.GROUPED_ENCODINGS else None)
 
 
 # --- chunking and the scalar decode ----------------------------------------------------------------------
@@ -234,6 +249,7 @@ ALL_CASES = [
     ("fp8_e4m3", None),
     ("int8", 64),
     ("int4", 32),
+    ("int4_affine", 64),
     ("nvfp4", None),
 ]
 
@@ -274,6 +290,11 @@ def scalar_decode(
             q = byte & 0xF if col % 2 == 0 else byte >> 4
         g = row * (cols // group) + col // group
         return (q - raw["zero"][g]) * f16_scalar(raw["scale"][2 * g : 2 * g + 2])
+    if encoding == "int4_affine":
+        byte = raw["q"][row * cols // 2 + col // 2]
+        q = byte & 0xF if col % 2 == 0 else byte >> 4
+        g = row * (cols // group) + col // group
+        return q * f16_scalar(raw["scale"][2 * g : 2 * g + 2]) + f16_scalar(raw["offset"][2 * g : 2 * g + 2])
     byte = raw["q"][row * cols // 2 + col // 2]
     code = byte & 0xF if col % 2 == 0 else byte >> 4
     block = raw["scale"][row * (cols // 16) + col // 16]

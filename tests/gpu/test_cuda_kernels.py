@@ -32,6 +32,9 @@ WEIGHTS = [
     ("int4", 64, 5, 1088),
     ("int4", 128, 67, 4096),
     ("int4", 32, 9, 96),
+    ("int4_affine", 32, 13, 576),  # GGUF Q4_1 blocks (the embedded default), CUDA-core GEMV only
+    ("int4_affine", 64, 66, 1088),
+    ("int4_affine", 32, 9, 96),
     ("nvfp4", None, 7, 48),
     ("nvfp4", None, 71, 2048),
     # Tensor-core path shapes (whole 128-column tiles): few m-tiles and long rows split the columns over blocks.

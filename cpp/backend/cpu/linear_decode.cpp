@@ -63,6 +63,17 @@ void decode_span_reference(const TensorView& w, int64_t row, int64_t c0, int64_t
       }
       return;
     }
+    case Encoding::INT4_AFFINE: {
+      // code * scale is exact in f32 (4 + 11 significant bits): one rounding whether or not it is fused.
+      const int64_t groups_per_row = cols / w.group_size;
+      const uint8_t* q = w.data + row * (cols / 2);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t c = c0 + i;
+        const int64_t g = row * groups_per_row + c / w.group_size;
+        out[i] = float(nibble(q, c)) * f16_to_f32(load_u16(w.scale, g)) + f16_to_f32(load_u16(w.offset, g));
+      }
+      return;
+    }
     case Encoding::NVFP4: {
       const uint8_t* q = w.data + row * (cols / 2);
       for (int64_t i = 0; i < n; ++i) {

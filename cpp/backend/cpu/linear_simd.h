@@ -116,6 +116,30 @@ struct DecodeGrouped {
   }
 };
 
+// int4_affine: code * scale + offset per group (a multiple of 16 columns); the product is exact, so this equals
+// the reference bit for bit. The group's scale and offset are cached as in DecodeGrouped.
+struct DecodeAffine {
+  const uint8_t* q;
+  const TensorView& w;
+  int64_t first_group;
+  mutable int64_t group_begin = 0, group_end = 0;  // columns of the cached group; empty at first
+  mutable __m256 scale = _mm256_setzero_ps(), offset = _mm256_setzero_ps();
+  DecodeAffine(const TensorView& view, int64_t row)
+      : q(view.data + row * (view.cols() / 2)), w(view), first_group(row * (view.cols() / view.group_size)) {}
+  void at(int64_t c, __m256& lo, __m256& hi) const {
+    if (c < group_begin || c >= group_end) {
+      const int64_t index = c / w.group_size, g = first_group + index;
+      group_begin = index * w.group_size;
+      group_end = group_begin + w.group_size;
+      scale = _mm256_set1_ps(_cvtsh_ss(load_u16(w.scale, g)));
+      offset = _mm256_set1_ps(_cvtsh_ss(load_u16(w.offset, g)));
+    }
+    const __m128i codes = unpack_nibbles16(q + c / 2);
+    lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)), scale, offset);
+    hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8))), scale, offset);
+  }
+};
+
 // Twice each e2m1 value is an integer, so a byte shuffle decodes 16 codes at once; halving the block scale
 // compensates exactly, and (2v * block/2) * global equals the reference's (v * block) * global bit for bit.
 struct DecodeNvfp4 {
@@ -147,6 +171,7 @@ decltype(auto) dispatch_decoder(const TensorView& w, Fn&& fn) {
     case Encoding::INT8: return fn(static_cast<DecodeGrouped<false>*>(nullptr));
     case Encoding::INT4: return fn(static_cast<DecodeGrouped<true>*>(nullptr));
     case Encoding::NVFP4: return fn(static_cast<DecodeNvfp4*>(nullptr));
+    case Encoding::INT4_AFFINE: return fn(static_cast<DecodeAffine*>(nullptr));
   }
   return fn(static_cast<DecodeF32*>(nullptr));  // unreachable: every encoding is listed
 }

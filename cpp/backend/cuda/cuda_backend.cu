@@ -10,8 +10,8 @@
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/op_timing.h"
-#include "runtime/cache.h"
-#include "runtime/kv_pool.h"
+#include "cache/kv_dtype.h"
+#include "cache/kv_pool.h"
 
 namespace ninfer {
 
@@ -127,7 +127,7 @@ DeviceMemoryUse CudaBackend::upload_weights(const Artifact& artifact) {
   size_t needed = 0;
   for (const std::string& name : names) {
     const TensorView& t = artifact.tensor(name);
-    needed += data_bytes(t) + scale_bytes(t) + zero_bytes(t);
+    needed += data_bytes(t) + scale_bytes(t) + zero_bytes(t) + offset_bytes(t);
   }
   if (needed > free_before)
     throw OutOfMemoryError("the weights of " + artifact.path() + " (" + std::to_string(needed >> 20) +

@@ -1,6 +1,6 @@
 // Scalar decoding of every stored weight encoding on the device: the obviously-right element access that the
 // GEMV's tails, the prefill GEMM, the embedding and the MoE kernels share (the CPU twin is
-// cpu::dequantize_row). `W` is any struct with q, scale, zero, global_scale, cols, group_size.
+// cpu::dequantize_row). `W` is any struct with q, scale, zero, offset, global_scale, cols, group_size.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,6 +53,12 @@ __device__ __forceinline__ float weight_at(const W& a, int64_t row, int64_t col)
     }
     const float s = __half2float(reinterpret_cast<const __half*>(a.scale)[g]);
     return (float(q) - float(a.zero[g])) * s;
+  } else if constexpr (E == Encoding::INT4_AFFINE) {
+    const int64_t g = row * (a.cols / a.group_size) + col / a.group_size;
+    const uint32_t q = (a.q[index >> 1] >> ((index & 1) * 4)) & 0xfu;
+    // q * scale is exact in f32, so the fused and the separate form round the same.
+    return fmaf(float(q), __half2float(reinterpret_cast<const __half*>(a.scale)[g]),
+                __half2float(reinterpret_cast<const __half*>(a.offset)[g]));
   } else {  // NVFP4
     const uint32_t code = (a.q[index >> 1] >> ((index & 1) * 4)) & 0xfu;
     const float block_scale = e4m3_to_float(a.scale[row * (a.cols / 16) + col / 16]);
@@ -243,11 +249,12 @@ struct WeightRef {
   float global_scale = 1.0f;
   int64_t cols = 0;
   int32_t group_size = 0;
+  const uint8_t* offset = nullptr;  // int4_affine
 };
 
 inline WeightRef weight_ref(const TensorView& device_view) {
   return {device_view.data, device_view.scale, device_view.zero, device_view.global_scale, device_view.cols(),
-          device_view.group_size};
+          device_view.group_size, device_view.offset};
 }
 
 // Calls fn(std::integral_constant<Encoding, e>{}) so kernels are instantiated per encoding.
@@ -261,6 +268,7 @@ void dispatch_encoding(Encoding e, Fn&& fn) {
     case Encoding::INT8: return fn(std::integral_constant<Encoding, Encoding::INT8>{});
     case Encoding::INT4: return fn(std::integral_constant<Encoding, Encoding::INT4>{});
     case Encoding::NVFP4: return fn(std::integral_constant<Encoding, Encoding::NVFP4>{});
+    case Encoding::INT4_AFFINE: return fn(std::integral_constant<Encoding, Encoding::INT4_AFFINE>{});
   }
 }
 

@@ -53,6 +53,7 @@ size_t data_bytes(const TensorView& v) {
     case Encoding::FP8_E4M3:
     case Encoding::INT8: return n;
     case Encoding::INT4:
+    case Encoding::INT4_AFFINE:
     case Encoding::NVFP4: return n / 2;
   }
   return 0;
@@ -63,7 +64,8 @@ size_t scale_bytes(const TensorView& v) {
   switch (v.encoding) {
     case Encoding::FP8_E4M3: return 4 * stacked_rows;
     case Encoding::INT8:
-    case Encoding::INT4: return 2 * stacked_rows * size_t(v.cols() / v.group_size);
+    case Encoding::INT4:
+    case Encoding::INT4_AFFINE: return 2 * stacked_rows * size_t(v.cols() / v.group_size);
     case Encoding::NVFP4: return stacked_rows * size_t(v.cols() / 16);
     default: return 0;
   }
@@ -72,6 +74,11 @@ size_t scale_bytes(const TensorView& v) {
 size_t zero_bytes(const TensorView& v) {
   if (v.encoding != Encoding::INT8 && v.encoding != Encoding::INT4) return 0;
   return size_t(v.matrices() * v.rows()) * size_t(v.cols() / v.group_size);
+}
+
+size_t offset_bytes(const TensorView& v) {
+  if (v.encoding != Encoding::INT4_AFFINE) return 0;
+  return 2 * size_t(v.matrices() * v.rows()) * size_t(v.cols() / v.group_size);
 }
 
 DeviceWeight upload_weight(const TensorView& host) {
@@ -86,6 +93,7 @@ DeviceWeight upload_weight(const TensorView& host) {
   w.view.data = copy(w.data, host.data, data_bytes(host));
   w.view.scale = copy(w.scale, host.scale, scale_bytes(host));
   w.view.zero = copy(w.zero, host.zero, zero_bytes(host));
+  w.view.offset = copy(w.offset, host.offset, offset_bytes(host));
   return w;
 }
 

@@ -40,7 +40,7 @@ void note_device_allocation_change();
 // device pointers (what the kernels take).
 struct DeviceWeight {
   TensorView view;
-  DeviceBuffer data, scale, zero;
+  DeviceBuffer data, scale, zero, offset;
 };
 
 DeviceWeight upload_weight(const TensorView& host);
@@ -49,5 +49,6 @@ DeviceWeight upload_weight(const TensorView& host);
 size_t data_bytes(const TensorView& v);
 size_t scale_bytes(const TensorView& v);
 size_t zero_bytes(const TensorView& v);
+size_t offset_bytes(const TensorView& v);
 
 }  // namespace ninfer::cuda

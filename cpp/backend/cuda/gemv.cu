@@ -29,6 +29,7 @@ struct GemvArgs {
   float global_scale;
   int64_t out_rows, cols;
   int32_t group_size;
+  const uint8_t* offset = nullptr;  // int4_affine
 };
 
 template <Encoding E>
@@ -64,7 +65,7 @@ __device__ __forceinline__ void load_x(const float* x, int64_t cols, int64_t col
 // integers for int4/int8, unscaled e4m3/e2m1 values for fp8/nvfp4; scales are applied per chunk).
 template <Encoding E>
 __device__ __forceinline__ void decode_word(uint32_t word, float (&w)[8]) {
-  if constexpr (E == Encoding::INT4) {
+  if constexpr (E == Encoding::INT4 || E == Encoding::INT4_AFFINE) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) w[i] = small_uint_to_float((word >> (4 * i)) & 0xfu);
   } else if constexpr (E == Encoding::NVFP4) {
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, b
       const int half = word / 2;  // nvfp4: words 0-1 and 2-3 are two blocks of 16 values
       float xv[R][8];
       load_x<R, kValuesPerWord>(a.x, a.cols, col0 + word * kValuesPerWord, xv);
-      if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
+      if constexpr (E == Encoding::INT4 || E == Encoding::INT8 || E == Encoding::INT4_AFFINE) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -178,6 +179,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(GemvArgs a, b
           const float codes_x = part[n][0][r] + part[n][1][r];
           const float sum_x = xsum[0][r] + xsum[1][r];
           acc[n][r] = fmaf(s, codes_x - z * sum_x, acc[n][r]);
+        }
+      } else if constexpr (E == Encoding::INT4_AFFINE) {
+        // sum(x * (code * scale + offset)) = scale * sum(code * x) + offset * sum(x), per group.
+        const int64_t g = row * (a.cols / a.group_size) + col0 / a.group_size;
+        const float s = __half2float(reinterpret_cast<const __half*>(a.scale)[g]);
+        const float o = __half2float(reinterpret_cast<const __half*>(a.offset)[g]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float codes_x = part[n][0][r] + part[n][1][r];
+          const float sum_x = xsum[0][r] + xsum[1][r];
+          acc[n][r] = fmaf(s, codes_x, fmaf(o, sum_x, acc[n][r]));
         }
       } else if constexpr (E == Encoding::NVFP4) {
         const uint8_t* block_scales = a.scale + row * (a.cols / 16) + col0 / 16;
@@ -266,7 +278,7 @@ void gemv(const float* x, int rows, const TensorView& w, float* y, cudaStream_t 
                       std::to_string(kMaxGemvRows));
   }
   if (w.shape.size() != 2) throw EngineError("gemv: weight " + w.name + " is not a 2-D matrix");
-  GemvArgs a{x, y, w.data, w.scale, w.zero, w.global_scale, w.rows(), w.cols(), w.group_size};
+  GemvArgs a{x, y, w.data, w.scale, w.zero, w.global_scale, w.rows(), w.cols(), w.group_size, w.offset};
   switch (w.encoding) {
     case Encoding::F32: return launch_rows<Encoding::F32>(a, rows, stream);
     case Encoding::F16: return launch_rows<Encoding::F16>(a, rows, stream);
@@ -274,6 +286,7 @@ void gemv(const float* x, int rows, const TensorView& w, float* y, cudaStream_t 
     case Encoding::FP8_E4M3: return launch_rows<Encoding::FP8_E4M3>(a, rows, stream);
     case Encoding::INT8: return launch_rows<Encoding::INT8>(a, rows, stream);
     case Encoding::INT4: return launch_rows<Encoding::INT4>(a, rows, stream);
+    case Encoding::INT4_AFFINE: return launch_rows<Encoding::INT4_AFFINE>(a, rows, stream);
     case Encoding::NVFP4: return launch_rows<Encoding::NVFP4>(a, rows, stream);
   }
 }

@@ -138,6 +138,7 @@ bool can_run(GemmImpl impl, const TensorView& w) {
         case Encoding::NVFP4: return true;
         case Encoding::INT8:
         case Encoding::INT4: return w.group_size % 8 == 0;
+        case Encoding::INT4_AFFINE:  // code * scale + offset has up to 20 significant bits: not exact in bf16
         case Encoding::F32:  // full precision kept: tiny models and tests
         case Encoding::F16:  // bf16 would drop 3 of its mantissa bits
           return false;

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ninfer.artifact.encodings import PLAIN_ENCODINGS, decode, encode
+from ninfer.artifact.gguf_blocks import NativeTensor
 from ninfer.artifact.recipes import Recipe, load_recipe
 from ninfer.artifact.writer import ArtifactWriter, TensorPlan
 from ninfer.errors import ConversionError, UnsupportedArchitectureError
@@ -37,11 +39,13 @@ DEFAULT_PLAIN_TEMPLATE = "chatml"
 
 @dataclass(frozen=True)
 class SourceTensor:
-    """One logical tensor of a source; `load()` returns it as a float32 array of `shape` (read on demand)."""
+    """One logical tensor of a source; `load()` returns it as a float32 array of `shape` (read on demand).
+    `native`: a pre-quantised source tensor's own encoding, which a quantising recipe keeps (gguf_blocks.py)."""
 
     name: str
     shape: tuple[int, ...]
     load: Callable[[], np.ndarray]
+    native: NativeTensor | None = None
 
 
 @dataclass
@@ -133,12 +137,46 @@ def build_frontend(source: Source, template: str) -> dict:
     }
 
 
+def _keeps_native(tensor: SourceTensor, encoding: str) -> bool:
+    """A quantised source tensor keeps its own encoding unless the recipe wants it as plain floats: a quantising
+    recipe never re-quantises what is already quantised."""
+    return tensor.native is not None and encoding not in PLAIN_ENCODINGS
+
+
 def plan_tensors(tensors: list[SourceTensor], recipe: Recipe) -> list[TensorPlan]:
     plans = []
     for tensor in tensors:
         encoding, group_size = recipe.plan(tensor.name, tensor.shape)
+        if _keeps_native(tensor, encoding):
+            encoding, group_size = tensor.native.encoding, tensor.native.group_size
         plans.append(TensorPlan(tensor.name, tuple(tensor.shape), encoding, group_size))
     return plans
+
+
+def relative_error(stored: np.ndarray, values: np.ndarray) -> float:
+    """||stored - values|| / ||values|| (0 for an all-zero tensor stored exactly)."""
+    norm = float(np.linalg.norm(values))
+    diff = float(np.linalg.norm(stored.astype(np.float64) - values))
+    return diff / norm if norm else diff
+
+
+def _write_tensor(writer: ArtifactWriter, path: Path, tensor: SourceTensor, plan: TensorPlan) -> None:
+    native = tensor.native if tensor.native is not None and plan.encoding == tensor.native.encoding else None
+    if native is not None and native.exact:
+        writer.write_encoded(tensor.name, native.blobs())
+        return
+    values = tensor.load()
+    if values.shape != tensor.shape:
+        raise ConversionError(f"{path}: tensor {tensor.name} loaded as {list(values.shape)}, "
+                              f"expected {list(tensor.shape)}")
+    if native is None:
+        writer.write(tensor.name, values)
+        return
+    # A block format with no exact counterpart, re-encoded with no fewer bits: say what that costs.
+    blobs = encode(values, plan.encoding, plan.group_size)
+    error = relative_error(decode(blobs, plan.encoding, plan.shape, plan.group_size), values)
+    log.warning("%s: re-encoded as %s g%d, relative error %.2e", tensor.name, plan.encoding, plan.group_size, error)
+    writer.write_encoded(tensor.name, blobs)
 
 
 def convert(src: str | Path, out: str | Path, recipe: str = "bf16", template: str = AUTO_TEMPLATE,
@@ -154,10 +192,6 @@ def convert(src: str | Path, out: str | Path, recipe: str = "bf16", template: st
     origin = {"kind": source.kind, "path": str(source.path), "architecture": source.architecture}
     with ArtifactWriter(out, config=source.config, tensors=plans, frontend=frontend,
                         recipe=recipe_obj.to_json(), source=origin, progress=progress) as writer:
-        for tensor in source.tensors:
-            values = tensor.load()
-            if values.shape != tensor.shape:
-                raise ConversionError(f"{source.path}: tensor {tensor.name} loaded as {list(values.shape)}, "
-                                      f"expected {list(tensor.shape)}")
-            writer.write(tensor.name, values)
+        for tensor, plan in zip(source.tensors, plans, strict=True):
+            _write_tensor(writer, source.path, tensor, plan)
     return Path(out)

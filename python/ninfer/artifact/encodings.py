@@ -19,9 +19,11 @@ import numpy as np
 
 from ninfer.errors import ArtifactError, ConversionError
 
-ENCODINGS = ("f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "nvfp4")
+ENCODINGS = ("f32", "f16", "bf16", "fp8_e4m3", "int8", "int4", "int4_affine", "nvfp4")
 PLAIN_ENCODINGS = ("f32", "f16", "bf16")
-GROUPED_ENCODINGS = ("int8", "int4")
+# int8 / int4: (code - zero) * scale, an integer zero point. int4_affine: code * scale + offset, an f16 offset (the
+# group's minimum): GGUF Q4_1's blocks exactly, whose minimum is not a whole number of steps from 0.
+GROUPED_ENCODINGS = ("int8", "int4", "int4_affine")
 GROUP_SIZES = (32, 64, 128)
 NVFP4_BLOCK = 16
 E4M3_MAX = 448.0
@@ -189,6 +191,13 @@ def blob_specs(encoding: str, shape: Sequence[int], group_size: int | None) -> d
     lead, cols = shape[:-1], shape[-1]
     if encoding == "fp8_e4m3":
         return {"q": BlobSpec(_U8, shape), "scale": BlobSpec(_F32, lead)}
+    if encoding == "int4_affine":
+        groups = lead + (cols // group_size,)
+        return {
+            "q": BlobSpec(_U8, lead + (cols // 2,)),
+            "scale": BlobSpec(_F16, groups),
+            "offset": BlobSpec(_F16, groups),
+        }
     if encoding in GROUPED_ENCODINGS:
         q_cols = cols if encoding == "int8" else cols // 2
         groups = lead + (cols // group_size,)
@@ -254,6 +263,20 @@ def _encode_int(chunk: np.ndarray, group_size: int, qmax: int, encoding: str) ->
     return {"q": q, "scale": scale, "zero": zero.astype(np.uint8)}
 
 
+def _encode_int4_affine(chunk: np.ndarray, group_size: int) -> dict[str, np.ndarray]:
+    """Q4_1's quantizer: offset = the group's minimum (as f16), scale = its range / 15 (f16, rounded up so the
+    top code still reaches the maximum)."""
+    rows, cols = chunk.shape
+    groups = chunk.reshape(rows, cols // group_size, group_size)
+    offset = groups.min(axis=2).astype(np.float16)
+    _require_finite(offset, "int4_affine")
+    scale = _f16_round_up((groups.max(axis=2) - offset.astype(np.float32)) / np.float32(15))
+    _require_finite(scale, "int4_affine")
+    q = np.rint((groups - offset.astype(np.float32)[..., None]) / _safe_divisor(scale.astype(np.float32))[..., None])
+    np.clip(q, 0, 15, out=q)
+    return {"q": pack_nibbles(q.astype(np.uint8).reshape(rows, cols)), "scale": scale, "offset": offset}
+
+
 def _encode_nvfp4(chunk: np.ndarray, global_scale: np.float32) -> dict[str, np.ndarray]:
     rows, cols = chunk.shape
     blocks = chunk.reshape(rows, cols // NVFP4_BLOCK, NVFP4_BLOCK)
@@ -280,6 +303,8 @@ def _encode_chunk(
         return {"data": f32_to_bf16_bits(chunk)}
     if encoding == "fp8_e4m3":
         return _encode_fp8(chunk)
+    if encoding == "int4_affine":
+        return _encode_int4_affine(chunk, group_size)
     if encoding in GROUPED_ENCODINGS:
         return _encode_int(chunk, group_size, _INT_QMAX[encoding], encoding)
     return _encode_nvfp4(chunk, global_scale)
@@ -371,6 +396,12 @@ def decode(
         return arrays["data"].astype(np.float32)
     if encoding == "fp8_e4m3":
         return e4m3_to_f32(arrays["q"]) * arrays["scale"][..., None]
+    if encoding == "int4_affine":
+        # code * scale is exact in f32 (4 + 11 significant bits), so this is one rounding, fused or not.
+        codes = unpack_nibbles(arrays["q"]).reshape(shape[:-1] + (shape[-1] // group_size, group_size))
+        scale = arrays["scale"].astype(np.float32)[..., None]
+        offset = arrays["offset"].astype(np.float32)[..., None]
+        return (codes.astype(np.float32) * scale + offset).reshape(shape)
     if encoding in GROUPED_ENCODINGS:
         q = arrays["q"] if encoding == "int8" else unpack_nibbles(arrays["q"])
         grouped = q.reshape(shape[:-1] + (shape[-1] // group_size, group_size)).astype(np.float32)

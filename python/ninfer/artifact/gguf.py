@@ -1,7 +1,7 @@
 """GGUF file (arch `llama` or `qwen2`) -> `Source`, through the PyPI `gguf` package.
 
-Each tensor is dequantized to float32 by `gguf.quants.dequantize` when the writer asks for it, then re-encoded per
-the recipe. Q/K of GGUF `llama` are kept exactly as stored: llama.cpp's converter permutes their rows so that RoPE
+Float tensors are read as float32 and encoded per the recipe. Quantised ones keep their blocks where an artifact
+encoding holds them exactly (gguf_blocks.py); the rest are dequantized by `gguf.quants.dequantize` and re-encoded. Q/K of GGUF `llama` are kept exactly as stored: llama.cpp's converter permutes their rows so that RoPE
 rotates adjacent pairs (2j, 2j+1), so the artifact says `rope.pairing = "interleaved"` instead of undoing the
 permutation. (`qwen2` GGUFs are not permuted: llama.cpp runs them with NeoX pairing, `"half"`.)
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ninfer.artifact.convert import Source, SourceTensor, decoder_config, unsupported_architecture
+from ninfer.artifact.gguf_blocks import native_tensor
 from ninfer.artifact.tokenizer_build import gguf_tokenizer_json
 from ninfer.errors import ConversionError
 
@@ -49,7 +50,7 @@ def _required(reader, path: Path, key: str) -> object:
     return value
 
 
-def _logical_name(name: str) -> str | None:
+def logical_name(name: str) -> str | None:
     if name in _TOP_NAMES:
         return _TOP_NAMES[name]
     match = _BLOCK.fullmatch(name)
@@ -70,13 +71,14 @@ def _loader(tensor) -> Callable[[], np.ndarray]:
 def _tensors(reader, path: Path) -> list[SourceTensor]:
     tensors, unknown = [], []
     for tensor in reader.tensors:
-        logical = _logical_name(tensor.name)
+        logical = logical_name(tensor.name)
         if logical is None:
             unknown.append(tensor.name)
             continue
         # GGUF lists dimensions fastest-first; the row-major shape is the reverse.
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        tensors.append(SourceTensor(logical, shape, _loader(tensor)))
+        native = native_tensor(tensor.tensor_type.name, tensor.data, shape)
+        tensors.append(SourceTensor(logical, shape, _loader(tensor), native))
     if unknown:
         raise ConversionError(f"{path}: GGUF tensors this converter does not know: {', '.join(unknown[:5])}")
     return tensors

@@ -24,7 +24,7 @@ FALLBACK_ENCODING = "bf16"
 class Rule:
     pattern: str  # fnmatch over logical names; `*` also matches dots
     encoding: str
-    group_size: int | None = None  # int8/int4 only; None = the largest of 128, 64, 32 that divides cols
+    group_size: int | None = None  # grouped encodings only; None = the largest of 128, 64, 32 that divides cols
     ndim: int | None = None  # match only tensors of this rank
 
     def matches(self, name: str, shape: tuple[int, ...]) -> bool:
@@ -161,7 +161,7 @@ def _rule_from_json(where: str, entry: object) -> Rule:
         raise RecipeError(f"{where}: unknown encoding {encoding!r} (known: {', '.join(ENCODINGS)})")
     if group_size is not None:
         if encoding not in GROUPED_ENCODINGS:
-            raise RecipeError(f"{where}: group_size applies only to int8/int4, not {encoding}")
+            raise RecipeError(f"{where}: group_size applies only to int8/int4/int4_affine, not {encoding}")
         if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size not in GROUP_SIZES:
             raise RecipeError(f"{where}: group_size must be 32, 64 or 128, not {group_size!r}")
     if ndim is not None and (not isinstance(ndim, int) or isinstance(ndim, bool) or ndim < 1):
