@@ -16,7 +16,7 @@
 
 #include "artifact/artifact.h"
 #include "backend/memory.h"
-#include "model/config.h"
+#include "backend/rope_pairing.h"
 
 namespace ninfer {
 

@@ -14,8 +14,8 @@
 #include "bindings/array_out.h"
 #include "bindings/artifact_handle.h"
 #include "errors.h"
-#include "runtime/kv_pool.h"
-#include "runtime/state_pool.h"
+#include "cache/kv_pool.h"
+#include "cache/state_pool.h"
 
 #ifdef NINFER_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"

@@ -9,5 +9,6 @@ void bind_kernels(nanobind::module_& m);   // kernels.cpp: CPU op entry points f
 void bind_gdn(nanobind::module_& m);       // gdn.cpp: Gated DeltaNet kernels for tests
 void bind_model(nanobind::module_& m);     // model.cpp
 void bind_runtime(nanobind::module_& m);   // runtime.cpp: scheduler / engine
+void bind_cache(nanobind::module_& m);     // cache.cpp: the cache manager over simulated pools, for tests
 void bind_cuda(nanobind::module_& m);      // cuda.cpp: CUDA kernels for tests and benchmarks (when built)
 }  // namespace ninfer::bindings

@@ -34,10 +34,11 @@
 #include "backend/cuda/sampling.h"
 #include "bindings/array_out.h"
 #include "bindings/artifact_handle.h"
-#include "runtime/kv_codec.h"
-#include "runtime/kv_pool.h"
-#include "runtime/kv_quant.h"
-#include "runtime/state_pool.h"
+#include "cache/kv_codec.h"
+#include "cache/kv_pool.h"
+#include "cache/page_table.h"
+#include "cache/kv_quant.h"
+#include "cache/state_pool.h"
 #endif
 
 namespace nb = nanobind;
@@ -465,8 +466,9 @@ std::tuple<double, double> bench_attention(int32_t heads, int32_t kv_heads, int3
   const int64_t pages_per_seq = (context + kKvPageTokens - 1) / kKvPageTokens;
   const int64_t width = int64_t(kv_heads) * head_dim;
   KvPool pool(1, kv_heads, head_dim, pages_per_seq * batch, dtype, backend.memory());
+  PageTable table(pages_per_seq * batch);
   std::vector<std::vector<int32_t>> pages(static_cast<size_t>(batch));
-  for (auto& p : pages) pool.acquire(pages_per_seq, p);
+  for (auto& p : pages) table.acquire(pages_per_seq, p);
 
   // K and V: one random chunk of rows written again and again (speed does not depend on the values).
   const int64_t chunk = std::min<int64_t>(context, 4096);

@@ -22,12 +22,51 @@ namespace {
 using TokenArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using HiddenArray = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
-// Shared by the Python Model and its sequences, so a sequence outliving its Model still returns its pages.
+// One sequence's pages, state slot and length in the Model's pools.
+struct SequenceCache {
+  std::vector<int32_t> pages;
+  int32_t state_slot = -1;
+  int64_t length = 0;
+};
+
+// Shared by the Python Model and its sequences, so a sequence outliving its Model still returns its pages. The
+// pools are this view's own (the engine keeps its own); declared after the model, they are freed before it.
 struct ModelState {
   std::shared_ptr<const Artifact> artifact;
   std::unique_ptr<Model> model;
+  std::unique_ptr<CachePools> pools;
+  int64_t max_context = 0;
   std::mutex mutex;  // one pass at a time; Python threads may share a Model
   ForwardOutput last;
+
+  // Grows `cache` so it holds `total_tokens` (pages, and a zeroed state slot on first use); false, changing
+  // nothing, when the pools are short.
+  bool reserve(SequenceCache& cache, int64_t total_tokens) {
+    if (total_tokens > max_context)
+      throw CapacityError("a sequence of " + std::to_string(total_tokens) + " tokens exceeds max_context " +
+                          std::to_string(max_context));
+    const bool needs_slot = pools->states() && cache.state_slot < 0;
+    const int64_t more = std::max<int64_t>(0, kv_pages_for(total_tokens) - int64_t(cache.pages.size()));
+    if (more > pools->pages().free() || (needs_slot && pools->slots().free() == 0)) return false;
+    pools->pages().acquire(more, cache.pages);
+    if (needs_slot) {
+      cache.state_slot = pools->slots().acquire();
+      pools->zero_state(cache.state_slot);
+    }
+    return true;
+  }
+  void release(SequenceCache& cache) {
+    pools->pages().release(cache.pages);
+    cache.pages.clear();
+    if (pools->states()) pools->slots().release(cache.state_slot);
+    cache.state_slot = -1;
+    cache.length = 0;
+  }
+  int64_t kv_free_tokens() const { return pools->pages().free() * kKvPageTokens; }
+  int32_t free_state_slots() const { return pools->states() ? pools->slots().free() : 0; }
+  ForwardItem item(const int32_t* tokens, int64_t n, const SequenceCache& c, bool all_logits) const {
+    return {tokens, n, c.length, c.pages, c.state_slot, all_logits};
+  }
 };
 
 struct PySequence {
@@ -36,17 +75,17 @@ struct PySequence {
   ~PySequence() {
     if (owner) {
       std::lock_guard lock(owner->mutex);
-      owner->model->release(cache);
+      owner->release(cache);
     }
   }
 };
 
 // Grows the sequence's reservation for `n` more tokens or raises CapacityError with the numbers.
-void reserve_or_raise(Model& model, SequenceCache& cache, int64_t n) {
-  if (!model.reserve(cache, cache.length + n))
+void reserve_or_raise(ModelState& state, SequenceCache& cache, int64_t n) {
+  if (!state.reserve(cache, cache.length + n))
     throw CapacityError("the KV pool cannot hold " + std::to_string(cache.length + n) + " tokens for this sequence (" +
-                        std::to_string(model.kv_free_tokens()) + " free tokens, " +
-                        std::to_string(model.free_state_slots()) + " free state slots)");
+                        std::to_string(state.kv_free_tokens()) + " free tokens, " +
+                        std::to_string(state.free_state_slots()) + " free state slots)");
 }
 
 FloatArray rows_of(const std::vector<float>& values, int64_t first_row, int64_t rows, int64_t width) {
@@ -62,11 +101,12 @@ class PyModel {
   static PyModel open(const std::string& path, int64_t max_context, int64_t kv_capacity, int32_t max_sequences,
                       const std::string& kv_dtype, int32_t threads, int32_t gdn_chunk, bool verify_checksums,
                       const std::string& backend) {
+    if (max_context <= 0) throw EngineError("max_context must be positive, got " + std::to_string(max_context));
+    if (max_sequences <= 0)
+      throw EngineError("max_sequences must be positive, got " + std::to_string(max_sequences));
+    if (kv_capacity < 0) throw EngineError("kv_capacity must not be negative");
+    const KvDtype dtype = parse_kv_dtype(kv_dtype);
     ModelOptions o;
-    o.max_context = max_context;
-    o.kv_capacity = kv_capacity;
-    o.max_sequences = max_sequences;
-    o.kv_dtype = parse_kv_dtype(kv_dtype);
     o.threads = threads;
     o.gdn_chunk = gdn_chunk;
     o.verify_checksums = verify_checksums;
@@ -75,6 +115,12 @@ class PyModel {
       nb::gil_scoped_release release;
       state->artifact = Artifact::open(path, verify_checksums);
       state->model = Model::load(state->artifact, o, make_backend_named(backend, threads));
+      CacheCapacity capacity;
+      capacity.device_pages = kv_pages_for(kv_capacity > 0 ? kv_capacity : max_context * max_sequences);
+      capacity.device_state_slots = max_sequences;
+      state->pools =
+          std::make_unique<CachePools>(state->model->cache_layout(), capacity, dtype, state->model->memory());
+      state->max_context = max_context;
     }
     return PyModel(state);
   }
@@ -126,7 +172,9 @@ class PyModel {
     {
       nb::gil_scoped_release release;
       std::lock_guard lock(s_->mutex);
-      s_->model->mtp_forward(hidden.data(), next_tokens.data(), n, start, seq.cache, logits);
+      ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, false);
+      item.start = start;
+      s_->model->mtp_forward(hidden.data(), item, *s_->pools, logits);
     }
     return rows_of(logits, 0, n, s_->model->config().vocab_size);
   }
@@ -140,19 +188,20 @@ class PyModel {
     {
       nb::gil_scoped_release release;
       std::lock_guard lock(s_->mutex);
-      Model& model = *s_->model;
+      ModelState& state = *s_;
       SequenceCache cache;
       struct Releaser {
-        Model& m;
+        ModelState& s;
         SequenceCache& c;
-        ~Releaser() { m.release(c); }
-      } releaser{model, cache};
-      if (n > 1) reserve_or_raise(model, cache, n - 1);
+        ~Releaser() { s.release(c); }
+      } releaser{state, cache};
+      if (n > 1) reserve_or_raise(state, cache, n - 1);
       ForwardOutput out;
       for (int64_t begin = 0; begin < n - 1; begin += kKvPageTokens) {
         const int64_t len = std::min<int64_t>(kKvPageTokens, n - 1 - begin);
-        const ForwardItem item{tokens.data() + begin, len, &cache, true};
-        model.forward({&item, 1}, out);
+        const ForwardItem item = state.item(tokens.data() + begin, len, cache, true);
+        state.model->forward({&item, 1}, *state.pools, out);
+        cache.length += len;
         for (int64_t t = 0; t < len; ++t)
           result[begin + t] =
               log_softmax_at(out.logits.data() + t * out.vocab, out.vocab, tokens.data()[begin + t + 1]);
@@ -164,12 +213,12 @@ class PyModel {
 
   void release(PySequence& seq) {
     std::lock_guard lock(s_->mutex);
-    s_->model->release(seq.cache);
+    s_->release(seq.cache);
   }
 
-  int64_t kv_free_tokens() const { return s_->model->kv_free_tokens(); }
-  int64_t kv_capacity_tokens() const { return s_->model->kv_capacity_tokens(); }
-  int32_t free_state_slots() const { return s_->model->free_state_slots(); }
+  int64_t kv_free_tokens() const { return s_->kv_free_tokens(); }
+  int64_t kv_capacity_tokens() const { return s_->pools->pages().total() * kKvPageTokens; }
+  int32_t free_state_slots() const { return s_->free_state_slots(); }
   bool has_mtp() const { return s_->model->has_mtp(); }
 
  private:
@@ -195,29 +244,30 @@ class PyModel {
       if (it.seq->owner != s_) throw EngineError("a sequence of another Model");
     nb::gil_scoped_release release;
     std::lock_guard lock(s_->mutex);
-    Model& model = *s_->model;
-    std::vector<ForwardItem> batch;
-    for (const Item& it : items) batch.push_back({it.tokens, it.n, &it.seq->cache, it.all_logits});
+    ModelState& state = *s_;
     // A refused batch (pool short, bad token id) leaves every sequence as it was: reservations made for it are
     // given back.
     std::vector<SequenceCache> before;
     for (const Item& it : items) before.push_back(it.seq->cache);
     try {
-      for (const Item& it : items) reserve_or_raise(model, it.seq->cache, it.n);
-      model.forward(batch, s_->last);
+      for (const Item& it : items) reserve_or_raise(state, it.seq->cache, it.n);
+      std::vector<ForwardItem> batch;
+      for (const Item& it : items) batch.push_back(state.item(it.tokens, it.n, it.seq->cache, it.all_logits));
+      state.model->forward(batch, *state.pools, state.last);
     } catch (...) {
-      for (size_t i = 0; i < items.size(); ++i) shrink_to(model, items[i].seq->cache, before[i]);
+      for (size_t i = 0; i < items.size(); ++i) shrink_to(state, items[i].seq->cache, before[i]);
       throw;
     }
+    for (const Item& it : items) it.seq->cache.length += it.n;
   }
 
   // Gives back pages a failed batch reserved beyond what `before` held.
-  static void shrink_to(Model& model, SequenceCache& cache, const SequenceCache& before) {
+  static void shrink_to(ModelState& state, SequenceCache& cache, const SequenceCache& before) {
     if (cache.pages.size() == before.pages.size() && cache.state_slot == before.state_slot) return;
     SequenceCache extra;
     extra.pages.assign(cache.pages.begin() + before.pages.size(), cache.pages.end());
     if (before.state_slot < 0) extra.state_slot = cache.state_slot;
-    model.release(extra);
+    state.release(extra);
     cache.pages.resize(before.pages.size());
     cache.state_slot = before.state_slot;
   }

@@ -8,5 +8,6 @@ NB_MODULE(_engine, m) {
   ninfer::bindings::bind_gdn(m);
   ninfer::bindings::bind_model(m);
   ninfer::bindings::bind_runtime(m);
+  ninfer::bindings::bind_cache(m);
   ninfer::bindings::bind_cuda(m);
 }

@@ -9,7 +9,7 @@
 #include "bindings/backend_ops.h"
 #include "bindings/bindings.h"
 #include "runtime/engine.h"
-#include "runtime/kv_quant.h"
+#include "cache/kv_quant.h"
 #include "runtime/sampler.h"
 
 namespace nb = nanobind;

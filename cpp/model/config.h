@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "artifact/json.h"
+#include "backend/rope_pairing.h"
 
 namespace ninfer {
 
 enum class LayerKind : uint8_t { FullAttention, LinearAttention };
-enum class RopePairing : uint8_t { Half, Interleaved };
 
 struct RopeConfig {
   double theta = 10000.0;

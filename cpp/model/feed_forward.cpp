@@ -4,6 +4,12 @@
 namespace ninfer {
 namespace {
 
+// down(silu(gate) * up) into `out`, gate and up [rows, inter] already projected (the result overwrites `gate`).
+void swiglu_down(const PassContext& p, const MlpWeights& w, float* gate, const float* up, float* out) {
+  p.backend.swiglu(gate, up, p.rows * w.gate->rows(), gate);
+  p.backend.linear(gate, p.rows, *w.down, out);
+}
+
 // down(silu(gate x) * up x), using `gate_buf` / `up_buf` as scratch.
 void swiglu_mlp(const PassContext& p, const MlpWeights& w, const float* x, Buf gate_buf, Buf up_buf, float* out) {
   const int64_t inter = w.gate->rows();
@@ -11,8 +17,7 @@ void swiglu_mlp(const PassContext& p, const MlpWeights& w, const float* x, Buf g
   float* up = p.scratch.get(up_buf, p.rows * inter);
   const LinearOut gate_up[] = {{w.gate, gate}, {w.up, up}};
   p.backend.linear_shared_input(x, p.rows, gate_up);
-  p.backend.swiglu(gate, up, p.rows * inter, gate);
-  p.backend.linear(gate, p.rows, *w.down, out);
+  swiglu_down(p, w, gate, up, out);
 }
 
 void moe(const PassContext& p, const MoeWeights& w, const float* x, float* out) {
@@ -22,17 +27,25 @@ void moe(const PassContext& p, const MoeWeights& w, const float* x, float* out) 
   float* logits = p.scratch.get(Buf::RouterLogits, rows * m.num_experts);
   float* weights = p.scratch.get(Buf::RouteWeights, rows * m.top_k);
   int32_t* ids = p.scratch.route_ids(rows * m.top_k);
-  be.linear(x, rows, *w.router, logits);
-  be.moe_route(logits, rows, m.num_experts, m.top_k, ids, weights);
-  // The shared expert runs first, so that moe_experts adds its gated output in the pass that writes `out`.
+  // The shared expert runs first, so that moe_experts adds its gated output in the pass that writes `out`. The
+  // router, the shared expert's gate and its gate/up projections all read x: one linear_shared_input, so that a
+  // decode step splits x once per split kind and runs weights of one kind and encoding in one GEMV launch.
   SharedExpertTerm shared;
   if (w.shared.gate) {
+    const int64_t inter = w.shared.gate->rows();
     float* shared_out = p.scratch.get(Buf::SharedOut, rows * hidden);
     float* gate_logit = p.scratch.get(Buf::SharedLogit, rows);
-    swiglu_mlp(p, w.shared, x, Buf::SharedGate, Buf::SharedUp, shared_out);
-    be.linear(x, rows, *w.shared_expert_gate, gate_logit);
+    float* gate = p.scratch.get(Buf::SharedGate, rows * inter);
+    float* up = p.scratch.get(Buf::SharedUp, rows * inter);
+    const LinearOut projections[] = {{w.router, logits}, {w.shared_expert_gate, gate_logit}, {w.shared.gate, gate},
+                                     {w.shared.up, up}};
+    be.linear_shared_input(x, rows, projections);
+    swiglu_down(p, w.shared, gate, up, shared_out);
     shared = {shared_out, gate_logit};
+  } else {
+    be.linear(x, rows, *w.router, logits);
   }
+  be.moe_route(logits, rows, m.num_experts, m.top_k, ids, weights);
   be.moe_experts(x, rows, hidden, ids, weights, m.top_k, *w.experts_gate, *w.experts_up, *w.experts_down, shared,
                  out);
 }

@@ -8,13 +8,9 @@
 #include "backend/backend.h"
 #include "errors.h"
 #include "model/blocks.h"
-#include "runtime/kv_pool.h"
-#include "runtime/state_pool.h"
 
 namespace ninfer {
 namespace {
-
-int64_t pages_for(int64_t tokens) { return (tokens + kKvPageTokens - 1) / kKvPageTokens; }
 
 class DecoderModel final : public Model {
  public:
@@ -24,51 +20,31 @@ class DecoderModel final : public Model {
         weights_(load_weights(*artifact_, config_)),
         backend_(backend ? std::move(backend) : make_cpu_backend(options.threads)), scratch_(backend_->memory()) {
     check_options();
-    if (options_.kv_capacity == 0) options_.kv_capacity = options_.max_context * options_.max_sequences;
-    const int32_t kv_layers = config_.num_full_attention_layers() + (weights_.mtp ? 1 : 0);
-    kv_ = std::make_unique<KvPool>(kv_layers, config_.num_kv_heads, config_.head_dim,
-                                   pages_for(options_.kv_capacity), options_.kv_dtype, backend_->memory());
-    if (const auto& l = config_.linear_attention; l && config_.num_linear_attention_layers() > 0) {
-      const int64_t channels =
-          2LL * l->num_key_heads * l->key_head_dim + int64_t(l->num_value_heads) * l->value_head_dim;
-      states_ = std::make_unique<StatePool>(options_.max_sequences, config_.num_linear_attention_layers(),
-                                            channels * (l->conv_kernel - 1),
-                                            int64_t(l->num_value_heads) * l->key_head_dim * l->value_head_dim,
-                                            backend_->memory());
-    }
     inv_freq_ = rope_inverse_frequencies(config_.rope);
     rope_ = RopeSpec{config_.rope.pairing, config_.rope.rotary_dim, inv_freq_.data()};
   }
 
   const ModelConfig& config() const override { return config_; }
   const ModelOptions& options() const override { return options_; }
+  MemoryResource& memory() override { return backend_->memory(); }
 
-  bool reserve(SequenceCache& cache, int64_t total_tokens) override {
-    if (total_tokens > options_.max_context)
-      throw CapacityError("a sequence of " + std::to_string(total_tokens) + " tokens exceeds max_context " +
-                          std::to_string(options_.max_context));
-    const bool needs_slot = states_ && cache.state_slot < 0;
-    const int64_t more_pages = std::max<int64_t>(0, pages_for(total_tokens) - int64_t(cache.pages.size()));
-    if (more_pages > kv_->free_pages() || (needs_slot && states_->free_slots() == 0)) return false;
-    kv_->acquire(more_pages, cache.pages);
-    if (needs_slot) cache.state_slot = states_->acquire();
-    return true;
+  CacheLayout cache_layout() const override {
+    CacheLayout l;
+    l.kv_layers = config_.num_full_attention_layers() + (weights_.mtp ? 1 : 0);
+    l.kv_heads = config_.num_kv_heads;
+    l.head_dim = config_.head_dim;
+    if (const auto& g = config_.linear_attention; g && config_.num_linear_attention_layers() > 0) {
+      l.state_layers = config_.num_linear_attention_layers();
+      const int64_t channels =
+          2LL * g->num_key_heads * g->key_head_dim + int64_t(g->num_value_heads) * g->value_head_dim;
+      l.conv_floats = channels * (g->conv_kernel - 1);
+      l.recurrent_floats = int64_t(g->num_value_heads) * g->key_head_dim * g->value_head_dim;
+    }
+    return l;
   }
 
-  void release(SequenceCache& cache) override {
-    kv_->release(cache.pages);
-    cache.pages.clear();
-    if (states_) states_->release(cache.state_slot);
-    cache.state_slot = -1;
-    cache.length = 0;
-  }
-
-  int64_t kv_capacity_tokens() const override { return kv_->total_pages() * kKvPageTokens; }
-  int64_t kv_free_tokens() const override { return kv_->free_pages() * kKvPageTokens; }
-  int32_t free_state_slots() const override { return states_ ? states_->free_slots() : 0; }
-
-  void forward(std::span<const ForwardItem> batch, ForwardOutput& out) override {
-    check_batch(batch);
+  void forward(std::span<const ForwardItem> batch, CachePools& pools, ForwardOutput& out) override {
+    check_batch(batch, pools);
     backend_->bind_calling_thread();
     const int64_t h = config_.hidden_size;
 
@@ -78,7 +54,7 @@ class DecoderModel final : public Model {
     out.hidden_size = h;
     out.row_offset.clear();
     for (const ForwardItem& item : batch) {
-      seqs_.push_back({rows, item.n_tokens, item.cache->length, item.cache->pages.data(), item.cache->state_slot});
+      seqs_.push_back({rows, item.n_tokens, item.start, item.pages.data(), item.state_slot});
       out.row_offset.push_back(out_rows);
       rows += item.n_tokens;
       out_rows += item.all_logits ? item.n_tokens : (item.n_tokens > 0 ? 1 : 0);
@@ -93,7 +69,7 @@ class DecoderModel final : public Model {
       backend_->embed(batch[i].tokens, s.n, *weights_.embed, hidden + s.row0 * h);
     }
 
-    const PassContext pass{*backend_, config_, *kv_, states_.get(), scratch_, seqs_, positions, rows, rope_,
+    const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, rows, rope_,
                            options_.gdn_chunk};
     decoder_layers(pass, weights_.layers, hidden);
 
@@ -113,18 +89,19 @@ class DecoderModel final : public Model {
       copy_output(out.hidden, final_hidden);
       copy_output(out.logits, logits);
     }
-    for (const ForwardItem& item : batch) item.cache->length += item.n_tokens;
   }
 
   bool has_mtp() const override { return weights_.mtp.has_value(); }
 
-  void mtp_forward(const float* hidden, const int32_t* next_tokens, int64_t n, int64_t start, SequenceCache& cache,
+  void mtp_forward(const float* hidden, const ForwardItem& item, CachePools& pools,
                    std::vector<float>& logits) override {
     if (!weights_.mtp) throw EngineError(artifact_->path() + ": this model has no MTP head");
+    const int64_t n = item.n_tokens, start = item.start;
+    const int32_t* next_tokens = item.tokens;
     if (n <= 0 || start < 0) throw EngineError("mtp_forward needs n > 0 rows at a start position >= 0");
-    if (start + n > int64_t(cache.pages.size()) * kKvPageTokens)
+    if (start + n > int64_t(item.pages.size()) * kKvPageTokens)
       throw EngineError("mtp_forward at positions " + std::to_string(start) + ".." + std::to_string(start + n - 1) +
-                        " beyond the sequence's reserved " + std::to_string(cache.pages.size() * kKvPageTokens) +
+                        " beyond the sequence's reserved " + std::to_string(item.pages.size() * kKvPageTokens) +
                         " tokens");
     check_tokens(next_tokens, n);
     backend_->bind_calling_thread();
@@ -150,8 +127,8 @@ class DecoderModel final : public Model {
 
     int64_t* positions = scratch_.positions(n);
     for (int64_t t = 0; t < n; ++t) positions[t] = start + t;
-    seqs_.assign(1, SequenceRows{0, n, start, cache.pages.data(), cache.state_slot});
-    const PassContext pass{*backend_, config_, *kv_, states_.get(), scratch_, seqs_, positions, n, rope_,
+    seqs_.assign(1, SequenceRows{0, n, start, item.pages.data(), item.state_slot});
+    const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, n, rope_,
                            options_.gdn_chunk};
     decoder_layers(pass, std::span(&m.layer, 1), u);
 
@@ -166,10 +143,6 @@ class DecoderModel final : public Model {
  private:
   void check_options() const {
     const ModelOptions& o = options_;
-    if (o.max_context <= 0) throw EngineError("max_context must be positive, got " + std::to_string(o.max_context));
-    if (o.max_sequences <= 0)
-      throw EngineError("max_sequences must be positive, got " + std::to_string(o.max_sequences));
-    if (o.kv_capacity < 0) throw EngineError("kv_capacity must not be negative");
     if (o.threads < 0) throw EngineError("threads must be >= 0 (0: all cores)");
     if (o.gdn_chunk <= 0) throw EngineError("gdn_chunk must be positive, got " + std::to_string(o.gdn_chunk));
   }
@@ -192,18 +165,26 @@ class DecoderModel final : public Model {
   }
 
   // Everything that can be wrong with a batch is found here, before any cache changes.
-  void check_batch(std::span<const ForwardItem> batch) const {
-    std::unordered_set<const SequenceCache*> seen;
+  void check_batch(std::span<const ForwardItem> batch, CachePools& pools) const {
+    // Two items writing one page (or one state slot) would overwrite each other: the same sequence twice, or a
+    // fork whose partial page was not copied. Shared read-only pages (a common prefix) are fine.
+    std::unordered_set<int32_t> written_pages, slots;
+    const bool stateful = config_.num_linear_attention_layers() > 0;
+    if (pools.kv().layers() != cache_layout().kv_layers || (stateful && !pools.states()))
+      throw EngineError("the cache pools were not built to this model's cache layout");
     for (const ForwardItem& item : batch) {
-      if (!item.cache) throw EngineError("forward item without a cache");
-      if (!seen.insert(item.cache).second) throw EngineError("the same sequence appears twice in one batch");
-      if (item.n_tokens < 0) throw EngineError("negative token count");
+      if (item.n_tokens < 0 || item.start < 0) throw EngineError("negative token count or start position");
       check_tokens(item.tokens, item.n_tokens);
-      const int64_t end = item.cache->length + item.n_tokens;
-      if (end > int64_t(item.cache->pages.size()) * kKvPageTokens)
+      const int64_t end = item.start + item.n_tokens;
+      if (end > int64_t(item.pages.size()) * kKvPageTokens)
         throw EngineError("sequence of " + std::to_string(end) + " tokens has only " +
-                          std::to_string(item.cache->pages.size() * kKvPageTokens) + " reserved (call reserve first)");
-      if (states_ && item.cache->state_slot < 0) throw EngineError("sequence has no state slot (call reserve first)");
+                          std::to_string(item.pages.size() * kKvPageTokens) + " tokens of pages");
+      for (int64_t p = item.start / kKvPageTokens; p * kKvPageTokens < end; ++p)
+        if (!written_pages.insert(item.pages[size_t(p)]).second)
+          throw EngineError("two sequences of one batch write KV page " + std::to_string(item.pages[size_t(p)]));
+      if (stateful && item.state_slot < 0) throw EngineError("sequence has no state slot");
+      if (stateful && !slots.insert(item.state_slot).second)
+        throw EngineError("two sequences of one batch use state slot " + std::to_string(item.state_slot));
     }
   }
 
@@ -212,8 +193,6 @@ class DecoderModel final : public Model {
   ModelConfig config_;
   ModelWeights weights_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<KvPool> kv_;
-  std::unique_ptr<StatePool> states_;
   std::vector<float> inv_freq_;
   RopeSpec rope_;
   Scratch scratch_;

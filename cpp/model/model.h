@@ -1,5 +1,7 @@
 // The model: one forward pass built from the artifact's config (Qwen3.5 dense / MoE with MTP, and plain
-// Llama / Qwen2 / Qwen3 decoders). It calls ops through the backend interface only.
+// Llama / Qwen2 / Qwen3 decoders). It calls ops through the backend interface only, and it computes only: the
+// runtime owns the caches (cache/cache_pools.h) and tells each pass where a sequence's pages, state slot and
+// start position are; the model says what a page and a slot must hold (cache_layout).
 #pragma once
 
 #include <cstdint>
@@ -10,27 +12,25 @@
 #include "artifact/artifact.h"
 #include "backend/backend.h"
 #include "model/config.h"
-#include "runtime/cache.h"
+#include "cache/cache_pools.h"
 
 namespace ninfer {
 
 struct ModelOptions {
-  int64_t max_context = 4096;       // longest sequence (prompt + generation)
-  int64_t kv_capacity = 0;          // tokens in the shared KV pool; 0 = max_context * max_sequences
-  int32_t max_sequences = 1;        // GDN state slots (one per lane, more later for snapshots)
-  KvDtype kv_dtype = KvDtype::BF16;
   int32_t threads = 0;              // 0 = all cores
   int32_t gdn_chunk = 64;           // chunk length of the chunked Gated DeltaNet prefill
   bool verify_checksums = true;
 };
 
-// One sequence's share of a forward pass: `n_tokens` new tokens at positions start .. start + n - 1, where
-// start == cache->length. The cache must already hold room for them (Model::reserve).
+// One sequence's share of a forward pass: `n_tokens` new tokens at positions start .. start + n - 1, after the
+// `start` tokens its pages and state slot already hold. The pages must have room for them.
 struct ForwardItem {
   const int32_t* tokens = nullptr;
   int64_t n_tokens = 0;
-  SequenceCache* cache = nullptr;
-  bool all_logits = false;  // logits (and hidden) for every token, or only for the last
+  int64_t start = 0;
+  std::span<const int32_t> pages;  // page p holds positions [64p, 64p + 64)
+  int32_t state_slot = -1;         // GDN state slot; -1 for models without linear attention
+  bool all_logits = false;         // logits (and hidden) for every token, or only for the last
 };
 
 struct ForwardOutput {
@@ -54,24 +54,23 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   virtual const ModelOptions& options() const = 0;
 
-  // Cache management: the pools' layout is the model's. reserve() grows `cache` so it can hold `total_tokens`
-  // (pages, and a state slot on first use); it returns false, changing nothing, when the pool is short.
-  virtual bool reserve(SequenceCache& cache, int64_t total_tokens) = 0;
-  virtual void release(SequenceCache& cache) = 0;  // returns pages and slot to the pools at once
-  virtual int64_t kv_capacity_tokens() const = 0;
-  virtual int64_t kv_free_tokens() const = 0;
-  virtual int32_t free_state_slots() const = 0;
+  // What a KV page and a state slot hold for this model; pools built to it are what forward() takes.
+  virtual CacheLayout cache_layout() const = 0;
+  // The memory the backend computes in: where the runtime puts the pools.
+  virtual MemoryResource& memory() = 0;
 
-  // Runs every item in one pass (linear layers see all rows together), appending the tokens to the caches.
-  // Throws EngineError for a token id outside the vocabulary, before touching any cache.
-  virtual void forward(std::span<const ForwardItem> batch, ForwardOutput& out) = 0;
+  // Runs every item in one pass (linear layers see all rows together), writing the tokens' KV into their pages
+  // and advancing their state slots in `pools`. Throws EngineError for a bad item (token id outside the
+  // vocabulary, too few pages, no state slot) before touching any cache.
+  virtual void forward(std::span<const ForwardItem> batch, CachePools& pools, ForwardOutput& out) = 0;
 
   // The MTP head (Qwen3.5): draft logits for position t from the main model's final-normed hidden at t and the
-  // token at t + 1. `hidden` is [n, hidden_size]; rows use positions start .. start + n - 1 in the MTP layer's own
-  // KV (part of the same SequenceCache pages). Throws EngineError when the model has no MTP head.
+  // token at t + 1. `hidden` is [n, hidden_size]; item.tokens are the next tokens, at positions item.start ..
+  // item.start + n - 1 in the MTP layer's own KV (part of the same pages). Throws EngineError when the model has
+  // no MTP head.
   virtual bool has_mtp() const = 0;
-  virtual void mtp_forward(const float* hidden, const int32_t* next_tokens, int64_t n, int64_t start,
-                           SequenceCache& cache, std::vector<float>& logits) = 0;
+  virtual void mtp_forward(const float* hidden, const ForwardItem& item, CachePools& pools,
+                           std::vector<float>& logits) = 0;
 };
 
 }  // namespace ninfer

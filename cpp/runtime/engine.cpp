@@ -15,8 +15,6 @@
 namespace ninfer {
 namespace {
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
 // Plain POSIX reads: iostreams here crashed inside a CUDA process where another libstdc++'s locale facets were
 // loaded first (a segfault in istream::operator>> under Engine::stats, seen with cuda-gdb on the H200).
 int64_t resident_bytes() {
@@ -30,15 +28,6 @@ int64_t resident_bytes() {
   std::strtoll(text, &end, 10);                        // total program size
   const long long resident = std::strtoll(end, nullptr, 10);  // resident set, in pages
   return int64_t(resident) * sysconf(_SC_PAGESIZE);
-}
-
-int64_t pages_for(int64_t tokens) { return (tokens + kKvPageTokens - 1) / kKvPageTokens; }
-
-// The lane count when every slice of the plan is one new token (a pass a decode graph can run), else 0.
-int32_t decode_batch(const StepPlan& plan) {
-  for (const LaneSlice& s : plan.slices)
-    if (s.end - s.begin != 1) return 0;
-  return int32_t(plan.slices.size());
 }
 
 }  // namespace
@@ -80,10 +69,7 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     : options_(options) {
   validate_engine_options(options_);
   ModelOptions mo;
-  mo.max_context = options_.max_context;
-  mo.kv_capacity = std::max<int64_t>(0, options_.kv_capacity);
-  mo.max_sequences = options_.max_concurrency;
-  mo.kv_dtype = options_.kv_dtype;
+  int64_t kv_tokens = options_.kv_capacity > 0 ? options_.kv_capacity : options_.max_context * options_.max_concurrency;
   mo.threads = options_.threads;
   mo.verify_checksums = options_.verify_checksums;
   std::shared_ptr<const Artifact> artifact = Artifact::open(path, options_.verify_checksums);
@@ -98,7 +84,7 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     memory_plan_ = plan_memory(config, options_.kv_dtype, options_.kv_capacity, options_.max_context,
                                options_.max_concurrency, options_.prefill_chunk + options_.max_concurrency,
                                use.device_total, use.weights, use.free_after_weights);
-    mo.kv_capacity = memory_plan_.kv_capacity_tokens;
+    kv_tokens = memory_plan_.kv_capacity_tokens;
     device_->set_graphs_enabled(options_.cuda_graphs);
     device_->set_max_sequence_tokens(options_.max_context);
     std::fprintf(stderr, "ninfer: %s\n", describe(memory_plan_).c_str());
@@ -106,11 +92,18 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   if (options_.prefill_chunk == kPrefillChunkAuto) options_.prefill_chunk = kDefaultPrefillChunk;
   model_ = Model::load(std::move(artifact), mo, std::move(backend));
   config_ = model_->config();
-  Model* model = model_.get();
-  scheduler_ = std::make_unique<Scheduler>(
-      options_.max_concurrency, options_.prefill_chunk,
-      KvReserver{[model](SequenceCache& c, int64_t n) { return model->reserve(c, n); },
-                 [model](SequenceCache& c) { model->release(c); }});
+  CacheCapacity capacity;
+  capacity.device_pages = kv_pages_for(kv_tokens);
+  capacity.device_state_slots = options_.max_concurrency;
+  pools_ = std::make_unique<CachePools>(model_->cache_layout(), capacity, options_.kv_dtype, model_->memory());
+  cache_ = std::make_unique<CacheManager>(pools_->pages(), pools_->states() ? &pools_->slots() : nullptr, *pools_);
+  scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.prefill_chunk, *cache_);
+  executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling);
+  outputs_ = std::make_unique<OutputProcessor>(
+      *scheduler_, [this](EngineEvent ev) { publish(std::move(ev)); }, [this] {
+        --in_flight_;
+        refresh_stats();  // before the final event: whoever sees it sees the lane and its cache free
+      });
   refresh_stats();
   thread_ = std::thread([this] { run(); });
 }
@@ -137,9 +130,10 @@ Job Engine::make_job(GenerationRequest request, bool scoring) {
         throw EngineError("stop token id " + std::to_string(t) + " is outside the vocabulary");
   }
   Job job;
+  job.output = scoring ? JobOutput::PromptLogprobs : JobOutput::Generate;
   job.reservation = scoring ? n : std::min(n + request.max_new_tokens, options_.max_context);
-  const int64_t capacity = model_->kv_capacity_tokens();
-  if (pages_for(job.reservation) * kKvPageTokens > capacity)
+  const int64_t capacity = pools_->pages().total() * kKvPageTokens;
+  if (kv_pages_for(job.reservation) * kKvPageTokens > capacity)
     throw CapacityError("the request needs " + std::to_string(job.reservation) + " KV tokens (prompt " +
                         std::to_string(n) + " + max_new_tokens " + std::to_string(request.max_new_tokens) +
                         ", capped at max_context " + std::to_string(options_.max_context) +
@@ -261,7 +255,7 @@ void Engine::close() {
   if (thread_.joinable()) thread_.join();
   std::unique_lock lock(mu_);
   for (int32_t i = 0; i < scheduler_->num_lanes(); ++i)
-    if (scheduler_->lane(i)) end_lane(i, FinishReason::Cancelled);
+    if (scheduler_->lane(i)) outputs_->end_lane(i, FinishReason::Cancelled);
   for (const Job& job : scheduler_->queue()) {
     if (job.score_result) job.score_result->set_exception(std::make_exception_ptr(EngineError("the engine closed")));
     EngineEvent ev;
@@ -269,7 +263,12 @@ void Engine::close() {
     ev.finish = FinishReason::Cancelled;
     events_.push_back(std::move(ev));
   }
+  // The pools live in the backend's memory: they go before the model that owns the backend.
+  outputs_.reset();
+  executor_.reset();
   scheduler_.reset();
+  cache_.reset();
+  pools_.reset();
   model_.reset();
   in_flight_ = 0;
   closed_ = true;
@@ -285,7 +284,7 @@ void Engine::run() {
       });
       if (stopping_) return;
     }
-    step();
+    run_step();
   }
 }
 
@@ -298,17 +297,21 @@ void Engine::refresh_stats() {
   stats_.lanes = scheduler_->num_lanes();
   stats_.busy_lanes = scheduler_->num_busy_lanes();
   stats_.queued = scheduler_->num_queued();
-  stats_.kv_capacity_tokens = model_->kv_capacity_tokens();
-  stats_.kv_free_tokens = model_->kv_free_tokens();
-  stats_.free_state_slots = model_->free_state_slots();
+  const CacheStats c = cache_->stats();
+  stats_.kv_capacity_tokens = c.total_pages * kKvPageTokens;
+  stats_.kv_free_tokens = c.free_pages * kKvPageTokens;
+  stats_.free_state_slots = c.free_state_slots;
+  stats_.requests_finished = outputs_->counters().requests_finished;
+  stats_.tokens_generated = outputs_->counters().tokens_generated;
+  stats_.tokens_prefilled = outputs_->counters().tokens_prefilled;
 }
 
 // Asks the caller for the mask of every constrained lane that samples this step; sent before the forward, so the
 // caller computes them while it runs.
 void Engine::request_masks(const StepPlan& plan) {
-  for (const LaneSlice& s : plan.slices) {
+  for (const PlannedSlice& s : plan.slices) {
     Lane& lane = *scheduler_->lane(s.lane);
-    if (!lane.job.request.constrained || s.end < static_cast<int64_t>(lane.tokens.size())) continue;
+    if (!lane.job.request.constrained || s.output != SliceOutput::Sample) continue;
     lane.mask.pending = true;
     mask_requests_.push_back({lane.job.id, std::move(lane.mask.unreported)});
     lane.mask.unreported.clear();
@@ -317,7 +320,7 @@ void Engine::request_masks(const StepPlan& plan) {
 }
 
 bool Engine::awaiting_masks(const StepPlan& plan) const {
-  for (const LaneSlice& s : plan.slices) {
+  for (const PlannedSlice& s : plan.slices) {
     const auto& lane = scheduler_->lane(s.lane);
     if (lane && lane->mask.pending && !cancel_requests_.contains(lane->job.id)) return true;
   }
@@ -327,160 +330,42 @@ bool Engine::awaiting_masks(const StepPlan& plan) const {
 void Engine::apply_cancellations() {
   for (uint64_t id : cancel_requests_) {
     const int32_t index = scheduler_->lane_of(id);
-    if (index >= 0) end_lane(index, FinishReason::Cancelled);
+    if (index >= 0) outputs_->end_lane(index, FinishReason::Cancelled);
   }
   cancel_requests_.clear();
 }
 
-// Ends lane `index`: frees it and its KV first, so that whoever sees the final event sees them free.
-void Engine::end_lane(int32_t index, FinishReason reason, const std::string& error_type,
-                      const std::string& error_message) {
-  Lane& lane = *scheduler_->lane(index);
-  const Clock::time_point now = Clock::now();
-  EngineEvent ev;
-  ev.request_id = lane.job.id;
-  ev.finish = reason;
-  ev.error_type = error_type;
-  ev.error_message = error_message;
-  const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
-  ev.usage = {prompt, 0, lane.generated};
-  ev.timings.queue_s = seconds(lane.admitted - lane.job.submitted);
-  ev.timings.total_s = seconds(now - lane.job.submitted);
-  if (lane.generated > 0) {
-    ev.timings.ttft_s = seconds(lane.first_token - lane.job.submitted);
-    ev.timings.prefill_tokens_per_s = prompt / std::max(1e-9, seconds(lane.first_token - lane.admitted));
-    if (lane.generated > 1)
-      ev.timings.decode_tokens_per_s = (lane.generated - 1) / std::max(1e-9, seconds(now - lane.first_token));
+// What the executor needs of each slice's lane for the pass (the sampling part comes once masks are known).
+std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
+  std::vector<SliceInput> inputs;
+  for (const PlannedSlice& s : plan.slices) {
+    Lane& lane = *scheduler_->lane(s.lane);
+    SliceInput in;
+    in.item = {lane.tokens.data() + s.begin, s.end - s.begin, lane.computed, lane.cache.pages,
+               lane.cache.state_slot, s.output == SliceOutput::PromptLogprobs};
+    in.tokens = lane.tokens.data();
+    in.total_tokens = static_cast<int64_t>(lane.tokens.size());
+    inputs.push_back(in);
   }
-  if (lane.is_scoring()) {
-    if (reason == FinishReason::Length)
-      lane.job.score_result->set_value(std::move(lane.score_logprobs));
-    else
-      lane.job.score_result->set_exception(std::make_exception_ptr(EngineError(
-          reason == FinishReason::Error ? error_message : std::string("scoring was cancelled"))));
-  }
-  const bool publish_event = !lane.is_scoring();
-  scheduler_->finish(index);
-  --in_flight_;
-  ++stats_.requests_finished;
-  refresh_stats();
-  if (publish_event) publish(std::move(ev));
+  return inputs;
 }
 
-// Takes the forward's output for one slice: scoring lanes collect logprobs, generating lanes that have computed
-// every known token sample the next one (`sampled`: already sampled on the device; else from host logits).
-void Engine::absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row, const SampledToken* sampled) {
-  Lane& lane = *scheduler_->lane(slice.lane);
-  const int64_t vocab = out.vocab;
-  stats_.tokens_prefilled += slice.end - slice.begin;
-  if (lane.is_scoring()) {
-    const int64_t n = static_cast<int64_t>(lane.tokens.size());
-    for (int64_t p = slice.begin; p < slice.end && p + 1 < n; ++p) {
-      const std::vector<float> lp =
-          log_softmax(std::span<const float>(out.logits.data() + (row + p - slice.begin) * vocab, vocab));
-      lane.score_logprobs.push_back(lp[lane.tokens[p + 1]]);
-    }
-    if (slice.end == n) end_lane(slice.lane, FinishReason::Length);
-    return;
-  }
-  report_progress(lane, slice);
-  if (slice.end < static_cast<int64_t>(lane.tokens.size())) return;  // more prompt to prefill
-
-  if (!lane.mask.error.empty()) {
-    end_lane(slice.lane, FinishReason::Error, "EngineError", lane.mask.error);
-    return;
-  }
-  if (lane.mask.allows_none) {
-    end_lane(slice.lane, FinishReason::Error, "EngineError", "the request's token mask allows no token");
-    return;
-  }
-  SampledToken s;
-  if (sampled) {
-    s = *sampled;
-  } else {
-    const int64_t last_row = row + (slice.all_logits ? slice.end - slice.begin - 1 : 0);
-    std::span<const float> logits(out.logits.data() + last_row * vocab, vocab);
-    std::vector<float> masked;
-    if (lane.mask.active) {
-      masked.assign(logits.begin(), logits.end());
-      apply_token_mask(masked, lane.mask.words);
-      logits = masked;  // logprobs too are those of the constrained distribution
-    }
-    s = lane.sampler->sample(logits, lane.history);
-  }
-  if (lane.job.request.constrained) lane.mask.unreported.push_back(s.token);
-  if (lane.generated++ == 0) lane.first_token = Clock::now();
-  ++stats_.tokens_generated;
-  lane.history.add_generated(s.token);
-  const GenerationRequest& req = lane.job.request;
-  const bool stop = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), s.token) != req.stop_token_ids.end();
-  if (!stop) {
-    lane.tokens.push_back(s.token);
-    EngineEvent ev;
-    ev.request_id = lane.job.id;
-    ev.tokens = {s.token};
-    if (req.sampling.logprobs || req.sampling.top_logprobs > 0) ev.logprobs = {s.logprob};
-    if (req.sampling.top_logprobs > 0) ev.top_logprobs = {s.top};
-    publish(std::move(ev));
-  }
-  if (stop)
-    end_lane(slice.lane, FinishReason::Stop);
-  else if (lane.generated >= req.max_new_tokens || static_cast<int64_t>(lane.tokens.size()) >= lane.job.reservation)
-    end_lane(slice.lane, FinishReason::Length);
-}
-
-// A Progress event when the slice was a prefill chunk of a lane that asked for them: published before the token
-// its last chunk samples, so a consumer sees every chunk's progress first.
-void Engine::report_progress(const Lane& lane, const LaneSlice& slice) {
-  const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
-  if (!lane.job.request.report_progress || slice.begin >= prompt) return;
-  EngineEvent ev;
-  ev.request_id = lane.job.id;
-  ev.kind = EventKind::Progress;
-  ev.progress.total = prompt;
-  ev.progress.cached = 0;  // no prefix reuse yet (Usage::cached_tokens is 0 too)
-  ev.progress.processed = std::min(slice.end, prompt);
-  ev.progress.elapsed_s = seconds(Clock::now() - lane.admitted);
-  publish(std::move(ev));
-}
-
-// Whether the slice's lane samples a token from this step's output (what absorb does without ending the lane).
-bool Engine::samples_now(const LaneSlice& slice) const {
-  const Lane& lane = *scheduler_->lane(slice.lane);
-  return !lane.is_scoring() && slice.end == static_cast<int64_t>(lane.tokens.size()) && lane.mask.error.empty() &&
-         !lane.mask.allows_none;
-}
-
-// Samples every lane that samples now from the logits the pass left on the device; sampled[i] is slice i's token
-// (nullopt for the others). Runs unlocked: it waits for the pass, and only this thread touches lanes.
-void Engine::sample_on_device(const StepPlan& plan, const ForwardOutput& out,
-                              std::vector<std::optional<SampledToken>>& sampled) {
-  std::vector<DeviceSampleRow> rows;
-  std::vector<size_t> slice_of_row;
+// Fills the sampling part of each Sample slice whose lane still runs and whose mask lets it sample, and forgets the
+// tokens of lanes that ended.
+void Engine::add_sampling(const StepPlan& plan, std::vector<SliceInput>& inputs) {
   for (size_t i = 0; i < plan.slices.size(); ++i) {
-    const LaneSlice& s = plan.slices[i];
-    if (!scheduler_->lane(s.lane) || !samples_now(s)) continue;
-    const Lane& lane = *scheduler_->lane(s.lane);
-    DeviceSampleRow row;
-    row.logits_row = out.row_offset[i];  // generation slices have one output row, the last token's
-    row.params = &lane.job.request.sampling;
-    row.seed = lane.sampler->seed();
-    row.counter = static_cast<uint64_t>(lane.generated);
-    row.history = &lane.history;
-    if (lane.mask.active) row.mask = lane.mask.words;
-    rows.push_back(row);
-    slice_of_row.push_back(i);
+    const PlannedSlice& s = plan.slices[i];
+    SliceInput& in = inputs[i];
+    std::optional<Lane>& lane = scheduler_->lane(s.lane);
+    if (!lane) in.tokens = nullptr;  // it ended while the masks were awaited
+    in.sample = lane && s.output == SliceOutput::Sample && !lane->mask.ends_request();
+    if (!in.sample) continue;
+    in.params = &lane->job.request.sampling;
+    in.sampler = &*lane->sampler;
+    in.history = &lane->history;
+    in.counter = static_cast<uint64_t>(lane->generated);
+    if (lane->mask.active) in.mask = lane->mask.words;
   }
-  sampled.assign(plan.slices.size(), std::nullopt);
-  if (rows.empty()) return;
-  std::vector<SampledToken> tokens;
-  device_->sample(out.device_logits, out.vocab, rows, tokens);
-  for (size_t r = 0; r < rows.size(); ++r) sampled[slice_of_row[r]] = std::move(tokens[r]);
-}
-
-void Engine::fail_step(const std::vector<LaneSlice>& slices, const std::exception& error, const char* type) {
-  for (const LaneSlice& s : slices)
-    if (scheduler_->lane(s.lane)) end_lane(s.lane, FinishReason::Error, type, error.what());
 }
 
 // On a device backend, decode lanes (one new token each) and prefill chunks run as separate passes, taking turns
@@ -490,7 +375,7 @@ void Engine::fail_step(const std::vector<LaneSlice>& slices, const std::exceptio
 // keeps one mixed pass.
 StepPlan Engine::take_turn(StepPlan plan) {
   const auto first_prefill = std::find_if(plan.slices.begin(), plan.slices.end(),
-                                          [](const LaneSlice& s) { return s.end - s.begin != 1 || s.all_logits; });
+                                          [](const PlannedSlice& s) { return s.kind != SliceKind::Decode; });
   if (first_prefill == plan.slices.begin() || first_prefill == plan.slices.end()) return plan;
   if (prefill_turn_)
     plan.slices.erase(plan.slices.begin(), first_prefill);
@@ -500,10 +385,12 @@ StepPlan Engine::take_turn(StepPlan plan) {
   return plan;
 }
 
-void Engine::step() {
+// One step: plan (locked), the pass (unlocked), the masks it waits for, the outputs (unlocked), then the output
+// processor (locked). The executor runs unlocked so that submit, cancel and next_events stay responsive; only this
+// thread touches lanes' caches and tokens, and no lane is freed until the lock is retaken.
+void Engine::run_step() {
   StepPlan plan;
-  std::vector<ForwardItem> items;
-  ForwardOutput out;
+  std::vector<SliceInput> inputs;
   {
     std::unique_lock lock(mu_);
     apply_cancellations();
@@ -512,68 +399,22 @@ void Engine::step() {
     plan = scheduler_->plan();
     if (plan.slices.empty()) return;
     if (device_) plan = take_turn(std::move(plan));
-    for (const LaneSlice& s : plan.slices) {
-      Lane& lane = *scheduler_->lane(s.lane);
-      items.push_back({lane.tokens.data() + s.begin, s.end - s.begin, &lane.cache, s.all_logits});
-    }
+    inputs = gather_inputs(plan);
     request_masks(plan);
-    // A device backend samples on the device unless a lane needs host logits (scoring: every row's logprobs).
-    out.keep_on_device = device_ && options_.device_sampling &&
-                         std::none_of(plan.slices.begin(), plan.slices.end(), [&](const LaneSlice& s) {
-                           return s.all_logits || scheduler_->lane(s.lane)->is_scoring();
-                         });
   }
-  // The model runs unlocked: submit, cancel and next_events stay responsive. Only this thread touches lanes'
-  // caches and tokens, and no lane is freed until the lock is retaken.
-  const char* error_type = nullptr;
-  std::string error_message;
-  const auto run_unlocked = [&](auto&& work) {
-    try {
-      work();
-    } catch (const EngineError& e) {
-      error_type = "EngineError";
-      error_message = e.what();
-    } catch (const std::exception& e) {
-      error_type = "NinferError";
-      error_message = e.what();
-    }
-  };
-  run_unlocked([&] {
-    if (!device_) {
-      model_->forward(items, out);
-      return;
-    }
-    device_->begin_pass(decode_batch(plan));
-    try {
-      model_->forward(items, out);
-    } catch (...) {
-      // Leave the broken pass now, not at the next one: a decode graph's capture left open on the stream would
-      // swallow the device work queued in between (admitting a lane zeroes its state slot there: the lane would
-      // start from another sequence's recurrent state).
-      device_->begin_pass(0);
-      throw;
-    }
-    if (out.device_logits) device_->launch_pass();  // it runs while the caller computes masks
-  });
+  StepResult result = executor_->run_pass(plan, inputs);
   std::unique_lock lock(mu_);
-  const auto failed = [&] {
-    if (error_type) fail_step(plan.slices, std::runtime_error(error_message), error_type);
-    return error_type != nullptr;
-  };
-  if (failed()) return;
-  masks_cv_.wait(lock, [&] { return stopping_ || !awaiting_masks(plan); });
-  if (stopping_) return;  // close() ends every lane
-  apply_cancellations();  // a lane cancelled while its mask was awaited ends without sampling
-  std::vector<std::optional<SampledToken>> sampled(plan.slices.size());
-  if (out.device_logits) {
+  if (!result.failed()) {
+    masks_cv_.wait(lock, [&] { return stopping_ || !awaiting_masks(plan); });
+    if (stopping_) return;  // close() ends every lane
+    apply_cancellations();  // a lane cancelled while its mask was awaited ends without sampling
+    add_sampling(plan, inputs);
     lock.unlock();
-    run_unlocked([&] { sample_on_device(plan, out, sampled); });
+    executor_->collect(plan, inputs, result);
     lock.lock();
-    if (stopping_ || failed()) return;
+    if (stopping_) return;
   }
-  for (size_t i = 0; i < plan.slices.size(); ++i)
-    if (scheduler_->lane(plan.slices[i].lane))
-      absorb(plan.slices[i], out, out.row_offset[i], sampled[i] ? &*sampled[i] : nullptr);
+  outputs_->absorb(plan, result);
   refresh_stats();
 }
 

@@ -1,5 +1,6 @@
-// The engine: a model, a scheduler and the thread that runs them. Callers on any thread submit requests, cancel
-// them, and drain events from one thread-safe queue; the scheduler thread alone touches the model.
+// The engine's thread-safe API and the thread that runs the steps: callers on any thread submit requests, cancel
+// them, and drain events from one queue. The engine thread alone runs the step: the scheduler's plan, the step
+// executor's pass over the cache pools, the output processor's events.
 #pragma once
 
 #include <atomic>
@@ -16,16 +17,19 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
-#include "runtime/cache.h"
+#include "cache/cache_pools.h"
+#include "cache/kv_dtype.h"
+#include "runtime/cache_manager.h"
 #include "runtime/device_runtime.h"
 #include "runtime/memory_plan.h"
+#include "runtime/output_processor.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
+#include "runtime/step_executor.h"
 
 namespace ninfer {
 
 class Model;
-struct ForwardOutput;
 
 struct EngineOptions {
   int64_t max_context = 4096;    // longest sequence, prompt + generation
@@ -100,19 +104,13 @@ class Engine {
 
  private:
   void run();
-  void step();
+  void run_step();
   StepPlan take_turn(StepPlan plan);
   void apply_cancellations();
   void request_masks(const StepPlan& plan);
   bool awaiting_masks(const StepPlan& plan) const;
-  void end_lane(int32_t index, FinishReason reason, const std::string& error_type = {},
-                const std::string& error_message = {});
-  void absorb(const LaneSlice& slice, const ForwardOutput& out, int64_t row, const SampledToken* sampled);
-  void report_progress(const Lane& lane, const LaneSlice& slice);
-  bool samples_now(const LaneSlice& slice) const;
-  void sample_on_device(const StepPlan& plan, const ForwardOutput& out,
-                        std::vector<std::optional<SampledToken>>& sampled);
-  void fail_step(const std::vector<LaneSlice>& slices, const std::exception& error, const char* type);
+  std::vector<SliceInput> gather_inputs(const StepPlan& plan);
+  void add_sampling(const StepPlan& plan, std::vector<SliceInput>& inputs);
   void publish(EngineEvent event);
   void refresh_stats();
   Job make_job(GenerationRequest request, bool scoring);
@@ -122,7 +120,11 @@ class Engine {
   std::unique_ptr<Model> model_;
   DeviceRuntime* device_ = nullptr;  // the model's backend, when it has its own memory
   MemoryPlan memory_plan_;
+  std::unique_ptr<CachePools> pools_;
+  std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Scheduler> scheduler_;  // touched only under mu_ (admission, cancel) or by the thread
+  std::unique_ptr<StepExecutor> executor_;
+  std::unique_ptr<OutputProcessor> outputs_;
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_, events_cv_, masks_cv_;

@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "errors.h"
-#include "runtime/kv_pool.h"
+#include "cache/kv_pool.h"
 
 namespace ninfer {
 namespace {

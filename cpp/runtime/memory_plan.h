@@ -8,7 +8,7 @@
 #include <string>
 
 #include "model/config.h"
-#include "runtime/cache.h"
+#include "cache/kv_dtype.h"
 
 namespace ninfer {
 

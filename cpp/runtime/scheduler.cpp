@@ -4,8 +4,8 @@
 
 namespace ninfer {
 
-Scheduler::Scheduler(int32_t num_lanes, int64_t prefill_chunk, KvReserver kv)
-    : prefill_chunk_(prefill_chunk), kv_(std::move(kv)), lanes_(num_lanes) {}
+Scheduler::Scheduler(int32_t num_lanes, int64_t prefill_chunk, CacheManager& cache)
+    : prefill_chunk_(prefill_chunk), cache_(cache), lanes_(num_lanes) {}
 
 bool Scheduler::remove_queued(uint64_t id) {
   const auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Job& j) { return j.id == id; });
@@ -18,15 +18,16 @@ std::vector<int32_t> Scheduler::admit() {
   std::vector<int32_t> filled;
   for (int32_t i = 0; i < num_lanes() && !queue_.empty(); ++i) {
     if (lanes_[i]) continue;
-    SequenceCache cache;
-    if (!kv_.reserve(cache, queue_.front().reservation)) break;
+    std::optional<CacheAdmission> admission = cache_.admit(queue_.front().reservation);
+    if (!admission) break;
     Lane& lane = lanes_[i].emplace();
     lane.job = std::move(queue_.front());
     queue_.pop_front();
-    lane.cache = std::move(cache);
+    lane.cache = std::move(admission->cache);
+    lane.computed = lane.cached = admission->computed;
     lane.tokens = lane.job.request.prompt;
     lane.admitted = Clock::now();
-    if (!lane.is_scoring()) {
+    if (lane.job.output == JobOutput::Generate) {
       lane.sampler.emplace(lane.job.request.sampling);
       lane.history.add_prompt(lane.tokens);
     }
@@ -40,16 +41,19 @@ std::vector<int32_t> Scheduler::admit() {
 // prefix snapshots will go). The budget only decides how many chunks run in one step; the first always runs.
 StepPlan Scheduler::plan() const {
   StepPlan plan;
-  std::vector<LaneSlice> prefills;
+  std::vector<PlannedSlice> prefills;
   int64_t prefill_tokens = 0;
   for (int32_t i = 0; i < num_lanes(); ++i) {
     if (!lanes_[i]) continue;
     const Lane& lane = *lanes_[i];
-    const int64_t begin = lane.computed(), target = static_cast<int64_t>(lane.tokens.size());
+    const int64_t begin = lane.computed, target = static_cast<int64_t>(lane.tokens.size());
     if (begin >= target) continue;
     const int64_t end = std::min(target, (begin / prefill_chunk_ + 1) * prefill_chunk_);
-    LaneSlice slice{i, begin, end, lane.is_scoring()};
-    if (end - begin == 1 && !lane.is_scoring()) {
+    const bool scoring = lane.job.output == JobOutput::PromptLogprobs;
+    // One new token is a decode slice even when it is the prompt's last (a decode graph runs it the same way).
+    PlannedSlice slice{i, begin, end, end - begin == 1 && !scoring ? SliceKind::Decode : SliceKind::Prefill,
+                       scoring ? SliceOutput::PromptLogprobs : end == target ? SliceOutput::Sample : SliceOutput::None};
+    if (slice.kind == SliceKind::Decode) {
       plan.slices.push_back(slice);
     } else if (prefills.empty() || prefill_tokens + (end - begin) <= prefill_chunk_) {
       prefill_tokens += end - begin;
@@ -62,7 +66,7 @@ StepPlan Scheduler::plan() const {
 
 void Scheduler::finish(int32_t index) {
   if (!lanes_[index]) return;
-  kv_.release(lanes_[index]->cache);
+  cache_.release(lanes_[index]->cache);
   lanes_[index].reset();
 }
 

@@ -1,5 +1,5 @@
-// The scheduler: lanes, the FIFO admission queue and the plan of each step. Backend-neutral: it sees the KV pool
-// only through KvReserver and never includes the model.
+// The scheduler: lanes, the FIFO admission queue and the plan of each step. Backend-neutral: it holds caches
+// only through the CacheManager and never includes the model.
 //
 // NOTE (counter model, after vLLM v1): a lane knows `tokens` (prompt + sampled so far) and `computed` (how many of
 // them are in its cache). Each step forwards a slice of the uncomputed tokens; when none are left the lane samples.
@@ -9,26 +9,29 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
 #include <vector>
 
-#include "runtime/cache.h"
+#include "runtime/cache_manager.h"
 #include "runtime/request.h"
 #include "runtime/sampler.h"
+#include "runtime/step_plan.h"
 
 namespace ninfer {
 
 using Clock = std::chrono::steady_clock;
 
+// What a job produces: sampled tokens (events), or the prompt's per-token logprobs (a future).
+enum class JobOutput : uint8_t { Generate, PromptLogprobs };
+
 // A request waiting in the queue or running in a lane.
 struct Job {
   uint64_t id = 0;
   GenerationRequest request;
-  // Scoring jobs compute per-token logprobs of the prompt instead of generating; the result goes here.
-  std::shared_ptr<std::promise<std::vector<float>>> score_result;
+  JobOutput output = JobOutput::Generate;
+  std::shared_ptr<std::promise<std::vector<float>>> score_result;  // output PromptLogprobs: the result goes here
   int64_t reservation = 0;  // KV tokens reserved at admission: prompt + max_new_tokens, capped at max_context
   Clock::time_point submitted;
 };
@@ -41,43 +44,27 @@ struct LaneMask {
   std::vector<uint32_t> words;      // bit t % 32 of word t / 32 allows token t
   bool allows_none = false;         // active, and `words` allows no token (the request ends with an error)
   std::string error;                // the caller could not compute the mask: the request ends with this error
+  // The answer ends the request instead of letting it sample.
+  bool ends_request() const { return !error.empty() || allows_none; }
 };
 
 struct Lane {
   Job job;
   SequenceCache cache;
+  int64_t computed = 0;         // tokens[0, computed) are in the cache
+  int64_t cached = 0;           // prompt tokens the cache held at admission (not computed by this job)
   std::vector<int32_t> tokens;  // prompt, then every sampled token
   int64_t generated = 0;        // sampled tokens, stop token included
   std::optional<Sampler> sampler;
   TokenHistory history;
   LaneMask mask;                      // used only when job.request.constrained
-  std::vector<float> score_logprobs;  // scoring jobs: logprob of tokens[i + 1], filled chunk by chunk
+  std::vector<float> score_logprobs;  // output PromptLogprobs: logprob of tokens[i + 1], filled chunk by chunk
   Clock::time_point admitted, first_token;
-
-  int64_t computed() const { return cache.length; }
-  bool is_scoring() const { return job.score_result != nullptr; }
-};
-
-// The pool as the scheduler sees it: reserve all of a job's KV at admission, release it at the end.
-struct KvReserver {
-  std::function<bool(SequenceCache&, int64_t)> reserve;  // false, changing nothing, when it does not fit now
-  std::function<void(SequenceCache&)> release;
-};
-
-// One lane's share of a step: forward tokens[begin, end) of lane `lane`.
-struct LaneSlice {
-  int32_t lane = 0;
-  int64_t begin = 0, end = 0;
-  bool all_logits = false;  // scoring needs a row per token; generation only the last
-};
-
-struct StepPlan {
-  std::vector<LaneSlice> slices;  // decode slices first-come, then prefill chunks; all in ONE forward
 };
 
 class Scheduler {
  public:
-  Scheduler(int32_t num_lanes, int64_t prefill_chunk, KvReserver kv);
+  Scheduler(int32_t num_lanes, int64_t prefill_chunk, CacheManager& cache);
 
   void enqueue(Job job) { queue_.push_back(std::move(job)); }
   // Removes a queued job; false when `id` is not queued.
@@ -86,7 +73,7 @@ class Scheduler {
   // so does everything behind it. Returns the lanes filled.
   std::vector<int32_t> admit();
   StepPlan plan() const;
-  // Frees lane `index` and its KV at once.
+  // Frees lane `index` and its cache at once.
   void finish(int32_t index);
 
   std::optional<Lane>& lane(int32_t index) { return lanes_[index]; }
@@ -99,7 +86,7 @@ class Scheduler {
 
  private:
   int64_t prefill_chunk_;
-  KvReserver kv_;
+  CacheManager& cache_;
   std::vector<std::optional<Lane>> lanes_;
   std::deque<Job> queue_;
 };

@@ -35,3 +35,14 @@ class CapacityError(EngineError):
 
 class OutOfMemoryError(EngineError):
     """Weights, caches or workspace do not fit in memory; the message carries the numbers."""
+
+
+class MediaError(EngineError):
+    """An image or video part of a request cannot be used: undecodable, truncated, empty, too large, of an
+    unsupported format, or over a configured limit. `part` names the part (as the caller numbered it), `reason`
+    says why in words a user can act on."""
+
+    def __init__(self, part: str, reason: str) -> None:
+        super().__init__(f"{part}: {reason}")
+        self.part = part
+        self.reason = reason

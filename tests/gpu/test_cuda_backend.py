@@ -86,7 +86,7 @@ def weights(tmp_path_factory):
         tensors[f"experts_gate-{name}"] = encoded(r.standard_normal((6, inter, hidden)).astype(np.float32), enc, group)
         tensors[f"experts_up-{name}"] = encoded(r.standard_normal((6, inter, hidden)).astype(np.float32), enc, group)
         tensors[f"experts_down-{name}"] = encoded(r.standard_normal((6, hidden, inter)).astype(np.float32), enc, group)
-    for e, g, o, c in SHARED_INPUT_CASES + SHARED_SPLIT_CASES:
+    for e, g, o, c in SHARED_INPUT_CASES + SHARED_SPLIT_CASES + SHARED_MOE_CASES:
         tensors[f"shared/{e}-{o}x{c}"] = encoded(r.standard_normal((o, c)).astype(np.float32), e, g)
     path = write_artifact(tmp_path_factory.mktemp("cuda-backend") / "w.ninfer", tensors)
     art = _engine.Artifact.open(path)
@@ -107,10 +107,15 @@ SHARED_INPUT_CASES = [("int4", 128, 33, 1024), ("int4", 128, 17, 1024), ("nvfp4"
 SHARED_SPLIT_CASES = [("int4", 128, 33, 8192), ("int4", 128, 17, 8192), ("int4", 128, 1, 8192),
                       ("int4", 128, 48, 8192), ("int4", 128, 9, 8192), ("bf16", None, 21, 8192),
                       ("bf16", None, 16, 8192)]
+# The 35B-A3B MoE layer's projections of x, in the model's order: the router and the shared expert's gate (bf16: one
+# launch, split in registers), then the shared expert's gate/up (int4: one split, one launch).
+SHARED_MOE_CASES = [("bf16", None, 256, 2048), ("bf16", None, 1, 2048), ("int4", 128, 512, 2048),
+                    ("int4", 128, 496, 2048)]
 
 
 @pytest.mark.parametrize("cases,row_counts", [(SHARED_INPUT_CASES, (1, 3, 8, 12, 130)),
-                                              (SHARED_SPLIT_CASES, (1, 4, 5, 8))], ids=["mixed", "split-k"])
+                                              (SHARED_SPLIT_CASES, (1, 4, 5, 8)),
+                                              (SHARED_MOE_CASES, (1, 2, 8, 9))], ids=["mixed", "split-k", "moe"])
 def test_linear_shared_input_equals_separate_linears(ops, weights, cases, row_counts):
     """One call for several weights gives each weight's linear() exactly: fused decode launches change no sum's
     order, and the prefill GEMM (rows > 8) converts x once per form (bf16; e4m3 with row scales) for all weights

@@ -27,7 +27,7 @@ from ninfer.artifact.encodings import bf16_bits_to_f32, e4m3_to_f32, f32_to_bf16
 pytestmark = pytest.mark.gpu
 
 ROWS = (9, 17, 64, 129, 1000)
-U_BF16 = 2.0**-9   # unit roundoff of bf16 (8 significant bits)
+U_BF16 = 2.0**-8   # unit roundoff of bf16: 8 significant bits, so half a step is 2^-8 of the value
 U_E4M3 = 2.0**-4   # unit roundoff of e4m3 normals (4 significant bits)
 E4M3_HALF_SUBNORMAL_STEP = 2.0**-10  # e4m3 subnormals are multiples of 2^-9: absolute error at most half that
 # fp8 tensor cores accumulate in less than f32 between cuBLASLt's promotions to f32; a generous allowance.

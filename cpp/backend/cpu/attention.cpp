@@ -8,8 +8,8 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/linear_decode.h"
-#include "runtime/kv_codec.h"
-#include "runtime/kv_pool.h"
+#include "cache/kv_codec.h"
+#include "cache/kv_pool.h"
 
 #if defined(NINFER_DECODE_AVX2) && defined(__FMA__)
 #define NINFER_ATTENTION_AVX2 1

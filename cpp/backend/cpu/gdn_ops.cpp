@@ -4,7 +4,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/gdn.h"
-#include "runtime/state_pool.h"
+#include "cache/state_pool.h"
 
 namespace ninfer::cpu {
 

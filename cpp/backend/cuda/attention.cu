@@ -16,7 +16,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_attention.h"
 #include "backend/cuda/kv_device.cuh"
-#include "runtime/kv_pool.h"
+#include "cache/kv_pool.h"
 
 namespace ninfer::cuda {
 namespace {

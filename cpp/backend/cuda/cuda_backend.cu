@@ -10,8 +10,8 @@
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/op_timing.h"
-#include "runtime/cache.h"
-#include "runtime/kv_pool.h"
+#include "cache/kv_dtype.h"
+#include "cache/kv_pool.h"
 
 namespace ninfer {
 

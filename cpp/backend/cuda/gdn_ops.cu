@@ -10,7 +10,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gdn_decode.h"
 #include "backend/cuda/gdn_prefill.h"
-#include "runtime/state_pool.h"
+#include "cache/state_pool.h"
 
 namespace ninfer::cuda {
 namespace {

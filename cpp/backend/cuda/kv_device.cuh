@@ -1,4 +1,4 @@
-// The paged KV pool as the CUDA attention kernels see it: the device twins of runtime/kv_codec.h (one codec per
+// The paged KV pool as the CUDA attention kernels see it: the device twins of cache/kv_codec.h (one codec per
 // KV dtype: element type, load, store), a layer's K or V pages with their per-(token, head) scales, and the
 // arguments every attention kernel takes.
 #pragma once
@@ -11,7 +11,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/dequant.cuh"
-#include "runtime/cache.h"
+#include "cache/kv_dtype.h"
 
 namespace ninfer::cuda {
 

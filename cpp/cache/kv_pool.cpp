@@ -1,8 +1,9 @@
-#include "runtime/kv_pool.h"
+#include "cache/kv_pool.h"
 
 #include "errors.h"
-#include "runtime/kv_codec.h"
-#include "runtime/kv_quant.h"
+#include "cache/kv_codec.h"
+#include "cache/kv_quant.h"
+#include "cache/tier_copy.h"
 
 namespace ninfer {
 
@@ -15,21 +16,15 @@ KvPool::KvPool(int32_t layers, int32_t kv_heads, int32_t head_dim, int64_t pages
   block_bytes_ = rows_bytes_ + scale_bytes;
   page_bytes_ = int64_t(layers) * 2 * block_bytes_;
   storage_ = MemoryBlock(memory, size_t(page_bytes_ * pages), "KV pool of " + std::to_string(pages) + " pages");
-  free_.reserve(size_t(pages));
-  for (int64_t p = pages - 1; p >= 0; --p) free_.push_back(int32_t(p));
 }
 
-bool KvPool::acquire(int64_t n, std::vector<int32_t>& out) {
-  if (n > free_pages()) return false;
-  for (int64_t i = 0; i < n; ++i) {
-    out.push_back(free_.back());
-    free_.pop_back();
-  }
-  return true;
+void KvPool::copy_page(int32_t from, int32_t to) {
+  if (from != to) memory().copy(row_ptr(to, 0, 0), row_ptr(from, 0, 0), size_t(page_bytes_));
 }
 
-void KvPool::release(const std::vector<int32_t>& pages) {
-  for (int32_t p : pages) free_.push_back(p);
+void KvPool::copy_page_from(const KvPool& source, int32_t from, int32_t to) {
+  if (source.page_bytes_ != page_bytes_) throw EngineError("copying a KV page between pools of different layouts");
+  copy_between(memory(), row_ptr(to, 0, 0), source.memory(), source.k_rows(from, 0), size_t(page_bytes_));
 }
 
 void* KvPool::row_ptr(int32_t page, int32_t layer, int kv) {

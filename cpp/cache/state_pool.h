@@ -1,10 +1,10 @@
 // Gated DeltaNet state slots: per slot and linear-attention layer, the causal-conv history (the last K-1
 // pre-conv inputs, f32) and the recurrent matrix state (f32). Slots can be copied, so snapshots, forks
-// (decision scoring) and MTP rollback are slot copies.
+// (decision scoring) and MTP rollback are slot copies, and a host-tier pool of the same layout holds copies of
+// device slots. The pool is storage only: which slots are in use is SlotTable's business (cache/page_table.h).
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "backend/memory.h"
 
@@ -17,23 +17,23 @@ class StatePool {
             MemoryResource& memory = host_memory());
 
   int32_t total_slots() const { return slots_; }
-  int32_t free_slots() const { return int32_t(free_.size()); }
+  int64_t slot_bytes() const { return slot_floats_ * int64_t(sizeof(float)); }
+  MemoryResource& memory() const { return storage_.memory(); }
 
-  int32_t acquire();  // a zeroed slot (a fresh sequence's state), or -1 when none is free
-  void release(int32_t slot);
   void copy(int32_t from, int32_t to);
-  void zero(int32_t slot);
+  // Slot `from` of `source` (a pool of the same layout, in any memory) into slot `to`.
+  void copy_from(const StatePool& source, int32_t from, int32_t to);
+  void zero(int32_t slot);  // a fresh sequence's state
 
   float* conv(int32_t slot, int32_t layer) { return slot_base(slot) + layer * layer_floats(); }
   float* recurrent(int32_t slot, int32_t layer) { return conv(slot, layer) + conv_floats_; }
 
  private:
   int64_t layer_floats() const { return conv_floats_ + recurrent_floats_; }
-  float* slot_base(int32_t slot) { return storage_.get<float>() + slot * slot_floats_; }
+  float* slot_base(int32_t slot) const { return storage_.get<float>() + slot * slot_floats_; }
   int32_t slots_, layers_;
   int64_t conv_floats_, recurrent_floats_, slot_floats_;
   MemoryBlock storage_;
-  std::vector<int32_t> free_;
 };
 
 }  // namespace ninfer

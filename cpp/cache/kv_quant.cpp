@@ -1,4 +1,4 @@
-#include "runtime/kv_quant.h"
+#include "cache/kv_quant.h"
 
 #include <algorithm>
 #include <cmath>

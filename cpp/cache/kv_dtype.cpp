@@ -1,4 +1,4 @@
-#include "runtime/cache.h"
+#include "cache/kv_dtype.h"
 
 #include "errors.h"
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/cache.h"
+#include "cache/kv_dtype.h"
 
 namespace ninfer {
 

@@ -1,9 +1,10 @@
-#include "runtime/state_pool.h"
+#include "cache/state_pool.h"
 
 #include <algorithm>
 #include <new>
 #include <string>
 
+#include "cache/tier_copy.h"
 #include "errors.h"
 
 namespace ninfer {
@@ -14,23 +15,15 @@ StatePool::StatePool(int32_t slots, int32_t layers, int64_t conv_floats, int64_t
       slot_floats_(int64_t(layers) * (conv_floats + recurrent_floats)) {
   storage_ = MemoryBlock(memory, size_t(slot_floats_ * slots) * sizeof(float),
                          "Gated DeltaNet state pool of " + std::to_string(slots) + " slots");
-  for (int32_t s = slots - 1; s >= 0; --s) free_.push_back(s);
-}
-
-int32_t StatePool::acquire() {
-  if (free_.empty()) return -1;
-  int32_t s = free_.back();
-  free_.pop_back();
-  zero(s);
-  return s;
-}
-
-void StatePool::release(int32_t slot) {
-  if (slot >= 0) free_.push_back(slot);
 }
 
 void StatePool::copy(int32_t from, int32_t to) {
   if (from != to) storage_.memory().copy(slot_base(to), slot_base(from), size_t(slot_floats_) * sizeof(float));
+}
+
+void StatePool::copy_from(const StatePool& source, int32_t from, int32_t to) {
+  if (source.slot_floats_ != slot_floats_) throw EngineError("copying a state slot between pools of different layouts");
+  copy_between(memory(), slot_base(to), source.memory(), source.slot_base(from), size_t(slot_bytes()));
 }
 
 void StatePool::zero(int32_t slot) { storage_.memory().fill(slot_base(slot), 0, size_t(slot_floats_) * sizeof(float)); }

@@ -2,7 +2,7 @@
 // Kernels are written once as templates over a codec and instantiated by `dispatch_kv_dtype`.
 //
 // A codec stores one (token, head) row of head_dim values at a time. f32 and bf16 store the values themselves;
-// fp8 and int8 store 8-bit codes plus one f32 scale per row (runtime/kv_quant.h), kept by the pool beside the
+// fp8 and int8 store 8-bit codes plus one f32 scale per row (cache/kv_quant.h), kept by the pool beside the
 // page's rows. A stored value is `scale * load(code)`, with scale 1 for the unscaled codecs, so a kernel computes
 // `scale * sum(q[i] * load(code[i]))` for every dtype (multiplying by 1 is exact: f32 results do not change).
 #pragma once
@@ -13,8 +13,8 @@
 
 #include "artifact/numeric.h"
 #include "errors.h"
-#include "runtime/cache.h"
-#include "runtime/kv_quant.h"
+#include "cache/kv_dtype.h"
+#include "cache/kv_quant.h"
 
 namespace ninfer {
 

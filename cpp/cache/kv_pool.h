@@ -1,17 +1,16 @@
 // The paged KV pool shared by every sequence: pages of kKvPageTokens tokens, each holding K and V of those tokens
-// for every full-attention layer (the MTP layer counts as one more). A page is one contiguous block, so a page
-// can later be copied to a host tier or shared by several sequences as a unit.
+// for every full-attention layer (the MTP layer counts as one more). A page is one contiguous block, so a page is
+// copied (to another page, or between a device pool and a host-tier pool) as a unit. The pool is storage only:
+// which pages are in use is PageTable's business (cache/page_table.h).
 //
 // Page layout: for each layer, the K block then the V block; a block is kKvPageTokens rows of kv_heads * head_dim
 // elements and, for the 8-bit dtypes (fp8, int8), then kKvPageTokens * kv_heads f32 scales, one per (token, head)
-// row (runtime/kv_quant.h). f32 and bf16 blocks have no scales, so their layout is plain rows.
+// row (cache/kv_quant.h). f32 and bf16 blocks have no scales, so their layout is plain rows.
 #pragma once
 
 #include <cstdint>
-#include <vector>
-
 #include "backend/memory.h"
-#include "runtime/cache.h"
+#include "cache/kv_dtype.h"
 
 namespace ninfer {
 
@@ -26,12 +25,12 @@ class KvPool {
   int32_t layers() const { return layers_; }
   int64_t row_elements() const { return row_elements_; }  // kv_heads * head_dim
   int64_t total_pages() const { return total_pages_; }
-  int64_t free_pages() const { return int64_t(free_.size()); }
   int64_t page_bytes() const { return page_bytes_; }  // page p + 1 starts page_bytes() after page p
+  MemoryResource& memory() const { return storage_.memory(); }
 
-  // Takes `n` pages (appended to `out`) or none when fewer are free; returns whether it took them.
-  bool acquire(int64_t n, std::vector<int32_t>& out);
-  void release(const std::vector<int32_t>& pages);
+  void copy_page(int32_t from, int32_t to);
+  // Page `from` of `source` (a pool of the same layout, in any memory: the device pool or a host tier) into page `to`.
+  void copy_page_from(const KvPool& source, int32_t from, int32_t to);
 
   // Start of the K (or V) row of token `offset` (0..63) of `page` for `layer`; rows of one page and layer are
   // contiguous, so a page holds kKvPageTokens consecutive rows per (layer, K|V).
@@ -59,7 +58,6 @@ class KvPool {
   int32_t layers_, kv_heads_;
   int64_t row_elements_, element_bytes_, rows_bytes_, block_bytes_, page_bytes_, total_pages_;
   MemoryBlock storage_;
-  std::vector<int32_t> free_;  // a stack: the most recently freed page is reused first
 };
 
 }  // namespace ninfer

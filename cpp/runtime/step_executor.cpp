@@ -1,0 +1,120 @@
+#include "runtime/step_executor.h"
+
+#include <algorithm>
+
+#include "errors.h"
+
+namespace ninfer {
+namespace {
+
+// The lane count when every slice of the plan is one decode token (a pass a decode graph can run), else 0.
+int32_t decode_batch(const StepPlan& plan) {
+  for (const PlannedSlice& s : plan.slices)
+    if (s.kind != SliceKind::Decode) return 0;
+  return int32_t(plan.slices.size());
+}
+
+// Runs `work`, turning an exception into the result's error (the lanes of the step end with it).
+template <class Work>
+void catching(StepResult& result, Work&& work) {
+  try {
+    work();
+  } catch (const EngineError& e) {
+    result.error_type = "EngineError";
+    result.error_message = e.what();
+  } catch (const std::exception& e) {
+    result.error_type = "NinferError";
+    result.error_message = e.what();
+  }
+}
+
+}  // namespace
+
+StepExecutor::StepExecutor(Model& model, CachePools& pools, DeviceRuntime* device, bool device_sampling)
+    : model_(model), pools_(pools), device_(device), device_sampling_(device_sampling) {}
+
+StepResult StepExecutor::run_pass(const StepPlan& plan, std::span<const SliceInput> inputs) {
+  std::vector<ForwardItem> items;
+  for (const SliceInput& in : inputs) items.push_back(in.item);
+  // A device backend samples on the device unless a slice needs every row's logits on the host (scoring).
+  out_.keep_on_device = device_ && device_sampling_ &&
+                        std::none_of(plan.slices.begin(), plan.slices.end(),
+                                     [](const PlannedSlice& s) { return s.output == SliceOutput::PromptLogprobs; });
+  StepResult result;
+  catching(result, [&] {
+    if (!device_) {
+      model_.forward(items, pools_, out_);
+      return;
+    }
+    device_->begin_pass(decode_batch(plan));
+    try {
+      model_.forward(items, pools_, out_);
+    } catch (...) {
+      // Leave the broken pass now, not at the next one: a decode graph's capture left open on the stream would
+      // swallow the device work queued in between (admitting a lane zeroes its state slot there: the lane would
+      // start from another sequence's recurrent state).
+      device_->begin_pass(0);
+      throw;
+    }
+    if (out_.device_logits) device_->launch_pass();  // it runs while the caller computes masks
+  });
+  return result;
+}
+
+void StepExecutor::collect(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result) {
+  result.slices.assign(plan.slices.size(), {});
+  catching(result, [&] {
+    if (out_.device_logits)
+      sample_on_device(plan, inputs, result);
+    else
+      collect_on_host(plan, inputs, result);
+  });
+}
+
+void StepExecutor::sample_on_device(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result) {
+  std::vector<DeviceSampleRow> rows;
+  std::vector<size_t> slice_of_row;
+  for (size_t i = 0; i < plan.slices.size(); ++i) {
+    const SliceInput& in = inputs[i];
+    if (!in.sample) continue;
+    DeviceSampleRow row;
+    row.logits_row = out_.row_offset[i];  // sampling slices have one output row, the last token's
+    row.params = in.params;
+    row.seed = in.sampler->seed();
+    row.counter = in.counter;
+    row.history = in.history;
+    row.mask = in.mask;
+    rows.push_back(row);
+    slice_of_row.push_back(i);
+  }
+  if (rows.empty()) return;
+  std::vector<SampledToken> tokens;
+  device_->sample(out_.device_logits, out_.vocab, rows, tokens);
+  for (size_t r = 0; r < rows.size(); ++r) result.slices[slice_of_row[r]].token = std::move(tokens[r]);
+}
+
+void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result) {
+  const int64_t vocab = out_.vocab;
+  for (size_t i = 0; i < plan.slices.size(); ++i) {
+    const PlannedSlice& s = plan.slices[i];
+    const SliceInput& in = inputs[i];
+    const float* rows = out_.logits.data() + out_.row_offset[i] * vocab;
+    if (s.output == SliceOutput::PromptLogprobs && in.tokens) {
+      for (int64_t p = s.begin; p < s.end && p + 1 < in.total_tokens; ++p) {
+        const std::vector<float> lp = log_softmax(std::span<const float>(rows + (p - s.begin) * vocab, vocab));
+        result.slices[i].prompt_logprobs.push_back(lp[in.tokens[p + 1]]);
+      }
+    } else if (in.sample) {
+      std::span<const float> logits(rows + (in.item.all_logits ? s.end - s.begin - 1 : 0) * vocab, vocab);
+      std::vector<float> masked;
+      if (!in.mask.empty()) {
+        masked.assign(logits.begin(), logits.end());
+        apply_token_mask(masked, in.mask);
+        logits = masked;  // logprobs too are those of the constrained distribution
+      }
+      result.slices[i].token = in.sampler->sample(logits, *in.history);
+    }
+  }
+}
+
+}  // namespace ninfer

@@ -1,0 +1,53 @@
+// The step executor: runs a StepPlan's forward pass over the cache pools and turns its logits into each slice's
+// output (sampled tokens on the device or the host, prompt logprobs). It touches no lane: what it needs of one is
+// gathered into a SliceInput first, so both phases can run without the engine's lock.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cache/cache_pools.h"
+#include "model/model.h"
+#include "runtime/device_runtime.h"
+#include "runtime/sampler.h"
+#include "runtime/step_plan.h"
+
+namespace ninfer {
+
+struct SliceInput {
+  ForwardItem item;             // the slice's tokens, where they go, and whether every row's logits are needed
+  const int32_t* tokens = nullptr;  // the lane's tokens (PromptLogprobs reads each row's next one); null once it ended
+  int64_t total_tokens = 0;
+  // Output Sample, filled once the lane's mask is known; `sample` false: the lane samples nothing this step
+  // (it ended, or its mask ends it).
+  bool sample = false;
+  const SamplingParams* params = nullptr;
+  Sampler* sampler = nullptr;
+  const TokenHistory* history = nullptr;
+  uint64_t counter = 0;          // tokens the lane generated so far (the device sampler's RNG counter)
+  std::span<const uint32_t> mask;  // empty: unconstrained
+};
+
+class StepExecutor {
+ public:
+  // `device`: the model's backend when it has its own memory; it samples there when `device_sampling`.
+  StepExecutor(Model& model, CachePools& pools, DeviceRuntime* device, bool device_sampling);
+
+  // The plan's forward pass; a failure comes back as the result's error (its slices stay empty).
+  StepResult run_pass(const StepPlan& plan, std::span<const SliceInput> inputs);
+  // Each slice's output from that pass, into result.slices (or result's error).
+  void collect(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
+
+ private:
+  void sample_on_device(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
+  void collect_on_host(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
+
+  Model& model_;
+  CachePools& pools_;
+  DeviceRuntime* device_;
+  bool device_sampling_;
+  ForwardOutput out_;
+};
+
+}  // namespace ninfer
