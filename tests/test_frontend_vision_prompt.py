@@ -51,14 +51,13 @@ def hf_model():
     """A tiny Qwen3.5 VLM: get_rope_index reads only the vision config's merge size."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    config = Qwen3_5Config(
-        text_config=dict(vocab_size=64, hidden_size=32, num_hidden_layers=1, layer_types=["full_attention"],
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=32,
-                         linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=8,
-                         linear_value_head_dim=8),
-        vision_config=dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, patch_size=4,
-                           out_hidden_size=32, num_position_embeddings=16),
-    )
+    text = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "layer_types": ["full_attention"],
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "intermediate_size": 32,
+            "linear_num_key_heads": 1, "linear_num_value_heads": 1, "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8}
+    vision = {"depth": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32, "patch_size": 4,
+              "out_hidden_size": 32, "num_position_embeddings": 16}
+    config = Qwen3_5Config(text_config=text, vision_config=vision)
     return Qwen3_5ForConditionalGeneration(config).model
 
 

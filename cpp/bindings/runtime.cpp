@@ -29,6 +29,20 @@ bool provide_mask(Engine& engine, uint64_t id, std::optional<MaskArray> mask) {
 }
 
 void bind_structs(nb::module_& m) {
+  // llama.cpp's names for the stages (its `samplers` request field).
+  nb::enum_<SamplerStage>(m, "SamplerStage")
+      .value("penalties", SamplerStage::Penalties)
+      .value("dry", SamplerStage::Dry)
+      .value("top_n_sigma", SamplerStage::TopNSigma)
+      .value("top_k", SamplerStage::TopK)
+      .value("typ_p", SamplerStage::TypicalP)
+      .value("top_p", SamplerStage::TopP)
+      .value("min_p", SamplerStage::MinP)
+      .value("xtc", SamplerStage::Xtc)
+      .value("temperature", SamplerStage::Temperature);
+  m.def("sampler_default_order", &sampler_default_order);
+  m.def("sampling_params_validate", &sampling_params_validate);
+
   nb::class_<SamplingParams>(m, "SamplingParams")
       .def(nb::init<>())
       .def_rw("temperature", &SamplingParams::temperature)
@@ -38,6 +52,19 @@ void bind_structs(nb::module_& m) {
       .def_rw("presence_penalty", &SamplingParams::presence_penalty)
       .def_rw("frequency_penalty", &SamplingParams::frequency_penalty)
       .def_rw("repetition_penalty", &SamplingParams::repetition_penalty)
+      .def_rw("penalty_last_n", &SamplingParams::penalty_last_n)
+      .def_rw("typical_p", &SamplingParams::typical_p)
+      .def_rw("top_n_sigma", &SamplingParams::top_n_sigma)
+      .def_rw("dynatemp_range", &SamplingParams::dynatemp_range)
+      .def_rw("dynatemp_exponent", &SamplingParams::dynatemp_exponent)
+      .def_rw("xtc_probability", &SamplingParams::xtc_probability)
+      .def_rw("xtc_threshold", &SamplingParams::xtc_threshold)
+      .def_rw("dry_multiplier", &SamplingParams::dry_multiplier)
+      .def_rw("dry_base", &SamplingParams::dry_base)
+      .def_rw("dry_allowed_length", &SamplingParams::dry_allowed_length)
+      .def_rw("dry_penalty_last_n", &SamplingParams::dry_penalty_last_n)
+      .def_rw("dry_breakers", &SamplingParams::dry_breakers)
+      .def_rw("order", &SamplingParams::order)
       .def_rw("has_seed", &SamplingParams::has_seed)
       .def_rw("seed", &SamplingParams::seed)
       .def_rw("logprobs", &SamplingParams::logprobs)
@@ -125,19 +152,19 @@ void bind_structs(nb::module_& m) {
 void bind_test_hooks(nb::module_& m) {
   m.def("sampler_distribution",
         [](const std::vector<float>& logits, const SamplingParams& p, const std::vector<int32_t>& prompt,
-           const std::vector<int32_t>& generated) {
+           const std::vector<int32_t>& generated, bool xtc_fires) {
           TokenHistory h;
           h.add_prompt(prompt);
           for (int32_t t : generated) h.add_generated(t);
-          return Sampler(p).distribution(logits, h);
-        });
+          return Sampler(p).distribution(logits, h, xtc_fires);
+        },
+        nb::arg("logits"), nb::arg("params"), nb::arg("prompt"), nb::arg("generated"), nb::arg("xtc_fires") = true);
   m.def("sampler_draw", [](const std::vector<float>& logits, const SamplingParams& p, int32_t n) {
     Sampler s(p);
     std::vector<int32_t> out;
     for (int32_t i = 0; i < n; ++i) out.push_back(s.sample(logits, TokenHistory{}).token);
     return out;
   });
-  m.def("sampling_params_validate", &sampling_params_validate);
   m.def("apply_token_mask", [](std::vector<float> logits, MaskArray mask) {
     apply_token_mask(logits, std::span<const uint32_t>(mask.data(), mask.shape(0)));
     return logits;

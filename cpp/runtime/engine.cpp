@@ -345,6 +345,7 @@ std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
                lane.cache.state_slot, s.output == SliceOutput::PromptLogprobs};
     in.tokens = lane.tokens.data();
     in.total_tokens = static_cast<int64_t>(lane.tokens.size());
+    in.host_sampler = needs_host_sampler(lane.job.request.sampling);
     inputs.push_back(in);
   }
   return inputs;

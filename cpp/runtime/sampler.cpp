@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <unordered_set>
 
 #include "errors.h"
 
@@ -17,70 +18,321 @@ void require(bool ok, const char* field, const std::string& rule, double value) 
                              " (" + rule + ")");
 }
 
-// The kept tokens of a distribution, most likely first, with unnormalised probabilities.
+// The candidates a chain's stages narrow and reweight: tokens with their (adjusted) logits. `identity` while every
+// vocabulary token is there in id order (token i at index i), `sorted` while most likely first.
 struct Candidates {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  bool identity = true;
+  bool sorted = false;
+
+  size_t size() const { return tokens.size(); }
+  void keep(size_t n) {
+    if (n < tokens.size()) identity = false;
+    tokens.resize(n);
+    logits.resize(n);
+  }
+};
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Adds delta[token] to the logit of each candidate token the map names.
+void add_to_logits(Candidates& c, const std::unordered_map<int32_t, float>& delta) {
+  if (c.identity) {
+    for (const auto& [token, d] : delta) c.logits[token] += d;
+    return;
+  }
+  for (size_t i = 0; i < c.size(); ++i)
+    if (const auto it = delta.find(c.tokens[i]); it != delta.end()) c.logits[i] += it->second;
+}
+
+void sort_candidates(Candidates& c) {
+  if (c.sorted) return;
+  std::vector<size_t> order(c.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return c.logits[a] > c.logits[b] || (c.logits[a] == c.logits[b] && c.tokens[a] < c.tokens[b]);
+  });
+  Candidates out;
+  out.identity = false;
+  out.sorted = true;
+  out.tokens.reserve(c.size());
+  out.logits.reserve(c.size());
+  for (size_t i : order) {
+    out.tokens.push_back(c.tokens[i]);
+    out.logits.push_back(c.logits[i]);
+  }
+  c = std::move(out);
+}
+
+// Drops tokens a mask removed (-inf): they are never candidates, even when rounding in the draw would reach them.
+void drop_impossible(Candidates& c) {
+  sort_candidates(c);
+  size_t n = c.size();
+  while (n > 1 && c.logits[n - 1] == kNegInf) --n;
+  c.keep(n);
+}
+
+// softmax of the candidates' logits, in their order.
+std::vector<double> probabilities(const Candidates& c) {
+  const float zmax = *std::max_element(c.logits.begin(), c.logits.end());
+  std::vector<double> p(c.size());
+  double total = 0;
+  for (size_t i = 0; i < c.size(); ++i) total += p[i] = std::exp(static_cast<double>(c.logits[i]) - zmax);
+  for (double& v : p) v /= total;
+  return p;
+}
+
+// Token counts over the window the penalties read: the whole history, or its last `last_n` tokens.
+struct PenaltyCounts {
+  std::unordered_map<int32_t, int32_t> seen, generated;
+};
+
+PenaltyCounts window_counts(const TokenHistory& h, int32_t last_n) {
+  PenaltyCounts counts;
+  const size_t n = h.sequence.size();
+  const size_t from = n - std::min<size_t>(n, static_cast<size_t>(last_n));
+  for (size_t i = from; i < n; ++i) {
+    ++counts.seen[h.sequence[i]];
+    if (i >= h.prompt_length) ++counts.generated[h.sequence[i]];
+  }
+  return counts;
+}
+
+void apply_penalties(Candidates& c, const SamplingParams& p, const TokenHistory& history) {
+  PenaltyCounts windowed;
+  if (p.penalty_last_n >= 0) windowed = window_counts(history, p.penalty_last_n);
+  const auto& seen = p.penalty_last_n >= 0 ? windowed.seen : history.seen;
+  const auto& generated = p.penalty_last_n >= 0 ? windowed.generated : history.generated;
+  std::unordered_map<int32_t, float> delta;
+  if (p.repetition_penalty != 1.0f) {
+    // The CTRL penalty scales a logit: as a difference it depends on the logit, read from the identity layout or
+    // looked up (candidates may be any subset by now).
+    std::unordered_map<int32_t, size_t> index;
+    if (!c.identity)
+      for (size_t i = 0; i < c.size(); ++i) index.emplace(c.tokens[i], i);
+    for (const auto& [token, count] : seen) {
+      size_t i = static_cast<size_t>(token);
+      if (!c.identity) {
+        const auto it = index.find(token);
+        if (it == index.end()) continue;
+        i = it->second;
+      }
+      float& v = c.logits[i];
+      v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
+    for (const auto& [token, count] : generated)
+      delta[token] = -(p.presence_penalty + p.frequency_penalty * static_cast<float>(count));
+  add_to_logits(c, delta);
+}
+
+// DRY ("don't repeat yourself", as llama.cpp and koboldcpp define it): a token that would extend a repeat of
+// length L >= allowed_length of an earlier stretch of the context loses multiplier * base^(L - allowed_length).
+// Repeats do not reach back across a breaker token, and a breaker itself is never penalised. The match lengths come
+// from a Z-algorithm pass over the reversed window (linear); the tests' reference compares every pair directly.
+void apply_dry(Candidates& c, const SamplingParams& p, const TokenHistory& history) {
+  if (p.dry_multiplier == 0.0f || p.dry_penalty_last_n == 0) return;
+  const std::vector<int32_t>& seq = history.sequence;
+  const size_t window = p.dry_penalty_last_n < 0 ? seq.size()
+                                                 : std::min(seq.size(), static_cast<size_t>(p.dry_penalty_last_n));
+  const int64_t allowed = p.dry_allowed_length;
+  if (static_cast<int64_t>(window) <= allowed) return;
+  // back(i): the token i places before the last one.
+  const auto back = [&](size_t i) { return seq[seq.size() - 1 - i]; };
+  const std::unordered_set<int32_t> breakers(p.dry_breakers.begin(), p.dry_breakers.end());
+  // A repeat ends at the most recent breaker: matches are at most that many tokens long.
+  int64_t limit = static_cast<int64_t>(window);
+  for (size_t i = 0; i < window; ++i)
+    if (breakers.count(back(i))) {
+      limit = static_cast<int64_t>(i);
+      break;
+    }
+  if (limit < allowed) return;
+  // z[k]: how many tokens before the end match the tokens before position (end - k), i.e. the length of the
+  // repeat that the token at back(k - 1) once followed.
+  std::vector<int64_t> z(window, 0);
+  for (size_t k = 1, left = 0, right = 0; k < window; ++k) {
+    int64_t n = 0;
+    if (k < right) n = std::min<int64_t>(static_cast<int64_t>(right - k), z[k - left]);
+    while (k + n < window && back(n) == back(k + n)) ++n;
+    z[k] = n;
+    if (k + n > right) left = k, right = k + n;
+  }
+  std::unordered_map<int32_t, int64_t> longest;  // next token -> the longest repeat it would extend
+  for (size_t k = 1; k < window; ++k) {
+    const int64_t length = std::min(z[k], limit);
+    if (length < allowed) continue;
+    int64_t& best = longest[back(k - 1)];
+    best = std::max(best, length);
+  }
+  // The exponent is capped where base^exponent would overflow a float.
+  const int64_t max_exponent = p.dry_base > 1.000001f ? static_cast<int64_t>(88.7228391 / std::log(p.dry_base)) : 0;
+  std::unordered_map<int32_t, float> delta;
+  for (const auto& [token, length] : longest) {
+    if (breakers.count(token)) continue;
+    int64_t exponent = length - allowed;
+    if (max_exponent > 0) exponent = std::min(exponent, max_exponent);
+    delta[token] = -p.dry_multiplier * static_cast<float>(std::pow(static_cast<double>(p.dry_base), exponent));
+  }
+  add_to_logits(c, delta);
+}
+
+// Keeps the logits within n standard deviations (over the candidates) of the largest.
+void apply_top_n_sigma(Candidates& c, float n) {
+  if (n <= 0.0f || c.size() <= 1) return;
+  double sum = 0, squares = 0;
+  for (float v : c.logits) sum += v;
+  const double mean = sum / static_cast<double>(c.size());
+  for (float v : c.logits) squares += (v - mean) * (v - mean);
+  const double sigma = std::sqrt(squares / static_cast<double>(c.size()));
+  const double floor = *std::max_element(c.logits.begin(), c.logits.end()) - n * sigma;
+  sort_candidates(c);
+  size_t keep = 1;
+  while (keep < c.size() && c.logits[keep] >= floor) ++keep;
+  c.keep(keep);
+}
+
+void apply_top_k(Candidates& c, int32_t k) {
+  if (k <= 0 || static_cast<size_t>(k) >= c.size()) return;
+  sort_candidates(c);
+  c.keep(static_cast<size_t>(k));
+}
+
+// Locally typical sampling: tokens whose surprise (-log p) is closest to the entropy, until their mass exceeds p.
+void apply_typical_p(Candidates& c, float typical_p) {
+  if (typical_p >= 1.0f || c.size() <= 1) return;
+  const std::vector<double> p = probabilities(c);
+  double entropy = 0;
+  for (double v : p)
+    if (v > 0) entropy -= v * std::log(v);
+  std::vector<double> distance(c.size());
+  for (size_t i = 0; i < c.size(); ++i)
+    distance[i] = p[i] > 0 ? std::fabs(-std::log(p[i]) - entropy) : std::numeric_limits<double>::infinity();
+  std::vector<size_t> order(c.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return distance[a] < distance[b]; });
+  size_t keep = order.size();
+  double mass = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    mass += p[order[i]];
+    if (mass > typical_p) {
+      keep = i + 1;
+      break;
+    }
+  }
+  Candidates out;
+  out.identity = false;
+  for (size_t i = 0; i < keep; ++i) {
+    out.tokens.push_back(c.tokens[order[i]]);
+    out.logits.push_back(c.logits[order[i]]);
+  }
+  c = std::move(out);
+}
+
+void apply_top_p(Candidates& c, float top_p) {
+  if (top_p >= 1.0f) return;
+  sort_candidates(c);
+  const std::vector<double> p = probabilities(c);
+  double cumulative = 0;
+  size_t keep = 0;
+  while (keep < c.size()) {
+    cumulative += p[keep++];
+    if (cumulative >= top_p) break;
+  }
+  c.keep(keep);
+}
+
+void apply_min_p(Candidates& c, float min_p) {
+  if (min_p <= 0.0f) return;
+  sort_candidates(c);
+  // p / p_max = exp(logit - logit_max): the first logit is the largest.
+  const double floor = c.logits[0] + std::log(static_cast<double>(min_p));
+  size_t keep = 1;
+  while (keep < c.size() && c.logits[keep] >= floor) ++keep;
+  c.keep(keep);
+}
+
+// Exclude Top Choices: when it fires, removes every token with p >= threshold except the least likely of them.
+void apply_xtc(Candidates& c, const SamplingParams& p, bool fires) {
+  if (!fires || p.xtc_probability <= 0.0f || p.xtc_threshold > 0.5f || c.size() < 2) return;
+  sort_candidates(c);
+  const std::vector<double> probs = probabilities(c);
+  size_t above = 0;
+  while (above < c.size() && probs[above] >= p.xtc_threshold) ++above;
+  if (above < 2) return;
+  const size_t cut = above - 1;
+  c.tokens.erase(c.tokens.begin(), c.tokens.begin() + static_cast<std::ptrdiff_t>(cut));
+  c.logits.erase(c.logits.begin(), c.logits.begin() + static_cast<std::ptrdiff_t>(cut));
+}
+
+// Temperature; with a dynatemp range, chosen by the candidates' normalised entropy:
+// t' = (t - range) + 2 range (H / log n)^exponent, floored at 0.
+void apply_temperature(Candidates& c, const SamplingParams& p) {
+  double t = p.temperature;
+  if (p.dynatemp_range > 0.0f && c.size() > 1) {
+    const std::vector<double> probs = probabilities(c);
+    double entropy = 0;
+    for (double v : probs)
+      if (v > 0) entropy -= v * std::log(v);
+    const double low = std::max(0.0, t - p.dynatemp_range), high = t + p.dynatemp_range;
+    t = low + (high - low) * std::pow(entropy / std::log(static_cast<double>(c.size())), p.dynatemp_exponent);
+  }
+  if (t <= 0) {  // keep the most likely token alone
+    sort_candidates(c);
+    c.keep(1);
+    return;
+  }
+  const double inv_t = 1.0 / t;
+  for (float& v : c.logits) v = static_cast<float>(v * inv_t);
+}
+
+int32_t argmax(const Candidates& c) {
+  size_t best = 0;
+  for (size_t i = 1; i < c.size(); ++i)
+    if (c.logits[i] > c.logits[best] || (c.logits[i] == c.logits[best] && c.tokens[i] < c.tokens[best])) best = i;
+  return c.tokens[best];
+}
+
+// The chain's candidates with their (unnormalised) weights exp(logit - max); greedy leaves the argmax of the
+// penalised logits alone.
+struct Weighted {
   std::vector<int32_t> tokens;
   std::vector<double> weights;
 };
 
-std::vector<float> penalised(std::span<const float> logits, const SamplingParams& p, const TokenHistory& history) {
-  std::vector<float> z(logits.begin(), logits.end());
-  if (p.repetition_penalty != 1.0f)
-    for (const auto& [token, count] : history.seen) {
-      float& v = z[token];
-      v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
-    }
-  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f)
-    for (const auto& [token, count] : history.generated)
-      z[token] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
-  return z;
-}
-
-int32_t argmax(const std::vector<float>& z) {
-  return static_cast<int32_t>(std::max_element(z.begin(), z.end()) - z.begin());
-}
-
-// NOTE: filter order follows HF transformers' logits processors: temperature, top-k, top-p, min-p.
-Candidates filtered(std::span<const float> logits, const SamplingParams& p, const TokenHistory& history) {
-  std::vector<float> z = penalised(logits, p, history);
-  if (p.temperature == 0.0f) return {{argmax(z)}, {1.0}};
-
-  const int64_t vocab = static_cast<int64_t>(z.size());
-  std::vector<int32_t> order(vocab);
-  std::iota(order.begin(), order.end(), 0);
-  const auto more_likely = [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); };
-  int64_t k = p.top_k > 0 ? std::min<int64_t>(p.top_k, vocab) : vocab;
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), more_likely);
-  order.resize(k);
-  // Tokens a mask removed (-inf) are never candidates, even when rounding in the draw would reach them.
-  while (order.size() > 1 && z[order.back()] == -std::numeric_limits<float>::infinity()) order.pop_back();
-  k = static_cast<int64_t>(order.size());
-
-  const double zmax = z[order[0]];
-  const double inv_t = 1.0 / p.temperature;
+Weighted filtered(std::span<const float> logits, const SamplingParams& p, const TokenHistory& history,
+                  bool xtc_fires) {
   Candidates c;
-  c.tokens = std::move(order);
-  c.weights.resize(k);
-  double total = 0;
-  for (int64_t i = 0; i < k; ++i) total += c.weights[i] = std::exp((z[c.tokens[i]] - zmax) * inv_t);
-
-  int64_t keep = k;
-  if (p.top_p < 1.0f) {
-    double cumulative = 0;
-    for (keep = 0; keep < k;) {
-      cumulative += c.weights[keep++] / total;
-      if (cumulative >= p.top_p) break;
+  c.logits.assign(logits.begin(), logits.end());
+  c.tokens.resize(logits.size());
+  std::iota(c.tokens.begin(), c.tokens.end(), 0);
+  const std::vector<SamplerStage>& order = p.order.empty() ? sampler_default_order() : p.order;
+  const bool greedy = p.temperature == 0.0f;
+  for (SamplerStage stage : order) {
+    // Greedy takes the argmax once the logits are penalised: the filters cannot change it.
+    if (greedy && stage != SamplerStage::Penalties && stage != SamplerStage::Dry) continue;
+    switch (stage) {
+      case SamplerStage::Penalties: apply_penalties(c, p, history); break;
+      case SamplerStage::Dry: apply_dry(c, p, history); break;
+      case SamplerStage::TopNSigma: apply_top_n_sigma(c, p.top_n_sigma); break;
+      case SamplerStage::TopK: apply_top_k(c, p.top_k); break;
+      case SamplerStage::TypicalP: apply_typical_p(c, p.typical_p); break;
+      case SamplerStage::TopP: apply_top_p(c, p.top_p); break;
+      case SamplerStage::MinP: apply_min_p(c, p.min_p); break;
+      case SamplerStage::Xtc: apply_xtc(c, p, xtc_fires); break;
+      case SamplerStage::Temperature: apply_temperature(c, p); break;
     }
+    if (!c.identity && c.size() > 1) drop_impossible(c);
   }
-  if (p.min_p > 0.0f) {
-    // weights[0] is the largest, exp(0) = 1: the threshold is min_p itself.
-    int64_t above = 1;
-    while (above < keep && c.weights[above] >= p.min_p) ++above;
-    keep = above;
-  }
-  c.tokens.resize(keep);
-  c.weights.resize(keep);
-  return c;
+  if (greedy) return {{argmax(c)}, {1.0}};
+  drop_impossible(c);
+  Weighted w;
+  w.tokens = std::move(c.tokens);
+  const float zmax = c.logits[0];
+  for (float v : c.logits) w.weights.push_back(std::exp(static_cast<double>(v) - zmax));
+  return w;
 }
 
 }  // namespace
@@ -98,15 +350,50 @@ void sampling_params_validate(const SamplingParams& p) {
   require(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0 && p.repetition_penalty <= 10,
           "repetition_penalty", "must be in (0, 10]", p.repetition_penalty);
   require(p.top_logprobs >= 0 && p.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]", p.top_logprobs);
+  require(p.penalty_last_n >= -1, "repeat_last_n", "must be >= -1, -1 counts every token", p.penalty_last_n);
+  require(std::isfinite(p.typical_p) && p.typical_p > 0 && p.typical_p <= 1, "typical_p", "must be in (0, 1]",
+          p.typical_p);
+  require(std::isfinite(p.top_n_sigma) && p.top_n_sigma <= 100, "top_n_sigma", "must be <= 100, <= 0 disables it",
+          p.top_n_sigma);
+  require(std::isfinite(p.dynatemp_range) && p.dynatemp_range >= 0 && p.dynatemp_range <= 100, "dynatemp_range",
+          "must be in [0, 100]", p.dynatemp_range);
+  require(std::isfinite(p.dynatemp_exponent) && p.dynatemp_exponent >= 0 && p.dynatemp_exponent <= 100,
+          "dynatemp_exponent", "must be in [0, 100]", p.dynatemp_exponent);
+  require(std::isfinite(p.xtc_probability) && p.xtc_probability >= 0 && p.xtc_probability <= 1, "xtc_probability",
+          "must be in [0, 1]", p.xtc_probability);
+  require(std::isfinite(p.xtc_threshold) && p.xtc_threshold >= 0 && p.xtc_threshold <= 1, "xtc_threshold",
+          "must be in [0, 1], above 0.5 disables it", p.xtc_threshold);
+  require(std::isfinite(p.dry_multiplier) && p.dry_multiplier >= 0 && p.dry_multiplier <= 100, "dry_multiplier",
+          "must be in [0, 100]", p.dry_multiplier);
+  require(std::isfinite(p.dry_base) && p.dry_base >= 1 && p.dry_base <= 100, "dry_base", "must be in [1, 100]",
+          p.dry_base);
+  require(p.dry_allowed_length >= 0, "dry_allowed_length", "must be >= 0", p.dry_allowed_length);
+  require(p.dry_penalty_last_n >= -1, "dry_penalty_last_n", "must be >= -1, -1 looks at every token",
+          p.dry_penalty_last_n);
+}
+
+const std::vector<SamplerStage>& sampler_default_order() {
+  using S = SamplerStage;
+  static const std::vector<SamplerStage> order = {S::Penalties, S::Dry,  S::TopNSigma, S::TopK,    S::Temperature,
+                                                  S::TopP,      S::MinP, S::TypicalP,  S::Xtc};
+  return order;
+}
+
+bool needs_host_sampler(const SamplingParams& p) {
+  return !p.order.empty() || p.penalty_last_n >= 0 || p.typical_p < 1.0f || p.top_n_sigma > 0.0f ||
+         p.dynatemp_range > 0.0f || p.xtc_probability > 0.0f || p.dry_multiplier > 0.0f;
 }
 
 void TokenHistory::add_prompt(std::span<const int32_t> tokens) {
   for (int32_t t : tokens) ++seen[t];
+  sequence.insert(sequence.end(), tokens.begin(), tokens.end());
+  prompt_length = sequence.size();
 }
 
 void TokenHistory::add_generated(int32_t token) {
   ++seen[token];
   ++generated[token];
+  sequence.push_back(token);
 }
 
 int64_t apply_token_mask(std::span<float> logits, std::span<const uint32_t> mask) {
@@ -146,8 +433,9 @@ std::vector<float> log_softmax(std::span<const float> logits) {
 Sampler::Sampler(const SamplingParams& params)
     : params_(params), seed_(params.has_seed ? params.seed : std::random_device{}()), rng_(seed_) {}
 
-std::vector<float> Sampler::distribution(std::span<const float> logits, const TokenHistory& history) const {
-  const Candidates c = filtered(logits, params_, history);
+std::vector<float> Sampler::distribution(std::span<const float> logits, const TokenHistory& history,
+                                        bool xtc_fires) const {
+  const Weighted c = filtered(logits, params_, history, xtc_fires);
   const double total = std::accumulate(c.weights.begin(), c.weights.end(), 0.0);
   std::vector<float> probs(logits.size(), 0.0f);
   for (size_t i = 0; i < c.tokens.size(); ++i) probs[c.tokens[i]] = static_cast<float>(c.weights[i] / total);
@@ -155,7 +443,10 @@ std::vector<float> Sampler::distribution(std::span<const float> logits, const To
 }
 
 SampledToken Sampler::sample(std::span<const float> logits, const TokenHistory& history) {
-  const Candidates c = filtered(logits, params_, history);
+  // XTC's coin comes first and only when XTC is on, so that other requests' draws are what they always were.
+  const bool xtc_fires =
+      params_.xtc_probability > 0.0f && std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < params_.xtc_probability;
+  const Weighted c = filtered(logits, params_, history, xtc_fires);
   SampledToken out;
   out.token = c.tokens[0];
   if (c.tokens.size() > 1) {

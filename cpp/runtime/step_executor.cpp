@@ -36,10 +36,12 @@ StepExecutor::StepExecutor(Model& model, CachePools& pools, DeviceRuntime* devic
 StepResult StepExecutor::run_pass(const StepPlan& plan, std::span<const SliceInput> inputs) {
   std::vector<ForwardItem> items;
   for (const SliceInput& in : inputs) items.push_back(in.item);
-  // A device backend samples on the device unless a slice needs every row's logits on the host (scoring).
-  out_.keep_on_device = device_ && device_sampling_ &&
-                        std::none_of(plan.slices.begin(), plan.slices.end(),
-                                     [](const PlannedSlice& s) { return s.output == SliceOutput::PromptLogprobs; });
+  // A device backend samples on the device unless a slice needs every row's logits on the host (scoring) or its
+  // lane uses a sampler stage only the host sampler has.
+  bool host_logits = false;
+  for (size_t i = 0; i < plan.slices.size(); ++i)
+    host_logits = host_logits || plan.slices[i].output == SliceOutput::PromptLogprobs || inputs[i].host_sampler;
+  out_.keep_on_device = device_ && device_sampling_ && !host_logits;
   StepResult result;
   catching(result, [&] {
     if (!device_) {

@@ -19,6 +19,7 @@ struct SliceInput {
   ForwardItem item;             // the slice's tokens, where they go, and whether every row's logits are needed
   const int32_t* tokens = nullptr;  // the lane's tokens (PromptLogprobs reads each row's next one); null once it ended
   int64_t total_tokens = 0;
+  bool host_sampler = false;    // the lane uses a sampler stage only the host sampler has (needs_host_sampler)
   // Output Sample, filled once the lane's mask is known; `sample` false: the lane samples nothing this step
   // (it ended, or its mask ends it).
   bool sample = false;

@@ -67,6 +67,11 @@ class EngineOptions:
     cuda_op_times: bool = False  # time every op of eager passes (cuda backend): memory_plan()["op_times"]
 
 
+# The sampler's stage names (llama.cpp's), and the order a request that names none runs them in.
+SAMPLER_STAGES: tuple[str, ...] = tuple(_engine.SamplerStage.__members__)
+DEFAULT_SAMPLER_ORDER: tuple[str, ...] = tuple(stage.name for stage in _engine.sampler_default_order())
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
@@ -76,6 +81,21 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # llama.cpp's stages (ninfer._engine's sampler; off at these values). On a device backend a request that uses
+    # any of them samples on the host.
+    penalty_last_n: int = -1  # the penalties count the last this many tokens of prompt + output (-1: all)
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_breakers: tuple[int, ...] = ()  # token ids a repeat may not extend across
+    order: tuple[str, ...] = ()  # stage names (SAMPLER_STAGES); empty: DEFAULT_SAMPLER_ORDER
     seed: int | None = None
 
 
@@ -197,6 +217,8 @@ class Frontend:
         self.eos_token_ids: tuple[int, ...] = tuple(special.get("eos") or eos_token_ids)
         self.bos_token_id: int | None = special.get("bos")
         self.generation_defaults: dict[str, Any] = dict(frontend.get("generation_defaults") or {})
+        self._token_texts: list[str] | None = None
+        self._containing: dict[tuple[str, ...], tuple[int, ...]] = {}
         templates = frontend.get("chat_templates") or {}
         source = templates.get("default")
         self.chat_template = None if source is None else ChatTemplate(
@@ -228,16 +250,23 @@ class Frontend:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._require_tokenizer().decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
+    def tokens_containing(self, pieces: tuple[str, ...]) -> tuple[int, ...]:
+        """The ids of the tokens whose text contains one of `pieces` (DRY's sequence breakers), sorted; the
+        vocabulary is decoded once per model."""
+        if pieces not in self._containing:
+            if self._token_texts is None:
+                tokenizer = self._require_tokenizer()
+                ids = [[i] for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
+                self._token_texts = tokenizer.decode_batch(ids, skip_special_tokens=False)
+            self._containing[pieces] = tuple(i for i, text in enumerate(self._token_texts)
+                                             if any(piece in text for piece in pieces))
+        return self._containing[pieces]
+
     def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> RenderedPrompt:
         """Chat messages -> prompt text through the artifact's template (tools, enable_thinking, ...)."""
         if self.chat_template is None:
             raise errors.EngineError("this model has no chat template; send a plain prompt")
         return self.chat_template.render(messages, **options)
-
-    def sampling_defaults(self) -> SamplingParams:
-        """The artifact's generation defaults as SamplingParams (unknown keys ignored)."""
-        known = SamplingParams.__dataclass_fields__.keys()
-        return SamplingParams(**{k: v for k, v in self.generation_defaults.items() if k in known})
 
 
 class TextStream:
@@ -292,26 +321,41 @@ def _check_range(what: str, value: int, low: int, high: int, bounds: str) -> Non
         raise errors.EngineError(f"invalid {what} = {value} (must be in {bounds})")
 
 
+_PLAIN_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                          "repetition_penalty", "penalty_last_n", "typical_p", "top_n_sigma", "dynatemp_range",
+                          "dynatemp_exponent", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base",
+                          "dry_allowed_length", "dry_penalty_last_n")
+
+
+def native_sampling(s: SamplingParams) -> _engine.SamplingParams:
+    """The engine's SamplingParams, checked (an EngineError names the field and its range)."""
+    _check_range("sampling value: top_k", s.top_k, 0, 2**31, "[0, 2^31)")
+    for name in ("penalty_last_n", "dry_allowed_length", "dry_penalty_last_n"):
+        _check_range(f"sampling value: {name}", getattr(s, name), -(2**31), 2**31, "int32")
+    unknown = [stage for stage in s.order if stage not in SAMPLER_STAGES]
+    if unknown:
+        raise errors.EngineError(f"unknown sampler {unknown[0]!r} (known: {', '.join(SAMPLER_STAGES)})")
+    sampling = _engine.SamplingParams()
+    for name in _PLAIN_SAMPLING_FIELDS:
+        setattr(sampling, name, getattr(s, name))
+    sampling.dry_breakers = list(s.dry_breakers)
+    sampling.order = [_engine.SamplerStage.__members__[stage] for stage in s.order]
+    if s.seed is not None:
+        _check_range("sampling value: seed", s.seed, 0, 2**64, "[0, 2^64)")
+        sampling.has_seed, sampling.seed = True, s.seed
+    _engine.sampling_params_validate(sampling)
+    return sampling
+
+
 def _native_request(request: Request, default_stops: Sequence[int], vocab_size: int) -> _engine.GenerationRequest:
     s = request.sampling
     ids = request.prompt_tokens
     if ids and not (-(2**31) <= min(ids) and max(ids) < 2**31):  # int32 ids; the engine checks the vocabulary
         position, bad = next((i, t) for i, t in enumerate(ids) if not 0 <= t < vocab_size)
         raise errors.EngineError(f"token id {bad} at position {position} is outside the vocabulary of {vocab_size}")
-    _check_range("sampling value: top_k", s.top_k, 0, 2**31, "[0, 2^31)")
     _check_range("top_logprobs", request.top_logprobs, 0, 2**31, "[0, 2^31)")
     _check_range("max_new_tokens", request.max_new_tokens, 0, 2**63, "[0, 2^63)")
-    sampling = _engine.SamplingParams()
-    sampling.temperature = s.temperature
-    sampling.top_p = s.top_p
-    sampling.top_k = s.top_k
-    sampling.min_p = s.min_p
-    sampling.presence_penalty = s.presence_penalty
-    sampling.frequency_penalty = s.frequency_penalty
-    sampling.repetition_penalty = s.repetition_penalty
-    if s.seed is not None:
-        _check_range("sampling value: seed", s.seed, 0, 2**64, "[0, 2^64)")
-        sampling.has_seed, sampling.seed = True, s.seed
+    sampling = native_sampling(s)
     sampling.logprobs = request.logprobs
     sampling.top_logprobs = request.top_logprobs
     native = _engine.GenerationRequest()

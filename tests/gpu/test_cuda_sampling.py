@@ -296,3 +296,22 @@ def test_greedy_and_constrained_generation_equal_host_sampling(tiny_qwen35):
         np.testing.assert_allclose([[v for _, v in alts] for alts in d_top], [[v for _, v in alts] for alts in h_top],
                                    atol=1e-5)
     assert set(results[True][1][0]) <= set(allowed)
+
+
+def test_llama_cpp_stages_sample_on_the_host_and_match_it(tiny_qwen35):
+    """A request using a stage only the CPU Sampler has (typical-p, DRY, XTC, an order) samples on the host from
+    logits copied back: seeded, it gives exactly the host sampler's tokens (device_sampling off), while the device
+    sampler's draws for the same seed would differ (a counter-based generator)."""
+    from ninfer.engine import Engine, Request, SamplingParams
+
+    rng = np.random.default_rng(11)
+    prompt = rng.integers(0, 200, 21).tolist()
+    stages = SamplingParams(temperature=0.9, typical_p=0.8, dry_multiplier=0.8, xtc_probability=0.5,
+                            xtc_threshold=0.05, order=("penalties", "dry", "top_k", "typ_p", "xtc", "temperature"),
+                            top_k=40, seed=99)
+    request = Request(prompt_tokens=prompt, sampling=stages, max_new_tokens=20, stop_token_ids=())
+    results = {}
+    for device_sampling in (True, False):
+        with Engine.open_sync(tiny_qwen35, _options(device_sampling=device_sampling)) as engine:
+            results[device_sampling] = _generate(engine, [request])[0][0]
+    assert len(results[True]) == 20 and results[True] == results[False]

@@ -17,6 +17,7 @@ import openai
 import pytest
 from ninfer.engine import SamplingParams
 from ninfer.frontend.reasoning import split_reasoning
+from ninfer.serve.sampling_defaults import recommended_sampling
 
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 N = 12  # tokens per sampled request
@@ -96,20 +97,23 @@ def test_a_top_p_below_every_top_token_s_probability_at_temperature_one_is_greed
 
 
 def test_the_artifact_s_sampling_defaults_apply_when_the_request_omits_them(qwen35_server):
-    """The tiny artifact's generation defaults (temperature 1, top_p 0.95, top_k 20, from its generation_config) are
-    what a request without sampling fields gets: it equals the same seed with those values spelled out, differs from
-    the plain sampler (no top_k, no top_p), and every token is among the 20 likeliest; a request's own values win."""
-    defaults = qwen35_server.engine.frontend.sampling_defaults()
-    assert defaults.top_k == 20 and defaults.top_p < 1.0 and defaults.temperature == 1.0  # what the test relies on
+    """The recommended defaults (ninfer.serve.sampling_defaults: for Qwen3.5 with thinking off, the model card's
+    non-thinking values, top_k 20 and top_p 0.8) are what a request without sampling fields gets: it equals the same
+    seed with those values spelled out, differs from the plain sampler (no top_k, no top_p), and every token is among
+    the 20 likeliest; a request's own values win."""
+    engine = qwen35_server.engine
+    defaults = recommended_sampling(engine.info.arch, engine.frontend.generation_defaults, {}, thinking=False)
+    assert defaults.top_k == 20 and defaults.top_p < 1.0  # what the test relies on
     spelled_out = {"temperature": defaults.temperature, "top_p": defaults.top_p}
+    extra_defaults = {"top_k": defaults.top_k, "min_p": defaults.min_p}
     plain = SamplingParams()  # the sampler's own neutral values
     client = _openai(qwen35_server)
     omitted, again, explicit, neutral = live_servers.concurrently(
         lambda: _sampled(client, seed=11),
         lambda: _sampled(client, seed=11),
-        lambda: _sampled(client, seed=11, **spelled_out, extra={"top_k": defaults.top_k}),
+        lambda: _sampled(client, seed=11, **spelled_out, extra=extra_defaults),
         lambda: _sampled(client, seed=11, temperature=plain.temperature, top_p=plain.top_p,
-                         extra={"top_k": plain.top_k}),
+                         extra={"top_k": plain.top_k, "min_p": plain.min_p}),
     )
     tokens = [e.token for e in omitted]
     assert tokens == [e.token for e in again]  # seeded runs are equal

@@ -30,12 +30,18 @@ ANSWER = f"{ASSISTANT} .markdown-content"  # the answer text alone, without the 
 UI_SETTINGS = {"max_tokens": 160, "temperature": 0}
 
 
-@pytest.fixture
-def page(browser, ui_server):
-    context = browser.new_context(viewport={"width": 1280, "height": 860})
+def chat_context(browser, settings: dict = UI_SETTINGS, width: int = 1280):
+    """A browser context whose llama-ui starts with these settings (unless a test saved others)."""
+    context = browser.new_context(viewport={"width": width, "height": 860})
     context.set_default_timeout(PAGE_TIMEOUT_MS)
     context.add_init_script(f"localStorage.getItem('LlamaUi.config') || "
-                            f"localStorage.setItem('LlamaUi.config', {json.dumps(json.dumps(UI_SETTINGS))})")
+                            f"localStorage.setItem('LlamaUi.config', {json.dumps(json.dumps(settings))})")
+    return context
+
+
+@pytest.fixture
+def page(browser, ui_server):
+    context = chat_context(browser)
     page = context.new_page()
     page.goto(ui_server.url + "/")
     yield page

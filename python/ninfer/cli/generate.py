@@ -21,6 +21,7 @@ from ninfer.engine import (
     TextStream,
 )
 from ninfer.frontend.reasoning import ReasoningParser
+from ninfer.serve.sampling_defaults import recommended_sampling
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +89,8 @@ def _messages(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _sampling(args: argparse.Namespace, engine: Engine) -> SamplingParams:
-    defaults = engine.frontend.sampling_defaults()
+    # The server's recommended defaults (thinking mode: the templates' default)
+    defaults = recommended_sampling(engine.info.arch, engine.frontend.generation_defaults, {}, thinking=True)
     chosen = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed}
     return SamplingParams(**{**defaults.__dict__, **{k: v for k, v in chosen.items() if v is not None}})
 

@@ -72,6 +72,9 @@ class ServedModel(Protocol):
 
     engine: Engine
     preserve_thinking: bool | None
+    default_max_tokens: int | None  # for a request that names none; None: to the end of the context
+
+    def sampling_defaults(self, *, thinking: bool) -> SamplingParams: ...
 
     def record_generation(self, result: GenerationResult) -> None: ...
 
@@ -107,7 +110,7 @@ class PreparedPrompt:
 class GenerationParams:
     """What a request asks of one generation; None means the artifact's default."""
 
-    max_tokens: int | None = None  # None: up to the end of the context
+    max_tokens: int | None = None  # None: the model's default; UNTIL_CONTEXT_END: up to the end of the context
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -115,6 +118,19 @@ class GenerationParams:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    penalty_last_n: int | None = None
+    typical_p: float | None = None
+    top_n_sigma: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: Sequence[str] | None = None  # None: DRY_SEQUENCE_BREAKERS
+    order: Sequence[str] | None = None  # the sampler stages to run, in order (llama.cpp's `samplers`)
     seed: int | None = None
     stop: Sequence[str] = ()
     logprobs: bool = False
@@ -167,6 +183,9 @@ class GenerationResult:
 
 
 MAX_TOP_LOGPROBS = 20
+UNTIL_CONTEXT_END = -1  # max_tokens of a request that asks for no limit (llama.cpp's -1)
+# llama.cpp's default DRY sequence breakers: a repeat does not extend across a token that contains one.
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 
 
 # How many characters of text one token can cover at most, times this slack, bounds a text's token count from
@@ -236,16 +255,21 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
     if n_prompt >= n_ctx:
         raise ContextOverflowError(n_prompt, n_ctx)
     room = n_ctx - n_prompt
-    max_new = room if params.max_tokens is None else min(params.max_tokens, room)
+    wanted = model.default_max_tokens if params.max_tokens is None else params.max_tokens
+    max_new = room if wanted is None or wanted == UNTIL_CONTEXT_END else min(wanted, room)
     if max_new < 1:
         raise InvalidRequestError(
             f"max_tokens must be at least 1, got {params.max_tokens}", param="max_tokens"
         )
     if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
-    defaults = engine.frontend.sampling_defaults()
-    chosen = {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
+    defaults = model.sampling_defaults(thinking=prompt.starts_in_reasoning or not prompt.is_chat)
+    chosen = {name: getattr(params, name, None) for name in SamplingParams.__dataclass_fields__}
+    chosen["order"] = tuple(params.order) if params.order is not None else None
     sampling = replace(defaults, **{k: v for k, v in chosen.items() if v is not None})
+    if sampling.dry_multiplier > 0:
+        breakers = DRY_SEQUENCE_BREAKERS if params.dry_sequence_breakers is None else params.dry_sequence_breakers
+        sampling = replace(sampling, dry_breakers=engine.frontend.tokens_containing(tuple(breakers)))
     return Request(
         prompt.token_ids,
         sampling,
@@ -255,6 +279,16 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
         constraint=params.constraint,
         report_progress=params.report_progress,
     )
+
+
+@dataclass(frozen=True)
+class LiveTimings:
+    """A running generation's figures so far (what llama.cpp's per-chunk `timings` report)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float  # submit -> first token (0 before it)
+    decode_s: float  # first token -> now
 
 
 class Generation:
@@ -356,6 +390,13 @@ class Generation:
             pass
         assert self.result is not None
         return self.result
+
+    def so_far(self) -> LiveTimings:
+        first = self._first_token_at
+        if first is None:
+            return LiveTimings(len(self.prompt.token_ids), 0, 0.0, 0.0)
+        return LiveTimings(len(self.prompt.token_ids), self._completion_tokens, first - self._started,
+                           time.perf_counter() - first)
 
     # -- steps ----------------------------------------------------------------------------------------------
 

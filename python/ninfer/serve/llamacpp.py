@@ -24,7 +24,9 @@ from litestar import Response, get, post
 from litestar.params import FromQuery, JSONBody
 
 from ninfer import __version__ as NINFER_VERSION
+from ninfer.engine import DEFAULT_SAMPLER_ORDER
 from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.generation import DRY_SEQUENCE_BREAKERS, UNTIL_CONTEXT_END
 from ninfer.serve.router import (
     FAILED,
     GATE_EXEMPT,
@@ -35,6 +37,7 @@ from ninfer.serve.router import (
     RouterDependency,
     StatusEvent,
 )
+from ninfer.serve.sampling_defaults import recommended_sampling
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ServedModel
 
@@ -52,10 +55,14 @@ class ModelRequest(msgspec.Struct, kw_only=True):
 
 
 def _status(entry: ModelEntry) -> dict[str, Any]:
-    status: dict[str, Any] = {"value": entry.status, "args": []}
+    # A load that waits for another model's requests is reported as loading (at 0%), so llama-ui shows its spinner
+    # rather than "unloaded"; the message says what it waits for.
+    status: dict[str, Any] = {"value": LOADING if entry.waiting else entry.status, "args": []}
     if entry.failure is not None:
         status["failed"] = True
         status["message"] = entry.failure
+    if entry.waiting:
+        status["message"] = entry.waiting
     return status
 
 
@@ -97,10 +104,12 @@ async def unload_model(data: JSONBody[ModelRequest], router: RouterDependency) -
 def status_event_json(event: StatusEvent) -> dict[str, Any]:
     """llama.cpp's envelope: {model, event, data: {status, progress, exit_code}}."""
     progress = {"stages": LOAD_STAGES, "current": "text_model", "value": event.progress}
-    data: dict[str, Any] = {"status": event.status, "progress": progress,
-                            "exit_code": 1 if event.status == FAILED else 0}
+    data: dict[str, Any] = {"status": LOADING if event.waiting else event.status, "progress": progress,
+                            "exit_code": 1 if event.status == FAILED and not event.waiting else 0}
     if event.failure is not None:
         data["message"] = event.failure
+    if event.waiting:
+        data["message"] = event.waiting
     return {"model": event.model, "event": "model_status", "data": data, "time": event.at}
 
 
@@ -109,7 +118,8 @@ async def _status_frames(router: ModelRouter) -> AsyncIterator[bytes]:
     try:
         # First the current state of every model, so a new reader starts from the truth; then each change.
         for entry in router.entries:
-            snapshot = StatusEvent(entry.name, entry.status, entry.failure, time.time(), entry.progress)
+            snapshot = StatusEvent(entry.name, entry.status, entry.failure, time.time(), entry.progress,
+                                   entry.waiting)
             yield sse_frame(status_event_json(snapshot), event="model_status")
         while True:
             event = await queue.get()
@@ -128,14 +138,36 @@ async def models_sse(router: RouterDependency) -> Any:
 # -- props and slots -----------------------------------------------------------------------------------------------
 
 
+def generation_settings(entry: ModelEntry) -> dict[str, Any]:
+    """llama.cpp's `default_generation_settings.params`: what a request that sets nothing gets (the settings dialog
+    shows these). The thinking-mode values: the Qwen3.5 templates think unless told not to. Before the model is
+    loaded its architecture is unknown: llama.cpp's defaults under the config's `sampling`."""
+    served = entry.served
+    s = (served.sampling_defaults(thinking=True) if served is not None
+         else recommended_sampling("", {}, entry.spec.sampling, thinking=True))
+    max_tokens = entry.spec.max_tokens if served is None else served.default_max_tokens
+    limit = UNTIL_CONTEXT_END if max_tokens is None else max_tokens
+    return {
+        "n_predict": limit, "max_tokens": limit, "seed": -1, "temperature": s.temperature,
+        "dynatemp_range": s.dynatemp_range, "dynatemp_exponent": s.dynatemp_exponent, "top_k": s.top_k,
+        "top_p": s.top_p, "min_p": s.min_p, "top_n_sigma": s.top_n_sigma, "xtc_probability": s.xtc_probability,
+        "xtc_threshold": s.xtc_threshold, "typical_p": s.typical_p, "typ_p": s.typical_p,
+        "repeat_last_n": s.penalty_last_n, "repeat_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
+        "dry_multiplier": s.dry_multiplier, "dry_base": s.dry_base, "dry_allowed_length": s.dry_allowed_length,
+        "dry_penalty_last_n": s.dry_penalty_last_n, "dry_sequence_breakers": list(DRY_SEQUENCE_BREAKERS),
+        "samplers": list(s.order or DEFAULT_SAMPLER_ORDER), "stop": [], "n_probs": 0, "stream": True,
+        "timings_per_token": False,
+    }
+
+
 def _model_props(router: ModelRouter, entry: ModelEntry) -> dict[str, Any]:
     spec, served = entry.spec, entry.served
     frontend = served.engine.frontend if served is not None else None
-    params = dict(frontend.generation_defaults) if frontend is not None else {}
     template = frontend.chat_template if frontend is not None else None
     return {
         "role": "model",
-        "default_generation_settings": {"n_ctx": spec.options.max_context, "params": params},
+        "default_generation_settings": {"n_ctx": spec.options.max_context, "params": generation_settings(entry)},
         "total_slots": spec.options.max_concurrency,
         "model_path": str(spec.path),
         "model_alias": spec.name,

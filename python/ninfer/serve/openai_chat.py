@@ -52,6 +52,7 @@ from ninfer.serve.openai_common import (
     advisory_tool_choice,
     generation_params,
     include_usage,
+    live_timings_json,
     logprob_json,
     new_id,
     stream_error_frame,
@@ -100,6 +101,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     # llama.cpp: seconds between keepalive comments while the stream is silent (-1: none); llama-ui sends 1
     sse_ping_interval: Annotated[float, Meta(ge=-1, le=3600)] | None = None
     return_progress: bool = False  # llama.cpp: streamed `prompt_progress` chunks while the prompt is read
+    timings_per_token: bool = False  # llama.cpp: `timings` so far on every streamed chunk (llama-ui sends true)
 
 
 def _check_messages(messages: list[ChatMessage]) -> None:
@@ -324,7 +326,8 @@ def _progress_chunk(shape: _Shape, progress: PrefillProgress) -> dict[str, Any]:
     }
 
 
-async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: bool) -> AsyncIterator[bytes]:
+async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: bool,
+                  timings: bool) -> AsyncIterator[bytes]:
     yield sse_frame(_chunk(shape, {"role": "assistant", "content": ""}))
     async for delta in generation.deltas():
         if delta.progress is not None:
@@ -332,7 +335,11 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
             continue
         fields = _delta_json(shape, delta)
         if fields or (logprobs and delta.logprobs):
-            yield sse_frame(_chunk(shape, fields, logprobs=list(delta.logprobs) if logprobs else None))
+            chunk = _chunk(shape, fields, logprobs=list(delta.logprobs) if logprobs else None)
+            live = generation.so_far()
+            if timings and live.completion_tokens >= 2:  # one token has no decode time yet: no rate to give
+                chunk["timings"] = live_timings_json(live)
+            yield sse_frame(chunk)
     result = generation.result
     assert result is not None
     custom_calls = _custom_call_chunk(shape, result)
@@ -392,7 +399,8 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], router: Router
     shape = _Shape(data, model.model_id)
     if data.stream:
         return sse_response(
-            _chunks(shape, generation, want_logprobs, include_usage(data)), on_error=stream_error_frame, final_frame=DONE_FRAME,
+            _chunks(shape, generation, want_logprobs, include_usage(data), data.timings_per_token),
+            on_error=stream_error_frame, final_frame=DONE_FRAME,
             ping_interval_s=_ping_interval(data)
         )
     return completion_json(shape, await run_while_connected(request, generation.run()), want_logprobs)

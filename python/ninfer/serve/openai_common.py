@@ -14,9 +14,17 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from ninfer.engine import SAMPLER_STAGES
 from ninfer.errors import NinferError
 from ninfer.serve.errors import InvalidRequestError, describe, openai_body
-from ninfer.serve.generation import GenerationParams, GenerationResult, GenerationUsage, TokenLogprob
+from ninfer.serve.generation import (
+    UNTIL_CONTEXT_END,
+    GenerationParams,
+    GenerationResult,
+    GenerationUsage,
+    LiveTimings,
+    TokenLogprob,
+)
 from ninfer.serve.sse import sse_frame
 
 # What `reasoning_effort` (chat) and `reasoning.effort` (Responses) may be.
@@ -39,6 +47,21 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None  # llama.cpp's name
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None  # vLLM's name
     seed: Annotated[int, Meta(ge=0)] | None = None  # the engine refuses >= 2^64
+    # llama.cpp's sampler fields (llama-ui's settings dialog sends them); the engine checks their ranges
+    repeat_last_n: Annotated[int, Meta(ge=-1)] | None = None
+    typical_p: float | None = None
+    typ_p: float | None = None  # llama-ui's name for typical_p
+    top_n_sigma: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: Annotated[int, Meta(ge=-1)] | None = None
+    dry_sequence_breakers: list[str] | None = None
+    samplers: str | list[str] | None = None  # the stage order: a list, or names separated by ';'
     stop: str | list[str] | None = None
     n: Annotated[int, Meta(ge=1)] | None = None
     logit_bias: dict[str, float] | None = None  # refused unless empty
@@ -80,6 +103,26 @@ def refuse_logit_bias(logit_bias: dict[str, float] | None) -> None:
         )
 
 
+# llama.cpp's other spellings of the stage names (common_sampler_types_from_names).
+SAMPLER_ALIASES = {"nucleus": "top_p", "top-p": "top_p", "top-k": "top_k", "typical_p": "typ_p", "typical": "typ_p",
+                   "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p", "temp": "temperature",
+                   "top-n-sigma": "top_n_sigma"}
+
+
+def sampler_order(samplers: str | list[str] | None) -> list[str] | None:
+    """llama.cpp's `samplers` (a list, or one string of names separated by ';') as stage names; 400 for a name the
+    sampler has no stage for."""
+    if samplers is None:
+        return None
+    names = [n.strip() for n in (samplers.split(";") if isinstance(samplers, str) else samplers) if n.strip()]
+    order = [SAMPLER_ALIASES.get(n, n) for n in names]
+    unknown = [n for n, stage in zip(names, order, strict=True) if stage not in SAMPLER_STAGES]
+    if unknown:
+        raise InvalidRequestError(f"samplers: {unknown[0]!r} is not a sampler this server has (it has "
+                                  f"{', '.join(SAMPLER_STAGES)})", param="samplers")
+    return order
+
+
 def stop_strings(stop: str | list[str] | None) -> list[str]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if len(stops) > MAX_STOP_STRINGS:
@@ -99,7 +142,7 @@ def generation_params(
     refuse_n(body.n)
     refuse_logit_bias(body.logit_bias)
     return GenerationParams(
-        max_tokens=None if max_tokens is None or max_tokens < 0 else max_tokens,
+        max_tokens=UNTIL_CONTEXT_END if max_tokens is not None and max_tokens < 0 else max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=body.top_k,
@@ -110,6 +153,19 @@ def generation_params(
         if body.repetition_penalty is not None
         else body.repeat_penalty,
         seed=body.seed,
+        penalty_last_n=body.repeat_last_n,
+        typical_p=body.typical_p if body.typical_p is not None else body.typ_p,
+        top_n_sigma=body.top_n_sigma,
+        dynatemp_range=body.dynatemp_range,
+        dynatemp_exponent=body.dynatemp_exponent,
+        xtc_probability=body.xtc_probability,
+        xtc_threshold=body.xtc_threshold,
+        dry_multiplier=body.dry_multiplier,
+        dry_base=body.dry_base,
+        dry_allowed_length=body.dry_allowed_length,
+        dry_penalty_last_n=body.dry_penalty_last_n,
+        dry_sequence_breakers=body.dry_sequence_breakers,
+        order=sampler_order(body.samplers),
         stop=stop_strings(body.stop),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
@@ -159,6 +215,19 @@ def timings_json(result: GenerationResult) -> dict[str, Any]:
         "predicted_ms": decode_s * 1000,
         "predicted_per_second": (u.completion_tokens - 1) / decode_s if decode_s > 0 else 0.0,
         "queue_ms": t.queue_s * 1000,
+    }
+
+
+def live_timings_json(live: LiveTimings) -> dict[str, Any]:
+    """`timings` of one streamed chunk (llama.cpp's `timings_per_token`): the figures so far, so that a client's
+    tokens/s is live during the answer."""
+    return {
+        "prompt_n": live.prompt_tokens,
+        "prompt_ms": live.ttft_s * 1000,
+        "cache_n": 0,
+        "predicted_n": live.completion_tokens,
+        "predicted_ms": live.decode_s * 1000,
+        "predicted_per_second": (live.completion_tokens - 1) / live.decode_s if live.decode_s > 0 else 0.0,
     }
 
 

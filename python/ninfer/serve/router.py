@@ -27,6 +27,7 @@ import contextvars
 import gc
 import json
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -40,12 +41,22 @@ from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException
 
-from ninfer.engine import OPTION_CHOICES, Engine, EngineOptions, EngineStats, GenerationEvent, Request
+from ninfer.engine import (
+    OPTION_CHOICES,
+    Engine,
+    EngineOptions,
+    EngineStats,
+    GenerationEvent,
+    Request,
+    SamplingParams,
+    native_sampling,
+)
 from ninfer.errors import EngineBusyError, NinferError, OutOfMemoryError
 from ninfer.serve.auth import refusal
 from ninfer.serve.metrics import ServerMetrics
 from ninfer.serve.reasoning_control import ReasoningControl
-from ninfer.serve.state import ServedModel
+from ninfer.serve.sampling_defaults import OVERRIDABLE
+from ninfer.serve.state import DEFAULT_MAX_TOKENS, ServedModel
 
 log = logging.getLogger("ninfer.serve.router")
 
@@ -64,8 +75,8 @@ NOT_YET_KEYS = {"spec": "speculative decoding", "draft_tokens": "speculative dec
                 "lm_head_draft": "speculative decoding", "vision": "vision input",
                 "device_state_slots": "GDN state offload", "host_state_slots": "GDN state offload",
                 "host_kv_mib": "host KV offload", "reserve_gib": "GPU memory planning"}
-MODEL_KEYS = {"path", "aliases", "ttl", "preserve_thinking", "description"}
-GLOBAL_KEYS = {"models", "ttl", "health_check_timeout", "load_wait_timeout", "sse_ping_interval"}
+MODEL_KEYS = {"path", "aliases", "ttl", "preserve_thinking", "description", "sampling", "max_tokens"}
+GLOBAL_KEYS = {"models", "ttl", "health_check_timeout", "load_wait_timeout", "sse_ping_interval", "max_tokens"}
 
 
 class RouterConfigError(NinferError):
@@ -94,6 +105,8 @@ class ModelSpec:
     ttl_s: float | None = None  # None: the global TTL; 0: never unload when idle
     preserve_thinking: bool | None = None
     description: str = ""
+    sampling: Mapping[str, Any] = field(default_factory=dict)  # over the recommended defaults (sampling_defaults)
+    max_tokens: int | None = DEFAULT_MAX_TOKENS  # for requests that name none; None: to the end of the context
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,30 @@ def _global_ttl(value: Any, source: str) -> float:
         raise RouterConfigError(f"{source}: ttl must be >= 0 (0: never unload), got -1 (-1 means the global ttl, "
                                 "and only in a model entry)")
     return float(_number(value, f"{source}: ttl"))
+
+
+def _max_tokens(value: Any, where: str) -> int | None:
+    if value == -1:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RouterConfigError(f"{where} must be an integer >= 1, or -1 for no limit, got {json.dumps(value)}")
+    return value
+
+
+def _sampling(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise RouterConfigError(f"{where} must be an object of sampling values, got {json.dumps(value)}")
+    unknown = value.keys() - set(OVERRIDABLE)
+    if unknown:
+        raise RouterConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: "
+                                f"{', '.join(OVERRIDABLE)})")
+    for key, v in value.items():
+        _number(v, f"{where}.{key}", minimum=-math.inf, integer=SamplingParams.__dataclass_fields__[key].type == "int")
+    try:
+        native_sampling(SamplingParams(**value))
+    except NinferError as exc:
+        raise RouterConfigError(f"{where}: {exc}") from exc
+    return dict(value)
 
 
 def _engine_value(key: str, value: Any, default: Any, where: str) -> Any:
@@ -166,7 +203,8 @@ def _engine_options(entry: Mapping[str, Any], defaults: EngineOptions, where: st
     return options
 
 
-def _model_spec(name: str, entry: Any, defaults: EngineOptions, base: Path, where: str) -> ModelSpec:
+def _model_spec(name: str, entry: Any, defaults: EngineOptions, base: Path, where: str,
+                max_tokens: int | None) -> ModelSpec:
     if not isinstance(entry, Mapping):
         raise RouterConfigError(f"{where} must be an object with a 'path', got {entry!r}")
     unknown = entry.keys() - MODEL_KEYS - ENGINE_KEYS - NOT_YET_KEYS.keys()
@@ -191,7 +229,10 @@ def _model_spec(name: str, entry: Any, defaults: EngineOptions, base: Path, wher
     return ModelSpec(name=name, path=(base / path) if not Path(path).is_absolute() else Path(path),
                      options=_engine_options(entry, defaults, where), aliases=tuple(aliases),
                      ttl_s=_ttl(entry["ttl"], f"{where}.ttl") if "ttl" in entry else None,
-                     preserve_thinking=thinking, description=description)
+                     preserve_thinking=thinking, description=description,
+                     sampling=_sampling(entry.get("sampling", {}), f"{where}.sampling"),
+                     max_tokens=_max_tokens(entry["max_tokens"], f"{where}.max_tokens") if "max_tokens" in entry
+                     else max_tokens)
 
 
 def parse_config(data: Any, *, defaults: EngineOptions, source: str = "config",
@@ -206,7 +247,9 @@ def parse_config(data: Any, *, defaults: EngineOptions, source: str = "config",
     models = data.get("models")
     if not isinstance(models, Mapping) or not models:
         raise RouterConfigError(f"{source}: 'models' must be a non-empty object of NAME: {{\"path\": ...}}")
-    specs = tuple(_model_spec(name, entry, defaults, base, f"{source}: models.{name}")
+    max_tokens = _max_tokens(data["max_tokens"], f"{source}: max_tokens") if "max_tokens" in data \
+        else DEFAULT_MAX_TOKENS
+    specs = tuple(_model_spec(name, entry, defaults, base, f"{source}: models.{name}", max_tokens)
                   for name, entry in models.items())
     seen: dict[str, str] = {}
     for spec in specs:
@@ -364,6 +407,7 @@ class ModelEntry:
     load_seconds: float | None = None
     progress: float = 0.0  # of the load in progress (0..1), as the status feed reports it
     load_cancelled: bool = False  # /models/unload arrived while it loaded: close it as soon as the load ends
+    waiting: str | None = None  # why its wanted load has not started: "waiting for N requests on MODEL"
     calls: list[Call] = field(default_factory=list)  # in-flight HTTP requests pinning it, oldest first
 
     @property
@@ -387,6 +431,7 @@ class StatusEvent:
     failure: str | None
     at: float
     progress: float = 0.0  # of a load (1.0 once loaded)
+    waiting: str | None = None  # ModelEntry.waiting
 
 
 class Lease:
@@ -507,8 +552,10 @@ class ModelRouter:
         return entry.served
 
     def find_call(self, *, completion_id: str | None = None, conversation_id: str | None = None) -> Call | None:
+        """The in-flight call with this completion id or conversation id; the newest, for a conversation that a
+        second request took over (ninfer.serve.streams: one generation per conversation)."""
         for entry in self._entries.values():
-            for call in entry.calls:
+            for call in reversed(entry.calls):
                 if completion_id is not None and completion_id in call.completion_ids:
                     return call
                 if conversation_id is not None and call.conversation_id == conversation_id:
@@ -617,7 +664,7 @@ class ModelRouter:
             self._cond.notify_all()
 
     def _publish(self, entry: ModelEntry) -> None:
-        event = StatusEvent(entry.name, entry.status, entry.failure, time.time(), entry.progress)
+        event = StatusEvent(entry.name, entry.status, entry.failure, time.time(), entry.progress, entry.waiting)
         for queue in list(self._subscribers):
             try:
                 queue.put_nowait(event)
@@ -636,6 +683,22 @@ class ModelRouter:
 
     def _error_recorder(self, model: str) -> Callable[[str], None]:
         return lambda message: self.record_error(model, message)
+
+    def _explain_waits(self) -> None:
+        """Sets each entry's `waiting` (published when it changes): a model whose requests wait for the resident
+        model's in-flight requests to finish before it can be loaded. Called with the condition's lock held."""
+        resident = self._resident
+        for entry in self._entries.values():
+            waits = (resident is not None and resident is not entry and resident.pins > 0
+                     and entry.status in (UNLOADED, FAILED)
+                     and any(t.entry is entry and t.failure is None for t in self._tickets))
+            message = None
+            if waits:
+                assert resident is not None
+                message = f"waiting for {resident.pins} request{'s' if resident.pins > 1 else ''} on {resident.name}"
+            if message != entry.waiting:
+                entry.waiting = message
+                self._publish(entry)
 
     def _satisfied(self, ticket: _Ticket) -> bool:
         """A ticket is granted when its wish holds and no older ticket wishes otherwise (FIFO fairness)."""
@@ -666,6 +729,7 @@ class ModelRouter:
                             ticket.entry.last_used = self._clock()
                         return
                     self._start_next_swap()
+                    self._explain_waits()
                     remaining = deadline - self._clock()
                     if remaining <= 0:
                         assert ticket.entry is not None  # unload tickets wait without a bound
@@ -678,6 +742,7 @@ class ModelRouter:
                         pass
             finally:
                 self._tickets.remove(ticket)
+                self._explain_waits()
                 self._cond.notify_all()
 
     async def _release(self, entry: ModelEntry) -> None:
@@ -685,6 +750,7 @@ class ModelRouter:
             entry.pins -= 1
             entry.last_used = self._clock()
             self._start_next_swap()
+            self._explain_waits()
             self._cond.notify_all()
 
     def _start_next_swap(self) -> None:
@@ -794,7 +860,8 @@ class ModelRouter:
             return f"not ready: {exc}"
         tracked = TrackedEngine(engine, self._error_recorder(spec.name))
         served = ServedModel(spec.name, tracked,  # type: ignore[arg-type]
-                             preserve_thinking=spec.preserve_thinking, metrics=self.metrics)
+                             preserve_thinking=spec.preserve_thinking, metrics=self.metrics,
+                             sampling_override=spec.sampling, default_max_tokens=spec.max_tokens)
         target.served = served
         return None
 

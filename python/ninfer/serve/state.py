@@ -6,11 +6,17 @@ Handlers get the loaded model a request names from the router (ninfer.serve.rout
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from ninfer.engine import Engine
+from ninfer.engine import Engine, SamplingParams
 from ninfer.serve.generation import GenerationResult
 from ninfer.serve.metrics import ServerMetrics
+from ninfer.serve.sampling_defaults import recommended_sampling
+
+# max_tokens of a request that names none (the router config's `max_tokens` changes it; None: to the context's end).
+DEFAULT_MAX_TOKENS = 2048
 
 
 @dataclass(eq=False)
@@ -22,6 +28,13 @@ class ServedModel:
     preserve_thinking: bool | None = None  # --preserve-thinking: keep earlier turns' reasoning in the prompt
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: ServerMetrics | None = None
+    sampling_override: Mapping[str, Any] = field(default_factory=dict)  # the router config's `sampling`
+    default_max_tokens: int | None = DEFAULT_MAX_TOKENS
+
+    def sampling_defaults(self, *, thinking: bool) -> SamplingParams:
+        """What a request gets for the sampling fields it does not set (ninfer.serve.sampling_defaults)."""
+        return recommended_sampling(self.engine.info.arch, self.engine.frontend.generation_defaults,
+                                    self.sampling_override, thinking=thinking)
 
     def record_generation(self, result: GenerationResult) -> None:
         """Called by the generation pipeline once per finished generation."""

@@ -12,10 +12,17 @@ reader that comes back loses nothing:
                                                                 end its reasoning (`reasoning_end`: requests sent
                                                                 with reasoning_control, ninfer.serve.reasoning_control)
 
+One conversation, several clients (two tabs on one conversation send the same X-Conversation-Id): a new request on
+a conversation whose recorded generation is still running cancels that generation, which ends for its own client
+with `finish_reason: "cancelled"`; the new one gets the recording. So the key names one generation at a time, and
+replay, DELETE and control by conversation id address the latest (control by completion id addresses its own).
+
 Memory is bounded: at most MAX_STREAMS streams and MAX_TOTAL_BYTES bytes; the oldest finished streams are evicted
 first, then the oldest running ones (whose readers then get what is left). A stream larger than MAX_STREAM_BYTES stops
 recording: the client that made the request still gets everything, but a replay reader's stream ends where the
-recording stopped (with no `[DONE]`).
+recording stopped (with no `[DONE]`). No generation runs on with neither a recording nor its client: one whose
+client has left is cancelled when its recording is evicted or stops, and one whose recording is gone is cancelled
+when its client leaves.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ class RecordedStream:
     done: bool = False
     truncated: bool = False
     call: Call | None = None
+    client_gone: bool = False  # the client that made the request has left: the recording is all that is left
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def summary(self) -> dict[str, Any]:
@@ -116,8 +124,11 @@ class StreamRegistry:
         return len(self._streams)
 
     def open(self, key: str, model: str, call: Call | None) -> RecordedStream:
-        """A fresh recording under this X-Conversation-Id (an earlier one under the same key is replaced)."""
-        self.remove(key)
+        """A fresh recording under this X-Conversation-Id. An earlier one under the same key is replaced, and its
+        generation cancelled if it still runs (the module doc: one generation per conversation)."""
+        earlier = self.remove(key)
+        if earlier is not None and not earlier.done and earlier.call is not None:
+            earlier.call.cancel()
         stream = RecordedStream(key, model, call=call)
         self._streams[key] = stream
         self._evict()
@@ -127,7 +138,13 @@ class StreamRegistry:
         if self._streams.get(stream.key) is not stream:
             return  # evicted or deleted while running
         self._bytes += stream.append(chunk, self.max_stream_bytes)
+        if stream.truncated:
+            cancel_if_orphaned(stream)
         self._evict()
+
+    def holds(self, stream: RecordedStream) -> bool:
+        """Whether the stream is still recorded (not evicted, deleted, replaced or truncated)."""
+        return self._streams.get(stream.key) is stream and not stream.truncated
 
     def find(self, stream_id: str) -> RecordedStream | None:
         return self._streams.get(stream_id)
@@ -152,6 +169,13 @@ class StreamRegistry:
             finished = [s for s in self._streams.values() if s.done]
             victim = finished[0] if finished else next(iter(self._streams.values()))
             self.remove(victim.key)
+            cancel_if_orphaned(victim)
+
+
+def cancel_if_orphaned(stream: RecordedStream) -> None:
+    """Cancels the stream's generation if it runs with neither its client nor a recording to read it."""
+    if stream.client_gone and not stream.done and stream.call is not None:
+        stream.call.cancel()
 
 
 def _header(scope: Any, name: bytes) -> str | None:
@@ -233,6 +257,10 @@ class StreamRecorder:
                 await send(message)
             except OSError:  # the client went away (uvicorn raises ClientDisconnected): keep generating
                 client_gone.set()
+                if stream is None or not registry.holds(stream):
+                    call.cancel()  # nothing records it: nobody could read what it writes
+                else:
+                    stream.client_gone = True
 
         try:
             await self._app(scope, detached_receive, recording_send)

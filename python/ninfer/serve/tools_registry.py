@@ -1,7 +1,8 @@
 """llama.cpp's server-tool surface: `GET /tools` lists the tools the server itself can run, `POST /tools
 {tool, params}` runs one. ninfer returns tool calls to its clients and runs none itself, so the registry starts empty
-and stays so unless a deployment registers a tool in Python (`ToolRegistry.register`); running a tool that is not
-registered is a 404 naming the tool.
+and stays so unless a deployment registers a tool in Python (`ToolRegistry.register`). Running a tool that is not
+registered answers 200 with llama.cpp's tool-error shape, `{"error": "..."}` naming the tool: llama-ui probes the
+file tools on every page load and reads that shape (a 404 left a console error per probe).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 
 import msgspec
 from litestar import Request, get, post
-from litestar.exceptions import NotFoundException
 from litestar.params import JSONBody
 
 from ninfer.serve.router import GATE_EXEMPT
@@ -47,12 +47,8 @@ class ToolRegistry:
     def list(self) -> list[ServerTool]:
         return list(self._tools.values())
 
-    def get(self, name: str) -> ServerTool:
-        tool = self._tools.get(name)
-        if tool is None:
-            raise NotFoundException(detail=f"no server tool named {name!r}: ninfer returns tool calls to the client "
-                                           "and runs none itself")
-        return tool
+    def get(self, name: str) -> ServerTool | None:
+        return self._tools.get(name)
 
 
 class ToolCallRequest(msgspec.Struct, kw_only=True):
@@ -71,7 +67,11 @@ async def list_tools(request: Request) -> list[dict[str, Any]]:
 
 @post("/tools", status_code=200, opt={GATE_EXEMPT: True}, summary="Run a registered server tool")
 async def run_tool(data: JSONBody[ToolCallRequest], request: Request) -> dict[str, Any]:
-    return await _registry(request).get(data.tool).run(data.params)
+    tool = _registry(request).get(data.tool)
+    if tool is None:
+        return {"error": f"no server tool named {data.tool!r}: ninfer returns tool calls to the client and runs none "
+                         "itself"}
+    return await tool.run(data.params)
 
 
 route_handlers = [list_tools, run_tool]

@@ -1,9 +1,12 @@
-// ninfer dashboard: polls /dashboard/state once a second and renders it. Tokens/s comes from the change in the
-// engine's tokens_generated counter between two polls (reset when the resident model changes).
+// ninfer dashboard: polls /dashboard/state once a second and renders it. Tokens/s is the change in the engine's
+// tokens_generated counter over the last RATE_WINDOW_S of polls (restarted when the resident model changes). When a
+// poll fails the page says since when it is disconnected and greys the figures it shows: they are not current.
 "use strict";
 
 const POLL_MS = 1000;
-let previous = null;
+const RATE_WINDOW_S = 10;
+let samples = [];  // {time, resident, tokens} of the polls within the rate window
+let disconnectedSince = null;
 
 // The chat UI at / (same origin) keeps its settings, the API key among them, in localStorage under this name; the
 // dashboard sends the same key so it works on a server started with --api-key-file without asking again.
@@ -38,6 +41,13 @@ function cell(row, text, cls) {
   if (cls) td.className = cls;
 }
 
+function modelState(m) {
+  if (m.failure) return `${m.status}: ${m.failure}`;
+  if (m.waiting) return m.waiting;
+  if (m.load_progress !== null && m.load_progress !== undefined) return `loading ${Math.round(100 * m.load_progress)}%`;
+  return m.status;
+}
+
 function renderModels(models) {
   const body = document.querySelector("#models tbody");
   body.replaceChildren();
@@ -45,9 +55,11 @@ function renderModels(models) {
     const row = body.insertRow();
     row.dataset.model = m.name;
     cell(row, m.name);
-    cell(row, m.failure ? `${m.status}: ${m.failure}` : m.status, `state-${m.status}`);
+    cell(row, modelState(m), `state-${m.waiting ? "loading" : m.status}`);
     cell(row, String(m.in_flight));
-    cell(row, `${fmtSeconds(m.idle_s)} / ${m.ttl_s ? fmtSeconds(m.ttl_s) : "never"}`);
+    // idle only when nothing is in flight (the server sends no idle time then)
+    const idle = m.in_flight ? "busy" : fmtSeconds(m.idle_s);
+    cell(row, `${idle} / ${m.ttl_s ? fmtSeconds(m.ttl_s) : "never"}`);
     cell(row, String(m.max_context));
     cell(row, String(m.lanes));
     cell(row, m.kv_dtype);
@@ -72,19 +84,27 @@ function renderSlots(state) {
   }
 }
 
+// Tokens per second over the polls of the last RATE_WINDOW_S with the same resident model.
+function rollingRate(state) {
+  samples = samples.filter((s) => s.resident === state.resident && state.time - s.time <= RATE_WINDOW_S);
+  samples.push({ time: state.time, resident: state.resident, tokens: state.engine.tokens_generated });
+  const first = samples[0], last = samples[samples.length - 1];
+  return last.time > first.time ? Math.max(0, last.tokens - first.tokens) / (last.time - first.time) : 0;
+}
+
 function renderEngine(state) {
   const e = state.engine;
-  let tps = 0;
-  if (previous && previous.resident === state.resident && state.time > previous.time) {
-    tps = Math.max(0, e.tokens_generated - previous.engine.tokens_generated) / (state.time - previous.time);
-  }
-  document.getElementById("tps").textContent = tps.toFixed(1);
+  document.getElementById("tps").textContent = rollingRate(state).toFixed(1);
+  document.getElementById("totals").textContent =
+    `${state.totals.generated_tokens} generated, ${state.totals.prompt_tokens} prompt tok in all`;
   document.getElementById("queue").textContent = String(e.queued);
   document.getElementById("lanes").textContent = `${e.busy_lanes} / ${e.lanes}`;
-  const used = e.kv_capacity_tokens - e.kv_free_tokens;
-  document.getElementById("kv").textContent = `${used} / ${e.kv_capacity_tokens} tok`;
+  const kv = state.kv;
+  document.getElementById("kv").textContent = `${kv.in_use_tokens} / ${kv.reserved_tokens} tok`;
+  document.getElementById("kv-note").textContent =
+    `held by slots / pages reserved, of ${kv.capacity_tokens} tok`;
   const bar = document.getElementById("kv-bar");
-  bar.value = e.kv_capacity_tokens ? used / e.kv_capacity_tokens : 0;
+  bar.value = kv.capacity_tokens ? kv.reserved_tokens / kv.capacity_tokens : 0;
   document.getElementById("memory").textContent = fmtBytes(e.resident_bytes);
   document.getElementById("streams").textContent = `${state.streams.count} (${fmtBytes(state.streams.bytes)})`;
   document.getElementById("uptime").textContent = `up ${fmtSeconds(state.uptime_s)}`;
@@ -122,10 +142,13 @@ async function poll() {
     renderSlots(state);
     renderPrefixCache(state.prefix_cache);
     renderErrors(state.errors);
-    previous = state;
+    disconnectedSince = null;
+    document.body.classList.remove("stale");
     badge.textContent = "live";
   } catch (err) {
-    badge.textContent = `offline (${err.message})`;
+    disconnectedSince = disconnectedSince || new Date();
+    document.body.classList.add("stale");
+    badge.textContent = `disconnected since ${disconnectedSince.toLocaleTimeString()} (${err.message})`;
   } finally {
     setTimeout(poll, POLL_MS);
   }
