@@ -27,7 +27,7 @@ for stage in $STAGES; do
   case $stage in
     tests)
       # shellcheck disable=SC2086
-      python3 -X faulthandler -m pytest -q -p no:cacheprovider -m gpu tests/gpu ${GPU_TEST_ARGS:-} 2>&1 \
+      python3 -X faulthandler -m pytest -q -m gpu tests/gpu ${GPU_TEST_ARGS:-} 2>&1 \
         | tee "$OUT/gpu_tests.log" | tail -40 ;;
     kernels)
       # shellcheck disable=SC2086
