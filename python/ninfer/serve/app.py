@@ -29,8 +29,8 @@ from ninfer.serve.metrics import RequestCounter
 from ninfer.serve.router import DEPENDENCIES, ModelGate, ModelRouter
 from ninfer.serve.shutdown import Drain, ShutdownGate
 from ninfer.serve.static_paths import check_static_path
-from ninfer.serve.strict_body import refuse_wrong_types
 from ninfer.serve.streams import StreamRecorder, StreamRegistry
+from ninfer.serve.strict_body import refuse_wrong_types
 from ninfer.serve.tools_registry import ToolRegistry
 
 PROTOCOL_MODULES = (

@@ -61,8 +61,8 @@ class TextOverflowError(ContextOverflowError):
     def __init__(self, n_chars: int, at_least_tokens: int, n_ctx: int) -> None:
         super().__init__(at_least_tokens, n_ctx)
         self.args = (
-            f"the request's prompt text has {n_chars} characters, at least {at_least_tokens} tokens, which "
-            f"cannot fit the context of {n_ctx} tokens",
+            (f"the request's prompt text has {n_chars} characters, at least {at_least_tokens} tokens, which "
+             f"cannot fit the context of {n_ctx} tokens"),
         )
 
 

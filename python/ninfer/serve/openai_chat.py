@@ -64,8 +64,6 @@ from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import PING_INTERVAL_S, sse_frame, sse_response
 from ninfer.serve.structured import build_constraint, chat_response_format
 
-
-
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 
 
