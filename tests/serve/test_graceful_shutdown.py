@@ -72,7 +72,9 @@ def test_sigterm_refuses_new_requests_and_ends_streams_with_an_error(server):
 
     def anthropic_chunks():
         client = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
-        with client.messages.stream(model=model, messages=LONG, max_tokens=3000) as stream:
+        # Greedy like the OpenAI stream: a sampled answer may stop counting (and end) inside the grace.
+        with client.messages.stream(model=model, messages=LONG, max_tokens=3000,
+                                     extra_body={"temperature": 0}) as stream:
             yield from stream.text_stream
 
     threads = [threading.Thread(target=read, args=("openai", openai_chunks, openai.APIError)),
