@@ -3,18 +3,11 @@
 namespace ninfer {
 
 CachePools::CachePools(const CacheLayout& l, const CacheCapacity& c, KvDtype dtype, MemoryResource& device)
-    : pages_(c.device_pages), host_pages_(c.host_pages), slots_(l.state_layers > 0 ? c.device_state_slots : 0),
-      host_slots_(l.state_layers > 0 ? c.host_state_slots : 0) {
+    : pages_(c.device_pages), slots_(l.state_layers > 0 ? c.device_state_slots : 0) {
   kv_ = std::make_unique<KvPool>(l.kv_layers, l.kv_heads, l.head_dim, c.device_pages, dtype, device);
-  if (c.host_pages > 0)
-    host_kv_ = std::make_unique<KvPool>(l.kv_layers, l.kv_heads, l.head_dim, c.host_pages, dtype, host_memory());
-  if (l.state_layers > 0) {
+  if (l.state_layers > 0)
     states_ = std::make_unique<StatePool>(c.device_state_slots, l.state_layers, l.conv_floats, l.recurrent_floats,
                                           device);
-    if (c.host_state_slots > 0)
-      host_states_ = std::make_unique<StatePool>(c.host_state_slots, l.state_layers, l.conv_floats,
-                                                 l.recurrent_floats, host_memory());
-  }
 }
 
 }  // namespace ninfer

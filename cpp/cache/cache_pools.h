@@ -1,6 +1,6 @@
-// The pools the runtime owns, in one place: the device KV pool and Gated DeltaNet state pool with their
-// bookkeeping, and the host tier (a KV pool and a state pool in host memory) that device pages and slots are
-// copied to and back from. The model gives the layout (Model::cache_layout); the runtime chooses the capacities.
+// The pools the runtime owns, in one place: the KV pool and Gated DeltaNet state pool in the backend's memory, with
+// their bookkeeping. The model gives the layout (Model::cache_layout); the runtime chooses the capacities. (A host
+// tier comes with the prefix cache that restores from it.)
 #pragma once
 
 #include <cstdint>
@@ -24,8 +24,6 @@ struct CacheLayout {
 struct CacheCapacity {
   int64_t device_pages = 0;
   int32_t device_state_slots = 0;  // the lanes' working states, plus snapshot slots
-  int64_t host_pages = 0;          // host tier (0: none)
-  int32_t host_state_slots = 0;
 };
 
 // What the cache manager does to cache contents, as opposed to its bookkeeping: CachePools does it to memory;
@@ -38,7 +36,7 @@ class CacheContents {
   virtual void copy_page(int32_t from, int32_t to) = 0;
 };
 
-// Pools on both tiers; a tier with no capacity has no pool (kv() always exists, states() only for GDN models).
+// kv() always exists, states() only for GDN models.
 class CachePools final : public CacheContents {
  public:
   CachePools(const CacheLayout& layout, const CacheCapacity& capacity, KvDtype dtype, MemoryResource& device);
@@ -47,20 +45,16 @@ class CachePools final : public CacheContents {
   StatePool* states() { return states_.get(); }
   PageTable& pages() { return pages_; }
   SlotTable& slots() { return slots_; }
-  KvPool* host_kv() { return host_kv_.get(); }
-  StatePool* host_states() { return host_states_.get(); }
-  PageTable& host_pages() { return host_pages_; }
-  SlotTable& host_slots() { return host_slots_; }
 
   void zero_state(int32_t slot) override { states_->zero(slot); }
   void copy_state(int32_t from, int32_t to) override { states_->copy(from, to); }
   void copy_page(int32_t from, int32_t to) override { kv_->copy_page(from, to); }
 
  private:
-  std::unique_ptr<KvPool> kv_, host_kv_;
-  std::unique_ptr<StatePool> states_, host_states_;
-  PageTable pages_, host_pages_;
-  SlotTable slots_, host_slots_;
+  std::unique_ptr<KvPool> kv_;
+  std::unique_ptr<StatePool> states_;
+  PageTable pages_;
+  SlotTable slots_;
 };
 
 }  // namespace ninfer

@@ -3,7 +3,6 @@
 #include "errors.h"
 #include "cache/kv_codec.h"
 #include "cache/kv_quant.h"
-#include "cache/tier_copy.h"
 
 namespace ninfer {
 
@@ -19,12 +18,7 @@ KvPool::KvPool(int32_t layers, int32_t kv_heads, int32_t head_dim, int64_t pages
 }
 
 void KvPool::copy_page(int32_t from, int32_t to) {
-  if (from != to) memory().copy(row_ptr(to, 0, 0), row_ptr(from, 0, 0), size_t(page_bytes_));
-}
-
-void KvPool::copy_page_from(const KvPool& source, int32_t from, int32_t to) {
-  if (source.page_bytes_ != page_bytes_) throw EngineError("copying a KV page between pools of different layouts");
-  copy_between(memory(), row_ptr(to, 0, 0), source.memory(), source.k_rows(from, 0), size_t(page_bytes_));
+  if (from != to) storage_.memory().copy(row_ptr(to, 0, 0), row_ptr(from, 0, 0), size_t(page_bytes_));
 }
 
 void* KvPool::row_ptr(int32_t page, int32_t layer, int kv) {

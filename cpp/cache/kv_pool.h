@@ -1,6 +1,6 @@
 // The paged KV pool shared by every sequence: pages of kKvPageTokens tokens, each holding K and V of those tokens
 // for every full-attention layer (the MTP layer counts as one more). A page is one contiguous block, so a page is
-// copied (to another page, or between a device pool and a host-tier pool) as a unit. The pool is storage only:
+// copied to another page as a unit. The pool is storage only:
 // which pages are in use is PageTable's business (cache/page_table.h).
 //
 // Page layout: for each layer, the K block then the V block; a block is kKvPageTokens rows of kv_heads * head_dim
@@ -26,11 +26,8 @@ class KvPool {
   int64_t row_elements() const { return row_elements_; }  // kv_heads * head_dim
   int64_t total_pages() const { return total_pages_; }
   int64_t page_bytes() const { return page_bytes_; }  // page p + 1 starts page_bytes() after page p
-  MemoryResource& memory() const { return storage_.memory(); }
 
   void copy_page(int32_t from, int32_t to);
-  // Page `from` of `source` (a pool of the same layout, in any memory: the device pool or a host tier) into page `to`.
-  void copy_page_from(const KvPool& source, int32_t from, int32_t to);
 
   // Start of the K (or V) row of token `offset` (0..63) of `page` for `layer`; rows of one page and layer are
   // contiguous, so a page holds kKvPageTokens consecutive rows per (layer, K|V).

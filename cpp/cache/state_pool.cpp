@@ -4,7 +4,6 @@
 #include <new>
 #include <string>
 
-#include "cache/tier_copy.h"
 #include "errors.h"
 
 namespace ninfer {
@@ -19,11 +18,6 @@ StatePool::StatePool(int32_t slots, int32_t layers, int64_t conv_floats, int64_t
 
 void StatePool::copy(int32_t from, int32_t to) {
   if (from != to) storage_.memory().copy(slot_base(to), slot_base(from), size_t(slot_floats_) * sizeof(float));
-}
-
-void StatePool::copy_from(const StatePool& source, int32_t from, int32_t to) {
-  if (source.slot_floats_ != slot_floats_) throw EngineError("copying a state slot between pools of different layouts");
-  copy_between(memory(), slot_base(to), source.memory(), source.slot_base(from), size_t(slot_bytes()));
 }
 
 void StatePool::zero(int32_t slot) { storage_.memory().fill(slot_base(slot), 0, size_t(slot_floats_) * sizeof(float)); }

@@ -1,7 +1,6 @@
 // Gated DeltaNet state slots: per slot and linear-attention layer, the causal-conv history (the last K-1
 // pre-conv inputs, f32) and the recurrent matrix state (f32). Slots can be copied, so snapshots, forks
-// (decision scoring) and MTP rollback are slot copies, and a host-tier pool of the same layout holds copies of
-// device slots. The pool is storage only: which slots are in use is SlotTable's business (cache/page_table.h).
+// (decision scoring) and MTP rollback are slot copies. The pool is storage only: which slots are in use is SlotTable's business (cache/page_table.h).
 #pragma once
 
 #include <cstdint>
@@ -17,12 +16,8 @@ class StatePool {
             MemoryResource& memory = host_memory());
 
   int32_t total_slots() const { return slots_; }
-  int64_t slot_bytes() const { return slot_floats_ * int64_t(sizeof(float)); }
-  MemoryResource& memory() const { return storage_.memory(); }
 
   void copy(int32_t from, int32_t to);
-  // Slot `from` of `source` (a pool of the same layout, in any memory) into slot `to`.
-  void copy_from(const StatePool& source, int32_t from, int32_t to);
   void zero(int32_t slot);  // a fresh sequence's state
 
   float* conv(int32_t slot, int32_t layer) { return slot_base(slot) + layer * layer_floats(); }

@@ -46,24 +46,45 @@ void add_to_logits(Candidates& c, const std::unordered_map<int32_t, float>& delt
     if (const auto it = delta.find(c.tokens[i]); it != delta.end()) c.logits[i] += it->second;
 }
 
-void sort_candidates(Candidates& c) {
-  if (c.sorted) return;
-  std::vector<size_t> order(c.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return c.logits[a] > c.logits[b] || (c.logits[a] == c.logits[b] && c.tokens[a] < c.tokens[b]);
-  });
+// Keeps the `n` most likely candidates, most likely first (ties: the lower token id first, a total order, so the
+// result is the same whether the whole set is sorted or only its top n). Top-k over a 248k vocabulary sorts 40,
+// and in the identity layout (an index is its token id) it sorts the token ids in place: no index array.
+void keep_most_likely(Candidates& c, size_t n) {
+  n = std::min(n, c.size());
+  if (c.sorted) {
+    c.keep(n);
+    return;
+  }
+  const bool identity = c.identity;
+  std::vector<int32_t> order;
+  if (identity) {
+    order.swap(c.tokens);
+  } else {
+    order.resize(c.size());
+    std::iota(order.begin(), order.end(), 0);
+  }
+  const auto token_of = [&](int32_t i) { return identity ? i : c.tokens[static_cast<size_t>(i)]; };
+  const auto more_likely = [&](int32_t a, int32_t b) {
+    const float la = c.logits[static_cast<size_t>(a)], lb = c.logits[static_cast<size_t>(b)];
+    return la > lb || (la == lb && token_of(a) < token_of(b));
+  };
+  if (n == order.size())
+    std::sort(order.begin(), order.end(), more_likely);
+  else
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(), more_likely);
   Candidates out;
   out.identity = false;
   out.sorted = true;
-  out.tokens.reserve(c.size());
-  out.logits.reserve(c.size());
-  for (size_t i : order) {
-    out.tokens.push_back(c.tokens[i]);
-    out.logits.push_back(c.logits[i]);
+  out.tokens.reserve(n);
+  out.logits.reserve(n);
+  for (size_t k = 0; k < n; ++k) {
+    out.tokens.push_back(token_of(order[k]));
+    out.logits.push_back(c.logits[static_cast<size_t>(order[k])]);
   }
   c = std::move(out);
 }
+
+void sort_candidates(Candidates& c) { keep_most_likely(c, c.size()); }
 
 // Drops tokens a mask removed (-inf): they are never candidates, even when rounding in the draw would reach them.
 void drop_impossible(Candidates& c) {
@@ -196,8 +217,7 @@ void apply_top_n_sigma(Candidates& c, float n) {
 
 void apply_top_k(Candidates& c, int32_t k) {
   if (k <= 0 || static_cast<size_t>(k) >= c.size()) return;
-  sort_candidates(c);
-  c.keep(static_cast<size_t>(k));
+  keep_most_likely(c, static_cast<size_t>(k));
 }
 
 // Locally typical sampling: tokens whose surprise (-log p) is closest to the entropy, until their mass exceeds p.

@@ -23,7 +23,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -321,10 +321,8 @@ def _check_range(what: str, value: int, low: int, high: int, bounds: str) -> Non
         raise errors.EngineError(f"invalid {what} = {value} (must be in {bounds})")
 
 
-_PLAIN_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                          "repetition_penalty", "penalty_last_n", "typical_p", "top_n_sigma", "dynatemp_range",
-                          "dynatemp_exponent", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base",
-                          "dry_allowed_length", "dry_penalty_last_n")
+# The SamplingParams fields that go to the engine's struct as they are (the others need converting).
+_PLAIN_SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams) if f.name not in ("dry_breakers", "order", "seed"))
 
 
 def native_sampling(s: SamplingParams) -> _engine.SamplingParams:

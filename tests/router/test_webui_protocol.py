@@ -129,17 +129,20 @@ def test_a_swap_that_waits_says_for_what(server) -> None:
     client = httpx.Client(base_url=server.url, timeout=120)
     client.post("/v1/chat/completions", json=chat("alpha", max_tokens=1))  # alpha resident
     events: list[dict] = []
+    subscribed = threading.Event()  # the feed's first frame (its snapshot) arrived: every later change reaches it
 
     def feed() -> None:
         with httpx.stream("GET", server.url + "/models/sse", timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     events.append(json.loads(line[6:]))
+                    subscribed.set()
                     if events[-1]["model"] == "beta" and events[-1]["data"]["status"] == "loaded":
                         return
 
     reader = threading.Thread(target=feed, daemon=True)
     reader.start()
+    assert subscribed.wait(60)
     holding = threading.Event()
     done: dict = {}
 

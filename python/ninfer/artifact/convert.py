@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ninfer.artifact.encodings import PLAIN_ENCODINGS, decode, encode
+from ninfer.artifact.format import QWEN35_FAMILY, SUPPORTED_ARCHITECTURES
 from ninfer.artifact.gguf_blocks import NativeTensor
 from ninfer.artifact.recipes import Recipe, load_recipe
 from ninfer.artifact.writer import ArtifactWriter, TensorPlan
@@ -25,9 +26,6 @@ from ninfer.frontend.templates import QWEN_FAMILY_TEMPLATES, TEMPLATE_NAMES, loa
 
 log = logging.getLogger(__name__)
 
-QWEN35_FAMILY = ("qwen3_5", "qwen3_5_moe")
-PLAIN_DECODERS = ("llama", "qwen2", "qwen3")
-SUPPORTED_ARCHITECTURES = (*QWEN35_FAMILY, *PLAIN_DECODERS)
 # <|im_end|> and <|endoftext|> of the Qwen3.5 tokenizer: a chat turn ends at either.
 QWEN35_EOS = (248046, 248044)
 QWEN35_PAD = 248044

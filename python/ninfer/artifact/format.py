@@ -10,6 +10,11 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+# The architectures an artifact's config may name (`arch`): the converters write them, the reader refuses others.
+QWEN35_FAMILY = ("qwen3_5", "qwen3_5_moe")
+PLAIN_DECODERS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = (*QWEN35_FAMILY, *PLAIN_DECODERS)
+
 MAGIC = b"NINFER\x00\x1a"
 VERSION = 3
 HEADER_SIZE = 64

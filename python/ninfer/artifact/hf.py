@@ -18,15 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from ninfer.artifact.convert import (
-    PLAIN_DECODERS,
     QWEN35_EOS,
-    QWEN35_FAMILY,
     QWEN35_PAD,
     Source,
     SourceTensor,
     decoder_config,
     unsupported_architecture,
 )
+from ninfer.artifact.format import PLAIN_DECODERS, QWEN35_FAMILY
 from ninfer.errors import ConversionError
 
 # model_type of text-only Qwen3.5 checkpoints (what Qwen3_5ForCausalLM saves) -> the family's arch name.

@@ -16,7 +16,6 @@ from typing import Any, Self
 
 import numpy as np
 
-from ninfer.artifact.convert import SUPPORTED_ARCHITECTURES
 from ninfer.artifact.encodings import ENCODINGS, GROUPED_ENCODINGS, BlobSpec, blob_specs, encoding_problem
 from ninfer.artifact.format import (
     BLOB_ALIGNMENT,
@@ -24,6 +23,7 @@ from ninfer.artifact.format import (
     HEADER_SIZE,
     MAGIC,
     MANIFEST_OFFSET,
+    SUPPORTED_ARCHITECTURES,
     VERSION,
     Header,
 )

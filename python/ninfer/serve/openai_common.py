@@ -203,32 +203,31 @@ def usage_json(usage: GenerationUsage) -> dict[str, Any]:
     }
 
 
+def _llama_timings(prompt_n: int, prompt_s: float, cache_n: int, predicted_n: int, decode_s: float) -> dict[str, Any]:
+    """llama.cpp's `timings` fields; the rate counts the tokens after the first (the first comes with the prompt)."""
+    return {
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_s * 1000,
+        "cache_n": cache_n,
+        "predicted_n": predicted_n,
+        "predicted_ms": decode_s * 1000,
+        "predicted_per_second": (predicted_n - 1) / decode_s if decode_s > 0 else 0.0,
+    }
+
+
 def timings_json(result: GenerationResult) -> dict[str, Any]:
     """llama.cpp's `timings` object, which its web UI shows."""
     t, u = result.timings, result.usage
-    decode_s = max(t.total_s - t.ttft_s, 0.0)
-    return {
-        "prompt_n": u.prompt_tokens - u.cached_tokens,
-        "prompt_ms": (t.ttft_s - t.queue_s) * 1000,
-        "cache_n": u.cached_tokens,
-        "predicted_n": u.completion_tokens,
-        "predicted_ms": decode_s * 1000,
-        "predicted_per_second": (u.completion_tokens - 1) / decode_s if decode_s > 0 else 0.0,
-        "queue_ms": t.queue_s * 1000,
-    }
+    timings = _llama_timings(u.prompt_tokens - u.cached_tokens, t.ttft_s - t.queue_s, u.cached_tokens,
+                             u.completion_tokens, max(t.total_s - t.ttft_s, 0.0))
+    timings["queue_ms"] = t.queue_s * 1000
+    return timings
 
 
 def live_timings_json(live: LiveTimings) -> dict[str, Any]:
     """`timings` of one streamed chunk (llama.cpp's `timings_per_token`): the figures so far, so that a client's
     tokens/s is live during the answer."""
-    return {
-        "prompt_n": live.prompt_tokens,
-        "prompt_ms": live.ttft_s * 1000,
-        "cache_n": 0,
-        "predicted_n": live.completion_tokens,
-        "predicted_ms": live.decode_s * 1000,
-        "predicted_per_second": (live.completion_tokens - 1) / live.decode_s if live.decode_s > 0 else 0.0,
-    }
+    return _llama_timings(live.prompt_tokens, live.ttft_s, 0, live.completion_tokens, live.decode_s)
 
 
 DONE_FRAME = sse_frame("[DONE]")  # how an OpenAI stream ends, after its last chunk or its error frame

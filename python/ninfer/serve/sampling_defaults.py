@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
+from ninfer.artifact.format import QWEN35_FAMILY
 from ninfer.engine import SamplingParams
 
 LLAMA_CPP_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
-QWEN35_ARCHS = frozenset({"qwen3_5", "qwen3_5_moe"})
 # The Qwen3.5 model cards' recommended settings for general tasks. The cards also suggest a presence penalty (up to
 # 1.5) against endless repetition; it is not a default here, since a penalty changes even a greedy (temperature 0)
 # answer: a router config's `sampling` sets it per model.
@@ -36,7 +36,7 @@ OVERRIDABLE = tuple(f.name for f in fields(SamplingParams) if f.type in ("float"
 def recommended_sampling(arch: str, artifact: Mapping[str, Any], override: Mapping[str, Any], *,
                          thinking: bool) -> SamplingParams:
     values = dict(LLAMA_CPP_DEFAULTS)
-    qwen35 = arch in QWEN35_ARCHS
+    qwen35 = arch in QWEN35_FAMILY
     if qwen35:
         values.update(QWEN35_THINKING if thinking else QWEN35_NON_THINKING)
     if thinking or not qwen35:
