@@ -5,7 +5,7 @@
 `open_router` is called once in the lifespan (in the worker's event loop) and returns the ModelRouter; the lifespan
 closes it at shutdown. Each protocol module exports `route_handlers`; the ones listed in PROTOCOL_MODULES that are
 importable are mounted (a module another engineer has not landed yet is simply absent). Everything shared is wired
-here, once: the `router` dependency (ninfer.serve.router), the API-key guard (ninfer.serve.auth), the exception
+here, once: the `router` and `lease` dependencies (ninfer.serve.gate), the API-key guard (ninfer.serve.auth), the exception
 handler that maps every error to the protocol's body (ninfer.serve.errors), and the request counter for /metrics.
 """
 
@@ -25,8 +25,9 @@ from litestar.static_files import create_static_files_router
 from ninfer.serve.auth import api_key_guard
 from ninfer.serve.disconnect import DisconnectClock
 from ninfer.serve.errors import EXCEPTION_HANDLERS
+from ninfer.serve.gate import DEPENDENCIES, ModelGate
 from ninfer.serve.metrics import RequestCounter
-from ninfer.serve.router import DEPENDENCIES, ModelGate, ModelRouter
+from ninfer.serve.router import ModelRouter
 from ninfer.serve.shutdown import Drain, ShutdownGate
 from ninfer.serve.static_paths import check_static_path
 from ninfer.serve.streams import StreamRecorder, StreamRegistry

@@ -25,23 +25,14 @@ from litestar.params import FromQuery, JSONBody
 
 from ninfer import __version__ as NINFER_VERSION
 from ninfer.engine import DEFAULT_SAMPLER_ORDER
+from ninfer.frontend.sampling_defaults import recommended_sampling
 from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.gate import EXEMPT, RouterDependency
 from ninfer.serve.generation import DRY_SEQUENCE_BREAKERS, UNTIL_CONTEXT_END
-from ninfer.serve.router import (
-    FAILED,
-    GATE_EXEMPT,
-    LOADED,
-    LOADING,
-    ModelEntry,
-    ModelRouter,
-    RouterDependency,
-    StatusEvent,
-)
-from ninfer.serve.sampling_defaults import recommended_sampling
+from ninfer.serve.router import FAILED, LOADED, LOADING, ModelEntry, ModelRouter, StatusEvent
 from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.state import ServedModel
 
-EXEMPT = {GATE_EXEMPT: True}
 # The load stages llama-ui knows are text_model, spec_model (a draft model) and mmproj_model (a vision projector);
 # the config refuses the spec and vision options until they exist, so every model here loads one stage.
 LOAD_STAGES = ["text_model"]

@@ -28,7 +28,6 @@ when its client leaves.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -40,8 +39,9 @@ from litestar import Request, delete, get, post
 from litestar.exceptions import ClientException, NotFoundException
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
+from ninfer.serve.calls import Call
 from ninfer.serve.errors import InvalidRequestError
-from ninfer.serve.router import CURRENT_CALL, GATE_EXEMPT, Call, RouterDependency
+from ninfer.serve.gate import EXEMPT, RouterDependency, lease_of
 from ninfer.serve.sse import sse_response
 
 MAX_STREAMS = 64
@@ -185,43 +185,27 @@ def _header(scope: Any, name: bytes) -> str | None:
     return None
 
 
-_COMPLETION_ID = re.compile(rb'"id":"(chatcmpl-[^"]+)"')
-
-
 class StreamRecorder:
-    """ASGI middleware on the chat routes: notes each call's completion id (what control addresses), and records
-    the streams of requests with `X-Conversation-Id`, detached from their client.
+    """ASGI middleware on the chat routes: records the streams of requests with `X-Conversation-Id`, detached from
+    their client.
 
-    It sits inside ModelGate (so CURRENT_CALL is set): the call it records keeps its model pinned while it runs."""
+    It sits inside ModelGate (whose lease names the call): the call it records keeps its model pinned while it
+    runs."""
 
     def __init__(self, app: Any) -> None:
         self._app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        call = CURRENT_CALL.get()
-        if scope["type"] != "http" or scope.get("path") not in RECORDED_PATHS or call is None:
+        lease = lease_of(scope) if scope["type"] == "http" else None
+        conversation = _header(scope, b"x-conversation-id")
+        if (lease is None or lease.call is None or scope.get("path") not in RECORDED_PATHS
+                or conversation is None):
             await self._app(scope, receive, send)
             return
-        conversation = _header(scope, b"x-conversation-id")
-        if conversation is None:
-            await self._app(scope, receive, self._noting_send(call, send))
-            return
-        await self._record(scope, receive, send, call, conversation)
-
-    @staticmethod
-    def _noting_send(call: Call, send: Any) -> Any:
-        async def noting_send(message: Any) -> None:
-            if message["type"] == "http.response.body" and not call.completion_ids:
-                found = _COMPLETION_ID.search(message.get("body", b""))
-                if found:
-                    call.completion_ids.add(found.group(1).decode())
-            await send(message)
-
-        return noting_send
+        await self._record(scope, receive, send, lease.call, conversation)
 
     async def _record(self, scope: Any, receive: Any, send: Any, call: Call, conversation: str) -> None:
         registry: StreamRegistry = scope["app"].state.streams
-        send = self._noting_send(call, send)
         stream: RecordedStream | None = None
         client_gone, response_done = asyncio.Event(), asyncio.Event()
         body_done = False
@@ -270,9 +254,6 @@ class StreamRecorder:
 
 
 # -- routes --------------------------------------------------------------------------------------------------------
-
-EXEMPT = {GATE_EXEMPT: True}
-
 
 class LookupRequest(msgspec.Struct, kw_only=True):
     conversation_ids: list[str]
