@@ -19,8 +19,10 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 
+from ninfer.serve.asgi_headers import scope_header
 from ninfer.serve.auth import refusal
 from ninfer.serve.router import Lease, ModelRouter
+from ninfer.serve.strict_body import json_body_model, media_type_refusal
 
 GATE_EXEMPT = "router_gate_exempt"  # route opt: this POST route needs no engine (management, streams, tools)
 EXEMPT = {GATE_EXEMPT: True}
@@ -69,8 +71,9 @@ class ModelGate:
     the route's `lease` dependency, and holds the pin until the response, streamed or not, has been sent.
 
     What the route would refuse before looking at the model passes through ungated, so that it never loads or swaps
-    one: a request without a valid API key (the guard answers 401), and a body over `max_body_bytes` (Litestar
-    answers 413 while reading the rest)."""
+    one: a request without a valid API key (the guard answers 401), a body labelled as something else than JSON
+    (ninfer.serve.strict_body answers 415), and a body over `max_body_bytes` (Litestar answers 413 while reading
+    the rest)."""
 
     def __init__(self, app: Any, *, max_body_bytes: int) -> None:
         self._app = app
@@ -79,7 +82,8 @@ class ModelGate:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         handler = scope.get("route_handler")
         if (scope["type"] != "http" or scope.get("method") != "POST" or handler is None
-                or (handler.opt or {}).get(GATE_EXEMPT) or refusal(ASGIConnection(scope), handler.opt)):
+                or (handler.opt or {}).get(GATE_EXEMPT) or refusal(ASGIConnection(scope), handler.opt)
+                or json_body_model(handler) is not None and media_type_refusal(scope_header(scope, b"content-type"))):
             await self._app(scope, receive, send)
             return
         router = scope["app"].state.router
@@ -105,11 +109,8 @@ class ModelGate:
             await self._app(scope, replay, send)
             return
 
-        headers = dict(scope.get("headers") or [])
-        conversation = headers.get(b"x-conversation-id")
-        name = _body_model(body)
-        entry = router.lookup(name)
-        call = router.new_call(entry.name, scope.get("path", ""), conversation.decode("latin-1") if conversation else None)
+        entry = router.lookup(_body_model(body))
+        call = router.new_call(entry.name, scope.get("path", ""), scope_header(scope, b"x-conversation-id"))
         lease = await router.acquire(entry.name, call=call)
         scope.setdefault("state", {})[LEASE_KEY] = lease
         try:

@@ -634,19 +634,21 @@ def _stored(state: State, response_id: str) -> StoredResponse:
     return entry
 
 
-@get("/v1/responses/{response_id:str}", summary="A stored response")
+@get("/v1/responses/{response_id:str}", summary="A stored response", raises=[NotFoundException])
 async def get_response(response_id: FromPath[str], state: State) -> dict[str, Any]:
     return _stored(state, response_id).response
 
 
-@delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a stored response")
+@delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a stored response",
+        raises=[NotFoundException])
 async def delete_response(response_id: FromPath[str], state: State) -> dict[str, Any]:
     if not response_store(state).delete(response_id):
         raise NotFoundException(f"response {response_id!r} not found")
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
-@get("/v1/responses/{response_id:str}/input_items", summary="A stored response's input items")
+@get("/v1/responses/{response_id:str}/input_items", summary="A stored response's input items",
+     raises=[NotFoundException])
 async def list_input_items(
     response_id: FromPath[str],
     state: State,
