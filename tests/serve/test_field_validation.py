@@ -27,6 +27,13 @@ CASES = {
     "top_logprobs without logprobs": ("/v1/chat/completions", {"messages": USER, "top_logprobs": 3}, "logprobs"),
     "completions logprobs 6": ("/v1/completions", {"prompt": "hi", "logprobs": 6}, "logprobs"),
 }
+# The sampling fields each route carries are typed once (ninfer.serve.fields): the same bounds everywhere.
+for path, base in (("/v1/chat/completions", {"messages": USER}), ("/v1/responses", {"input": "hi"}),
+                   ("/v1/messages", {"messages": USER})):
+    for name, value in (("temperature", 2.5), ("temperature", -0.1), ("top_p", 1.5), ("top_k", -1)):
+        CASES[f"{path} {name}={value}"] = (path, {**base, name: value}, name)
+for path, base in (("/v1/chat/completions", {"messages": USER, "logprobs": True}), ("/v1/responses", {"input": "hi"})):
+    CASES[f"{path} top_logprobs=21"] = (path, {**base, "top_logprobs": 21}, "top_logprobs")
 for i, schema in enumerate(BAD_SCHEMAS):
     CASES[f"chat tool schema {i}"] = ("/v1/chat/completions", {"messages": USER, "tools": _chat_tool(schema)},
                                       "tools[0].parameters")

@@ -30,6 +30,7 @@ from msgspec import Meta
 from ninfer.errors import NinferError
 from ninfer.serve.answer import answer, prepare
 from ninfer.serve.errors import InvalidRequestError, anthropic_body, describe
+from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK
 from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
     ChatPrompt,
@@ -65,12 +66,12 @@ class CountTokensRequest(msgspec.Struct, kw_only=True):
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
-    max_tokens: Annotated[int, Meta(ge=1)]
+    max_tokens: OutputTokens
     stop_sequences: list[str] | None = None
     stream: bool = False
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_k: TopK | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
 

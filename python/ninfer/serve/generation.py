@@ -65,6 +65,7 @@ from ninfer.frontend.tool_calls import (
 )
 from ninfer.serve.disconnect import departure
 from ninfer.serve.errors import ContextOverflowError, InvalidRequestError, TextOverflowError
+from ninfer.serve.fields import MAX_TOP_LOGPROBS
 from ninfer.serve.structured import check_schema
 
 if TYPE_CHECKING:
@@ -178,7 +179,6 @@ class GenerationResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-MAX_TOP_LOGPROBS = 20
 UNTIL_CONTEXT_END = -1  # max_tokens of a request that asks for no limit (llama.cpp's -1)
 # llama.cpp's default DRY sequence breakers: a repeat does not extend across a token that contains one.
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")

@@ -16,6 +16,7 @@ from litestar.params import JSONBody
 from msgspec import Meta
 
 from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.fields import TokenId
 from ninfer.serve.gate import LeaseDependency, RouterDependency
 from ninfer.serve.generation import ChatPrompt, prepare_prompt
 from ninfer.serve.llamacpp import model_rows
@@ -72,7 +73,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
-    tokens: list[Annotated[int, Meta(ge=0)]]
+    tokens: list[TokenId]
     model: str | None = None
 
 

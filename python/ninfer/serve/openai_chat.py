@@ -34,9 +34,9 @@ from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
 from ninfer.serve.answer import answer, prepare
 from ninfer.serve.custom_tools import call_input, chat_form_tools, chat_history_call
 from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.fields import MaxTokens, TopLogprobs
 from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
-    MAX_TOP_LOGPROBS,
     ChatPrompt,
     Delta,
     Generation,
@@ -46,7 +46,6 @@ from ninfer.serve.generation import (
 from ninfer.serve.openai_common import (
     DONE_FRAME,
     REASONING_EFFORTS,
-    MaxTokens,
     SamplingFields,
     advisory_tool_choice,
     generation_params,
@@ -80,7 +79,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -17,6 +17,14 @@ from msgspec import Meta
 from ninfer.engine import SAMPLER_STAGES, SamplingParams
 from ninfer.errors import NinferError
 from ninfer.serve.errors import InvalidRequestError, describe, openai_body
+from ninfer.serve.fields import (
+    Penalty,
+    Probability,
+    RepetitionPenalty,
+    Seed,
+    Temperature,
+    TopK,
+)
 from ninfer.serve.generation import (
     UNTIL_CONTEXT_END,
     GenerationParams,
@@ -31,23 +39,19 @@ from ninfer.serve.sse import sse_frame
 # What `reasoning_effort` (chat) and `reasoning.effort` (Responses) may be.
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
-# -1 means "until the end of the context" (llama.cpp's web UI sends it).
-MaxTokens = Annotated[int, Meta(ge=-1)]
-Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
-Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):
     model: str | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    temperature: Temperature | None = None
     top_p: Probability | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
+    top_k: TopK | None = None
     min_p: Probability | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None  # llama.cpp's name
-    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None  # vLLM's name
-    seed: Annotated[int, Meta(ge=0)] | None = None  # the engine refuses >= 2^64
+    repeat_penalty: RepetitionPenalty | None = None  # llama.cpp's name
+    repetition_penalty: RepetitionPenalty | None = None  # vLLM's name
+    seed: Seed | None = None
     # llama.cpp's sampler fields (llama-ui's settings dialog sends them); the engine checks their ranges
     repeat_last_n: Annotated[int, Meta(ge=-1)] | None = None
     typical_p: float | None = None

@@ -18,6 +18,7 @@ from msgspec import Meta
 
 from ninfer.serve.answer import answer, prepare
 from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.fields import MaxTokens, TokenId
 from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
     Generation,
@@ -27,7 +28,6 @@ from ninfer.serve.generation import (
 )
 from ninfer.serve.openai_common import (
     DONE_FRAME,
-    MaxTokens,
     SamplingFields,
     generation_params,
     include_usage,
@@ -40,8 +40,6 @@ from ninfer.serve.sse import sse_frame, sse_response
 
 DEFAULT_MAX_TOKENS = 16
 MAX_LEGACY_LOGPROBS = 5  # OpenAI's cap on the legacy `logprobs: K`
-
-TokenId = Annotated[int, Meta(ge=0)]
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

@@ -41,9 +41,9 @@ from ninfer.frontend.chat import flatten_content
 from ninfer.serve.answer import answer, prepare
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
 from ninfer.serve.errors import InvalidRequestError, describe
+from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK, TopLogprobs
 from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
-    MAX_TOP_LOGPROBS,
     ChatPrompt,
     Generation,
     GenerationParams,
@@ -77,7 +77,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
-    max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_output_tokens: OutputTokens | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -88,13 +88,13 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     include: list[str] | None = None
     background: bool | None = None
     stream: bool = False
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_logprobs: TopLogprobs | None = None
     user: str | None = None
     # Extensions, as chat accepts them.
-    top_k: Annotated[int, Meta(ge=0)] | None = None
-    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_k: TopK | None = None
+    min_p: Probability | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
