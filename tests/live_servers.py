@@ -36,7 +36,8 @@ import uvicorn
 from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.serve.app import create_app
-from ninfer.serve.router import ModelRouter, OpenEngine, RouterConfig, parse_config
+from ninfer.serve.router import ModelRouter, OpenEngine
+from ninfer.serve.router_config import RouterConfig, parse_config
 from ninfer.serve.state import ServedModel
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -10,7 +10,8 @@ import pytest
 from engine_helpers import collect, run_alone
 
 from ninfer import errors
-from ninfer.engine import Engine, EngineOptions, Request, SamplingParams, TextStream
+from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+from ninfer.frontend.text import TextStream
 
 
 def greedy(prompt, n):

@@ -18,10 +18,10 @@ from ninfer.engine import (
     GenerationEvent,
     Request,
     SamplingParams,
-    TextStream,
 )
 from ninfer.frontend.reasoning import ReasoningParser
-from ninfer.serve.sampling_defaults import recommended_sampling
+from ninfer.frontend.sampling_defaults import recommended_sampling
+from ninfer.frontend.text import TextStream
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -215,7 +215,7 @@ def _router_config(args: argparse.Namespace) -> Any:
     """--config FILE, else the one MODEL (or the embedded default) as a one-model router config. Nothing is loaded:
     the router loads a model on its first request; files are checked here so a wrong path is a one-line error."""
     from ninfer.artifact.reader import read_artifact
-    from ninfer.serve.router import load_config, single_model_config
+    from ninfer.serve.router_config import load_config, single_model_config
 
     if args.config is not None:
         config = load_config(args.config, defaults=_engine_options(args))
