@@ -154,9 +154,9 @@ def _apply(tensor: SourceTensor, name: str, transform: Transform | None, shape: 
     if transform is None:
         return SourceTensor(name, shape, lambda: tensor.load().reshape(shape), tensor.native)
     native = tensor.native
-    if native is not None and native.exact:
+    if native is not None and native.blobs is not None:
         move, raw = transform.blobs(native), native.blobs
-        native = NativeTensor(native.encoding, (lambda: move(raw())) if move is not None else None)
+        native = NativeTensor(native.encoding, (lambda: move(raw())) if move is not None else None, native.exact)
     return SourceTensor(name, shape, lambda: np.ascontiguousarray(transform.values(tensor.load())).reshape(shape),
                         native)
 
