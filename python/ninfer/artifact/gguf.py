@@ -18,20 +18,15 @@ import numpy as np
 
 from ninfer.artifact.convert import Source, SourceTensor, decoder_config, unsupported_architecture
 from ninfer.artifact.gguf_blocks import native_tensor
-from ninfer.artifact.gguf_file import GGUFFile
+from ninfer.artifact.gguf_file import ATTENTION_NAMES, TOP_NAMES, GGUFFile
 from ninfer.artifact.gguf_qwen35 import QWEN35_GGUF_ARCHS, map_tensors, qwen35_config, qwen35_source
 from ninfer.artifact.tokenizer_build import gguf_tokenizer_json
 from ninfer.errors import ConversionError
 
 _ROPE_PAIRING = {"llama": "interleaved", "qwen2": "half"}
-_TOP_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
 _BLOCK_NAMES = {
-    "attn_norm.weight": "input_norm",
+    **ATTENTION_NAMES,
     "ffn_norm.weight": "post_attn_norm",
-    "attn_q.weight": "attn.q_proj",
-    "attn_k.weight": "attn.k_proj",
-    "attn_v.weight": "attn.v_proj",
-    "attn_output.weight": "attn.o_proj",
     "attn_q.bias": "attn.q_bias",
     "attn_k.bias": "attn.k_bias",
     "attn_v.bias": "attn.v_bias",
@@ -54,8 +49,8 @@ def _required(reader, path: Path, key: str) -> object:
 
 
 def logical_name(name: str) -> str | None:
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
+    if name in TOP_NAMES:
+        return TOP_NAMES[name]
     match = _BLOCK.fullmatch(name)
     if match and match.group(2) in _BLOCK_NAMES:
         return f"layers.{match.group(1)}.{_BLOCK_NAMES[match.group(2)]}"

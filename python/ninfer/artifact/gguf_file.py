@@ -31,6 +31,16 @@ _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 
           12: "<f8"}
 _STRING, _ARRAY = 8, 9
 
+# llama.cpp's tensor names that every architecture read here shares -> logical names (docs/artifact-format.md).
+TOP_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
+ATTENTION_NAMES = {
+    "attn_norm.weight": "input_norm",
+    "attn_q.weight": "attn.q_proj",
+    "attn_k.weight": "attn.k_proj",
+    "attn_v.weight": "attn.v_proj",
+    "attn_output.weight": "attn.o_proj",
+}
+
 
 @dataclass(frozen=True)
 class FileTensor:

@@ -24,19 +24,15 @@ import numpy as np
 
 from ninfer.artifact.convert import QWEN35_EOS, QWEN35_PAD, Source, SourceTensor, decoder_config
 from ninfer.artifact.gguf_blocks import NativeTensor
+from ninfer.artifact.gguf_file import ATTENTION_NAMES, TOP_NAMES
 from ninfer.errors import ConversionError
 
 # GGUF architecture -> the artifact's.
 QWEN35_GGUF_ARCHS = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
 
-_TOP_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "final_norm", "output.weight": "lm_head"}
 _LAYER_NAMES = {
-    "attn_norm.weight": "input_norm",
+    **ATTENTION_NAMES,
     "post_attention_norm.weight": "post_attn_norm",
-    "attn_q.weight": "attn.q_proj",
-    "attn_k.weight": "attn.k_proj",
-    "attn_v.weight": "attn.v_proj",
-    "attn_output.weight": "attn.o_proj",
     "attn_q_norm.weight": "attn.q_norm",
     "attn_k_norm.weight": "attn.k_norm",
     "attn_qkv.weight": "gdn.in_qkv",
@@ -180,8 +176,8 @@ def map_tensors(tensors: list[tuple[str, SourceTensor]], config: dict, num_layer
 
 def _map_one(gguf_name: str, tensor: SourceTensor, order: HeadOrder, la: dict, num_layers: int,
              hidden: int) -> list[SourceTensor] | None:
-    if gguf_name in _TOP_NAMES:
-        kind, name = gguf_name, _TOP_NAMES[gguf_name]
+    if gguf_name in TOP_NAMES:
+        kind, name = gguf_name, TOP_NAMES[gguf_name]
         return [_apply(tensor, name, _transform(kind, None, la), tensor.shape)]
     match = _BLOCK.fullmatch(gguf_name)
     if not match:
