@@ -91,13 +91,16 @@ def _read_json(path: Path) -> dict | None:
 class _SafetensorsIndex:
     """Which file holds each checkpoint tensor, and its shape; reads tensors lazily, one at a time."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, block_size: tuple[int, int] | None = None) -> None:
+        """`block_size`: the checkpoint is block-wise FP8 (see fp8_block_scales)."""
         from safetensors import safe_open
 
         self._safe_open = safe_open
         files = _safetensors_files(folder)
         self.file_of: dict[str, Path] = {}
         self.shape_of: dict[str, tuple[int, ...]] = {}
+        self.block_size = block_size
+        self.scale_of: dict[str, str] = {}  # FP8 weight -> its `weight_scale_inv`
         for file in files:
             try:
                 with safe_open(file, framework="pt") as f:
@@ -106,6 +109,8 @@ class _SafetensorsIndex:
                         self.shape_of[name] = tuple(f.get_slice(name).get_shape())
             except Exception as exc:  # safetensors raises its own error types for a damaged header
                 raise ConversionError(f"{file}: not a readable safetensors file: {exc}") from exc
+        if block_size is not None:
+            self.scale_of = fp8_block_scales(self.shape_of, block_size, folder)
 
     def stacked_loader(self, names: list[str]) -> Callable[[], np.ndarray]:
         """A function reading tensors `names` (same shape) as one float32 array with a new leading axis."""
@@ -117,13 +122,56 @@ class _SafetensorsIndex:
         """A function reading tensor `name` (optionally only `rows` of its second axis) as float32."""
         import torch
 
+        scale = self.scale_of.get(name)
+
         def load() -> np.ndarray:
             with self._safe_open(self.file_of[name], framework="pt") as f:
-                tensor = f.get_slice(name)[:, rows] if rows is not None else f.get_tensor(name)
+                if scale is not None:  # the block scales apply to the whole tensor: scale first, then slice
+                    tensor = _fp8_dequantize(f.get_tensor(name), self._read(scale), self.block_size)
+                    tensor = tensor[:, rows] if rows is not None else tensor
+                else:
+                    tensor = f.get_slice(name)[:, rows] if rows is not None else f.get_tensor(name)
             values = tensor.to(torch.float32).numpy()
             return transform(values) if transform is not None else values
 
         return load
+
+
+    def _read(self, name: str):
+        with self._safe_open(self.file_of[name], framework="pt") as f:
+            return f.get_tensor(name)
+
+
+FP8_SCALE_SUFFIX = "_scale_inv"  # `X.weight_scale_inv` scales `X.weight` (the official Qwen FP8 layout)
+
+
+def fp8_block_scales(shapes: dict[str, tuple[int, ...]], block: tuple[int, int], folder: Path) -> dict[str, str]:
+    """FP8 weight -> its scale tensor, checking that each scale has one entry per block of the weight's last two
+    axes: `weight = e4m3 * weight_scale_inv[row // block[0], col // block[1]]`, the last blocks possibly partial."""
+    pairs = {}
+    for name, shape in shapes.items():
+        if not name.endswith(".weight" + FP8_SCALE_SUFFIX):
+            continue
+        weight = name[: -len(FP8_SCALE_SUFFIX)]
+        if weight not in shapes:
+            raise ConversionError(f"{folder}: {name} scales no tensor ({weight} is not in the checkpoint)")
+        rows, cols = shapes[weight][-2:]
+        expected = (*shapes[weight][:-2], -(-rows // block[0]), -(-cols // block[1]))
+        if tuple(shape) != expected:
+            raise ConversionError(f"{folder}: {name} has shape {list(shape)}; {block[0]}x{block[1]} blocks of "
+                                  f"{weight} {list(shapes[weight])} need {list(expected)}")
+        pairs[weight] = name
+    return pairs
+
+
+def _fp8_dequantize(weight, scale, block: tuple[int, int]):
+    """e4m3 values times their block's scale, in float32 (the product of a 4-bit and a 24-bit significand, rounded
+    once to f32: the checkpoint's weights as its own dequantization defines them)."""
+    import torch
+
+    rows, cols = weight.shape[-2:]
+    expanded = scale.to(torch.float32).repeat_interleave(block[0], -2).repeat_interleave(block[1], -1)
+    return weight.to(torch.float32) * expanded[..., :rows, :cols]
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
@@ -234,6 +282,7 @@ def _stack_per_expert(index: _SafetensorsIndex, folder: Path, text_prefix: str) 
 def _map_all(index: _SafetensorsIndex, folder: Path, text_prefix: str) -> list[SourceTensor]:
     tensors, consumed = _stack_per_expert(index, folder, text_prefix)
     unknown = []
+    consumed |= set(index.scale_of.values())
     for ckpt in index.file_of:
         if ckpt in consumed:
             continue
@@ -348,6 +397,21 @@ def _chat_template(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def _fp8_block_size(config: dict, folder: Path) -> tuple[int, int] | None:
+    """(rows, cols) of a block-wise FP8 checkpoint's scale blocks, None for an unquantised one; other
+    pre-quantised formats are refused by name (their packed tensors would otherwise read as unknown names)."""
+    quantization = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if not quantization:
+        return None
+    method = quantization.get("quant_method")
+    if method == "fp8" and quantization.get("fmt", "e4m3") == "e4m3" and quantization.get("weight_block_size"):
+        block = quantization["weight_block_size"]
+        if len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block):
+            return int(block[0]), int(block[1])
+    raise ConversionError(f"{folder}: pre-quantised checkpoints with quantization_config {json.dumps(quantization)} "
+                          "are not supported (block-wise FP8 e4m3 with weight_block_size is)")
+
+
 def open_hf_folder(folder: Path) -> Source:
     config = _read_json(folder / "config.json")
     if config is None:
@@ -362,7 +426,7 @@ def open_hf_folder(folder: Path) -> Source:
     else:
         raise unsupported_architecture(folder, "model_type", model_type)
 
-    index = _SafetensorsIndex(folder)
+    index = _SafetensorsIndex(folder, _fp8_block_size(config, folder))
     _check_index(index, folder)
     tensors = _map_all(index, folder, text_prefix)
     tie = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
