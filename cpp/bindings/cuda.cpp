@@ -74,15 +74,18 @@ FloatArray to_host(const cuda::DeviceBuffer& buffer, const std::vector<int64_t>&
 }
 
 // The decode GEMV that `impl` names: "mma" (tensor cores), "mma_v3" (its predecessor, until one more GPU run has
-// compared them at 8 rows), "simt" (the CUDA-core twin), or "auto" (what the backend's linear() takes).
+// compared them at 8 rows), "mma_planes" (v5 reading the split kernel's planes, the twin of its in-register
+// split), "simt" (the CUDA-core twin), or "auto" (what the backend's linear() takes).
 class GemvLauncher {
  public:
   GemvLauncher(const std::string& impl, const TensorView& w) {
-    const bool variant = impl == "mma_v3";
+    const bool variant = impl == "mma_v3" || impl == "mma_planes";
     if (impl != "auto" && impl != "mma" && !variant && impl != "simt")
-      throw EngineError("cuda gemv: impl must be auto, mma, mma_v3 or simt, not " + impl);
+      throw EngineError("cuda gemv: impl must be auto, mma, mma_v3, mma_planes or simt, not " + impl);
     mma_ = impl == "mma" || variant || (impl == "auto" && cuda::gemv_mma_supports(w));
-    kernel_ = impl == "mma_v3" ? cuda::MmaKernel::v3 : cuda::MmaKernel::v5;
+    kernel_ = impl == "mma_v3"       ? cuda::MmaKernel::v3
+              : impl == "mma_planes" ? cuda::MmaKernel::v5_planes
+                                     : cuda::MmaKernel::v5;
     if (mma_ && !cuda::gemv_mma_supports(w))
       throw EngineError("cuda gemv: the tensor-core path does not take " + w.name);
   }
@@ -693,7 +696,7 @@ void bind_cuda(nb::module_& m) {
   sub.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
           nb::arg("x_offset") = 0,
           "x @ W.T on the GPU with the decode GEMV (1..8 rows), W in its stored encoding; impl: auto, mma, mma_v3, "
-          "simt; x_offset: x starts that many floats into its device buffer (misaligned activations).");
+          "mma_planes, simt; x_offset: x starts that many floats into its device buffer (misaligned activations).");
   sub.attr("cublaslt") = cuda::LtMatmul::available();
   sub.def("gemm", &gemm, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
           nb::arg("bias") = nb::none(),

@@ -122,12 +122,12 @@ def test_gemv_mma_rows_are_batch_invariant(weights, case, impl: str) -> None:
 
 
 @pytest.mark.parametrize("impl", MMA_IMPLS)
-@pytest.mark.parametrize("case", [("bf16", None, 17, 128), ("bf16", None, 33, 4224), ("int4", 128, 40, 1408)],
-                         ids=case_id)
+@pytest.mark.parametrize("case", [("bf16", None, 17, 128), ("bf16", None, 33, 4224), ("int4", 128, 40, 1408),
+                                  ("int8", 128, 9, 2176)], ids=case_id)
 def test_gemv_mma_takes_activations_at_any_float_offset(weights, case, impl: str) -> None:
     """Activations that do not start on 16 bytes (a slice of a row) give the aligned result bit for bit: v5 reads
-    bf16 weights' f32 activations itself, with vector loads only when they are aligned; the other encodings read
-    the split planes."""
+    the f32 activations itself (bf16 weights; the others up to 4 rows of up to 4096 columns), with vector loads only
+    when they are aligned; at 6 rows the quantized encodings read the split planes."""
     art, _ = weights
     name = f"real/{case_id(case)}"
     x = np.random.default_rng().standard_normal((6, case[3])).astype(np.float32)
@@ -136,6 +136,26 @@ def test_gemv_mma_takes_activations_at_any_float_offset(weights, case, impl: str
         for offset in (1, 2, 3):
             np.testing.assert_array_equal(_engine.cuda.linear(x[:rows], art, name, impl, x_offset=offset), aligned,
                                           err_msg=f"{name} rows={rows} x_offset={offset}")
+
+
+@pytest.mark.parametrize("case", [c for c in WEIGHTS if takes_mma(c)], ids=case_id)
+def test_gemv_mma_register_split_equals_planes(weights, case) -> None:
+    """v5 splits its activations in registers where it can (bf16 always; the fp16 encodings for up to 4 rows of up
+    to 4096 columns, each block finding the rows' exponents itself) and reads the split kernel's planes otherwise;
+    "mma_planes" always reads planes. Both give the same bits: rows of very different magnitudes (each its own
+    exponent), an all-zero row (exponent 0), aligned and misaligned activations."""
+    art, _ = weights
+    name = f"real/{case_id(case)}"
+    rng = np.random.default_rng()
+    for rows in range(1, 9):
+        x = (rng.standard_normal((rows, case[3])) * 10.0 ** rng.uniform(-6, 6, size=(rows, 1))).astype(np.float32)
+        if rows >= 3:
+            x[rng.integers(rows)] = 0.0
+        for offset in (0, 1):
+            np.testing.assert_array_equal(
+                _engine.cuda.linear(x, art, name, "mma", x_offset=offset),
+                _engine.cuda.linear(x, art, name, "mma_planes", x_offset=offset),
+                err_msg=f"{name} rows={rows} x_offset={offset}")
 
 
 def test_gemv_mma_refuses_what_it_does_not_take(weights) -> None:
