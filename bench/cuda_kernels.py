@@ -40,8 +40,8 @@ SHAPES_27B = {
     "mlp_down": (5120, 17408),
     "lm_head": (248320, 5120),
 }
-# Qwen3.5-35B-A3B's dense decode GEMVs (the routed experts run in bench_moe): widths 2048 and 4096, where the
-# tensor-core GEMV splits fp16 activations in registers at 1-4 rows ("mma" vs "mma_planes" is that A/B).
+# Qwen3.5-35B-A3B's dense decode GEMVs (the routed experts run in bench_moe): widths 2048 and 4096, small launches
+# where per-call costs (the activation split among them) weigh most.
 SHAPES_35B_A3B = {
     "gdn_in_qkv": (8192, 2048),
     "gdn_in_z": (4096, 2048),
@@ -95,8 +95,8 @@ def measure_bandwidth() -> dict[str, float]:
     return {"read": read, "copy": copy}
 
 
-# Tensor cores (v5), the previous tensor-core kernel (v3), the CUDA-core twin; and (not run by default) v5 always
-# reading the split kernel's planes, the twin of its in-register split.
+# Tensor cores (v5), the previous tensor-core kernel (v3), the CUDA-core twin; and (not run by default) v5 reading
+# the split kernel's planes for bf16 too, the twin of its in-register bf16 split.
 GEMV_IMPLS = ("mma", "mma_v3", "simt")
 GEMV_IMPL_CHOICES = (*GEMV_IMPLS, "mma_planes")
 

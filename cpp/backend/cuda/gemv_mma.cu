@@ -59,14 +59,6 @@ __device__ __forceinline__ float abs_max4(float4 v) {
   return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 }
 
-// The fp16 row scale's exponent e: 2^e max |x| lands in [2^14, 2^15); 0 for a zero or non-finite max.
-__device__ __forceinline__ int row_exponent(float amax) {
-  if (!(amax > 0.0f && amax <= FLT_MAX)) return 0;
-  int exponent = 0;
-  frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
-  return min(15 - exponent, 126);
-}
-
 template <bool kBf16, tc::Order kOrder>
 __global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const float* x, int64_t cols, uint16_t* hi,
                                                                          uint16_t* lo, int* exps) {
@@ -84,7 +76,12 @@ __global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const 
 #pragma unroll 8
       for (int64_t i = threadIdx.x; i < cols; i += kSplitThreads) amax = fmaxf(amax, fabsf(xr[i]));
     }
-    e = row_exponent(block_reduce(amax, MaxOp{}));
+    amax = block_reduce(amax, MaxOp{});
+    if (amax > 0.0f && amax <= FLT_MAX) {
+      int exponent = 0;
+      frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
+      e = min(15 - exponent, 126);
+    }
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) exps[r] = e;
   const float scale = ldexpf(1.0f, e);
@@ -298,11 +295,10 @@ struct OutputSlot {
 
 // The end of a block: sums its warps' values (kValues per lane) in a fixed order, then, when the columns were split
 // over blocks, the last-arriving block of the m-tile sums every block's partials in split order; writes y with the
-// encoding's per-row or global scale applied and the activation row's exponent (`exps`) undone. slot(i): value i's
-// output.
+// encoding's per-row or global scale applied and the activation row's exponent undone. slot(i): value i's output.
 template <Encoding E, int kValues, class Slot>
 __device__ __forceinline__ void finish_block(const MmaArgs& a, const WeightSlice& w, int64_t local, int64_t m_tile,
-                                             const int* exps, const float (&acc)[kValues], Slot slot) {
+                                             const float (&acc)[kValues], Slot slot) {
   static_assert(kValues <= 4, "a partial-sum slot holds 4 values per lane");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __shared__ float warp_sums[kWarps][32][kValues];
@@ -347,7 +343,7 @@ __device__ __forceinline__ void finish_block(const MmaArgs& a, const WeightSlice
     float post = 1.0f;
     if constexpr (E == Encoding::FP8_E4M3) post = reinterpret_cast<const float*>(w.scale)[o.out_row];
     if constexpr (E == Encoding::NVFP4) post = w.global_scale;
-    if constexpr (E != Encoding::BF16) post = ldexpf(post, -exps[o.act_row]);
+    if constexpr (E != Encoding::BF16) post = ldexpf(post, -a.exps[o.act_row]);
     w.y[o.act_row * w.n + o.out_row] = total[i] * post;
   }
 }
@@ -379,7 +375,7 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_mma_kernel(MmaArgs a) {
   }
 
   // v3's C fragment: rows g, g + 8 (i >= 2) x activation rows 2q, 2q + 1 (i odd).
-  finish_block<E, 4>(a, w, local, m_tile, a.exps, acc, [&](int i) {
+  finish_block<E, 4>(a, w, local, m_tile, acc, [&](int i) {
     return OutputSlot{m0 + g + (i >= 2 ? 8 : 0), 2 * q + (i & 1)};
   });
 }
@@ -566,94 +562,41 @@ __device__ __forceinline__ void multiply_chunk(const Chunk<E>& c, const uint4 (&
   }
 }
 
-// Whether a lane's run of `values` columns (a multiple of `values` into its 32-column segment) holds its operand
-// slots' source columns: then the lane splits its own f32 activations without reading its neighbours'.
-__host__ __device__ constexpr bool runs_keep_their_columns(tc::Order order, int values) {
-  for (int base = 0; base < tc::kSegmentCols; base += values)
-    for (int j = 0; j < values; ++j)
-      if (tc::source_column(order, base + j) != base + tc::source_column(order, j)) return false;
-  return true;
-}
-
-// A lane's kValues f32 activations (from `x`, its run's first column) as the 16-bit operand words v5 reads, in
-// operand slot order kOrder: their hi parts (lo == false) or lo parts, fp16 ones after the row's scale: exactly what
-// split_activations_kernel<kBf16, kOrder> writes into its planes, so both paths give the same bits. `vectors`: x
-// is 16-byte aligned (the row stride is, so the launch decides for all lanes).
-template <bool kBf16, tc::Order kOrder, int kValues>
-__device__ __forceinline__ void split_in_registers(const float* x, float scale, bool lo, bool vectors,
-                                                   uint4 (&out)[kValues / 8]) {
-  static_assert(kValues % 8 == 0 && runs_keep_their_columns(kOrder, kValues));
-  float v[kValues];
+// Eight f32 activations as the bf16 operand words v5 reads: their hi parts (lo == false) or lo parts, exactly what
+// split_activations_kernel<true, Natural> writes. bf16 needs no per-row exponent, so v5 splits in registers and a
+// launch on bf16 weights costs no split kernel (35B-A3B decode runs ~110 bf16 GEMVs a step: router, gates).
+// `vectors`: x is 16-byte aligned (the row stride is, so the launch decides for all lanes).
+__device__ __forceinline__ uint4 split_eight(const float* x, bool lo, bool vectors) {
+  float v[8];
   if (vectors) {
-#pragma unroll
-    for (int i = 0; i < kValues / 4; ++i) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(x) + i);
-      v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
-    }
+    const float4 a = __ldg(reinterpret_cast<const float4*>(x)), b = __ldg(reinterpret_cast<const float4*>(x) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   } else {
 #pragma unroll
-    for (int i = 0; i < kValues; ++i) v[i] = __ldg(x + i);
+    for (int i = 0; i < 8; ++i) v[i] = __ldg(x + i);
   }
-  uint32_t word[kValues / 2];
+  uint32_t word[4];
 #pragma unroll
-  for (int p = 0; p < kValues / 2; ++p) {
+  for (int p = 0; p < 4; ++p) {
     uint16_t part[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float value = v[tc::source_column(kOrder, 2 * p + h)];
       uint16_t hi_bits, lo_bits;
-      split_value<kBf16>(kBf16 ? value : value * scale, hi_bits, lo_bits);
+      split_value<true>(v[2 * p + h], hi_bits, lo_bits);
       part[h] = lo ? lo_bits : hi_bits;
     }
     word[p] = uint32_t(part[0]) | (uint32_t(part[1]) << 16);
   }
-#pragma unroll
-  for (int i = 0; i < kValues / 8; ++i) out[i] = make_uint4(word[4 * i], word[4 * i + 1], word[4 * i + 2], word[4 * i + 3]);
+  return make_uint4(word[0], word[1], word[2], word[3]);
 }
 
-// The fp16 exponents of the launch's activation rows (kRows >= rows), found by every block itself over the whole
-// rows (a few KiB each from L2, while the block's first weight chunks are in flight), as split_activations_kernel
-// finds them: max is exact, so the blocks agree, and no block waits for another.
-template <int kRows>
-__device__ __forceinline__ void find_row_exponents(const MmaArgs& a, int (&exps)[kRows]) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float amax[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    amax[r] = 0.0f;
-    if (r >= a.rows) continue;
-    const float* xr = a.x + r * a.k;
-    if (a.x_vectors) {
-#pragma unroll 8
-      for (int64_t i = threadIdx.x; i < a.k / 4; i += kBlockThreads)
-        amax[r] = fmaxf(amax[r], abs_max4(__ldg(reinterpret_cast<const float4*>(xr) + i)));
-    } else {
-#pragma unroll 8
-      for (int64_t i = threadIdx.x; i < a.k; i += kBlockThreads) amax[r] = fmaxf(amax[r], fabsf(__ldg(xr + i)));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], o));
-  }
-  __shared__ float warp_max[kWarps][kRows];
-  if (lane == 0)
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) warp_max[warp][r] = amax[r];
-  __syncthreads();
-  if (threadIdx.x < kRows) {
-    float m = warp_max[0][threadIdx.x];
-#pragma unroll
-    for (int v = 1; v < kWarps; ++v) m = fmaxf(m, warp_max[v][threadIdx.x]);
-    exps[threadIdx.x] = row_exponent(m);
-  }
-  __syncthreads();
-}
-
-// kSplitHere: the kernel reads the f32 activations and splits them itself (split_in_registers; fp16 kinds find
-// their rows' exponents first, find_row_exponents) rather than reading split planes. The weights and their scales
-// are never written during a pass, so a lane's first ring of chunks is loaded before chain_start() waits for the
-// kernel before it: those loads overlap its drain.
+// kSplitHere (bf16 only): the kernel reads the f32 activations and splits them itself (split_eight) rather than
+// reading split planes. The weights and their scales are never written during a pass, so a lane's first ring of
+// chunks is loaded before chain_start() waits for the kernel before it: those loads overlap its drain (session 8:
+// -0.2 ms a 27B int4 pass at C=1, -0.22 / -0.46 ms at C=8 for 35B-A3B / 27B).
 template <Encoding E, int kSets, bool kSplitHere>
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(MmaArgs a) {
+  static_assert(!kSplitHere || E == Encoding::BF16, "fp16 operands need the split kernel's row exponents");
   constexpr int kXVectors = chunk_pairs<E>() / 4;  // 16-byte activation loads per lane, set and chunk
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const BlockWork b = block_work(a);
@@ -685,23 +628,15 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
   next.advance(kDepth);
   chain_start();
 
-  constexpr bool kBf16 = E == Encoding::BF16;
-  constexpr bool kFindExps = kSplitHere && !kBf16;
-  __shared__ int found_exps[kFindExps ? 4 * kSets : 1];
-  if constexpr (kFindExps) find_row_exponents(a, found_exps);
-  const int* exps = kFindExps ? found_exps : a.exps;
   // Lanes past the batch's rows read the last row: their B columns only reach outputs that are not written.
   constexpr int kXStride = kWarps * chunk_cols<E>();  // activation values from chunk i to i + 1
   using XValue = std::conditional_t<kSplitHere, float, uint16_t>;
   const XValue* x[kSets];
-  float x_scale[kSets];
 #pragma unroll
   for (int set = 0; set < kSets; ++set) {
-    const int x_row = min(4 * set + g / 2, a.rows - 1);
-    const int64_t offset = x_row * a.k + c0 * chunk_cols<E>() + q * chunk_values<E>();
+    const int64_t offset = min(4 * set + g / 2, a.rows - 1) * a.k + c0 * chunk_cols<E>() + q * chunk_values<E>();
     if constexpr (kSplitHere) x[set] = a.x + offset;
     else x[set] = (g % 2 ? a.x_lo : a.x_hi) + offset;
-    x_scale[set] = kFindExps ? ldexpf(1.0f, exps[x_row]) : 1.0f;
   }
 
   float acc[kSets][4] = {};
@@ -712,15 +647,12 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
       if (i >= n) break;
       uint4 xv[kSets][kXVectors];
 #pragma unroll
-      for (int set = 0; set < kSets; ++set) {
-        if constexpr (kSplitHere) {
-          split_in_registers<kBf16, tc::order<E>(), chunk_values<E>()>(x[set] + r * kXStride, x_scale[set], g % 2,
-                                                                       a.x_vectors, xv[set]);
-        } else {
+      for (int set = 0; set < kSets; ++set)
 #pragma unroll
-          for (int v = 0; v < kXVectors; ++v) xv[set][v] = __ldg(reinterpret_cast<const uint4*>(x[set] + r * kXStride) + v);
+        for (int v = 0; v < kXVectors; ++v) {
+          if constexpr (kSplitHere) xv[set][v] = split_eight(x[set] + r * kXStride + 8 * v, g % 2, a.x_vectors);
+          else xv[set][v] = __ldg(reinterpret_cast<const uint4*>(x[set] + r * kXStride) + v);
         }
-      }
       multiply_chunk<E, kSets>(ring[r], xv, acc);
       if (i + kDepth < n) load_chunk<E>(next, r, ring[r]);
     }
@@ -736,7 +668,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
     sums[2 * set] = acc[set][0] + acc[set][1];
     sums[2 * set + 1] = acc[set][2] + acc[set][3];
   }
-  finish_block<E, 2 * kSets>(a, w, b.local, b.m_tile, exps, sums,
+  finish_block<E, 2 * kSets>(a, w, b.local, b.m_tile, sums,
                              [&](int v) { return OutputSlot{m0 + g + 8 * (v % 2), 4 * (v / 2) + q}; });
 }
 
@@ -786,39 +718,14 @@ void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream
 
 constexpr int kBf16Kind = kind_of(true, tc::Order::Natural);
 
-// v5 splits fp16 activations in registers (no split kernel) for up to 4 rows (one set of B fragments) of up to
-// kRegisterSplitCols columns: every block then reads the whole rows for their exponents, which stays a few KiB.
-// That covers every tensor-core GEMV of a 35B-A3B decode step at C=1..4 (widths 2048 and 4096; 160 split kernels a
-// step at C=1, ~2.8 us each). Wider rows (27B: 5120 and up) keep the split kernel: there the GEMV takes ~38 us a
-// call and the in-register split's extra issue slots (~8 per activation pair per lane) would land on a loop that
-// already sits near its issue budget (session 7); that trade is unmeasured.
-constexpr int64_t kRegisterSplitCols = 4096;
-
-bool splits_in_registers(int kind, int rows, int64_t cols) {
-  return kind == kBf16Kind || (rows <= 4 && cols <= kRegisterSplitCols);
-}
-
-// The split planes (and fp16 exponents) of `s`, written by the split kernel.
-void launch_split_planes(const SplitActivations& s, cudaStream_t stream) {
-  switch (s.kind) {
-    case kind_of(false, tc::Order::Natural): return launch_split<false, tc::Order::Natural>(s.x, s, stream);
-    case kind_of(false, tc::Order::Nibble): return launch_split<false, tc::Order::Nibble>(s.x, s, stream);
-    case kind_of(false, tc::Order::Byte): return launch_split<false, tc::Order::Byte>(s.x, s, stream);
-    case kBf16Kind: return launch_split<true, tc::Order::Natural>(s.x, s, stream);
-    default: throw EngineError("gemv_mma: unknown activation split kind " + std::to_string(s.kind));
-  }
-}
-
 // Weights of one encoding and width on one split, kMaxWeights per launch.
 template <Encoding E>
 void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWorkspace& ws, cudaStream_t stream,
             MmaKernel kernel) {
   const int64_t k = x.cols;
-  // v3 and v5_planes read planes; activations left for v5 to split in registers get them here, per call.
+  // bf16 activations have no planes (v5 splits them in registers) until a kernel that reads them runs.
   const bool in_registers = kernel == MmaKernel::v5 && !x.planes;
-  if (!in_registers && !x.planes) launch_split_planes(x, stream);
-  if (in_registers && E != Encoding::BF16 && x.rows > 4)
-    throw EngineError("gemv_mma: fp16 activations split in registers take up to 4 rows");
+  if (!in_registers && !x.planes) launch_split<true, tc::Order::Natural>(x.x, x, stream);
   for (size_t begin = 0; begin < outs.size();) {
     MmaArgs a{};
     a.x_hi = x.hi;
@@ -848,12 +755,9 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
       counters += splits > 1 ? m_tiles : 0;
     }
     auto kernel_of = gemv_mma_kernel<E>;  // v3
-    if (kernel != MmaKernel::v3 && !in_registers) {
-      kernel_of = x.rows <= 4 ? gemv_v5_kernel<E, 1, false> : gemv_v5_kernel<E, 2, false>;
-    } else if (kernel != MmaKernel::v3) {
-      if constexpr (E == Encoding::BF16) kernel_of = x.rows <= 4 ? gemv_v5_kernel<E, 1, true> : gemv_v5_kernel<E, 2, true>;
-      else kernel_of = gemv_v5_kernel<E, 1, true>;
-    }
+    if (kernel != MmaKernel::v3) kernel_of = x.rows <= 4 ? gemv_v5_kernel<E, 1, false> : gemv_v5_kernel<E, 2, false>;
+    if constexpr (E == Encoding::BF16)
+      if (in_registers) kernel_of = x.rows <= 4 ? gemv_v5_kernel<E, 1, true> : gemv_v5_kernel<E, 2, true>;
     launch_chained(kernel_of, dim3(unsigned(blocks)), dim3(kBlockThreads), 0, stream, a);
     begin = end;
   }
@@ -904,10 +808,14 @@ SplitActivations split_activations(const float* x, int rows, int64_t cols, int k
   s.rows = rows;
   s.cols = cols;
   s.kind = kind;
-  if (kind < 0 || kind > kBf16Kind) throw EngineError("gemv_mma: unknown activation split kind " + std::to_string(kind));
-  // Planes only where v5 cannot split in registers; kernels that read planes make them when they run (launch).
-  s.planes = !splits_in_registers(kind, rows, cols);
-  if (s.planes) launch_split_planes(s, stream);
+  s.planes = kind != kBf16Kind;  // v5 splits bf16 in registers; v3 makes the planes when it runs (launch)
+  switch (kind) {
+    case kind_of(false, tc::Order::Natural): launch_split<false, tc::Order::Natural>(x, s, stream); break;
+    case kind_of(false, tc::Order::Nibble): launch_split<false, tc::Order::Nibble>(x, s, stream); break;
+    case kind_of(false, tc::Order::Byte): launch_split<false, tc::Order::Byte>(x, s, stream); break;
+    case kBf16Kind: break;
+    default: throw EngineError("gemv_mma: unknown activation split kind " + std::to_string(kind));
+  }
   return s;
 }
 

@@ -37,9 +37,8 @@ class GemvWorkspace {
 
 // The activations as the tensor-core GEMV reads them (hi/lo planes in a lane pair order, per-row exponents):
 // made once by split_activations() and usable by every weight of the same split_kind() — the projections that
-// share one input (a layer's q/k/v, gate/up) split it once. Where v5 splits the f32 activations `x` in registers
-// (the bf16 kind always; fp16 kinds for up to 4 rows of up to 4096 columns) there are no planes (`planes`) until
-// a launch of a kernel that reads them makes them.
+// share one input (a layer's q/k/v, gate/up) split it once. The bf16 kind has no planes until a v3 launch needs
+// them (`planes`): v5 splits the f32 activations `x` in registers.
 struct SplitActivations {
   const float* x = nullptr;
   const uint16_t* hi = nullptr;
@@ -56,8 +55,11 @@ SplitActivations split_activations(const float* x, int rows, int64_t cols, int k
                                    cudaStream_t stream);
 // Which kernel: v5 (16-byte chunks in a register ring, hi and lo in one mma) or v3 (the session-2 kernel). Session
 // 5 measured v5 ahead at 1-4 rows for every encoding but int4 q_proj (even) and v3 ahead for int4 at 8 rows; v3
-// stays for one more A/B at 8 rows (bench --gemv-impls), then goes. v5_planes is v5 always reading the split
-// kernel's planes: the twin of v5's in-register split (same bits), and its A/B.
+// stays for one more A/B at 8 rows (bench --gemv-impls), then goes.
+// v5_planes is v5 reading the split kernel's planes for bf16 weights too: the twin of v5's in-register bf16 split
+// (same bits). Session 8 measured an in-register split for the fp16 encodings (each block finding its rows'
+// exponents) slower than the chained split kernel + planes at 35B-A3B's widths (~2 us on the largest launch), so
+// they always read planes.
 enum class MmaKernel { v3, v5, v5_planes };
 
 // y_i = W_i x for activations split for these weights' kind; weights of one encoding and width share launches.
