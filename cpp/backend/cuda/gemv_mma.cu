@@ -5,11 +5,11 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <span>
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/activation_split.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
@@ -34,19 +34,6 @@ constexpr int kBlockThreads = 32 * kWarps;
 constexpr int kPartialSlots = 2048;  // blocks of a split launch: partial sums (128 floats each) and counters
 
 // --- activations: hi/lo 16-bit planes in operand order, and a power-of-two scale per row (fp16 only) ---
-
-template <bool kBf16>
-__device__ __forceinline__ void split_value(float v, uint16_t& hi, uint16_t& lo) {
-  if constexpr (kBf16) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    hi = __bfloat16_as_ushort(h);
-    lo = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(h)));
-  } else {
-    const __half h = __float2half_rn(v);
-    hi = __half_as_ushort(h);
-    lo = __half_as_ushort(__float2half_rn(v - __half2float(h)));
-  }
-}
 
 // Blocks of kSplitThreads along each row's columns (kSplitCols each), rows along y. fp16: the row is scaled by 2^e
 // so that max |x| lands in [2^14, 2^15) (fp16's largest finite value is 65504); e is recorded and undone on the
@@ -76,22 +63,12 @@ __global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const 
 #pragma unroll 8
       for (int64_t i = threadIdx.x; i < cols; i += kSplitThreads) amax = fmaxf(amax, fabsf(xr[i]));
     }
-    amax = block_reduce(amax, MaxOp{});
-    if (amax > 0.0f && amax <= FLT_MAX) {
-      int exponent = 0;
-      frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
-      e = min(15 - exponent, 126);
-    }
+    e = fp16_row_exponent(block_reduce(amax, MaxOp{}));
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) exps[r] = e;
-  const float scale = ldexpf(1.0f, e);
-  const int64_t begin = int64_t(blockIdx.x) * kSplitCols, end = min(cols, begin + kSplitCols);
-#pragma unroll 4
-  for (int64_t j = begin + threadIdx.x; j < end; j += kSplitThreads) {
-    const int64_t segment = j / kLaneCols * kLaneCols;
-    split_value<kBf16>(xr[segment + tc::source_column(kOrder, int(j % kLaneCols))] * scale, hi[r * cols + j],
-                       lo[r * cols + j]);
-  }
+  const int64_t begin = int64_t(blockIdx.x) * kSplitCols;
+  split_columns<kBf16, kOrder>(xr, begin, min(cols, begin + kSplitCols), kSplitThreads, ldexpf(1.0f, e), hi + r * cols,
+                               lo + r * cols);
 }
 
 // --- weights: registers straight into operand pairs ---
@@ -703,11 +680,8 @@ int choose_splits_v5(int64_t m_tiles, int64_t chunks) {
   return int(splits);
 }
 
-// Split kinds: the operand type (bf16 or fp16 with per-row scaling) and the lane pair order.
-constexpr int kind_of(bool bf16, tc::Order order) { return (bf16 ? 3 : 0) + int(order); }
-
 template <Encoding E>
-constexpr int kind_of() { return kind_of(E == Encoding::BF16, tc::order<E>()); }
+constexpr int kind_of() { return split_kind_of(E == Encoding::BF16, tc::order<E>()); }
 
 template <bool kBf16, tc::Order kOrder>
 void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream) {
@@ -716,7 +690,7 @@ void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream
                  const_cast<uint16_t*>(s.hi), const_cast<uint16_t*>(s.lo), const_cast<int*>(s.exps));
 }
 
-constexpr int kBf16Kind = kind_of(true, tc::Order::Natural);
+constexpr int kBf16Kind = split_kind_of(true, tc::Order::Natural);
 
 // Weights of one encoding and width on one split, kMaxWeights per launch.
 template <Encoding E>
@@ -793,8 +767,10 @@ int split_kind(const TensorView& w) {
 
 bool gemv_mma_supports(const TensorView& w) { return split_kind(w) >= 0; }
 
-SplitActivations split_activations(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
-                                   cudaStream_t stream) {
+bool split_has_planes(int kind) { return kind >= 0 && kind != kBf16Kind; }
+
+SplitActivations split_layout(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
+                              cudaStream_t stream) {
   if (rows < 1 || rows > kMaxGemvRows)
     throw EngineError("gemv_mma: " + std::to_string(rows) + " activation rows; the decode kernel takes 1.." +
                       std::to_string(kMaxGemvRows));
@@ -809,10 +785,16 @@ SplitActivations split_activations(const float* x, int rows, int64_t cols, int k
   s.cols = cols;
   s.kind = kind;
   s.planes = kind != kBf16Kind;  // v5 splits bf16 in registers; v3 makes the planes when it runs (launch)
+  return s;
+}
+
+SplitActivations split_activations(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
+                                   cudaStream_t stream) {
+  const SplitActivations s = split_layout(x, rows, cols, kind, workspace, stream);
   switch (kind) {
-    case kind_of(false, tc::Order::Natural): launch_split<false, tc::Order::Natural>(x, s, stream); break;
-    case kind_of(false, tc::Order::Nibble): launch_split<false, tc::Order::Nibble>(x, s, stream); break;
-    case kind_of(false, tc::Order::Byte): launch_split<false, tc::Order::Byte>(x, s, stream); break;
+    case split_kind_of(false, tc::Order::Natural): launch_split<false, tc::Order::Natural>(x, s, stream); break;
+    case split_kind_of(false, tc::Order::Nibble): launch_split<false, tc::Order::Nibble>(x, s, stream); break;
+    case split_kind_of(false, tc::Order::Byte): launch_split<false, tc::Order::Byte>(x, s, stream); break;
     case kBf16Kind: break;
     default: throw EngineError("gemv_mma: unknown activation split kind " + std::to_string(kind));
   }
