@@ -103,6 +103,10 @@ class Backend {
   // after it in one pass over the rows. `out` aliases neither input.
   virtual void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w,
                            NormKind kind, float eps, float* out) = 0;
+  // A hint for the next add_rmsnorm: `reader` is a weight of the linear_shared_input that reads its output next
+  // (unchanged). A backend may have the norm also write its output in the form that weight reads (the CUDA decode
+  // GEMV's split activations); results are the same with or without the hint.
+  virtual void norm_feeds(const TensorView& /*reader*/) {}
 
   // --- full attention ---
   // Rotates the first rotary_dim values of each of `heads` heads (head h of row r at x + r*row_stride + h*head_stride)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -279,6 +280,8 @@ void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, floa
 // Decode batches: the tensor-core GEMV splits x once per split kind and runs every weight of that kind on it;
 // other weights take the CUDA-core GEMV. Prefill batches: the prefill GEMM converts x once for all weights.
 void CudaBackend::linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) {
+  SplitActivations norm_planes = std::exchange(norm_planes_, SplitActivations{});  // for this call at most
+  norm_split_ = {};
   if (rows <= 0 || tables_only()) return;
   if (rows > kMaxGemvRows) {
     std::vector<GemmOutput> gemm_outs;
@@ -296,7 +299,12 @@ void CudaBackend::linear_shared_input(const float* x, int64_t rows, std::span<co
       add_bias(outs[i].y, rows, first, outs[i].bias);
       continue;
     }
-    const SplitActivations split = split_activations(x, int(rows), first.cols(), kind, gemv_workspace_, stream_);
+    // The planes add_rmsnorm wrote for x when they are this kind's; otherwise a split (which overwrites them).
+    const bool from_norm = norm_planes.x == x && norm_planes.rows == rows && norm_planes.kind == kind &&
+                           norm_planes.cols == first.cols();
+    const SplitActivations split =
+        from_norm ? norm_planes : split_activations(x, int(rows), first.cols(), kind, gemv_workspace_, stream_);
+    if (!from_norm && split.planes) norm_planes = {};
     // Every remaining weight of this kind and width, one launch per encoding.
     while (true) {
       std::vector<MmaOutput> same;
