@@ -136,6 +136,19 @@ def serve_model(path: Path, model_id: str, max_context: int) -> Iterator[LiveSer
 
 
 @contextlib.contextmanager
+def serve_model_with_keys(path: Path, api_keys: frozenset[str], max_context: int = 1024) -> Iterator[LiveServer]:
+    """serve_model on its own engine, with API keys required."""
+    engine = Engine.open_sync(path, EngineOptions(max_context=max_context, max_concurrency=1))
+    router = ModelRouter.serving(ServedModel("keyed", engine))
+
+    async def open_router() -> ModelRouter:
+        return router
+
+    with _serve(open_router, api_keys=api_keys) as (url, app):
+        yield LiveServer(url, router, app, engine, "keyed")
+
+
+@contextlib.contextmanager
 def serve_cli(argv: Sequence[str]) -> Iterator[LiveServer]:
     """The app `ninfer-serve ARGV` builds (its arguments parsed and turned into a router and an app by the CLI's own
     code, without API keys), served here instead of by the CLI's uvicorn.run."""
