@@ -194,10 +194,12 @@ def wait_until(condition: Callable[[], bool], seconds: float = SETTLE_S,
 
 
 def lanes_free_within(server: LiveServer, seconds: float = SETTLE_S) -> bool:
-    """True once the engine has no busy lane and nothing queued, polled for up to `seconds`."""
+    """True once the engine has no busy lane (decision lanes included) and nothing queued, polled for up to
+    `seconds`."""
     engine = server.engine
     assert engine is not None
-    return wait_until(lambda: (stats := engine.stats()).busy_lanes == 0 and stats.queued == 0, seconds)
+    return wait_until(lambda: (s := engine.stats()).busy_lanes == 0 and s.busy_decision_lanes == 0 and s.queued == 0,
+                      seconds)
 
 
 def idle_tokens_generated(server: LiveServer) -> int:

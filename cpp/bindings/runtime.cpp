@@ -151,6 +151,8 @@ void bind_structs(nb::module_& m) {
   nb::class_<EngineStats>(m, "EngineStats")
       .def_ro("lanes", &EngineStats::lanes)
       .def_ro("busy_lanes", &EngineStats::busy_lanes)
+      .def_ro("decision_lanes", &EngineStats::decision_lanes)
+      .def_ro("busy_decision_lanes", &EngineStats::busy_decision_lanes)
       .def_ro("queued", &EngineStats::queued)
       .def_ro("kv_capacity_tokens", &EngineStats::kv_capacity_tokens)
       .def_ro("kv_free_tokens", &EngineStats::kv_free_tokens)

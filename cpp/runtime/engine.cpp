@@ -73,12 +73,12 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     : options_(options) {
   validate_engine_options(options_);
   ModelOptions mo;
-  // A decision lane's context and its rows' suffixes together stay within two contexts' worth by default.
-  int64_t kv_tokens = options_.kv_capacity > 0
-                          ? options_.kv_capacity
-                          : options_.max_context * (options_.max_concurrency + 2 * options_.decision_lanes);
+  // Every lane, decision lanes included, gets a context's worth of the KV pool by default; decision jobs take
+  // their pages from the same pool (they count against the admission budget), with a share chat cannot take.
+  const int32_t lanes = options_.max_concurrency + options_.decision_lanes;
+  int64_t kv_tokens = options_.kv_capacity > 0 ? options_.kv_capacity : options_.max_context * lanes;
   // A lane's working state each, and per decision lane one per row.
-  const int32_t state_slots = options_.max_concurrency + options_.decision_lanes * (1 + options_.decision_rows);
+  const int32_t row_slots = options_.decision_lanes * options_.decision_rows;
   mo.threads = options_.threads;
   mo.verify_checksums = options_.verify_checksums;
   std::shared_ptr<const Artifact> artifact = Artifact::open(path, options_.verify_checksums);
@@ -88,11 +88,11 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     const DeviceMemoryUse use = device_->upload_weights(*artifact);
     if (options_.prefill_chunk == kPrefillChunkAuto)
       options_.prefill_chunk =
-          choose_prefill_chunk(config, options_.kv_dtype, options_.kv_capacity, options_.max_context,
-                               options_.max_concurrency, use.device_total, use.weights, use.free_after_weights);
-    memory_plan_ = plan_memory(config, options_.kv_dtype, options_.kv_capacity, options_.max_context,
-                               state_slots, options_.prefill_chunk + options_.max_concurrency,
-                               use.device_total, use.weights, use.free_after_weights);
+          choose_prefill_chunk(config, options_.kv_dtype, options_.kv_capacity, options_.max_context, lanes,
+                               use.device_total, use.weights, use.free_after_weights, row_slots);
+    memory_plan_ = plan_memory(config, options_.kv_dtype, options_.kv_capacity, options_.max_context, lanes,
+                               options_.prefill_chunk + lanes, use.device_total, use.weights,
+                               use.free_after_weights, row_slots);
     kv_tokens = memory_plan_.kv_capacity_tokens;
     device_->set_graphs_enabled(options_.cuda_graphs);
     device_->set_max_sequence_tokens(options_.max_context);
@@ -103,11 +103,15 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   config_ = model_->config();
   CacheCapacity capacity;
   capacity.device_pages = kv_pages_for(kv_tokens);
-  capacity.device_state_slots = state_slots;
+  capacity.device_state_slots = lanes + row_slots;
   pools_ = std::make_unique<CachePools>(model_->cache_layout(), capacity, options_.kv_dtype, model_->memory());
   cache_ = std::make_unique<CacheManager>(pools_->pages(), pools_->states() ? &pools_->slots() : nullptr, *pools_);
+  // The decision lanes' share of the pool: a context each, less whatever leaves one context's room for chat.
+  const int64_t context_pages = kv_pages_for(options_.max_context);
+  decision_share_pages_ =
+      std::clamp<int64_t>(options_.decision_lanes * context_pages, 0, capacity.device_pages - context_pages);
   scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.decision_lanes, options_.prefill_chunk,
-                                           *cache_);
+                                           decision_share_pages_, *cache_);
   executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling);
   outputs_ = std::make_unique<OutputProcessor>(
       *scheduler_, [this](EngineEvent ev) { publish(std::move(ev)); }, [this](JobOutput output) {
@@ -182,8 +186,12 @@ Job Engine::make_decision_job(DecisionRequest request) {
     longest = std::max(longest, static_cast<int64_t>(question.suffix.size()));
   }
   job.output = JobOutput::Decide;
+  // As many rows as asked for, fewer when they would not fit one decision lane's share of the pool.
+  const int64_t row_pages = kv_pages_for(n + longest) - n / kKvPageTokens;
+  const int64_t lane_share = decision_share_pages_ / options_.decision_lanes;
   job.decision_rows = std::min<int32_t>(options_.decision_rows, static_cast<int32_t>(request.questions.size()));
-  job.decision_pages = job.decision_rows * (kv_pages_for(n + longest) - n / kKvPageTokens);
+  while (job.decision_rows > 1 && kv_pages_for(n) + job.decision_rows * row_pages > lane_share) --job.decision_rows;
+  job.decision_pages = job.decision_rows * row_pages;
   check_fits(kv_pages_for(n) + job.decision_pages,
              std::to_string(n) + " context tokens and " + std::to_string(job.decision_rows) + " rows of up to " +
                  std::to_string(longest) + " question tokens (in pages of 64)");
@@ -359,8 +367,10 @@ void Engine::publish(EngineEvent event) {
 }
 
 void Engine::refresh_stats() {
-  stats_.lanes = scheduler_->num_lanes();
-  stats_.busy_lanes = scheduler_->num_busy_lanes();
+  stats_.lanes = scheduler_->num_chat_lanes();
+  stats_.busy_lanes = scheduler_->num_busy_chat_lanes();
+  stats_.decision_lanes = scheduler_->num_lanes() - scheduler_->num_chat_lanes();
+  stats_.busy_decision_lanes = scheduler_->num_busy_lanes() - stats_.busy_lanes;
   stats_.queued = scheduler_->num_queued();
   const CacheStats c = cache_->stats();
   stats_.kv_capacity_tokens = c.total_pages * kKvPageTokens;

@@ -67,7 +67,8 @@ inline constexpr int64_t kKvCapacityAuto = -1;
 void validate_engine_options(const EngineOptions& options);
 
 struct EngineStats {
-  int32_t lanes = 0, busy_lanes = 0;
+  int32_t lanes = 0, busy_lanes = 0;  // chat (and scoring) lanes
+  int32_t decision_lanes = 0, busy_decision_lanes = 0;
   int64_t queued = 0;
   int64_t kv_capacity_tokens = 0, kv_free_tokens = 0;
   int32_t free_state_slots = 0;
@@ -143,6 +144,7 @@ class Engine {
   std::deque<EngineEvent> events_;
   std::vector<MaskRequest> mask_requests_;
   std::unordered_set<uint64_t> cancel_requests_;  // running ids to end at the next step boundary
+  int64_t decision_share_pages_ = 0;  // KV pages chat admission leaves to the decision lanes
   int64_t in_flight_ = 0, decisions_in_flight_ = 0;  // queued + running (chat and scoring; decisions)
   uint64_t next_id_ = 1;
   bool stopping_ = false, closed_ = false;

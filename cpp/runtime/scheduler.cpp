@@ -20,8 +20,17 @@ void add_prefill(const PlannedSlice& slice, int64_t budget, std::vector<PlannedS
 
 }  // namespace
 
-Scheduler::Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, CacheManager& cache)
-    : prefill_chunk_(prefill_chunk), cache_(cache), chat_lanes_(num_lanes), lanes_(num_lanes + decision_lanes) {}
+Scheduler::Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
+                     CacheManager& cache)
+    : prefill_chunk_(prefill_chunk), cache_(cache), chat_lanes_(num_lanes), decision_pages_(decision_pages),
+      lanes_(num_lanes + decision_lanes) {}
+
+int64_t Scheduler::decision_pages_unused() const {
+  int64_t held = 0;
+  for (int32_t i = chat_lanes_; i < num_lanes(); ++i)
+    if (lanes_[i]) held += lanes_[i]->decision_held_pages;
+  return std::max<int64_t>(0, decision_pages_ - held);
+}
 
 std::optional<Job> Scheduler::remove_queued(uint64_t id) {
   for (std::deque<Job>* queue : {&queue_, &decision_queue_}) {
@@ -48,10 +57,12 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
   for (int32_t i = first_lane; i < end_lane && !queue.empty(); ++i) {
     if (lanes_[i]) continue;
     const Job& head = queue.front();
+    const bool deciding = head.output == JobOutput::Decide;
+    if (!deciding && cache_.stats().free_pages - kv_pages_for(head.reservation) < decision_pages_unused()) break;
     std::optional<CacheAdmission> admission = cache_.admit(head.reservation);
     if (!admission) break;
     std::optional<CacheReserve> reserve;
-    if (head.output == JobOutput::Decide) {
+    if (deciding) {
       reserve = cache_.reserve(head.decision_pages, head.decision_rows);
       if (!reserve) {
         cache_.release(admission->cache);
@@ -71,6 +82,7 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
     }
     if (lane.job.output == JobOutput::Decide) {
       lane.reserve = std::move(*reserve);
+      lane.decision_held_pages = static_cast<int64_t>(lane.cache.pages.size() + lane.reserve.pages.size());
       lane.rows.resize(size_t(lane.job.decision_rows));
       lane.decision_logprobs.resize(lane.job.decision.questions.size());
     }
@@ -171,6 +183,11 @@ int32_t Scheduler::lane_of(uint64_t id) const {
   for (int32_t i = 0; i < num_lanes(); ++i)
     if (lanes_[i] && lanes_[i]->job.id == id) return i;
   return -1;
+}
+
+int32_t Scheduler::num_busy_chat_lanes() const {
+  return static_cast<int32_t>(std::count_if(lanes_.begin(), lanes_.begin() + chat_lanes_,
+                                            [](const auto& l) { return l.has_value(); }));
 }
 
 int32_t Scheduler::num_busy_lanes() const {

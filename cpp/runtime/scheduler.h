@@ -78,14 +78,17 @@ struct Lane {
   std::vector<std::optional<DecisionRow>> rows;
   CacheReserve reserve;
   int32_t next_question = 0, answered = 0;
+  int64_t decision_held_pages = 0;  // context pages + reserve, for the decision share's accounting
   std::vector<std::vector<float>> decision_logprobs;
 };
 
 class Scheduler {
  public:
-  // `decision_lanes` more lanes, after the others, run decision jobs only (their own queue too), so that chat
-  // traffic cannot starve decisions nor decisions chat.
-  Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, CacheManager& cache);
+  // `decision_lanes` more lanes, after the others, run decision jobs only (their own queue too), and chat jobs
+  // leave `decision_pages` KV pages (less what decision jobs hold) free for them: chat traffic cannot starve
+  // decisions, nor decisions chat.
+  Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
+            CacheManager& cache);
 
   void enqueue(Job job) { (job.output == JobOutput::Decide ? decision_queue_ : queue_).push_back(std::move(job)); }
   // Removes a queued job and returns it; nullopt when `id` is not queued.
@@ -103,7 +106,9 @@ class Scheduler {
   std::optional<Lane>& lane(int32_t index) { return lanes_[index]; }
   int32_t lane_of(uint64_t id) const;  // -1 when no lane runs it
   int32_t num_lanes() const { return static_cast<int32_t>(lanes_.size()); }  // decision lanes included
-  int32_t num_busy_lanes() const;
+  int32_t num_busy_lanes() const;  // decision lanes included
+  int32_t num_chat_lanes() const { return chat_lanes_; }
+  int32_t num_busy_chat_lanes() const;
   int64_t num_queued() const { return static_cast<int64_t>(queue_.size() + decision_queue_.size()); }
   bool idle() const { return num_busy_lanes() == 0; }
   // Every queued job (close() ends them).
@@ -114,9 +119,12 @@ class Scheduler {
   void start_rows(Lane& lane);
   void plan_rows(int32_t index, const Lane& lane, std::vector<PlannedSlice>& prefills, int64_t& prefill_tokens) const;
 
+  int64_t decision_pages_unused() const;  // the decision share's pages no decision job holds
+
   int64_t prefill_chunk_;
   CacheManager& cache_;
   int32_t chat_lanes_;
+  int64_t decision_pages_;
   std::vector<std::optional<Lane>> lanes_;
   std::deque<Job> queue_, decision_queue_;
 };

@@ -177,6 +177,8 @@ class EngineStats:
     tokens_generated: int
     tokens_prefilled: int
     resident_bytes: int
+    decision_lanes: int = 0
+    busy_decision_lanes: int = 0
 
 
 @dataclass(frozen=True)
@@ -590,7 +592,7 @@ class Engine:
         s = self._native.stats()
         return EngineStats(s.lanes, s.busy_lanes, s.queued, s.kv_capacity_tokens, s.kv_free_tokens,
                            s.free_state_slots, s.requests_finished, s.tokens_generated, s.tokens_prefilled,
-                           s.resident_bytes)
+                           s.resident_bytes, s.decision_lanes, s.busy_decision_lanes)
 
     def close(self) -> None:
         """Ends every request (`cancelled`), stops the threads and frees the model. Idempotent."""

@@ -35,7 +35,7 @@ def _restricted(engine: Engine, prefix: list[int], candidates: list[int]) -> lis
 
 def _idle(engine: Engine) -> tuple:
     s = engine.stats()
-    return s.busy_lanes, s.queued, s.kv_free_tokens, s.free_state_slots
+    return s.busy_lanes, s.busy_decision_lanes, s.queued, s.kv_free_tokens, s.free_state_slots
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +108,13 @@ def test_decisions_run_on_their_own_lane_while_chat_fills_every_lane_and_queue_p
 def test_a_cancelled_decision_releases_its_lane_rows_and_pages(engine):
     rng = random.Random()
     before = _idle(engine)
+    questions = [(_random_ids(rng, 200), [5, 6])] * 60  # 12k suffix tokens: far longer than the wait below
+    prefilled = engine.stats().tokens_prefilled
 
     async def main():
-        task = asyncio.ensure_future(engine.decide(_random_ids(rng, 300), [(_random_ids(rng, 50), [5, 6])] * 30))
-        await asyncio.sleep(0.3)
+        task = asyncio.ensure_future(engine.decide(_random_ids(rng, 100), questions))
+        while engine.stats().tokens_prefilled < prefilled + 300:  # the context and some rows are in
+            await asyncio.sleep(0.005)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -122,6 +125,7 @@ def test_a_cancelled_decision_releases_its_lane_rows_and_pages(engine):
             break
         asyncio.run(asyncio.sleep(0.05))
     assert _idle(engine) == before
+    assert engine.stats().tokens_prefilled - prefilled < 100 + 200 * 60  # it stopped part way
 
 
 def test_bad_decisions_are_refused_typed_and_change_nothing(engine):
@@ -142,3 +146,20 @@ def test_bad_decisions_are_refused_typed_and_change_nothing(engine):
 def test_decision_lanes_off_refuses_decisions(tiny_qwen35_artifact):
     with _engine(tiny_qwen35_artifact, decision_lanes=0) as e, pytest.raises(errors.EngineError, match="off"):
         asyncio.run(e.decide([1, 2, 3], [([4], [5])]))
+
+
+def test_a_full_decision_queue_refuses_with_engine_busy_and_frees_nothing_held(tiny_qwen35_artifact):
+    rng = random.Random()
+    with _engine(tiny_qwen35_artifact, max_queue=0) as e:
+        idle = _idle(e)
+
+        async def main():
+            running = asyncio.ensure_future(e.decide(_random_ids(rng, 300), [(_random_ids(rng, 60), [1, 2])] * 8))
+            while e.stats().busy_decision_lanes == 0 and not running.done():
+                await asyncio.sleep(0.005)
+            with pytest.raises(errors.EngineBusyError, match="decision lanes"):
+                await e.decide([1, 2, 3], [([4], [5])])
+            return await running
+
+        assert len(asyncio.run(main())) == 8
+        assert _idle(e) == idle
