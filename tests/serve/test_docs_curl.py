@@ -283,8 +283,8 @@ def run_curl(command: str, url: str) -> subprocess.CompletedProcess:
 
 def test_the_page_has_the_examples_this_test_runs():
     examples = curl_examples(DOC.read_text(encoding="utf-8"))
-    assert len(examples) >= 20 and len({e.block for e in examples}) == 4
-    assert {e.status for e in examples} == {200, 400}
+    assert len(examples) >= 20 and len({e.block for e in examples}) == 5
+    assert {e.status for e in examples} == {200, 400, 422}
     for example in examples:
         assert example.command.count(ORIGIN) == 1, f"an example that does not use {ORIGIN}: {example.command}"
         assert example.route in CHECKS, f"no check for {example.route} (from {example.command})"
