@@ -199,37 +199,31 @@ Job Engine::make_decision_job(DecisionRequest request) {
   return job;
 }
 
-uint64_t Engine::submit_decision(DecisionRequest request) {
-  std::unique_lock lock(mu_);
-  if (closed_) throw EngineError("the engine is closed");
-  Job job = make_decision_job(std::move(request));
-  if (decisions_in_flight_ >= options_.decision_lanes + options_.max_queue)
-    throw EngineBusyError("the engine is busy: all " + std::to_string(options_.decision_lanes) +
-                          " decision lanes and " + std::to_string(options_.max_queue) +
-                          " queue places are taken; retry later");
+// Queues a made job within its kind's bound (lanes + queue places): EngineBusyError past it. Called locked.
+uint64_t Engine::enqueue(Job job, int64_t& in_flight, int32_t lanes, const char* what) {
+  if (in_flight >= lanes + options_.max_queue)
+    throw EngineBusyError("the engine is busy: all " + std::to_string(lanes) + " " + what + " and " +
+                          std::to_string(options_.max_queue) + " queue places are taken; retry later");
   job.id = next_id_++;
   const uint64_t id = job.id;
   scheduler_->enqueue(std::move(job));
-  ++decisions_in_flight_;
+  ++in_flight;
   stats_.queued = scheduler_->num_queued();
   work_cv_.notify_one();
   return id;
 }
 
+uint64_t Engine::submit_decision(DecisionRequest request) {
+  std::unique_lock lock(mu_);
+  if (closed_) throw EngineError("the engine is closed");
+  return enqueue(make_decision_job(std::move(request)), decisions_in_flight_, options_.decision_lanes,
+                 "decision lanes");
+}
+
 uint64_t Engine::submit(GenerationRequest request) {
   std::unique_lock lock(mu_);
   if (closed_) throw EngineError("the engine is closed");
-  Job job = make_job(std::move(request), false);
-  if (in_flight_ >= options_.max_concurrency + options_.max_queue)
-    throw EngineBusyError("the engine is busy: all " + std::to_string(options_.max_concurrency) + " lanes and " +
-                          std::to_string(options_.max_queue) + " queue places are taken; retry later");
-  job.id = next_id_++;
-  const uint64_t id = job.id;
-  scheduler_->enqueue(std::move(job));
-  ++in_flight_;
-  stats_.queued = scheduler_->num_queued();
-  work_cv_.notify_one();
-  return id;
+  return enqueue(make_job(std::move(request), false), in_flight_, options_.max_concurrency, "lanes");
 }
 
 std::vector<float> Engine::score(std::vector<int32_t> tokens) {

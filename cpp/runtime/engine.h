@@ -126,6 +126,7 @@ class Engine {
   void refresh_stats();
   Job make_job(GenerationRequest request, bool scoring);
   Job make_decision_job(DecisionRequest request);
+  uint64_t enqueue(Job job, int64_t& in_flight, int32_t lanes, const char* what);
   void check_fits(int64_t pages, const std::string& what) const;
 
   EngineOptions options_;

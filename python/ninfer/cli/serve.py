@@ -116,36 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="requests that may wait for a lane before the server answers 429 (default 16)",
     )
-    engine.add_argument(
-        "--decision-lanes",
-        type=_positive("--decision-lanes", 0),
-        default=1,
-        metavar="N",
-        help="lanes that run decision jobs only (/v1/decisions, /v1/systemone, /v1/rerank), 0..8; 0 refuses "
-        "them (default 1)",
-    )
-    engine.add_argument(
-        "--decision-rows",
-        type=_positive("--decision-rows"),
-        default=4,
-        metavar="N",
-        help="questions of one decision request answered at once, 1..64; more run as rounds (default 4)",
-    )
-    engine.add_argument(
-        "--decision-max-questions",
-        type=_positive("--decision-max-questions"),
-        default=256,
-        metavar="N",
-        help="questions (or rerank documents) per decision request; more is a 413 (default 256)",
-    )
-    engine.add_argument(
-        "--decision-max-tokens",
-        type=_positive("--decision-max-tokens"),
-        default=64_000,
-        metavar="N",
-        help="rendered tokens of one decision request, its context and every question together; more is a 413 "
-        "(default 64000)",
-    )
+    for flag, least, default, what in DECISION_FLAGS:
+        engine.add_argument(flag, type=_positive(flag, least), default=default, metavar="N",
+                            help=f"{what} (default {default})")
     engine.add_argument(
         "--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV cache storage (default bf16)"
     )
@@ -225,6 +198,17 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("give either MODEL or --config, not both")
     if args.config is not None and args.alias is not None:
         raise CliError("--alias names the one MODEL; with --config, give the model 'aliases' in the config")
+
+
+# Decision scoring (docs/decisions.md): flag, least value, default, what it sets.
+DECISION_FLAGS = (
+    ("--decision-lanes", 0, 1,
+     "lanes that run decision jobs only (/v1/decisions, /v1/systemone, /v1/rerank), 0..8; 0 refuses them"),
+    ("--decision-rows", 1, 4, "questions of one decision request answered at once, 1..64; more run as rounds"),
+    ("--decision-max-questions", 1, 256, "questions (or rerank documents) per decision request; more is a 413"),
+    ("--decision-max-tokens", 1, 64_000,
+     "rendered tokens of one decision request, its context and every question together; more is a 413"),
+)
 
 
 def _engine_options(args: argparse.Namespace) -> Any:
