@@ -17,7 +17,7 @@ from ninfer.decisions.readout import answer
 from ninfer.decisions.runner import run_questions, typed_questions
 from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import ErrorInfo, describe, openai_body
-from ninfer.serve.router import RouterDependency
+from ninfer.serve.gate import LeaseDependency
 
 LIMITS_STATE_KEY = "decision_limits"  # app.state entry: the DecisionLimits the server was started with
 
@@ -30,10 +30,10 @@ def served_name(model_id: str, temperature: float) -> str:
     return model_id if temperature == 1.0 else f"{model_id}-t{temperature:g}"
 
 
-async def decide(request: Request, router: RouterDependency) -> dict[str, Any]:
+async def decide(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     limits = limits_of(request)
     body = parse_request(load_json(await request.body()), limits)
-    served = router.resolve(body.model)
+    served = lease.served  # the model the body names, pinned by the gate
     shared = context_messages(body.state, body.messages)
     work = run_questions(served.engine, shared, typed_questions(body.questions), limits, body.temperature)
     probs, input_tokens = await run_while_connected(request, work)
@@ -88,14 +88,14 @@ _DOC = "TypeSafe System One: calibrated probabilities over each question's answe
 
 
 @post("/v1/decisions", status_code=200, exception_handlers={Exception: openai_handler}, summary=_DOC)
-async def decisions(request: Request, router: RouterDependency) -> dict[str, Any]:
-    return await decide(request, router)
+async def decisions(request: Request, lease: LeaseDependency) -> dict[str, Any]:
+    return await decide(request, lease)
 
 
 @post("/v1/systemone", status_code=200, exception_handlers={Exception: typesafe_handler},
       summary=_DOC + "; errors in TypeSafe's `detail` shape")
-async def systemone(request: Request, router: RouterDependency) -> dict[str, Any]:
-    return await decide(request, router)
+async def systemone(request: Request, lease: LeaseDependency) -> dict[str, Any]:
+    return await decide(request, lease)
 
 
 route_handlers = [decisions, systemone]

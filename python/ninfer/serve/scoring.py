@@ -27,7 +27,7 @@ from ninfer.decisions.runner import run_questions
 from ninfer.serve.decisions import limits_of, openai_handler
 from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError
-from ninfer.serve.router import RouterDependency
+from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.state import ServedModel
 
 RERANK_SYSTEM = "You are a relevance judge. Decide whether documents are relevant to this query:\n"
@@ -90,9 +90,9 @@ def _score_tokens(model: ServedModel, data: dict[str, Any]) -> tuple[list[int], 
 
 @post("/v1/score", status_code=200, exception_handlers=HANDLERS,
       summary="Per-token logprobs of a text, or of a continuation after a prompt or a chat")
-async def score(request: Request, router: RouterDependency) -> dict[str, Any]:
+async def score(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     data = _json_object(await request.body())
-    model = router.resolve(_string(data, "model"))
+    model = lease.served
     ids, n_prompt = await asyncio.to_thread(_score_tokens, model, data)
     if len(ids) < 2:
         raise InvalidRequestError("the text must be at least two tokens")
@@ -123,7 +123,7 @@ def _documents(data: dict[str, Any]) -> list[str]:
 
 @post("/v1/rerank", status_code=200, exception_handlers=HANDLERS,
       summary="Jina rerank: documents sorted by relevance to the query (a yes/no decision per document)")
-async def rerank(request: Request, router: RouterDependency) -> dict[str, Any]:
+async def rerank(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     data = _json_object(await request.body())
     query, docs = _string(data, "query"), _documents(data)
     if not query:
@@ -137,7 +137,7 @@ async def rerank(request: Request, router: RouterDependency) -> dict[str, Any]:
     limits = limits_of(request)
     if len(docs) > limits.max_questions:
         raise TooLargeError(f"{len(docs)} documents; at most {limits.max_questions} per request")
-    model = router.resolve(_string(data, "model"))
+    model = lease.served
     shared = [{"role": "system", "content": RERANK_SYSTEM + content_text(query)}]
     questions = [(RERANK_QUESTION.format(document=d), Labels(["Yes", "No"])) for d in docs]
     probs, input_tokens = await run_while_connected(request, run_questions(model.engine, shared, questions, limits))
