@@ -92,8 +92,8 @@ def test_decisions_run_on_their_own_lane_while_chat_fills_every_lane_and_queue_p
                 e.submit(long)
             answers = await e.decide(_random_ids(rng, 30), [(_random_ids(rng, 4), [1, 2, 3])])
             assert e.stats().busy_lanes >= 1  # the chat flood still runs: the decision did not wait for it
-            for request_id, _ in flood:
-                e.cancel(request_id)
+            for stream in flood:
+                await stream.aclose()
             return answers
 
         answers = asyncio.run(main())
