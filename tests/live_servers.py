@@ -136,6 +136,19 @@ def serve_model(path: Path, model_id: str, max_context: int) -> Iterator[LiveSer
 
 
 @contextlib.contextmanager
+def serve_model_with_keys(path: Path, api_keys: frozenset[str], max_context: int = 1024) -> Iterator[LiveServer]:
+    """serve_model on its own engine, with API keys required."""
+    engine = Engine.open_sync(path, EngineOptions(max_context=max_context, max_concurrency=1))
+    router = ModelRouter.serving(ServedModel("keyed", engine))
+
+    async def open_router() -> ModelRouter:
+        return router
+
+    with _serve(open_router, api_keys=api_keys) as (url, app):
+        yield LiveServer(url, router, app, engine, "keyed")
+
+
+@contextlib.contextmanager
 def serve_cli(argv: Sequence[str]) -> Iterator[LiveServer]:
     """The app `ninfer-serve ARGV` builds (its arguments parsed and turned into a router and an app by the CLI's own
     code, without API keys), served here instead of by the CLI's uvicorn.run."""
@@ -181,10 +194,12 @@ def wait_until(condition: Callable[[], bool], seconds: float = SETTLE_S,
 
 
 def lanes_free_within(server: LiveServer, seconds: float = SETTLE_S) -> bool:
-    """True once the engine has no busy lane and nothing queued, polled for up to `seconds`."""
+    """True once the engine has no busy lane (decision lanes included) and nothing queued, polled for up to
+    `seconds`."""
     engine = server.engine
     assert engine is not None
-    return wait_until(lambda: (stats := engine.stats()).busy_lanes == 0 and stats.queued == 0, seconds)
+    return wait_until(lambda: (s := engine.stats()).busy_lanes == 0 and s.busy_decision_lanes == 0 and s.queued == 0,
+                      seconds)
 
 
 def idle_tokens_generated(server: LiveServer) -> int:

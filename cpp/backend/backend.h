@@ -87,6 +87,9 @@ class Backend {
   virtual void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) = 0;
   // out[i] = x[rows[i]] (rows of `dim` values).
   virtual void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) = 0;
+  // out[j] = <rows[j], x> for n rows of `dim` values (a GEMV over rows gathered by embed: the candidate projection
+  // of a decision readout, a handful of lm-head rows instead of the whole vocabulary).
+  virtual void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) = 0;
 
   // --- elementwise ---
   virtual void add(float* inout, const float* x, int64_t n) = 0;

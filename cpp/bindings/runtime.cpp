@@ -79,12 +79,24 @@ void bind_structs(nb::module_& m) {
       .def_rw("constrained", &GenerationRequest::constrained)
       .def_rw("report_progress", &GenerationRequest::report_progress);
 
+  nb::class_<DecisionQuestion>(m, "DecisionQuestion")
+      .def(nb::init<>())
+      .def_rw("suffix", &DecisionQuestion::suffix)
+      .def_rw("candidates", &DecisionQuestion::candidates);
+
+  nb::class_<DecisionRequest>(m, "DecisionRequest")
+      .def(nb::init<>())
+      .def_rw("context", &DecisionRequest::context)
+      .def_rw("questions", &DecisionRequest::questions);
+
   nb::class_<EngineOptions>(m, "EngineOptions")
       .def(nb::init<>())
       .def_rw("max_context", &EngineOptions::max_context)
       .def_rw("kv_capacity", &EngineOptions::kv_capacity)
       .def_rw("max_concurrency", &EngineOptions::max_concurrency)
       .def_rw("max_queue", &EngineOptions::max_queue)
+      .def_rw("decision_lanes", &EngineOptions::decision_lanes)
+      .def_rw("decision_rows", &EngineOptions::decision_rows)
       .def_rw("prefill_chunk", &EngineOptions::prefill_chunk)
       .def_prop_rw("kv_dtype", [](const EngineOptions& o) { return std::string(kv_dtype_name(o.kv_dtype)); },
                    [](EngineOptions& o, const std::string& name) { o.kv_dtype = parse_kv_dtype(name); })
@@ -124,6 +136,7 @@ void bind_structs(nb::module_& m) {
       .def_prop_ro("finish", [](const EngineEvent& e) { return std::string(finish_reason_name(e.finish)); })
       .def_ro("error_type", &EngineEvent::error_type)
       .def_ro("error_message", &EngineEvent::error_message)
+      .def_ro("decision_logprobs", &EngineEvent::decision_logprobs)
       .def_ro("usage", &EngineEvent::usage)
       .def_ro("timings", &EngineEvent::timings);
 
@@ -138,6 +151,8 @@ void bind_structs(nb::module_& m) {
   nb::class_<EngineStats>(m, "EngineStats")
       .def_ro("lanes", &EngineStats::lanes)
       .def_ro("busy_lanes", &EngineStats::busy_lanes)
+      .def_ro("decision_lanes", &EngineStats::decision_lanes)
+      .def_ro("busy_decision_lanes", &EngineStats::busy_decision_lanes)
       .def_ro("queued", &EngineStats::queued)
       .def_ro("kv_capacity_tokens", &EngineStats::kv_capacity_tokens)
       .def_ro("kv_free_tokens", &EngineStats::kv_free_tokens)
@@ -250,6 +265,7 @@ void bind_runtime(nb::module_& m) {
       .def("provide_mask", &provide_mask, nb::arg("request_id"), nb::arg("mask").none())
       .def("fail_mask", &Engine::fail_mask, nb::arg("request_id"), nb::arg("message"), Release())
       .def("score", &Engine::score, Release())
+      .def("submit_decision", &Engine::submit_decision, Release())
       .def("stats", &Engine::stats, Release())
       .def("close", &Engine::close, Release())
       .def_prop_ro("vocab_size", [](const Engine& e) { return e.config().vocab_size; })

@@ -49,23 +49,32 @@ class DecoderModel final : public Model {
     const int64_t h = config_.hidden_size;
 
     seqs_.clear();
-    int64_t rows = 0, out_rows = 0;
+    int64_t rows = 0, full_rows = 0, candidate_rows = 0, candidates = 0;
     out.vocab = config_.vocab_size;
     out.hidden_size = h;
     out.row_offset.clear();
+    out.candidate_offset.assign(batch.size(), 0);
     for (const ForwardItem& item : batch) {
+      const bool projected = !item.candidates.empty();
       seqs_.push_back({rows, item.n_tokens, item.start, item.pages.data(), item.state_slot});
-      out.row_offset.push_back(out_rows);
+      out.row_offset.push_back(projected ? candidate_rows++ : full_rows);
+      if (projected) {
+        out.candidate_offset[out.row_offset.size() - 1] = candidates;
+        candidates += int64_t(item.candidates.size());
+      }
       rows += item.n_tokens;
-      out_rows += item.all_logits ? item.n_tokens : (item.n_tokens > 0 ? 1 : 0);
+      if (!projected) full_rows += item.all_logits ? item.n_tokens : (item.n_tokens > 0 ? 1 : 0);
     }
+    const int64_t out_rows = full_rows + candidate_rows;
     int64_t* positions = scratch_.positions(rows);
     int64_t* out_index = scratch_.row_index(out_rows);
     float* hidden = scratch_.get(Buf::Hidden, rows * h);
-    for (size_t i = 0, o = 0; i < batch.size(); ++i) {
+    for (size_t i = 0; i < batch.size(); ++i) {
       const SequenceRows& s = seqs_[i];
       for (int64_t t = 0; t < s.n; ++t) positions[s.row0 + t] = s.start + t;
-      for (int64_t t = batch[i].all_logits ? 0 : s.n - 1; t < s.n; ++t) out_index[o++] = s.row0 + t;
+      if (!batch[i].candidates.empty())
+        out.row_offset[i] += full_rows;  // the projected rows follow the full-logit rows
+      for (int64_t t = batch[i].all_logits ? 0 : s.n - 1, o = out.row_offset[i]; t < s.n; ++t) out_index[o++] = s.row0 + t;
       backend_->embed(batch[i].tokens, s.n, *weights_.embed, hidden + s.row0 * h);
     }
 
@@ -75,16 +84,17 @@ class DecoderModel final : public Model {
 
     const bool on_device = out.keep_on_device && !backend_->memory().host_accessible();
     out.hidden.resize(on_device ? 0 : size_t(out_rows * h));
-    out.logits.resize(on_device ? 0 : size_t(out_rows * config_.vocab_size));
+    out.logits.resize(on_device ? 0 : size_t(full_rows * config_.vocab_size));
     float* final_hidden =
         on_device ? scratch_.get(Buf::OutRows, out_rows * h) : output_buffer(out.hidden, Buf::OutRows);
-    float* logits = on_device ? scratch_.get(Buf::Logits, out_rows * config_.vocab_size)
+    float* logits = on_device ? scratch_.get(Buf::Logits, full_rows * config_.vocab_size)
                               : output_buffer(out.logits, Buf::Logits);
     backend_->gather_rows(hidden, h, out_index, out_rows, final_hidden);
     backend_->rmsnorm(final_hidden, out_rows, h, h, weights_.final_norm.data(), pass.norm_kind(), pass.eps(),
                       final_hidden, h);
-    backend_->linear(final_hidden, out_rows, *weights_.lm_head, logits);
-    out.device_logits = on_device ? logits : nullptr;
+    if (full_rows > 0) backend_->linear(final_hidden, full_rows, *weights_.lm_head, logits);
+    project_candidates(batch, out, final_hidden);
+    out.device_logits = on_device && full_rows > 0 ? logits : nullptr;
     if (!on_device) {
       copy_output(out.hidden, final_hidden);
       copy_output(out.logits, logits);
@@ -156,6 +166,29 @@ class DecoderModel final : public Model {
     if (written != host.data()) backend_->memory().to_host(host.data(), written, host.size() * sizeof(float));
   }
 
+  // The candidate logits of the items that asked for them: their lm-head rows gathered (embed reads a row in any
+  // encoding) and dotted with the item's final-normed hidden row; k rows of the head instead of the vocabulary.
+  void project_candidates(std::span<const ForwardItem> batch, ForwardOutput& out, const float* final_hidden) {
+    int64_t total = 0, widest = 0;
+    for (const ForwardItem& item : batch) {
+      total += int64_t(item.candidates.size());
+      widest = std::max(widest, int64_t(item.candidates.size()));
+    }
+    out.candidate_logits.assign(size_t(total), 0.0f);
+    if (total == 0) return;
+    const int64_t h = config_.hidden_size;
+    float* rows = scratch_.get(Buf::CandidateRows, widest * h);
+    float* dots = output_buffer(out.candidate_logits, Buf::CandidateLogits);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const std::span<const int32_t> ids = batch[i].candidates;
+      if (ids.empty()) continue;
+      const int64_t k = int64_t(ids.size());
+      backend_->embed(ids.data(), k, *weights_.lm_head, rows);
+      backend_->row_dots(rows, k, h, final_hidden + out.row_offset[i] * h, dots + out.candidate_offset[i]);
+    }
+    copy_output(out.candidate_logits, dots);
+  }
+
   void check_tokens(const int32_t* tokens, int64_t n) const {
     for (int64_t i = 0; i < n; ++i)
       if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
@@ -175,6 +208,11 @@ class DecoderModel final : public Model {
     for (const ForwardItem& item : batch) {
       if (item.n_tokens < 0 || item.start < 0) throw EngineError("negative token count or start position");
       check_tokens(item.tokens, item.n_tokens);
+      if (!item.candidates.empty()) {
+        if (item.n_tokens < 1 || item.all_logits)
+          throw EngineError("a candidate readout needs at least one new token and only its last row");
+        check_tokens(item.candidates.data(), int64_t(item.candidates.size()));
+      }
       const int64_t end = item.start + item.n_tokens;
       if (end > int64_t(item.pages.size()) * kKvPageTokens)
         throw EngineError("sequence of " + std::to_string(end) + " tokens has only " +

@@ -31,6 +31,9 @@ struct ForwardItem {
   std::span<const int32_t> pages;  // page p holds positions [64p, 64p + 64)
   int32_t state_slot = -1;         // GDN state slot; -1 for models without linear attention
   bool all_logits = false;         // logits (and hidden) for every token, or only for the last
+  // Non-empty: the last token's row is projected onto these lm-head rows only (out.candidate_logits), with no
+  // full-vocabulary logits row (a decision readout). Such an item has one output row and no all_logits.
+  std::span<const int32_t> candidates;
 };
 
 struct ForwardOutput {
@@ -38,8 +41,13 @@ struct ForwardOutput {
   // sampler reads them there); then `logits` and `hidden` stay empty and device_logits points at the logits.
   bool keep_on_device = false;
   int64_t vocab = 0, hidden_size = 0;
-  std::vector<int64_t> row_offset;  // item i's first output row; its rows follow contiguously
-  std::vector<float> logits;        // [rows, vocab]
+  // Item i's first output row; its rows follow contiguously. Items with candidates come after all the others'
+  // rows (their hidden rows are last), so `logits` holds only the rows of the items without.
+  std::vector<int64_t> row_offset;
+  std::vector<float> logits;        // [rows of items without candidates, vocab]
+  // Items with candidates: logit of candidate j at candidate_logits[candidate_offset[i] + j] (host memory).
+  std::vector<int64_t> candidate_offset;
+  std::vector<float> candidate_logits;
   std::vector<float> hidden;        // [rows, hidden_size], after the final norm (the MTP head's input)
   const float* device_logits = nullptr;  // [rows, vocab] in device memory, valid until the next pass
 };

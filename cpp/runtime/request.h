@@ -23,6 +23,18 @@ struct GenerationRequest {
   bool report_progress = false;
 };
 
+// A decision job: one shared context, prefilled once and forked per question; each question continues it with its
+// own suffix, and its answer is read at the suffix's last token over its candidate tokens only.
+struct DecisionQuestion {
+  std::vector<int32_t> suffix;      // at least one token
+  std::vector<int32_t> candidates;  // the answer tokens, at least one
+};
+
+struct DecisionRequest {
+  std::vector<int32_t> context;  // at least one token
+  std::vector<DecisionQuestion> questions;
+};
+
 enum class FinishReason : uint8_t { None, Stop, Length, Cancelled, Error };
 const char* finish_reason_name(FinishReason r);
 
@@ -64,6 +76,8 @@ struct EngineEvent {
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // one list per token when top_logprobs > 0
   FinishReason finish = FinishReason::None;
   std::string error_type, error_message;  // finish == Error: the typed error's class name and message
+  // A decision job's final event (finish Stop): per question, in order, the log-softmax over its candidates.
+  std::vector<std::vector<float>> decision_logprobs;
   Usage usage;
   Timings timings;
 };

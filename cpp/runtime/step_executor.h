@@ -43,6 +43,7 @@ class StepExecutor {
  private:
   void sample_on_device(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
   void collect_on_host(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
+  void collect_candidates(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
 
   Model& model_;
   CachePools& pools_;

@@ -20,6 +20,9 @@ enum class SliceOutput : uint8_t {
   None,            // a prefill chunk with more prompt after it
   Sample,          // the next token, from the last row's logits
   PromptLogprobs,  // logprob of each next prompt token, from every row's logits (scoring)
+  // Log-softmax over the question's candidate tokens at the last row, projected onto those lm-head rows alone
+  // (a decision readout: no full-vocabulary logits)
+  CandidateLogprobs,
 };
 
 // Forward tokens[begin, end) of lane `lane`.
@@ -28,6 +31,7 @@ struct PlannedSlice {
   int64_t begin = 0, end = 0;
   SliceKind kind = SliceKind::Prefill;
   SliceOutput output = SliceOutput::None;
+  int32_t row = -1;  // a decision lane's question row (a fork of the lane's context); -1: the lane's own sequence
 };
 
 struct StepPlan {
@@ -37,6 +41,7 @@ struct StepPlan {
 struct SliceResult {
   std::optional<SampledToken> token;  // output Sample, unless the lane's mask left nothing to sample
   std::vector<float> prompt_logprobs;  // output PromptLogprobs: one per row with a next prompt token
+  std::vector<float> candidate_logprobs;  // output CandidateLogprobs: one per candidate, in the question's order
 };
 
 struct StepResult {

@@ -51,6 +51,10 @@ class EngineOptions:
     kv_capacity: int | Literal["auto"] | None = None
     max_concurrency: int = 1  # lanes, 1..8
     max_queue: int = 16  # requests that may wait for a lane
+    # lanes that run decision jobs only (their own queue of max_queue places), 0..8; 0 refuses decisions
+    decision_lanes: int = 1
+    # questions of one decision job in flight at once (forks of its context), 1..64; more run as rounds
+    decision_rows: int = 4
     kv_dtype: str = "bf16"  # f32 | bf16 | fp8 | int8
     # tokens per prefill chunk, a multiple of 64; 0 = auto: 512 on the CPU backend, on CUDA the largest chunk up to
     # 8192 the memory plan allows (memory_plan()["prefill_chunk"] says which). Decoding lanes wait at most one chunk.
@@ -173,6 +177,8 @@ class EngineStats:
     tokens_generated: int
     tokens_prefilled: int
     resident_bytes: int
+    decision_lanes: int = 0
+    busy_decision_lanes: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,6 +211,8 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     native.kv_capacity = _KV_CAPACITY_AUTO if options.kv_capacity == "auto" else options.kv_capacity or 0
     native.max_concurrency = options.max_concurrency
     native.max_queue = options.max_queue
+    native.decision_lanes = options.decision_lanes
+    native.decision_rows = options.decision_rows
     native.kv_dtype = options.kv_dtype
     native.prefill_chunk = options.prefill_chunk
     native.threads = options.threads
@@ -540,6 +548,41 @@ class Engine:
             raise errors.EngineError("the engine is closed")
         return list(self._native.score(list(token_ids)))
 
+    async def decide(self, context: Sequence[int], questions: Sequence[tuple[Sequence[int], Sequence[int]]]
+                     ) -> list[list[float]]:
+        """A decision job: `context` prefilled once and forked per question; each question `(suffix, candidates)`
+        answers the log-softmax over its candidate tokens at its suffix's last token (lm-head rows of the candidates
+        only). Cancelling the caller cancels the job, which frees its lane, rows and pages."""
+        if self._closed:
+            raise errors.EngineError("the engine is closed")
+        native = _engine.DecisionRequest()
+        native.context = list(context)
+        rows = []
+        for suffix, candidates in questions:
+            q = _engine.DecisionQuestion()
+            q.suffix, q.candidates = list(suffix), list(candidates)
+            rows.append(q)
+        native.questions = rows
+        queue: asyncio.Queue = asyncio.Queue()
+        pump = self._pump
+        with pump.lock:
+            request_id = self._native.submit_decision(native)
+            pump.routes[request_id] = (asyncio.get_running_loop(), queue)
+        finished = False
+        try:
+            ev = await queue.get()
+            finished = True
+            if ev.finish == "error":
+                raise _error(ev.error_type, ev.error_message)
+            if ev.finish != "stop":
+                raise errors.EngineError(f"the decision ended without answers ({ev.finish})")
+            return [list(lp) for lp in ev.decision_logprobs]
+        finally:
+            with pump.lock:
+                pump.routes.pop(request_id, None)
+            if not finished:
+                self.cancel(request_id)
+
     def memory_plan(self) -> dict[str, Any]:
         """The device memory plan in bytes (weights, kv_pool, gdn_states, workspace, headroom), the KV capacity,
         the CUDA graphs' measured bytes, count and replays, and a one-line `summary`; backend "cpu": host memory."""
@@ -549,7 +592,7 @@ class Engine:
         s = self._native.stats()
         return EngineStats(s.lanes, s.busy_lanes, s.queued, s.kv_capacity_tokens, s.kv_free_tokens,
                            s.free_state_slots, s.requests_finished, s.tokens_generated, s.tokens_prefilled,
-                           s.resident_bytes)
+                           s.resident_bytes, s.decision_lanes, s.busy_decision_lanes)
 
     def close(self) -> None:
         """Ends every request (`cancelled`), stops the threads and frees the model. Idempotent."""

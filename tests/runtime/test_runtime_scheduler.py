@@ -93,7 +93,7 @@ def test_cancel_mid_prefill_and_mid_decode_frees_lane_and_kv(tiny_qwen35_artifac
         other = Request(random_prompt(rng, 40, vocab), SamplingParams(temperature=0), max_new_tokens=60,
                         stop_token_ids=())
         (other_alone,) = run_alone(engine, [other])
-        capacity = engine.stats().kv_capacity_tokens
+        capacity, idle_slots = engine.stats().kv_capacity_tokens, engine.stats().free_state_slots
         assert engine.stats().kv_free_tokens == capacity
 
         async def main():
@@ -126,7 +126,7 @@ def test_cancel_mid_prefill_and_mid_decode_frees_lane_and_kv(tiny_qwen35_artifac
             assert s.kv_free_tokens >= capacity - 128
         assert other_tokens == other_alone
         final = engine.stats()
-        assert (final.busy_lanes, final.kv_free_tokens, final.free_state_slots) == (0, capacity, 4)
+        assert (final.busy_lanes, final.kv_free_tokens, final.free_state_slots) == (0, capacity, idle_slots)
         assert engine.cancel(10**9) is False
 
 

@@ -38,6 +38,16 @@ __global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* r
   NINFER_GRID_STRIDE(i, n * dim) out[i] = x[rows[i / dim] * dim + i % dim];
 }
 
+// One block per row: out[j] = <rows[j], x>.
+__global__ void row_dots_kernel(const float* rows, int64_t dim, const float* x, float* out) {
+  chain_start();
+  const float* row = rows + int64_t(blockIdx.x) * dim;
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) s += row[c] * x[c];
+  s = block_reduce(s, SumOp{});
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
 __global__ void add_bias_kernel(float* y, int64_t rows, int64_t cols, const float* bias) {
   chain_start();
   NINFER_GRID_STRIDE(i, rows * cols) y[i] += bias[i % cols];
@@ -346,6 +356,11 @@ void CudaBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, 
   const int64_t* drows = reinterpret_cast<const int64_t*>(upload(tables) + at);
   if (tables_only()) return;
   launch_chained(gather_rows_kernel, dim3(blocks_for(n * dim)), dim3(kThreads), 0, stream_, x, dim, drows, n, out);
+}
+
+void CudaBackend::row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) {
+  if (n <= 0 || tables_only()) return;
+  launch_chained(row_dots_kernel, dim3(unsigned(n)), dim3(kThreads), 0, stream_, rows, dim, x, out);
 }
 
 void CudaBackend::add(float* inout, const float* x, int64_t n) {

@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="requests that may wait for a lane before the server answers 429 (default 16)",
     )
+    for flag, least, default, what in DECISION_FLAGS:
+        engine.add_argument(flag, type=_positive(flag, least), default=default, metavar="N",
+                            help=f"{what} (default {default})")
     engine.add_argument(
         "--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV cache storage (default bf16)"
     )
@@ -197,6 +200,17 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("--alias names the one MODEL; with --config, give the model 'aliases' in the config")
 
 
+# Decision scoring (docs/decisions.md): flag, least value, default, what it sets.
+DECISION_FLAGS = (
+    ("--decision-lanes", 0, 1,
+     "lanes that run decision jobs only (/v1/decisions, /v1/systemone, /v1/rerank), 0..8; 0 refuses them"),
+    ("--decision-rows", 1, 4, "questions of one decision request answered at once, 1..64; more run as rounds"),
+    ("--decision-max-questions", 1, 256, "questions (or rerank documents) per decision request; more is a 413"),
+    ("--decision-max-tokens", 1, 64_000,
+     "rendered tokens of one decision request, its context and every question together; more is a 413"),
+)
+
+
 def _engine_options(args: argparse.Namespace) -> Any:
     from ninfer.engine import EngineOptions
 
@@ -205,6 +219,8 @@ def _engine_options(args: argparse.Namespace) -> Any:
         kv_capacity=args.kv_capacity,
         max_concurrency=args.max_concurrency,
         max_queue=args.max_queue,
+        decision_lanes=args.decision_lanes,
+        decision_rows=args.decision_rows,
         kv_dtype=args.kv_dtype,
         prefill_chunk=args.prefill_chunk,
         threads=args.threads,
@@ -233,7 +249,9 @@ def _router_config(args: argparse.Namespace) -> Any:
 
 
 def _app(args: argparse.Namespace, keys: frozenset[str]) -> Any:
+    from ninfer.decisions.contract import DecisionLimits
     from ninfer.serve.app import create_app
+    from ninfer.serve.decisions import LIMITS_STATE_KEY
     from ninfer.serve.router import ModelRouter
     from ninfer.serve.webui_bundle import installed_bundle
 
@@ -246,7 +264,10 @@ def _app(args: argparse.Namespace, keys: frozenset[str]) -> Any:
         print(f"ninfer-serve: serving {names} at {url} (OpenAI base URL {url}/v1)", file=sys.stderr, flush=True)
         return ModelRouter(config)
 
-    return create_app(open_router, api_keys=keys, webui_dir=webui_dir)
+    app = create_app(open_router, api_keys=keys, webui_dir=webui_dir)
+    app.state[LIMITS_STATE_KEY] = DecisionLimits(max_questions=args.decision_max_questions,
+                                                 max_total_tokens=args.decision_max_tokens)
+    return app
 
 
 # Options the unit renders itself (ExecStart's fixed part, LoadCredential); every other option that differs from its

@@ -47,6 +47,9 @@ PROTOCOL_MODULES = (
     "ninfer.serve.streams",
     "ninfer.serve.tools_registry",
     "ninfer.serve.dashboard",
+    # decision scoring, per-token scoring and rerank (issue 16)
+    "ninfer.serve.decisions",
+    "ninfer.serve.scoring",
 )
 
 # Generation bodies can be long conversations with file contents; Litestar's default limit is 10 MB.
