@@ -72,6 +72,7 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   int64_t kv_tokens = options_.kv_capacity > 0 ? options_.kv_capacity : options_.max_context * options_.max_concurrency;
   mo.threads = options_.threads;
   mo.verify_checksums = options_.verify_checksums;
+  mo.vision = options_.vision;
   std::shared_ptr<const Artifact> artifact = Artifact::open(path, options_.verify_checksums);
   device_ = dynamic_cast<DeviceRuntime*>(backend.get());
   if (device_) {
@@ -110,6 +111,10 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
 
 Engine::~Engine() { close(); }
 
+int64_t Engine::vision_weight_bytes() const {
+  return model_ && model_->vision() ? model_->vision()->weight_bytes() : 0;
+}
+
 Job Engine::make_job(GenerationRequest request, bool scoring) {
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   if (n == 0) throw EngineError("the prompt is empty");
@@ -129,6 +134,8 @@ Job Engine::make_job(GenerationRequest request, bool scoring) {
       if (t < 0 || t >= config_.vocab_size)
         throw EngineError("stop token id " + std::to_string(t) + " is outside the vocabulary");
   }
+  if (request.media)
+    check_prompt_media(*request.media, request.prompt, model_->vision() ? &model_->vision()->config() : nullptr);
   Job job;
   job.output = scoring ? JobOutput::PromptLogprobs : JobOutput::Generate;
   job.reservation = scoring ? n : std::min(n + request.max_new_tokens, options_.max_context);
@@ -341,8 +348,20 @@ std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
   for (const PlannedSlice& s : plan.slices) {
     Lane& lane = *scheduler_->lane(s.lane);
     SliceInput in;
-    in.item = {lane.tokens.data() + s.begin, s.end - s.begin, lane.computed, lane.cache.pages,
-               lane.cache.state_slot, s.output == SliceOutput::PromptLogprobs};
+    in.item.tokens = lane.tokens.data() + s.begin;
+    in.item.n_tokens = s.end - s.begin;
+    in.item.start = lane.computed;
+    in.item.pages = lane.cache.pages;
+    in.item.state_slot = lane.cache.state_slot;
+    in.item.all_logits = s.output == SliceOutput::PromptLogprobs;
+    if (const auto& media = lane.job.request.media) {
+      if (!lane.media)
+        lane.media = std::make_shared<EncodedMedia>(*model_, media, int64_t(lane.job.request.prompt.size()));
+      const size_t i = inputs.size();
+      slice_media_rows_.resize(std::max(slice_media_rows_.size(), i + 1));
+      slice_positions_.resize(std::max(slice_positions_.size(), i + 1));
+      lane.media->fill(in.item, s.begin, s.end, slice_media_rows_[i], slice_positions_[i]);
+    }
     in.tokens = lane.tokens.data();
     in.total_tokens = static_cast<int64_t>(lane.tokens.size());
     in.host_sampler = needs_host_sampler(lane.job.request.sampling);

@@ -59,6 +59,7 @@ struct Lane {
   TokenHistory history;
   LaneMask mask;                      // used only when job.request.constrained
   std::vector<float> score_logprobs;  // output PromptLogprobs: logprob of tokens[i + 1], filled chunk by chunk
+  std::shared_ptr<const EncodedMedia> media;  // the prompt's media rows, encoded at its first slice
   Clock::time_point admitted, first_token;
 };
 
