@@ -39,6 +39,7 @@ from msgspec import Meta
 
 from ninfer.errors import NinferError
 from ninfer.frontend.chat import flatten_content
+from ninfer.frontend.chat_media import tag_media_parts
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
 from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError, describe
@@ -182,7 +183,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     follows it; consecutive function calls join one assistant message."""
     messages: list[dict[str, Any]] = []
     reasoning: str | None = None
-    for item in items:
+    for position, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -193,7 +194,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             message: dict[str, Any] = {
                 "role": "system" if role == "developer" else role,
-                "content": flatten_content(item.get("content"), role=role),
+                "content": flatten_content(tag_media_parts(item.get("content"), f"input[{position}].content"), role=role),
             }
             if role == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None

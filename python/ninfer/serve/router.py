@@ -72,7 +72,7 @@ RECENT_ERRORS = 20  # what the dashboard's "recent errors" keeps: load failures 
 ENGINE_KEYS = {f.name for f in fields(EngineOptions)} - {"verify_checksums"}
 # Options of later issues: accepted by name so configs written for them fail with a clear message.
 NOT_YET_KEYS = {"spec": "speculative decoding", "draft_tokens": "speculative decoding",
-                "lm_head_draft": "speculative decoding", "vision": "vision input",
+                "lm_head_draft": "speculative decoding",
                 "device_state_slots": "GDN state offload", "host_state_slots": "GDN state offload",
                 "host_kv_mib": "host KV offload", "reserve_gib": "GPU memory planning"}
 MODEL_KEYS = {"path", "aliases", "ttl", "preserve_thinking", "description", "sampling", "max_tokens"}
