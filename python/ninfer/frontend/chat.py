@@ -71,8 +71,8 @@ def flatten_content(content: Any, *, role: str) -> Any:
         return content
     if not isinstance(content, list):
         raise EngineError(f"{role} message content must be a string or a list of content parts")
-    if any(part in MEDIA_MARKERS or is_media_part(part) for part in content):
-        return content  # images / video (frontend.chat_media): the template writes text and placeholders
+    if any(part in MEDIA_MARKERS for part in content):
+        return content  # images / video (frontend.chat_media's markers): the template writes text and placeholders
     texts: list[str] = []
     for part in content:
         if isinstance(part, str):

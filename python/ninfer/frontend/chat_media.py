@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ninfer.errors import MediaError
-from ninfer.frontend.chat import MEDIA_MARKERS, is_media_part
+from ninfer.frontend.chat import MEDIA_MARKERS, flatten_content, is_media_part
 from ninfer.frontend.data_url import is_data_url, parse_data_url
 from ninfer.frontend.media_limits import MediaLimits, check_request_media
 from ninfer.frontend.vision import VisionInput, VisionPreprocessor
@@ -36,6 +36,14 @@ def tag_media_parts(content: Any, where: str) -> Any:
         return content
     return [dict(part, **{PART_NAME_KEY: f"{where}[{j}]"}) if is_media_part(part) else part
             for j, part in enumerate(content)]
+
+
+def flatten_unless_media(content: Any, *, role: str, where: str) -> Any:
+    """A message's content for the chat messages: a part list with media stays a list (its media parts tagged
+    `where[j]`, for extract_media), anything else is flattened to text (chat.flatten_content)."""
+    if isinstance(content, list) and any(is_media_part(part) for part in content):
+        return tag_media_parts(content, where)
+    return flatten_content(content, role=role)
 
 
 @dataclass(frozen=True)

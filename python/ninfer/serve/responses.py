@@ -39,7 +39,7 @@ from msgspec import Meta
 
 from ninfer.errors import NinferError
 from ninfer.frontend.chat import flatten_content
-from ninfer.frontend.chat_media import tag_media_parts
+from ninfer.frontend.chat_media import flatten_unless_media
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
 from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError, describe
@@ -194,7 +194,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             message: dict[str, Any] = {
                 "role": "system" if role == "developer" else role,
-                "content": flatten_content(tag_media_parts(item.get("content"), f"input[{position}].content"), role=role),
+                "content": flatten_unless_media(item.get("content"), role=role, where=f"input[{position}].content"),
             }
             if role == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
