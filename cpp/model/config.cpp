@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "errors.h"
 
@@ -42,22 +43,26 @@ RopeConfig parse_rope(const json::Value& r, int32_t head_dim, const std::string&
 }
 
 VisionConfig parse_vision(const json::Value& v, int64_t text_hidden, const std::string& source) {
+  // Every integer field is required and positive (the converter writes them all).
+  static constexpr std::pair<const char*, int32_t VisionConfig::*> kFields[] = {
+      {"depth", &VisionConfig::depth},
+      {"hidden_size", &VisionConfig::hidden_size},
+      {"num_heads", &VisionConfig::num_heads},
+      {"intermediate_size", &VisionConfig::intermediate_size},
+      {"in_channels", &VisionConfig::in_channels},
+      {"patch_size", &VisionConfig::patch_size},
+      {"temporal_patch_size", &VisionConfig::temporal_patch_size},
+      {"spatial_merge_size", &VisionConfig::spatial_merge_size},
+      {"out_hidden_size", &VisionConfig::out_hidden_size},
+      {"num_position_embeddings", &VisionConfig::num_position_embeddings},
+      {"image_token_id", &VisionConfig::image_token_id},
+      {"video_token_id", &VisionConfig::video_token_id},
+      {"vision_start_token_id", &VisionConfig::vision_start_token_id},
+      {"vision_end_token_id", &VisionConfig::vision_end_token_id},
+  };
   VisionConfig c;
-  c.depth = positive_int(v, "depth", source);
-  c.hidden_size = positive_int(v, "hidden_size", source);
-  c.num_heads = positive_int(v, "num_heads", source);
-  c.intermediate_size = positive_int(v, "intermediate_size", source);
-  c.in_channels = positive_int(v, "in_channels", source);
-  c.patch_size = positive_int(v, "patch_size", source);
-  c.temporal_patch_size = positive_int(v, "temporal_patch_size", source);
-  c.spatial_merge_size = positive_int(v, "spatial_merge_size", source);
-  c.out_hidden_size = positive_int(v, "out_hidden_size", source);
-  c.num_position_embeddings = positive_int(v, "num_position_embeddings", source);
+  for (const auto& [key, field] : kFields) c.*field = positive_int(v, key, source);
   c.rope_theta = v.number_or("rope_theta", 10000.0);
-  c.image_token_id = positive_int(v, "image_token_id", source);
-  c.video_token_id = positive_int(v, "video_token_id", source);
-  c.vision_start_token_id = positive_int(v, "vision_start_token_id", source);
-  c.vision_end_token_id = positive_int(v, "vision_end_token_id", source);
   if (v.string_or("hidden_act", "gelu_pytorch_tanh") != "gelu_pytorch_tanh")
     fail(source, "vision.hidden_act must be gelu_pytorch_tanh");
   if (c.hidden_size % c.num_heads != 0 || c.head_dim() % 4 != 0)
