@@ -117,3 +117,11 @@ def test_a_server_without_vision_refuses_media_naming_the_flag(qwen35_server):
         openai_client(qwen35_server).chat.completions.create(
             model="tiny-qwen3.5", messages=[{"role": "user", "content": content}], max_tokens=2)
     assert "messages[0].content[0]" in str(caught.value)
+
+
+def test_props_and_models_say_whether_the_model_takes_images(vision_server, qwen35_server):
+    import httpx
+    assert httpx.get(vision_server.url + "/props").json()["modalities"]["vision"] is True
+    assert httpx.get(qwen35_server.url + "/props").json()["modalities"]["vision"] is False
+    (row,) = httpx.get(vision_server.url + "/models").json()["models"]
+    assert row["modalities"] == {"text": True, "image": True, "video": True}
