@@ -354,14 +354,6 @@ std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
     in.item.pages = lane.cache.pages;
     in.item.state_slot = lane.cache.state_slot;
     in.item.all_logits = s.output == SliceOutput::PromptLogprobs;
-    if (const auto& media = lane.job.request.media) {
-      if (!lane.media)
-        lane.media = std::make_shared<EncodedMedia>(*model_, media, int64_t(lane.job.request.prompt.size()));
-      const size_t i = inputs.size();
-      slice_media_rows_.resize(std::max(slice_media_rows_.size(), i + 1));
-      slice_positions_.resize(std::max(slice_positions_.size(), i + 1));
-      lane.media->fill(in.item, s.begin, s.end, slice_media_rows_[i], slice_positions_[i]);
-    }
     in.tokens = lane.tokens.data();
     in.total_tokens = static_cast<int64_t>(lane.tokens.size());
     in.host_sampler = needs_host_sampler(lane.job.request.sampling);
@@ -408,6 +400,33 @@ StepPlan Engine::take_turn(StepPlan plan) {
 // One step: plan (locked), the pass (unlocked), the masks it waits for, the outputs (unlocked), then the output
 // processor (locked). The executor runs unlocked so that submit, cancel and next_events stay responsive; only this
 // thread touches lanes' caches and tokens, and no lane is freed until the lock is retaken.
+// Runs the vision tower for lanes whose prompt has media and that start their prefill now, and points each such
+// slice at its media rows and M-RoPE positions. Outside mu_: the tower may take long, and only this thread touches
+// the lanes. A failure (the tower's memory) ends the step's lanes with the error, as a failed pass does.
+StepResult Engine::add_media(const StepPlan& plan, std::vector<SliceInput>& inputs) {
+  StepResult result;
+  try {
+    slice_media_rows_.resize(std::max(slice_media_rows_.size(), plan.slices.size()));
+    slice_positions_.resize(std::max(slice_positions_.size(), plan.slices.size()));
+    for (size_t i = 0; i < plan.slices.size(); ++i) {
+      const PlannedSlice& s = plan.slices[i];
+      Lane& lane = *scheduler_->lane(s.lane);
+      const auto& media = lane.job.request.media;
+      if (!media) continue;
+      if (!lane.media)
+        lane.media = std::make_shared<EncodedMedia>(*model_, media, int64_t(lane.job.request.prompt.size()));
+      lane.media->fill(inputs[i].item, s.begin, s.end, slice_media_rows_[i], slice_positions_[i]);
+    }
+  } catch (const EngineError& e) {
+    result.error_type = "EngineError";
+    result.error_message = e.what();
+  } catch (const std::exception& e) {
+    result.error_type = "NinferError";
+    result.error_message = std::string("vision tower: ") + e.what();
+  }
+  return result;
+}
+
 void Engine::run_step() {
   StepPlan plan;
   std::vector<SliceInput> inputs;
@@ -422,7 +441,8 @@ void Engine::run_step() {
     inputs = gather_inputs(plan);
     request_masks(plan);
   }
-  StepResult result = executor_->run_pass(plan, inputs);
+  StepResult result = add_media(plan, inputs);
+  if (!result.failed()) result = executor_->run_pass(plan, inputs);
   std::unique_lock lock(mu_);
   if (!result.failed()) {
     masks_cv_.wait(lock, [&] { return stopping_ || !awaiting_masks(plan); });

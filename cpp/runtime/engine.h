@@ -113,6 +113,7 @@ class Engine {
   void request_masks(const StepPlan& plan);
   bool awaiting_masks(const StepPlan& plan) const;
   std::vector<SliceInput> gather_inputs(const StepPlan& plan);
+  StepResult add_media(const StepPlan& plan, std::vector<SliceInput>& inputs);
   void add_sampling(const StepPlan& plan, std::vector<SliceInput>& inputs);
   void publish(EngineEvent event);
   void refresh_stats();
