@@ -22,7 +22,7 @@ MODEL = "tiny-qwen3.5-vision"
 def vision_server(tiny_qwen3_5, tmp_path_factory):
     out = tmp_path_factory.mktemp("vision-serve") / "model.ninfer"
     convert(tiny_qwen3_5, out, recipe="bf16", progress=False)
-    with serve_model(out, MODEL, max_context=1024, vision=True) as live:
+    with serve_model(out, MODEL, max_context=4096, vision=True) as live:  # a video is ~1,100 tokens here
         yield live
 
 
@@ -125,3 +125,25 @@ def test_props_and_models_say_whether_the_model_takes_images(vision_server, qwen
     assert httpx.get(qwen35_server.url + "/props").json()["modalities"]["vision"] is False
     (row,) = httpx.get(vision_server.url + "/models").json()["models"]
     assert row["modalities"] == {"text": True, "image": True, "video": True}
+
+
+def test_openai_chat_with_a_video_counts_its_groups(vision_server):
+    from vision_media import random_video
+
+    video = random_video(np.random.default_rng(5), frames=8, height=32, width=48, fps=4)
+    part = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(video).decode()}}
+    text = {"type": "text", "text": "What happens?"}
+    client = openai_client(vision_server)
+
+    def ask(content):
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                              max_tokens=2, temperature=0)
+
+    with_video, without = ask([part, text]), ask([text])
+    decoded = vision_server.engine.frontend.vision.video(video, part="x")
+    frontend = vision_server.engine.frontend
+    # Per temporal group: its timestamp text, start, pads, end (the outer triple of the template is replaced).
+    stamps = sum(len(frontend.encode(f"<{t:.1f} seconds>")) for t in decoded.timestamps)
+    expected = decoded.num_tokens + 2 * decoded.grid_thw[0] + stamps
+    assert decoded.grid_thw[0] >= 2
+    assert with_video.usage.prompt_tokens - without.usage.prompt_tokens == expected
