@@ -124,8 +124,8 @@ def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, p
 
 
 @contextlib.contextmanager
-def serve_model(path: Path, model_id: str, max_context: int) -> Iterator[LiveServer]:
-    engine = Engine.open_sync(path, EngineOptions(max_context=max_context, max_concurrency=2))
+def serve_model(path: Path, model_id: str, max_context: int, vision: bool = False) -> Iterator[LiveServer]:
+    engine = Engine.open_sync(path, EngineOptions(max_context=max_context, max_concurrency=2, vision=vision))
     router = ModelRouter.serving(ServedModel(model_id, engine))
 
     async def open_router() -> ModelRouter:

@@ -4,6 +4,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings/backend_ops.h"
@@ -26,6 +27,26 @@ bool provide_mask(Engine& engine, uint64_t id, std::optional<MaskArray> mask) {
   if (mask) words.emplace(mask->data(), mask->data() + mask->shape(0));
   nb::gil_scoped_release release;
   return engine.provide_mask(id, std::move(words));
+}
+
+using PatchArray = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using PositionArray = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using MediaItemArgs = std::tuple<PatchArray, std::tuple<int32_t, int32_t, int32_t>, std::vector<int64_t>>;
+
+void set_request_media(GenerationRequest& r, const std::vector<MediaItemArgs>& items, PositionArray positions,
+                       int64_t rope_delta) {
+  if (positions.shape(1) != 3) throw EngineError("mrope_positions must be [prompt tokens, 3]");
+  auto media = std::make_shared<PromptMedia>();
+  for (const auto& [patches, grid, starts] : items) {
+    MediaInput in;
+    in.grid = {std::get<0>(grid), std::get<1>(grid), std::get<2>(grid)};
+    in.patches.assign(patches.data(), patches.data() + patches.shape(0) * patches.shape(1));
+    in.group_starts = starts;
+    media->items.push_back(std::move(in));
+  }
+  media->mrope_positions.assign(positions.data(), positions.data() + positions.shape(0) * 3);
+  media->rope_delta = rope_delta;
+  r.media = std::move(media);
 }
 
 void bind_structs(nb::module_& m) {
@@ -77,7 +98,10 @@ void bind_structs(nb::module_& m) {
       .def_rw("max_new_tokens", &GenerationRequest::max_new_tokens)
       .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids)
       .def_rw("constrained", &GenerationRequest::constrained)
-      .def_rw("report_progress", &GenerationRequest::report_progress);
+      .def_rw("report_progress", &GenerationRequest::report_progress)
+      .def("set_media", &set_request_media, nb::arg("items"), nb::arg("mrope_positions"), nb::arg("rope_delta"),
+           "Images / videos of the prompt: items [(patches [n, patch values] f32, (t, h, w), [first placeholder "
+           "index of each temporal group])], the prompt's M-RoPE positions [tokens, 3] and its rope delta.");
 
   nb::class_<DecisionQuestion>(m, "DecisionQuestion")
       .def(nb::init<>())
@@ -106,7 +130,8 @@ void bind_structs(nb::module_& m) {
       .def_rw("cuda_graphs", &EngineOptions::cuda_graphs)
       .def_rw("device_sampling", &EngineOptions::device_sampling)
       .def_rw("cuda_gemm", &EngineOptions::cuda_gemm)
-      .def_rw("cuda_op_times", &EngineOptions::cuda_op_times);
+      .def_rw("cuda_op_times", &EngineOptions::cuda_op_times)
+      .def_rw("vision", &EngineOptions::vision);
 
   nb::class_<Usage>(m, "Usage")
       .def_ro("prompt_tokens", &Usage::prompt_tokens)
@@ -221,6 +246,7 @@ nb::dict memory_plan(const Engine& e) {
   d["gdn_states"] = p.gdn_states;
   d["workspace"] = p.workspace;
   d["headroom"] = p.headroom;
+  d["vision_weights"] = e.vision_weight_bytes();
   d["prefill_chunk"] = e.options().prefill_chunk;  // resolved: never 0 (auto) here
   d["graph_bytes"] = e.device() ? e.device()->graph_bytes() : 0;
   d["graphs_captured"] = e.device() ? e.device()->graphs_captured() : 0;
@@ -245,6 +271,9 @@ nb::dict memory_plan(const Engine& e) {
                                   " MiB measured (batch sizes captured so far: " +
                                   std::to_string(e.device()->graphs_captured()) + ")"
                             : std::string("cpu backend: host memory");
+  if (e.vision_weight_bytes())
+    d["summary"] = nb::cast<std::string>(d["summary"]) + ", vision tower " +
+                   std::to_string((e.vision_weight_bytes() + (1 << 20) - 1) >> 20) + " MiB (mapped from the artifact)";
   return d;
 }
 

@@ -22,6 +22,12 @@ class DecoderModel final : public Model {
     check_options();
     inv_freq_ = rope_inverse_frequencies(config_.rope);
     rope_ = RopeSpec{config_.rope.pairing, config_.rope.rotary_dim, inv_freq_.data()};
+    mrope_stream_ = mrope_frequency_streams(config_.rope);
+    mrope_ = RopeSpec{config_.rope.pairing, config_.rope.rotary_dim, inv_freq_.data(), 3, mrope_stream_.data()};
+    if (options.vision) {
+      if (!config_.vision) throw EngineError(artifact_->path() + ": this model has no vision tower");
+      vision_ = std::make_unique<VisionTower>(*artifact_, *config_.vision, *backend_);
+    }
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -66,20 +72,28 @@ class DecoderModel final : public Model {
       if (!projected) full_rows += item.all_logits ? item.n_tokens : (item.n_tokens > 0 ? 1 : 0);
     }
     const int64_t out_rows = full_rows + candidate_rows;
-    int64_t* positions = scratch_.positions(rows);
+    // Three position streams only when an item brings M-RoPE positions; else one (text-only M-RoPE is 1-D).
+    const bool three_d = std::any_of(batch.begin(), batch.end(), [](const ForwardItem& i) { return i.mrope_positions; });
+    const int64_t streams = three_d ? 3 : 1;
+    int64_t* positions = scratch_.positions(rows * streams);
     int64_t* out_index = scratch_.row_index(out_rows);
     float* hidden = scratch_.get(Buf::Hidden, rows * h);
     for (size_t i = 0; i < batch.size(); ++i) {
       const SequenceRows& s = seqs_[i];
-      for (int64_t t = 0; t < s.n; ++t) positions[s.row0 + t] = s.start + t;
-      if (!batch[i].candidates.empty())
-        out.row_offset[i] += full_rows;  // the projected rows follow the full-logit rows
-      for (int64_t t = batch[i].all_logits ? 0 : s.n - 1, o = out.row_offset[i]; t < s.n; ++t) out_index[o++] = s.row0 + t;
-      backend_->embed(batch[i].tokens, s.n, *weights_.embed, hidden + s.row0 * h);
+      const ForwardItem& item = batch[i];
+      for (int64_t t = 0; t < s.n; ++t)
+        for (int64_t k = 0; k < streams; ++k)
+          positions[(s.row0 + t) * streams + k] =
+              item.mrope_positions ? item.mrope_positions[t * 3 + k] : s.start + t + item.position_offset;
+      if (!item.candidates.empty()) out.row_offset[i] += full_rows;  // the projected rows follow the full-logit rows
+      for (int64_t t = item.all_logits ? 0 : s.n - 1, o = out.row_offset[i]; t < s.n; ++t) out_index[o++] = s.row0 + t;
+      backend_->embed(item.tokens, s.n, *weights_.embed, hidden + s.row0 * h);
+      for (const EmbeddingRows& e : item.embeddings)
+        backend_->memory().from_host(hidden + (s.row0 + e.first) * h, e.rows, size_t(e.count * h) * sizeof(float));
     }
 
-    const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, rows, rope_,
-                           options_.gdn_chunk};
+    const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, rows,
+                           three_d ? mrope_ : rope_, options_.gdn_chunk};
     decoder_layers(pass, weights_.layers, hidden);
 
     const bool on_device = out.keep_on_device && !backend_->memory().host_accessible();
@@ -136,7 +150,7 @@ class DecoderModel final : public Model {
     backend_->linear(concat, n, *m.fc, u);
 
     int64_t* positions = scratch_.positions(n);
-    for (int64_t t = 0; t < n; ++t) positions[t] = start + t;
+    for (int64_t t = 0; t < n; ++t) positions[t] = start + t + item.position_offset;
     seqs_.assign(1, SequenceRows{0, n, start, item.pages.data(), item.state_slot});
     const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, n, rope_,
                            options_.gdn_chunk};
@@ -148,6 +162,14 @@ class DecoderModel final : public Model {
     float* out = output_buffer(logits, Buf::Logits);
     backend_->linear(normed, n, *weights_.lm_head, out);
     copy_output(logits, out);
+  }
+
+  const VisionTower* vision() const override { return vision_.get(); }
+
+  void encode_vision(std::span<const float> patches, std::span<const VisionGrid> grids,
+                     std::vector<float>& out) override {
+    if (!vision_) throw EngineError("the vision tower is not loaded (start with --vision)");
+    vision_->encode(patches, grids, out);
   }
 
  private:
@@ -221,6 +243,12 @@ class DecoderModel final : public Model {
         if (!written_pages.insert(item.pages[size_t(p)]).second)
           throw EngineError("two sequences of one batch write KV page " + std::to_string(item.pages[size_t(p)]));
       if (stateful && item.state_slot < 0) throw EngineError("sequence has no state slot");
+      if (item.mrope_positions && config_.rope.mrope_section.empty())
+        throw EngineError("M-RoPE positions given to a model without M-RoPE");
+      for (const EmbeddingRows& e : item.embeddings)
+        if (e.first < 0 || e.count < 0 || e.first + e.count > item.n_tokens || !e.rows)
+          throw EngineError("embedding rows [" + std::to_string(e.first) + ", " + std::to_string(e.first + e.count) +
+                            ") outside the item's " + std::to_string(item.n_tokens) + " tokens");
       if (stateful && !slots.insert(item.state_slot).second)
         throw EngineError("two sequences of one batch use state slot " + std::to_string(item.state_slot));
     }
@@ -233,6 +261,9 @@ class DecoderModel final : public Model {
   std::unique_ptr<Backend> backend_;
   std::vector<float> inv_freq_;
   RopeSpec rope_;
+  std::vector<uint8_t> mrope_stream_;  // empty without M-RoPE (mrope_ is then never used)
+  RopeSpec mrope_;
+  std::unique_ptr<VisionTower> vision_;
   Scratch scratch_;
   std::vector<SequenceRows> seqs_;
 };

@@ -12,6 +12,7 @@
 #include "artifact/artifact.h"
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/vision_tower.h"
 #include "cache/cache_pools.h"
 
 namespace ninfer {
@@ -20,6 +21,14 @@ struct ModelOptions {
   int32_t threads = 0;              // 0 = all cores
   int32_t gdn_chunk = 64;           // chunk length of the chunked Gated DeltaNet prefill
   bool verify_checksums = true;
+  bool vision = false;              // load the vision tower (the artifact must carry one)
+};
+
+// Rows that replace the token embeddings of tokens [first, first + count) of an item (a vision tower's outputs
+// at the placeholder tokens): `rows` [count, hidden_size] in host memory.
+struct EmbeddingRows {
+  int64_t first = 0, count = 0;
+  const float* rows = nullptr;
 };
 
 // One sequence's share of a forward pass: `n_tokens` new tokens at positions start .. start + n - 1, after the
@@ -34,6 +43,11 @@ struct ForwardItem {
   // Non-empty: the last token's row is projected onto these lm-head rows only (out.candidate_logits), with no
   // full-vocabulary logits row (a decision readout). Such an item has one output row and no all_logits.
   std::span<const int32_t> candidates;
+  std::span<const EmbeddingRows> embeddings;  // media rows in place of some tokens' embeddings
+  // M-RoPE positions (t, h, w) of each new token, [n_tokens][3] in host memory (a prompt with media). Null: all
+  // three streams at start + i + position_offset (plain text; after media, offset is M-RoPE's rope delta).
+  const int64_t* mrope_positions = nullptr;
+  int64_t position_offset = 0;
 };
 
 struct ForwardOutput {
@@ -77,6 +91,12 @@ class Model {
   // item.start + n - 1 in the MTP layer's own KV (part of the same pages). Throws EngineError when the model has
   // no MTP head.
   virtual bool has_mtp() const = 0;
+
+  // The vision tower (ModelOptions::vision). encode_vision turns patches into the rows a ForwardItem's
+  // `embeddings` take (VisionTower::encode); it throws EngineError when no tower is loaded.
+  virtual const VisionTower* vision() const = 0;
+  virtual void encode_vision(std::span<const float> patches, std::span<const VisionGrid> grids,
+                             std::vector<float>& out) = 0;
   virtual void mtp_forward(const float* hidden, const ForwardItem& item, CachePools& pools,
                            std::vector<float>& logits) = 0;
 };

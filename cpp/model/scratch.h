@@ -17,6 +17,7 @@ enum class Buf : uint8_t {
   GdnMixed, GdnZ, GdnB, GdnA, GdnQ, GdnK, GdnV, GdnG, GdnBeta, GdnOut,
   FfnGate, FfnUp, RouterLogits, RouteWeights, SharedGate, SharedUp, SharedOut, SharedLogit,
   OutRows, Logits, CandidateRows, CandidateLogits, MtpEmbed, MtpConcat, MtpHidden,
+  VisionPatches, VisionHidden, VisionNormed, VisionQkv, VisionAttn, VisionMlp, VisionMerged, VisionOut,  // tower
   Count
 };
 

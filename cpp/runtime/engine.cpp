@@ -81,6 +81,7 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   const int32_t row_slots = options_.decision_lanes * options_.decision_rows;
   mo.threads = options_.threads;
   mo.verify_checksums = options_.verify_checksums;
+  mo.vision = options_.vision;
   std::shared_ptr<const Artifact> artifact = Artifact::open(path, options_.verify_checksums);
   device_ = dynamic_cast<DeviceRuntime*>(backend.get());
   if (device_) {
@@ -124,6 +125,10 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
 
 Engine::~Engine() { close(); }
 
+int64_t Engine::vision_weight_bytes() const {
+  return model_ && model_->vision() ? model_->vision()->weight_bytes() : 0;
+}
+
 Job Engine::make_job(GenerationRequest request, bool scoring) {
   const int64_t n = static_cast<int64_t>(request.prompt.size());
   if (n == 0) throw EngineError("the prompt is empty");
@@ -143,6 +148,8 @@ Job Engine::make_job(GenerationRequest request, bool scoring) {
       if (t < 0 || t >= config_.vocab_size)
         throw EngineError("stop token id " + std::to_string(t) + " is outside the vocabulary");
   }
+  if (request.media)
+    check_prompt_media(*request.media, request.prompt, model_->vision() ? &model_->vision()->config() : nullptr);
   Job job;
   job.output = scoring ? JobOutput::PromptLogprobs : JobOutput::Generate;
   job.reservation = scoring ? n : std::min(n + request.max_new_tokens, options_.max_context);
@@ -410,14 +417,21 @@ std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
   for (const PlannedSlice& s : plan.slices) {
     Lane& lane = *scheduler_->lane(s.lane);
     SliceInput in;
-    in.item = {lane.tokens.data() + s.begin, s.end - s.begin, lane.computed, lane.cache.pages,
-               lane.cache.state_slot, s.output == SliceOutput::PromptLogprobs, {}};
+    in.item.tokens = lane.tokens.data() + s.begin;
+    in.item.n_tokens = s.end - s.begin;
+    in.item.start = lane.computed;
+    in.item.pages = lane.cache.pages;
+    in.item.state_slot = lane.cache.state_slot;
+    in.item.all_logits = s.output == SliceOutput::PromptLogprobs;
     if (s.row >= 0) {  // a decision row: the question's suffix, after the context, in the row's fork
       const DecisionRow& row = *lane.rows[size_t(s.row)];
       const DecisionQuestion& q = lane.job.decision.questions[size_t(row.question)];
       const int64_t context = static_cast<int64_t>(lane.tokens.size());
-      in.item = {q.suffix.data() + (s.begin - context), s.end - s.begin, row.computed, row.cache.pages,
-                 row.cache.state_slot, false, {}};
+      in.item.tokens = q.suffix.data() + (s.begin - context);
+      in.item.start = row.computed;
+      in.item.pages = row.cache.pages;
+      in.item.state_slot = row.cache.state_slot;
+      in.item.all_logits = false;
       if (s.output == SliceOutput::CandidateLogprobs) in.item.candidates = q.candidates;
     }
     in.tokens = lane.tokens.data();
@@ -466,6 +480,33 @@ StepPlan Engine::take_turn(StepPlan plan) {
 // One step: plan (locked), the pass (unlocked), the masks it waits for, the outputs (unlocked), then the output
 // processor (locked). The executor runs unlocked so that submit, cancel and next_events stay responsive; only this
 // thread touches lanes' caches and tokens, and no lane is freed until the lock is retaken.
+// Runs the vision tower for lanes whose prompt has media and that start their prefill now, and points each such
+// slice at its media rows and M-RoPE positions. Outside mu_: the tower may take long, and only this thread touches
+// the lanes. A failure (the tower's memory) ends the step's lanes with the error, as a failed pass does.
+StepResult Engine::add_media(const StepPlan& plan, std::vector<SliceInput>& inputs) {
+  StepResult result;
+  try {
+    slice_media_rows_.resize(std::max(slice_media_rows_.size(), plan.slices.size()));
+    slice_positions_.resize(std::max(slice_positions_.size(), plan.slices.size()));
+    for (size_t i = 0; i < plan.slices.size(); ++i) {
+      const PlannedSlice& s = plan.slices[i];
+      Lane& lane = *scheduler_->lane(s.lane);
+      const auto& media = lane.job.request.media;
+      if (!media) continue;
+      if (!lane.media)
+        lane.media = std::make_shared<EncodedMedia>(*model_, media, int64_t(lane.job.request.prompt.size()));
+      lane.media->fill(inputs[i].item, s.begin, s.end, slice_media_rows_[i], slice_positions_[i]);
+    }
+  } catch (const EngineError& e) {
+    result.error_type = "EngineError";
+    result.error_message = e.what();
+  } catch (const std::exception& e) {
+    result.error_type = "NinferError";
+    result.error_message = std::string("vision tower: ") + e.what();
+  }
+  return result;
+}
+
 void Engine::run_step() {
   StepPlan plan;
   std::vector<SliceInput> inputs;
@@ -480,7 +521,8 @@ void Engine::run_step() {
     inputs = gather_inputs(plan);
     request_masks(plan);
   }
-  StepResult result = executor_->run_pass(plan, inputs);
+  StepResult result = add_media(plan, inputs);
+  if (!result.failed()) result = executor_->run_pass(plan, inputs);
   std::unique_lock lock(mu_);
   if (!result.failed()) {
     masks_cv_.wait(lock, [&] { return stopping_ || !awaiting_masks(plan); });

@@ -59,6 +59,7 @@ struct EngineOptions {
   std::string cuda_gemm = "auto";
   // The CUDA backend times every op of its eager passes with CUDA events (a profiling mode: DeviceRuntime::op_times).
   bool cuda_op_times = false;
+  bool vision = false;           // load the vision tower (images and video in prompts); CPU backend only for now
 };
 inline constexpr int64_t kKvCapacityAuto = -1;
 
@@ -110,6 +111,8 @@ class Engine {
   // The device memory plan (all zero on the CPU backend) and the decode graphs' measured figures.
   const MemoryPlan& memory_plan() const { return memory_plan_; }
   const DeviceRuntime* device() const { return device_; }
+  // Bytes of the vision tower's weights (EngineOptions::vision; 0 without): read from the mapped artifact.
+  int64_t vision_weight_bytes() const;
   // Stops the thread, ends every request with `cancelled`, frees the model. Idempotent.
   void close();
 
@@ -121,6 +124,7 @@ class Engine {
   void request_masks(const StepPlan& plan);
   bool awaiting_masks(const StepPlan& plan) const;
   std::vector<SliceInput> gather_inputs(const StepPlan& plan);
+  StepResult add_media(const StepPlan& plan, std::vector<SliceInput>& inputs);
   void add_sampling(const StepPlan& plan, std::vector<SliceInput>& inputs);
   void publish(EngineEvent event);
   void refresh_stats();
@@ -152,6 +156,9 @@ class Engine {
   bool prefill_turn_ = false;  // device backends: whose turn it is when decodes and prefills both wait
   EngineStats stats_;
   std::thread thread_;
+  // Per slice of the step being gathered: the media rows and M-RoPE positions its ForwardItem points at.
+  std::vector<std::vector<EmbeddingRows>> slice_media_rows_;
+  std::vector<std::vector<int64_t>> slice_positions_;
 };
 
 }  // namespace ninfer

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/prompt_media.h"
 #include "runtime/sampler.h"
 
 namespace ninfer {
@@ -21,6 +22,8 @@ struct GenerationRequest {
   // A Progress event after each prefill chunk (what a UI shows while a long prompt is read); off by default, so
   // consumers that do not ask never see the extra kind of event.
   bool report_progress = false;
+  // Images and videos in the prompt (null: text only); shared, so copying a request does not copy pixels.
+  std::shared_ptr<const PromptMedia> media;
 };
 
 // A decision job: one shared context, prefilled once and forked per question; each question continues it with its

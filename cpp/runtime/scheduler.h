@@ -72,6 +72,7 @@ struct Lane {
   TokenHistory history;
   LaneMask mask;                      // used only when job.request.constrained
   std::vector<float> score_logprobs;  // output PromptLogprobs: logprob of tokens[i + 1], filled chunk by chunk
+  std::shared_ptr<const EncodedMedia> media;  // the prompt's media rows, encoded at its first slice
   Clock::time_point admitted, first_token;
   // output Decide: the rows in flight (job.decision_rows places), the reserve they fork from, the next question
   // to start, and each question's answer once read

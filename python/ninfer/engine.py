@@ -31,6 +31,7 @@ import numpy as np
 from ninfer import _engine, errors
 from ninfer.artifact.reader import read_artifact
 from ninfer.frontend.text import Frontend
+from ninfer.frontend.vision_prompt import PromptMedia
 
 _PUMP_WAIT_S = 0.05
 _KV_CAPACITY_AUTO = -1  # the C++ engine's kKvCapacityAuto
@@ -67,6 +68,7 @@ class EngineOptions:
     # weight: results independent of how prompt rows are batched, as the decode GEMV's are)
     cuda_gemm: str = "auto"
     cuda_op_times: bool = False  # time every op of eager passes (cuda backend): memory_plan()["op_times"]
+    vision: bool = False  # load the vision tower: prompts may carry images and video (cpu backend for now)
 
 
 # The sampler's stage names (llama.cpp's), and the order a request that names none runs them in.
@@ -120,6 +122,7 @@ class Request:
     top_logprobs: int = 0
     constraint: TokenConstraint | None = None  # used by one request only: it keeps state
     report_progress: bool = False  # a progress event (GenerationEvent.progress) after each prefill chunk
+    media: PromptMedia | None = None  # the prompt's images / videos (frontend.vision_prompt.prompt_media)
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,7 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     native.prefill_chunk = options.prefill_chunk
     native.threads = options.threads
     native.verify_checksums = options.verify_checksums
+    native.vision = options.vision
     return native
 
 
@@ -270,6 +274,11 @@ def _native_request(request: Request, default_stops: Sequence[int], vocab_size: 
     native.stop_token_ids = list(stops)
     native.constrained = request.constraint is not None
     native.report_progress = request.report_progress
+    if request.media is not None:
+        m = request.media
+        native.set_media([(np.ascontiguousarray(item.pixel_values, dtype=np.float32), tuple(item.grid_thw), list(starts))
+                          for item, starts in zip(m.inputs, m.group_starts, strict=True)],
+                         np.ascontiguousarray(m.positions.T), m.delta)
     return native
 
 
@@ -457,7 +466,7 @@ class Engine:
         report(LOAD_PROGRESS["weights"])
         self.options = options
         try:
-            self.frontend = Frontend(artifact.frontend, native.eos_token_ids)
+            self.frontend = Frontend(artifact.frontend, native.eos_token_ids, vision=options.vision)
         except errors.ArtifactError as exc:
             native.close()  # its memory now, not at garbage collection
             raise errors.ArtifactError(f"{path}: {exc}") from None
@@ -465,7 +474,8 @@ class Engine:
         config = artifact.config
         self.info = ModelInfo(
             path=str(path), arch=config["arch"], max_context=options.max_context, vocab_size=config["vocab_size"],
-            num_layers=config["num_layers"], hidden_size=config["hidden_size"], modalities=("text",),
+            num_layers=config["num_layers"], hidden_size=config["hidden_size"],
+            modalities=("text", "image", "video") if options.vision else ("text",),
             kv_dtype=options.kv_dtype, max_concurrency=options.max_concurrency,
             artifact_bytes=Path(path).stat().st_size,
             encoding={"recipe": artifact.recipe.get("name"),

@@ -33,7 +33,6 @@ def _serve_command(*args: str) -> list[str]:
     [
         (["--spec", "mtp"], "--spec: speculative decoding is not implemented yet"),
         (["--spec", "draft"], "--spec: speculative decoding is not implemented yet"),
-        (["--vision"], "--vision: vision input is not implemented yet"),
         (["--host-kv-mib", "512"], "--host-kv-mib: host KV offload is not implemented yet"),
         (["--reserve-gib", "0"], "--reserve-gib:"),
         (["--device-state-slots", "0"], "--device-state-slots:"),

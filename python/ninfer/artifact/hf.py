@@ -309,6 +309,33 @@ def _rope(text: dict, path: Path, head_dim: int, default_partial: float, mrope: 
             "mrope_section": list(params["mrope_section"]) if mrope and params.get("mrope_section") else None}
 
 
+# HF Qwen3_5VisionConfig defaults (architecture reference §1.5) for fields a checkpoint's vision_config leaves out.
+_VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304,
+                    "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+                    "temporal_patch_size": 2, "out_hidden_size": 3584, "num_position_embeddings": 2304}
+# The placeholder and marker token ids (HF Qwen3_5Config defaults).
+_VISION_TOKEN_DEFAULTS = {"image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+                          "vision_end_token_id": 248054}
+
+
+def _vision_config(config: dict, tensors: list[SourceTensor], path: Path) -> dict | None:
+    """The vision tower's config when the checkpoint carries the tower (`visual.*`), else None."""
+    if not any(t.name.startswith("visual.") for t in tensors):
+        return None
+    vision = config.get("vision_config") or {}
+    out = {key: vision.get(key, default) for key, default in _VISION_DEFAULTS.items()}
+    if vision.get("deepstack_visual_indexes"):
+        raise ConversionError(f"{path}: vision_config.deepstack_visual_indexes is set; Qwen3.5 towers have no "
+                              "DeepStack and this converter does not carry it")
+    if out["hidden_act"] != "gelu_pytorch_tanh":
+        raise ConversionError(f"{path}: vision hidden_act {out['hidden_act']!r} is not supported "
+                              "(only gelu_pytorch_tanh)")
+    rope = vision.get("rope_parameters") or {}
+    out["rope_theta"] = float(rope.get("rope_theta", vision.get("rope_theta", 10000.0)))
+    out.update({key: int(config.get(key, default)) for key, default in _VISION_TOKEN_DEFAULTS.items()})
+    return out
+
+
 def _as_list(value: object) -> list[int]:
     if value is None:
         return []
@@ -448,6 +475,8 @@ def open_hf_folder(folder: Path) -> Source:
         bos, pad = None, QWEN35_PAD if pad is None else pad
         eos = list(QWEN35_EOS) + [e for e in eos if e not in QWEN35_EOS]
     normalised.update(bos_token_id=bos, eos_token_ids=eos)
+    if arch in QWEN35_FAMILY:
+        normalised["vision"] = _vision_config(config, tensors, folder)
 
     preprocessing = {}
     for key, filename in (("image", "preprocessor_config.json"), ("video", "video_preprocessor_config.json")):

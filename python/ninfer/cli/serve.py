@@ -1,7 +1,7 @@
 """`ninfer-serve [MODEL] [options]`: the HTTP server (Litestar on uvicorn). Argument parsing and validation only;
 the app is ninfer.serve.app. With no MODEL it serves the embedded default model (imported once into the cache).
 
-Options that later issues implement (speculative decoding, vision, state offload, memory reservations) are parsed
+Options that later issues implement (speculative decoding, state offload, memory reservations) are parsed
 and validated now, and refused with a one-line error when given, so scripts and the Nix module fail clearly
 (`--spec none`, which asks for no speculative decoding, is accepted: it is what the server does).
 """
@@ -31,7 +31,6 @@ NOT_YET = {
     "spec": "speculative decoding",
     "draft_tokens": "speculative decoding",
     "lm_head_draft": "speculative decoding",
-    "vision": "vision input",
     "device_state_slots": "GDN state offload",
     "host_state_slots": "GDN state offload",
     "host_kv_mib": "host KV offload",
@@ -138,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU threads (default: all cores)",
     )
     engine.add_argument(
+        "--vision",
+        action="store_true",
+        help="load the vision tower: requests may carry images and video (Qwen3.5 artifacts; CPU backend only "
+        "for now, the CUDA backend refuses it at startup); without it a request with media is a 400",
+    )
+    engine.add_argument(
         "--preserve-thinking",
         action="store_true",
         help="keep earlier assistant turns' reasoning in the prompt (templates that support it)",
@@ -146,7 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     later.add_argument("--spec", choices=SPEC_METHODS, help="speculative decoding method")
     later.add_argument("--draft-tokens", type=_positive("--draft-tokens"), metavar="N")
     later.add_argument("--lm-head-draft", type=_positive("--lm-head-draft"), metavar="N")
-    later.add_argument("--vision", action="store_true", default=None)
     later.add_argument("--device-state-slots", type=_positive("--device-state-slots", 0), metavar="N")
     later.add_argument("--host-state-slots", type=_positive("--host-state-slots", 0), metavar="N")
     later.add_argument("--host-kv-mib", type=_positive("--host-kv-mib", 0), metavar="MIB")
@@ -224,6 +228,7 @@ def _engine_options(args: argparse.Namespace) -> Any:
         kv_dtype=args.kv_dtype,
         prefill_chunk=args.prefill_chunk,
         threads=args.threads,
+        vision=args.vision,
     )
 
 

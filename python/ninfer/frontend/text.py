@@ -11,6 +11,9 @@ import tokenizers
 
 from ninfer import errors
 from ninfer.frontend.chat import ChatTemplate, RenderedPrompt
+from ninfer.frontend.chat_media import MediaPart, load_media
+from ninfer.frontend.vision import VisionPreprocessor
+from ninfer.frontend.vision_prompt import PromptMedia, VisionTokenIds, expand_placeholders, prompt_media
 
 
 def _tokenizer(source: Any) -> tokenizers.Tokenizer:
@@ -28,7 +31,7 @@ def _tokenizer(source: Any) -> tokenizers.Tokenizer:
 class Frontend:
     """What the artifact says about text: tokenizer, chat template, special tokens and generation defaults."""
 
-    def __init__(self, frontend: Mapping[str, Any], eos_token_ids: Sequence[int]) -> None:
+    def __init__(self, frontend: Mapping[str, Any], eos_token_ids: Sequence[int], *, vision: bool = False) -> None:
         source = frontend.get("tokenizer_json")
         # Artifacts converted from a checkpoint without a tokenizer take and give token ids only.
         self.tokenizer = None if source is None else _tokenizer(source)
@@ -43,6 +46,12 @@ class Frontend:
         self.chat_template = None if source is None else ChatTemplate(
             source, bos_token=self._token_text(self.bos_token_id),
             eos_token=self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None))
+        # Images and video (EngineOptions.vision): the artifact's preprocessing and the tokenizer's vision tokens.
+        self.vision: VisionPreprocessor | None = None
+        if vision:
+            preprocessing = frontend.get("preprocessing") or {}
+            self.vision = VisionPreprocessor.from_configs(preprocessing.get("image"), preprocessing.get("video"))
+            self._vision_ids = VisionTokenIds.lookup(self._require_tokenizer().token_to_id)
 
     @functools.cached_property
     def max_token_chars(self) -> int:
@@ -80,6 +89,16 @@ class Frontend:
             self._containing[pieces] = tuple(i for i, text in enumerate(self._token_texts)
                                              if any(piece in text for piece in pieces))
         return self._containing[pieces]
+
+    def encode_with_media(self, text: str, parts: Sequence[MediaPart]) -> tuple[list[int], PromptMedia]:
+        """A rendered prompt with media placeholders -> ids with each placeholder expanded, and the media the engine
+        takes (MediaError naming the first bad part; EngineError without the vision tower)."""
+        if self.vision is None:
+            raise errors.MediaError(parts[0].part, "this model runs without the vision tower: images and video "
+                                                   "need --vision")
+        inputs = load_media(parts, self.vision)
+        expanded = expand_placeholders(text, inputs, [p.part for p in parts], self._vision_ids, self.encode)
+        return expanded.token_ids, prompt_media(expanded, inputs)
 
     def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> RenderedPrompt:
         """Chat messages -> prompt text through the artifact's template (tools, enable_thinking, ...)."""

@@ -28,6 +28,8 @@ from litestar.params import JSONBody
 from msgspec import Meta
 
 from ninfer.errors import NinferError
+from ninfer.frontend.chat import is_media_part
+from ninfer.frontend.chat_media import tag_media_parts
 from ninfer.serve.answer import answer, prepare
 from ninfer.serve.errors import InvalidRequestError, anthropic_body, describe
 from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK
@@ -116,13 +118,18 @@ def _user_messages(content: str | list[dict[str, Any]], index: int) -> list[dict
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     tools, texts = [], []
-    for block in content:
+    for block in tag_media_parts(content, f"messages[{index}].content"):
         if block.get("type") == "tool_result":
             result = _text(block.get("content"), f"messages[{index}] tool_result")
             tools.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": result})
         else:
             texts.append(block)
-    return tools + ([{"role": "user", "content": _text(texts, f"messages[{index}]")}] if texts else [])
+    # Text and image blocks stay a list when there is an image (the template places it); else they join as text.
+    media = any(is_media_part(b) for b in texts)
+    user = [b for b in texts if b.get("type") == "text" or is_media_part(b)] if media else None
+    if user is not None and len(user) != len(texts):
+        user = None  # another kind of block: _text names it
+    return tools + ([{"role": "user", "content": user or _text(texts, f"messages[{index}]")}] if texts else [])
 
 
 def _assistant_message(content: str | list[dict[str, Any]], index: int) -> dict[str, Any]:

@@ -52,6 +52,8 @@ from ninfer.engine import (
     Timings,
     TokenConstraint,
 )
+from ninfer.errors import MediaError
+from ninfer.frontend.chat_media import extract_media
 from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser
 from ninfer.frontend.stop_strings import StopStringMatcher
 from ninfer.frontend.text import TextStream
@@ -63,6 +65,7 @@ from ninfer.frontend.tool_calls import (
     ToolCallParser,
     tool_name_problem,
 )
+from ninfer.frontend.vision_prompt import PromptMedia
 from ninfer.serve.disconnect import departure
 from ninfer.serve.errors import ContextOverflowError, InvalidRequestError, TextOverflowError
 from ninfer.serve.fields import MAX_TOP_LOGPROBS
@@ -109,6 +112,7 @@ class PreparedPrompt:
     text: str | None  # None for a prompt given as token ids
     starts_in_reasoning: bool
     is_chat: bool
+    media: PromptMedia | None = None  # the images / videos behind the prompt's vision placeholders
 
 
 def sampling_overrides(**values: Any) -> dict[str, Any]:
@@ -203,9 +207,13 @@ async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) ->
         _refuse_overlong_text(len(text), frontend.max_token_chars, n_ctx)
         return PreparedPrompt(await asyncio.to_thread(frontend.encode, text), text, False, is_chat=False)
     _check_tools(prompt.tools or ())
+    messages, media_parts = extract_media(prompt.messages)
+    if media_parts and frontend.vision is None:
+        raise MediaError(media_parts[0].part, "this server runs without the vision tower: images and video "
+                                              "need ninfer-serve --vision")
     rendered = await asyncio.to_thread(
         frontend.render,
-        prompt.messages,
+        messages,
         tools=prompt.tools or None,
         add_generation_prompt=prompt.add_generation_prompt,
         continue_final_message=prompt.continue_final_message,
@@ -215,6 +223,9 @@ async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) ->
         chat_template_kwargs=prompt.chat_template_kwargs,
     )
     _refuse_overlong_text(len(rendered.text), frontend.max_token_chars, n_ctx)
+    if media_parts:
+        token_ids, media = await asyncio.to_thread(frontend.encode_with_media, rendered.text, media_parts)
+        return PreparedPrompt(token_ids, rendered.text, rendered.starts_in_reasoning, is_chat=True, media=media)
     token_ids = await asyncio.to_thread(frontend.encode, rendered.text)
     return PreparedPrompt(token_ids, rendered.text, rendered.starts_in_reasoning, is_chat=True)
 
@@ -275,6 +286,7 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
         top_logprobs=params.top_logprobs,
         constraint=params.constraint,
         report_progress=params.report_progress,
+        media=prompt.media,
     )
 
 

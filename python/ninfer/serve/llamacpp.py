@@ -170,7 +170,8 @@ def _model_props(router: ModelRouter, entry: ModelEntry) -> dict[str, Any]:
         "total_slots": spec.options.max_concurrency,
         "model_path": str(spec.path),
         "model_alias": spec.name,
-        "modalities": {"vision": False, "audio": False, "video": False},
+        # What the model's engine was started with (--vision): llama-ui offers image attachments only then.
+        "modalities": {"vision": spec.options.vision, "audio": False, "video": spec.options.vision},
         "chat_template": template.source if template is not None else "",  # "" until the model is loaded
         "status": _status(entry),
     }

@@ -38,6 +38,7 @@ from msgspec import Meta
 
 from ninfer.errors import NinferError
 from ninfer.frontend.chat import flatten_content
+from ninfer.frontend.chat_media import flatten_unless_media
 from ninfer.serve.answer import answer, prepare
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
 from ninfer.serve.errors import InvalidRequestError, describe
@@ -180,7 +181,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     follows it; consecutive function calls join one assistant message."""
     messages: list[dict[str, Any]] = []
     reasoning: str | None = None
-    for item in items:
+    for position, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -191,7 +192,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             message: dict[str, Any] = {
                 "role": "system" if role == "developer" else role,
-                "content": flatten_content(item.get("content"), role=role),
+                "content": flatten_unless_media(item.get("content"), role=role, where=f"input[{position}].content"),
             }
             if role == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None

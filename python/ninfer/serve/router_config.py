@@ -28,7 +28,7 @@ DEFAULT_SSE_PING_S = 5.0  # keepalives of /models/sse
 ENGINE_KEYS = {f.name for f in fields(EngineOptions)} - {"verify_checksums"}
 # Options of later issues: accepted by name so configs written for them fail with a clear message.
 NOT_YET_KEYS = {"spec": "speculative decoding", "draft_tokens": "speculative decoding",
-                "lm_head_draft": "speculative decoding", "vision": "vision input",
+                "lm_head_draft": "speculative decoding",
                 "device_state_slots": "GDN state offload", "host_state_slots": "GDN state offload",
                 "host_kv_mib": "host KV offload", "reserve_gib": "GPU memory planning"}
 MODEL_KEYS = {"path", "aliases", "ttl", "preserve_thinking", "description", "sampling", "max_tokens"}
