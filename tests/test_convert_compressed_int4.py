@@ -28,7 +28,7 @@ from ninfer.artifact.convert import convert
 from ninfer.artifact.encodings import unpack_nibbles
 from ninfer.artifact.reader import read_artifact
 from ninfer.errors import ConversionError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 # 384 columns: groups of 32, 64 and 128 all divide it, and a 128-group scale spans whole artifact groups.
 CONFIG = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384, "num_hidden_layers": 2,
@@ -185,4 +185,14 @@ def test_other_compressed_tensors_schemes_are_refused_by_name(tmp_path):
     config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConversionError, match="config group 'group_0'.*not supported"):
+        convert(tmp_path, tmp_path / "out.ninfer", progress=False)
+
+
+def test_a_scale_of_the_wrong_shape_is_refused(tmp_path):
+    write_packed(tmp_path, _weight_args(False, "group", 64), torch.bfloat16)
+    state = load_file(tmp_path / "model.safetensors")
+    state["model.layers.0.mlp.down_proj.weight_scale"] = state["model.layers.0.mlp.down_proj.weight_scale"][:, :3].clone()
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match=r"down_proj.weight_scale has shape \[256, 3\]; int4 \[256, 384\] "
+                                              r"with groups of 64 needs \[256, 6\]"):
         convert(tmp_path, tmp_path / "out.ninfer", progress=False)

@@ -30,6 +30,7 @@ from ninfer.artifact.gguf_blocks import NativeTensor
 from ninfer.artifact.hf_int4 import (
     PackedInt4,
     PackedTensor,
+    check_parts,
     consumed_names,
     native_int4,
     packed_int4_scheme,
@@ -133,11 +134,9 @@ class _SafetensorsIndex:
 
     def _index_packed(self, folder: Path) -> None:
         """Each packed weight takes its logical name `X.weight` and its unpacked shape (`X.weight_shape`)."""
-        for weight in packed_weights(set(self.file_of), self.int4, folder):
+        for weight in packed_weights(self.shape_of, self.dtype_of, self.int4, folder):
             shape = tuple(int(d) for d in self._read(weight + "_shape").tolist())
-            if len(shape) < 2 or self.shape_of[weight + "_packed"] != (*shape[:-1], -(-shape[-1] // 8)):
-                raise ConversionError(f"{folder}: {weight}_packed {list(self.shape_of[weight + '_packed'])} does not "
-                                      f"pack int4 {weight}_shape {list(shape)}")
+            check_parts(weight, shape, self.shape_of, self.int4, folder)
             self.file_of[weight], self.shape_of[weight] = self.file_of[weight + "_packed"], shape
             self.packed.add(weight)
             self.auxiliary |= set(consumed_names(weight)) & self.file_of.keys()
@@ -146,7 +145,8 @@ class _SafetensorsIndex:
         import torch
 
         zero = weight + "_zero_point"
-        return PackedTensor(self.shape_of[weight], self._read(weight + "_packed").numpy(),
+        shape = self.shape_of[weight]
+        return PackedTensor(shape, self.int4.group_size or shape[-1], self._read(weight + "_packed").numpy(),
                             self._read(weight + "_scale").to(torch.float32).numpy(),
                             self._read(zero).numpy() if zero in self.file_of else None)
 

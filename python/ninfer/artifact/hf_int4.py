@@ -49,11 +49,11 @@ def packed_int4_scheme(quantization: dict, folder: Path) -> PackedInt4:
     schemes = set()
     for name, group in groups.items():
         weights = group.get("weights") or {}
-        fmt = group.get("format") or quantization.get("format")
-        what = (fmt, weights.get("num_bits"), weights.get("type"), weights.get("strategy"), weights.get("actorder"),
-                group.get("input_activations"), group.get("output_activations"))
-        if what[:4] != ("pack-quantized", 4, "int", weights.get("strategy")) or weights.get("strategy") not in (
-                "group", "channel") or any(what[4:]):
+        supported = ((group.get("format") or quantization.get("format")) == "pack-quantized"
+                     and weights.get("num_bits") == 4 and weights.get("type") == "int"
+                     and weights.get("strategy") in ("group", "channel") and not weights.get("actorder")
+                     and not group.get("input_activations") and not group.get("output_activations"))
+        if not supported:
             raise ConversionError(f"{folder}: compressed-tensors config group {name!r} ({json.dumps(group)}) is not "
                                   "supported (int4 weight-only pack-quantized, group or channel strategy, no actorder, "
                                   "is)")
@@ -68,19 +68,39 @@ def packed_int4_scheme(quantization: dict, folder: Path) -> PackedInt4:
     return PackedInt4(size, symmetric)
 
 
-def packed_weights(names: set[str], scheme: PackedInt4, folder: Path) -> list[str]:
+def packed_weights(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], scheme: PackedInt4,
+                   folder: Path) -> list[str]:
     """The packed weights (`X.weight` of each `X.weight_packed`), checking that each has its other parts."""
     found = []
-    for name in sorted(names):
+    for name in sorted(shapes):
         if not name.endswith(PACKED_SUFFIX):
             continue
         prefix = name[: -len(PACKED_SUFFIX)]
         needed = ["_scale", "_shape"] + ([] if scheme.symmetric else ["_zero_point"])
-        missing = [prefix + part for part in needed if prefix + part not in names]
+        missing = [prefix + part for part in needed if prefix + part not in shapes]
         if missing:
             raise ConversionError(f"{folder}: {name} lacks {', '.join(missing)}")
+        if dtypes[name] != "I32":
+            raise ConversionError(f"{folder}: {name} is {dtypes[name]}; pack-quantized int4 is packed in I32")
         found.append(prefix)
     return found
+
+
+def check_parts(weight: str, shape: tuple[int, ...], shapes: dict[str, tuple[int, ...]], scheme: PackedInt4,
+                folder: Path) -> None:
+    """The packed codes, scales and zero points of `weight` (unpacked `shape`) must have the scheme's shapes."""
+    if len(shape) < 2:
+        raise ConversionError(f"{folder}: {weight}_shape {list(shape)} is not a matrix")
+    lead, rows, cols = shape[:-2], shape[-2], shape[-1]
+    groups = -(-cols // scheme.group_size) if scheme.group_size else 1
+    expected = {"_packed": (*lead, rows, -(-cols // 8)), "_scale": (*lead, rows, groups)}
+    if not scheme.symmetric:
+        expected["_zero_point"] = (*lead, -(-rows // 8), groups)
+    scales = f"groups of {scheme.group_size}" if scheme.group_size else "one scale per row"
+    for part, want in expected.items():
+        if tuple(shapes[weight + part]) != want:
+            raise ConversionError(f"{folder}: {weight}{part} has shape {list(shapes[weight + part])}; int4 "
+                                  f"{list(shape)} with {scales} needs {list(want)}")
 
 
 def consumed_names(prefix: str) -> list[str]:
@@ -101,29 +121,32 @@ def _unpack(packed: np.ndarray) -> np.ndarray:
 
 
 class PackedTensor:
-    """One pack-quantized weight's tensors (numpy; scales as float32, exactly as stored) and its shape."""
+    """One pack-quantized weight's tensors (numpy; scales as float32, exactly as stored), its unpacked shape and
+    the columns each scale covers (the last group possibly partial)."""
 
-    def __init__(self, shape: tuple[int, ...], packed: np.ndarray, scale: np.ndarray,
+    def __init__(self, shape: tuple[int, ...], group_size: int, packed: np.ndarray, scale: np.ndarray,
                  zero_point: np.ndarray | None) -> None:
         self.shape = shape
+        self.group_size = group_size
         self.packed = packed
-        self.scale = scale.reshape(shape[:-1] + (-1,))
-        rows = shape[-2]
+        self.scale = scale
         if zero_point is None:
-            self.zero = np.full(self.scale.shape, _CODE_OFFSET, dtype=np.uint8)
+            self.zero = np.full(scale.shape, _CODE_OFFSET, dtype=np.uint8)
         else:  # packed along the rows: unpack the transposed words, then cut the rows' padding
-            self.zero = np.swapaxes(_unpack(np.swapaxes(zero_point, -1, -2)), -1, -2)[..., :rows, :]
+            self.zero = np.swapaxes(_unpack(np.swapaxes(zero_point, -1, -2)), -1, -2)[..., : shape[-2], :]
+
+    def _per_column(self, values: np.ndarray) -> np.ndarray:
+        return np.repeat(values, self.group_size, axis=-1)[..., : self.shape[-1]]
 
     def dequantized(self) -> np.ndarray:
         """(q - zero) * scale in float32, the producer's own definition of the weight (each product exact)."""
-        groups = self.scale.shape[-1]
-        codes = _unpack(self.packed)[..., : self.shape[-1]].reshape(self.shape[:-1] + (groups, -1))
-        steps = codes.astype(np.float32) - self.zero.astype(np.float32)[..., None]
-        return (steps * self.scale[..., None]).reshape(self.shape)
+        codes = _unpack(self.packed)[..., : self.shape[-1]].astype(np.float32)
+        return (codes - self._per_column(self.zero).astype(np.float32)) * self._per_column(self.scale)
 
     def blobs(self, group_size: int) -> dict[str, np.ndarray]:
-        """int4 blobs with `group_size` (dividing the producer's groups): codes as packed, scales repeated."""
-        repeat = self.shape[-1] // self.scale.shape[-1] // group_size
+        """int4 blobs with `group_size` (dividing the producer's groups and cols): codes as packed, scales and zero
+        points repeated over the artifact groups a producer group spans."""
+        repeat = self.group_size // group_size
         with np.errstate(over="ignore"):
             scale = np.repeat(self.scale.astype(np.float16), repeat, axis=-1)
         if not np.all(np.isfinite(scale)):
