@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -196,3 +197,72 @@ def test_a_scale_of_the_wrong_shape_is_refused(tmp_path):
     with pytest.raises(ConversionError, match=r"down_proj.weight_scale has shape \[256, 3\]; int4 \[256, 384\] "
                                               r"with groups of 64 needs \[256, 6\]"):
         convert(tmp_path, tmp_path / "out.ninfer", progress=False)
+
+
+def _pack_experts(src: Path, packed: Path, dequantised: Path, args: QuantizationArgs) -> None:
+    """Copies of a save_pretrained Qwen3.5-MoE folder: `packed` with every routed expert's projection compressed
+    by the producer's own pack-quantized compressor, `dequantised` with those weights as its decompressor gives them
+    back (f32). transformers holds the experts fused, not as Linear modules, so its quantization config cannot
+    reach them; compressing each expert's state is what llm-compressor does after unfusing them."""
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    for folder in (packed, dequantised):
+        shutil.copytree(src, folder)
+    for shard in src.glob("*.safetensors"):
+        state, plain, index = load_file(shard), {}, {}
+        for name, value in state.items():
+            if ".mlp.experts." not in name:
+                plain[name] = value
+                continue
+            scale, zero_point = compute_dynamic_scales_and_zp(value, args, None)
+            local = PackedQuantizationCompressor.compress(
+                {"weight": value, "weight_scale": scale, "weight_zero_point": zero_point}, scheme)
+            index.update({f"{name}{part[len('weight'):]}": tensor for part, tensor in local.items()})
+            local["weight_scale"] = local["weight_scale"].float()
+            plain[name] = PackedQuantizationCompressor.decompress(local, scheme)["weight"].float()
+        save_file(plain, dequantised / shard.name, metadata={"format": "pt"})
+        save_file({**{k: v for k, v in state.items() if ".mlp.experts." not in k}, **index},
+                  packed / shard.name, metadata={"format": "pt"})
+    weight_map = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    packed_map = {}
+    for name, shard in weight_map.items():
+        parts = ("_packed", "_scale", "_shape", "_zero_point") if ".mlp.experts." in name else ("",)
+        packed_map.update({name + part: shard for part in parts if part != "_zero_point" or not args.symmetric})
+    (packed / "model.safetensors.index.json").write_text(json.dumps({"weight_map": packed_map}))
+    config = json.loads((src / "config.json").read_text())
+    group = {"targets": ["Linear"], "format": "pack-quantized", "weights": args.model_dump()}
+    config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                     "config_groups": {"group_0": group}}
+    (packed / "config.json").write_text(json.dumps(config))
+
+
+def test_per_expert_moe_weights_keep_their_codes_and_match_hf(tiny_root, tmp_path):
+    from tiny_models import build_saved_checkpoint, load_saved_reference
+
+    args = _weight_args(False, "group", 32)
+    _pack_experts(build_saved_checkpoint("qwen3_5_moe", tiny_root), tmp_path / "packed", tmp_path / "deq", args)
+    recipe = tmp_path / "experts-int4.json"
+    recipe.write_text(json.dumps({"rules": [{"pattern": "*moe.experts_*", "encoding": "int4"},
+                                            {"pattern": "*", "encoding": "f32"}]}))
+    out = convert(tmp_path / "packed", tmp_path / "m.ninfer", recipe=str(recipe), progress=False)
+
+    state = {}
+    for shard in (tmp_path / "packed").glob("*.safetensors"):
+        state.update(load_file(shard))
+    prefix = "model.language_model.layers.0.mlp.experts.{}.gate_proj.weight"
+    with read_artifact(out) as artifact:
+        blobs = artifact.tensor_bytes("layers.0.moe.experts_gate")
+        for expert in range(blobs["q"].shape[0]):
+            name = prefix.format(expert)
+            shape = torch.Size(state[name + "_shape"].tolist())
+            codes = unpack_from_int32(state[name + "_packed"], 4, shape)
+            np.testing.assert_array_equal(unpack_nibbles(blobs["q"][expert]).astype(np.int16) - 8, codes.numpy())
+            np.testing.assert_array_equal(blobs["scale"][expert].astype(np.float32), state[name + "_scale"].float())
+            zero = unpack_from_int32(state[name + "_zero_point"], 4, torch.Size((shape[0], shape[1] // 32)), 0)
+            np.testing.assert_array_equal(blobs["zero"][expert].astype(np.int16) - 8, zero.numpy())
+
+    tokens = np.random.default_rng(7).integers(0, 248320, 24).astype(np.int32)
+    model = _engine.Model.open(str(out), kv_dtype="f32", threads=2, max_context=256)
+    ours = model.prefill(model.new_sequence(), tokens, all_logits=True)
+    with torch.no_grad():
+        theirs = load_saved_reference(tmp_path / "deq")(torch.tensor(tokens[None].astype(np.int64))).logits[0].numpy()
+    assert np.abs(ours - theirs).max() <= F32_TOL * np.abs(theirs).max()

@@ -260,8 +260,8 @@ def _check_index(index: _SafetensorsIndex, folder: Path) -> None:
     if listed is None:
         return
     weight_map = {str(k): folder / str(v) for k, v in listed["weight_map"].items()}
-    wrong = sorted(name for name in weight_map.keys() | index.file_of.keys()
-                   if weight_map.get(name) != index.file_of.get(name))
+    stored = index.file_of.keys() - index.packed  # a packed weight's own name is no checkpoint tensor
+    wrong = sorted(name for name in weight_map.keys() | stored if weight_map.get(name) != index.file_of.get(name))
     if wrong:
         raise ConversionError(f"{folder}: {_INDEX_FILE} disagrees with the shards about {len(wrong)} tensors, e.g. "
                               f"{', '.join(wrong[:3])}")
