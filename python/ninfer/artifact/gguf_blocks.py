@@ -27,13 +27,14 @@ K_BLOCK = 256
 
 
 class NativeTensor:
-    """How a quantised GGUF tensor is stored in the artifact: its encoding (group 32) and a loader of its blobs
-    rearranged from the blocks (None: encode gguf's dequantised floats). `exact`: the blobs hold exactly the
+    """How a pre-quantised tensor (GGUF blocks, hf_int4.py's packed int4) is stored in the artifact: its encoding
+    and group size (32 for GGUF) and a loader of its blobs rearranged from the source (None: encode the dequantised floats). `exact`: the blobs hold exactly the
     dequantised values; otherwise the converter measures and prints their error."""
 
-    def __init__(self, encoding: str, blobs: Callable[[], dict[str, np.ndarray]] | None, exact: bool = True) -> None:
+    def __init__(self, encoding: str, blobs: Callable[[], dict[str, np.ndarray]] | None, exact: bool = True,
+                 group_size: int = BLOCK) -> None:
         self.encoding = encoding
-        self.group_size = BLOCK
+        self.group_size = group_size
         self.blobs = blobs
         self.exact = exact and blobs is not None
 
