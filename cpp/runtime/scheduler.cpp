@@ -18,7 +18,10 @@ std::vector<int32_t> Scheduler::admit() {
   std::vector<int32_t> filled;
   for (int32_t i = 0; i < num_lanes() && !queue_.empty(); ++i) {
     if (lanes_[i]) continue;
-    std::optional<CacheAdmission> admission = cache_.admit(queue_.front().reservation);
+    const Job& head = queue_.front();
+    // Scoring needs every prompt position's logits: it computes them all (and publishes them for others).
+    std::optional<CacheAdmission> admission =
+        cache_.admit(head.reservation, head.request.prompt, {}, head.output == JobOutput::Generate);
     if (!admission) break;
     Lane& lane = lanes_[i].emplace();
     lane.job = std::move(queue_.front());
@@ -38,7 +41,9 @@ std::vector<int32_t> Scheduler::admit() {
 
 // NOTE: a lane's prefill chunks are [k * chunk, (k + 1) * chunk) clipped to its prompt, whatever else runs, so a
 // request computes exactly the same slices alone or in company (and chunk ends sit on multiples of 64, where
-// prefix snapshots will go). The budget only decides how many chunks run in one step; the first always runs.
+// prefix snapshots go; a chunk also ends where the cache manager takes a state snapshot of the prompt, since only
+// a chunk's end has that state at hand). The budget only decides how many chunks run in one step; the first
+// always runs.
 StepPlan Scheduler::plan() const {
   StepPlan plan;
   std::vector<PlannedSlice> prefills;
@@ -48,7 +53,9 @@ StepPlan Scheduler::plan() const {
     const Lane& lane = *lanes_[i];
     const int64_t begin = lane.computed, target = static_cast<int64_t>(lane.tokens.size());
     if (begin >= target) continue;
-    const int64_t end = std::min(target, (begin / prefill_chunk_ + 1) * prefill_chunk_);
+    const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
+    const int64_t end = std::min({target, (begin / prefill_chunk_ + 1) * prefill_chunk_,
+                                  cache_.next_snapshot(begin, prompt)});
     const bool scoring = lane.job.output == JobOutput::PromptLogprobs;
     // One new token is a decode slice even when it is the prompt's last (a decode graph runs it the same way).
     PlannedSlice slice{i, begin, end, end - begin == 1 && !scoring ? SliceKind::Decode : SliceKind::Prefill,
@@ -62,6 +69,12 @@ StepPlan Scheduler::plan() const {
   }
   plan.slices.insert(plan.slices.end(), prefills.begin(), prefills.end());
   return plan;
+}
+
+void Scheduler::commit(int32_t index) {
+  Lane& lane = *lanes_[index];
+  const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
+  cache_.commit(lane.cache, lane.tokens, lane.computed, cache_.snapshot_use(lane.computed, prompt));
 }
 
 void Scheduler::finish(int32_t index) {

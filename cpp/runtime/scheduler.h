@@ -73,6 +73,9 @@ class Scheduler {
   // so does everything behind it. Returns the lanes filled.
   std::vector<int32_t> admit();
   StepPlan plan() const;
+  // Hands what lane `index` has computed (Lane::computed) to the cache manager: its new whole blocks, and the
+  // state snapshot due at that position.
+  void commit(int32_t index);
   // Frees lane `index` and its cache at once.
   void finish(int32_t index);
 
