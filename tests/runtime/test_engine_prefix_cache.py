@@ -11,15 +11,12 @@ import asyncio
 import numpy as np
 import pytest
 from engine_helpers import collect, run_alone, run_together
+from prefix_cache_checks import SnapshotRules, assert_same, run_one
 
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
 MODELS = ["tiny_qwen35_artifact", "tiny_qwen35_moe_artifact", "tiny_llama_artifact"]
 INTERVAL = 128
-# The CPU backend's linear is batch-invariant, but a prompt served from the cache is prefilled in other chunks than
-# one computed whole (attention and the chunked Gated DeltaNet sum in another order): logprobs agree to float
-# rounding, far below any difference of a wrong reuse.
-LOGPROB_ATOL = 2e-3
 
 
 def open_engine(path, **options) -> Engine:
@@ -33,47 +30,6 @@ def greedy(prompt, n=6, **kw):
                    **kw)
 
 
-def run_one(engine, request):
-    tokens, last = asyncio.run(collect_with_logprobs(engine, request))
-    return tokens, last
-
-
-async def collect_with_logprobs(engine, request):
-    tokens, top, last = [], [], None
-    async for ev in engine.generate(request):
-        tokens.extend(ev.token_ids)
-        top.extend(ev.top_logprobs or ())
-        last = ev
-    return (tokens, top), last
-
-
-def assert_same(cached, uncached):
-    (tokens, top), (ref_tokens, ref_top) = cached, uncached
-    assert tokens == ref_tokens
-    for mine, ref in zip(top, ref_top, strict=True):
-        assert [t for t, _ in mine] == [t for t, _ in ref]
-        np.testing.assert_allclose([v for _, v in mine], [v for _, v in ref], atol=LOGPROB_ATOL)
-
-
-class SnapshotRules:
-    """Which prefix of one stem the cache can serve, from the documented rules: KV at every block boundary a prompt
-    computed; Gated DeltaNet state only at the prompt's last block boundary and every INTERVAL tokens."""
-
-    def __init__(self, has_state: bool) -> None:
-        self.has_state = has_state
-        self.points: set[int] = set()
-
-    def ran(self, n: int) -> None:
-        last = n // 64 * 64
-        if self.has_state:
-            self.points |= {p for p in range(INTERVAL, last + 1, INTERVAL)} | ({last} if last else set())
-        else:
-            self.points |= set(range(64, last + 1, 64))
-
-    def reuse(self, n: int) -> int:
-        return max((p for p in self.points if p <= n - 1), default=0)
-
-
 @pytest.mark.parametrize("model", MODELS)
 def test_cached_prompts_give_the_uncached_tokens_and_logprobs(request, model):
     path = request.getfixturevalue(model)
@@ -83,7 +39,7 @@ def test_cached_prompts_give_the_uncached_tokens_and_logprobs(request, model):
         lengths = [63, 64, 65, 200, 1100]
         reference = [run_one(off, greedy(stem[:n]))[0] for n in lengths]
     with open_engine(path) as on:
-        rules = SnapshotRules(on.stats().prefix.total_state_slots > 0)
+        rules = SnapshotRules(on.stats().prefix.total_state_slots > 0, INTERVAL)
         served = []
         for n, ref in zip(lengths, reference, strict=True):
             for _ in range(2):  # the second run of each prompt is served from what the first left
