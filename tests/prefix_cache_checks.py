@@ -27,6 +27,18 @@ async def collect_with_logprobs(engine, request):
     return (tokens, top), last
 
 
+async def cancel_mid_prefill(engine, request, after_tokens: int):
+    """Submits `request`, cancels it once the engine prefilled `after_tokens` more tokens, returns its last event."""
+    rid, queue = engine.submit(request)
+    before = engine.stats().tokens_prefilled
+    while engine.stats().tokens_prefilled < before + after_tokens:
+        await asyncio.sleep(0.0002)
+    assert engine.cancel(rid)
+    while (ev := await queue.get()).finish == "none":
+        pass
+    return ev
+
+
 def assert_same(cached, uncached):
     (tokens, top), (ref_tokens, ref_top) = cached, uncached
     assert tokens == ref_tokens

@@ -9,7 +9,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from prefix_cache_checks import SnapshotRules, assert_same, run_one
+from prefix_cache_checks import SnapshotRules, assert_same, cancel_mid_prefill, run_one
 
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
@@ -58,17 +58,7 @@ def test_a_cancelled_prefill_sharing_pages_leaks_nothing_on_the_device(tiny_arti
         reference = run_one(off, _greedy(follow_up))[0]
     with _open(tiny_artifacts["qwen3_5"], prefill_chunk=64) as on:
         run_one(on, _greedy(shared))
-
-        async def cancel_mid_prefill():
-            rid, queue = on.submit(_greedy(follow_up))
-            before = on.stats().tokens_prefilled
-            while on.stats().tokens_prefilled < before + 300:
-                await asyncio.sleep(0.0002)
-            assert on.cancel(rid)
-            while (await queue.get()).finish == "none":
-                pass
-
-        asyncio.run(cancel_mid_prefill())
+        assert asyncio.run(cancel_mid_prefill(on, _greedy(follow_up), 300)).finish == "cancelled"
         s = on.stats()
         assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
         got, last = run_one(on, _greedy(follow_up))

@@ -11,7 +11,7 @@ import asyncio
 import numpy as np
 import pytest
 from engine_helpers import collect, run_alone, run_together
-from prefix_cache_checks import SnapshotRules, assert_same, run_one
+from prefix_cache_checks import SnapshotRules, assert_same, cancel_mid_prefill, run_one
 
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
@@ -139,18 +139,7 @@ def test_a_cancelled_prefill_that_shares_pages_leaks_nothing_and_publishes_only_
         ref_shared, ref_follow = (run_one(off, greedy(p))[0] for p in (shared, follow_up))
     with open_engine(tiny_qwen35_artifact, prefill_chunk=64) as on:
         run_one(on, greedy(shared))
-
-        async def cancel_mid_prefill():
-            rid, queue = on.submit(greedy(follow_up))
-            before = on.stats().tokens_prefilled
-            while on.stats().tokens_prefilled < before + 300:
-                await asyncio.sleep(0.0005)
-            assert on.cancel(rid)
-            while (ev := await queue.get()).finish == "none":
-                pass
-            return ev
-
-        ev = asyncio.run(cancel_mid_prefill())
+        ev = asyncio.run(cancel_mid_prefill(on, greedy(follow_up), 300))
         assert ev.finish == "cancelled" and ev.usage.cached_tokens == 512
         s = on.stats()
         assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
