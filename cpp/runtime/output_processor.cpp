@@ -43,7 +43,7 @@ void OutputProcessor::end_lane(int32_t index, FinishReason reason, const std::st
   ev.timings.total_s = seconds(now - lane.job.submitted);
   if (lane.generated > 0) {
     ev.timings.ttft_s = seconds(lane.first_token - lane.job.submitted);
-    ev.timings.prefill_tokens_per_s = prompt / std::max(1e-9, seconds(lane.first_token - lane.admitted));
+    ev.timings.prefill_tokens_per_s = (prompt - lane.cached) / std::max(1e-9, seconds(lane.first_token - lane.admitted));
     if (lane.generated > 1)
       ev.timings.decode_tokens_per_s = (lane.generated - 1) / std::max(1e-9, seconds(now - lane.first_token));
   }
@@ -81,6 +81,7 @@ void OutputProcessor::absorb_slice(const PlannedSlice& slice, const SliceResult&
   Lane& lane = *scheduler_.lane(slice.lane);
   counters_.tokens_prefilled += slice.end - slice.begin;
   lane.computed = slice.end;
+  scheduler_.commit(slice.lane);  // only a completed pass's blocks become reusable
   if (slice.output == SliceOutput::PromptLogprobs) {
     lane.score_logprobs.insert(lane.score_logprobs.end(), result.prompt_logprobs.begin(),
                                result.prompt_logprobs.end());

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ninfer.engine import EngineStats
@@ -41,6 +41,21 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(
             "ninfer_resident_bytes", "Resident memory of the engine", value=s.resident_bytes
         )
+        p = s.prefix
+        yield GaugeMetricFamily("ninfer_prefix_cache_blocks", "64-token KV blocks in the prefix cache",
+                                value=p.cached_blocks)
+        yield GaugeMetricFamily("ninfer_prefix_cache_snapshots", "Gated DeltaNet state snapshots in the prefix cache",
+                                value=p.cached_snapshots)
+        # Counters since the resident engine opened (a swapped model starts again from 0).
+        for name, doc, value in (
+            ("lookups", "Admissions that looked for a cached prefix", p.lookups),
+            ("hits", "Admissions that reused a cached prefix", p.hits),
+            ("cached_tokens", "Prompt tokens reused from the prefix cache", p.cached_tokens),
+            ("restores", "State snapshots restored into a lane (device tier)", p.restores),
+            ("evicted_blocks", "KV blocks evicted from the prefix cache (device tier)", p.evicted_blocks),
+            ("evicted_snapshots", "State snapshots evicted from the prefix cache (device tier)", p.evicted_snapshots),
+        ):
+            yield CounterMetricFamily(f"ninfer_prefix_cache_{name}", doc, value=value)
 
 
 class ServerMetrics:
