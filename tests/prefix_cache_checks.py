@@ -29,12 +29,12 @@ async def collect_with_logprobs(engine, request):
 
 async def cancel_mid_prefill(engine, request, after_tokens: int):
     """Submits `request`, cancels it once the engine prefilled `after_tokens` more tokens, returns its last event."""
-    rid, queue = engine.submit(request)
+    stream = engine.submit(request)
     before = engine.stats().tokens_prefilled
     while engine.stats().tokens_prefilled < before + after_tokens:
         await asyncio.sleep(0.0002)
-    assert engine.cancel(rid)
-    while (ev := await queue.get()).finish == "none":
+    assert engine.cancel(stream.request_id)
+    while (ev := await anext(stream)).finish_reason is None:
         pass
     return ev
 

@@ -58,7 +58,7 @@ def test_a_cancelled_prefill_sharing_pages_leaks_nothing_on_the_device(tiny_arti
         reference = run_one(off, _greedy(follow_up))[0]
     with _open(tiny_artifacts["qwen3_5"], prefill_chunk=64) as on:
         run_one(on, _greedy(shared))
-        assert asyncio.run(cancel_mid_prefill(on, _greedy(follow_up), 300)).finish == "cancelled"
+        assert asyncio.run(cancel_mid_prefill(on, _greedy(follow_up), 300)).finish_reason == "cancelled"
         s = on.stats()
         assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
         got, last = run_one(on, _greedy(follow_up))
