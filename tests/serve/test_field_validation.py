@@ -102,8 +102,9 @@ def test_a_valid_tool_schema_and_answered_call_pass(qwen35_server):
 
 
 @pytest.mark.parametrize("query", ["from=-1", "from=abc"])
-def test_a_refused_query_parameter_is_named_as_the_client_spells_it(qwen35_server, query):
-    response = httpx.get(f"{qwen35_server.url}/v1/stream?conv_id=nothing&{query}", timeout=60)
+@pytest.mark.parametrize("route", ["/v1/stream?conv_id=nothing&", "/v1/stream/nothing?"])
+def test_a_refused_query_parameter_is_named_as_the_client_spells_it(qwen35_server, route, query):
+    response = httpx.get(f"{qwen35_server.url}{route}{query}", timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "from", response.text
 
 
