@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import MediaType, Request, Response, post
 
 from ninfer import errors
@@ -61,6 +62,18 @@ _TYPESAFE_KINDS = {401: "authentication_error", 403: "authentication_error", 413
                    429: "rate_limit_error"}
 
 
+class TypeSafeDetail(msgspec.Struct, kw_only=True):
+    error_type: str
+    message: str
+
+
+class TypeSafeErrorBody(msgspec.Struct):
+    """Every error body of `/v1/systemone` (TypeSafe's shape; the OpenAPI document's too): a 422 lists the
+    contract's violations, every other status names its kind."""
+
+    detail: TypeSafeDetail | list[dict[str, Any]]
+
+
 def typesafe_body(info: ErrorInfo, problems: list[dict[str, Any]] | None) -> dict[str, Any]:
     if info.status == 422 and problems:
         return {"detail": problems}
@@ -87,13 +100,16 @@ def typesafe_handler(request: Request, exc: Exception) -> Response:
 _DOC = "TypeSafe System One: calibrated probabilities over each question's answers (docs/decisions.md)"
 
 
-@post("/v1/decisions", status_code=200, exception_handlers={Exception: openai_handler}, summary=_DOC)
+# The contract's shape violations are 422s (ninfer.serve.openapi documents them from `error_statuses`).
+@post("/v1/decisions", status_code=200, exception_handlers={Exception: openai_handler}, summary=_DOC,
+      opt={"error_statuses": (422,)})
 async def decisions(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     return await decide(request, lease)
 
 
 @post("/v1/systemone", status_code=200, exception_handlers={Exception: typesafe_handler},
-      summary=_DOC + "; errors in TypeSafe's `detail` shape")
+      summary=_DOC + "; errors in TypeSafe's `detail` shape",
+      opt={"error_statuses": (422,), "error_body": TypeSafeErrorBody})
 async def systemone(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     return await decide(request, lease)
 

@@ -45,14 +45,21 @@ def _error_statuses(handler: HTTPRouteHandler, method: str, anthropic: bool) -> 
         statuses |= {413, 415}
     if method == "POST" and not opt.get(GATE_EXEMPT):
         statuses |= {404, 429, 503}
+    statuses.update(opt.get("error_statuses", ()))  # a route's own (e.g. the decision contract's 422)
     for exc in handler.raises or ():
         if isinstance(exc, type) and issubclass(exc, HTTPException):
             statuses.add(exc.status_code)
     return statuses
 
 
-def _error_response(status: int, anthropic: bool) -> dict[str, Any]:
-    name = (AnthropicErrorBody if anthropic else OpenAIErrorBody).__name__
+def _error_body(handler: HTTPRouteHandler, anthropic: bool) -> type:
+    """The error body a route answers: its own (`opt["error_body"]`, e.g. TypeSafe's on /v1/systemone), else the
+    protocol's."""
+    return (handler.opt or {}).get("error_body") or (AnthropicErrorBody if anthropic else OpenAIErrorBody)
+
+
+def _error_response(status: int, body: type) -> dict[str, Any]:
+    name = body.__name__
     return {"description": OVERLOADED if status == 529 else HTTPStatus(status).phrase,
             "content": {"application/json": {"schema": {"$ref": REF.format(name=name)}}}}
 
@@ -61,7 +68,8 @@ def finish(document: dict[str, Any], handlers: dict[tuple[str, str], HTTPRouteHa
     """The document with request bodies, error responses and streaming answers as the server has them.
     `handlers`: (METHOD, path as the document spells it) -> its route handler."""
     models = {key: model for key, handler in handlers.items() if (model := json_body_model(handler)) is not None}
-    _, components = msgspec.json.schema_components([*models.values(), OpenAIErrorBody, AnthropicErrorBody],
+    bodies = {OpenAIErrorBody, AnthropicErrorBody} | {b for h in handlers.values() if (b := (h.opt or {}).get("error_body"))}
+    _, components = msgspec.json.schema_components([*models.values(), *sorted(bodies, key=lambda b: b.__name__)],
                                                    ref_template=REF)
     document.setdefault("components", {}).setdefault("schemas", {}).update(components)
     for path, item in document.get("paths", {}).items():
@@ -80,8 +88,9 @@ def finish(document: dict[str, Any], handlers: dict[tuple[str, str], HTTPRouteHa
                     content[EVENT_STREAM] = {"schema": {"type": "string"}}
             responses = operation.setdefault("responses", {})
             anthropic = path.startswith(ANTHROPIC_PREFIX)
+            body = _error_body(handler, anthropic)
             for status in _error_statuses(handler, method.upper(), anthropic):
-                responses[str(status)] = _error_response(status, anthropic)
+                responses[str(status)] = _error_response(status, body)
     return document
 
 
