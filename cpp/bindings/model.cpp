@@ -65,7 +65,7 @@ struct ModelState {
   int64_t kv_free_tokens() const { return pools->pages().free() * kKvPageTokens; }
   int32_t free_state_slots() const { return pools->states() ? pools->slots().free() : 0; }
   ForwardItem item(const int32_t* tokens, int64_t n, const SequenceCache& c, bool all_logits) const {
-    return {tokens, n, c.length, c.pages, c.state_slot, all_logits};
+    return {tokens, n, c.length, c.pages, c.state_slot, all_logits, false, {}};
   }
 };
 
@@ -172,7 +172,7 @@ class PyModel {
     {
       nb::gil_scoped_release release;
       std::lock_guard lock(s_->mutex);
-      ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, false);
+      ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, true);
       item.start = start;
       s_->model->mtp_forward(hidden.data(), item, *s_->pools, logits);
     }

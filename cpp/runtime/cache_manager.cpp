@@ -7,14 +7,15 @@ namespace ninfer {
 CacheManager::CacheManager(PageTable& pages, SlotTable* slots, CacheContents& contents)
     : pages_(pages), slots_(slots), contents_(contents) {}
 
-std::optional<CacheAdmission> CacheManager::admit(int64_t reserve_tokens) {
+std::optional<CacheAdmission> CacheManager::admit(int64_t reserve_tokens, int32_t step_slots) {
   const int64_t n = kv_pages_for(reserve_tokens);
-  if (n > pages_.free() || (slots_ && slots_->free() == 0)) return std::nullopt;
+  if (n > pages_.free() || (slots_ && slots_->free() < 1 + step_slots)) return std::nullopt;
   CacheAdmission a;
   pages_.acquire(n, a.cache.pages);
   if (slots_) {
     a.cache.state_slot = slots_->acquire();
     contents_.zero_state(a.cache.state_slot);
+    for (int32_t i = 0; i < step_slots; ++i) a.cache.step_slots.push_back(slots_->acquire());
   }
   return a;
 }
@@ -22,8 +23,12 @@ std::optional<CacheAdmission> CacheManager::admit(int64_t reserve_tokens) {
 void CacheManager::release(SequenceCache& cache) {
   pages_.release(cache.pages);
   cache.pages.clear();
-  if (slots_) slots_->release(cache.state_slot);
+  if (slots_) {
+    slots_->release(cache.state_slot);
+    for (int32_t slot : cache.step_slots) slots_->release(slot);
+  }
   cache.state_slot = -1;
+  cache.step_slots.clear();
 }
 
 std::optional<SequenceCache> CacheManager::fork(const SequenceCache& parent, int64_t tokens, int64_t reserve_tokens) {

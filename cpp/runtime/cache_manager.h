@@ -19,6 +19,9 @@ namespace ninfer {
 struct SequenceCache {
   std::vector<int32_t> pages;  // KV pages in order; page p holds positions [64p, 64p + 64)
   int32_t state_slot = -1;     // GDN state slot, -1 for models without linear attention
+  // Speculative decoding: a verify pass writes the state after each of its rows into these (ForwardItem::
+  // step_slots), and the accepted row's then becomes state_slot, the old state_slot taking its place here.
+  std::vector<int32_t> step_slots;
 };
 
 struct CacheAdmission {
@@ -36,8 +39,9 @@ class CacheManager {
   // `slots` is null for models without linear attention (no state to keep).
   CacheManager(PageTable& pages, SlotTable* slots, CacheContents& contents);
 
-  // Pages for `reserve_tokens` tokens and a zeroed state slot; nullopt, changing nothing, when they do not fit now.
-  std::optional<CacheAdmission> admit(int64_t reserve_tokens);
+  // Pages for `reserve_tokens` tokens, a zeroed state slot and `step_slots` more (speculative decoding's; none for
+  // models without linear attention); nullopt, changing nothing, when they do not fit now.
+  std::optional<CacheAdmission> admit(int64_t reserve_tokens, int32_t step_slots = 0);
   void release(SequenceCache& cache);  // gives its pages and slot back now; `cache` is left empty
   // A new sequence that continues `parent` after its first `tokens` tokens, with room for `reserve_tokens`: it
   // shares the parent's full pages below `tokens`, gets a copy of the partly filled page (if any) so both can

@@ -42,6 +42,9 @@ void validate_engine_options(const EngineOptions& o) {
     fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0; 0 = max_context * max_concurrency)");
   if (o.cuda_gemm != "auto" && o.cuda_gemm != "twin")
     fail("cuda_gemm = \"" + o.cuda_gemm + "\" (must be auto or twin)");
+  if (o.spec != "none" && o.spec != "mtp") fail("spec = \"" + o.spec + "\" (must be none or mtp)");
+  if (o.spec == "mtp" && (o.draft_tokens < 1 || o.draft_tokens > kMaxDraftTokens))
+    fail("draft_tokens = " + std::to_string(o.draft_tokens) + " (must be 1.." + std::to_string(kMaxDraftTokens) + ")");
   if (o.prefill_chunk != kPrefillChunkAuto && (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens))
     fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64, or 0 = auto)");
 }
@@ -92,13 +95,21 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   if (options_.prefill_chunk == kPrefillChunkAuto) options_.prefill_chunk = kDefaultPrefillChunk;
   model_ = Model::load(std::move(artifact), mo, std::move(backend));
   config_ = model_->config();
+  const bool speculative = options_.spec == "mtp";
+  if (speculative && !model_->has_mtp())
+    throw EngineError("invalid engine option: spec = \"mtp\" but " + path + " has no MTP head");
+  if (speculative && device_)
+    throw EngineError("invalid engine option: spec = \"mtp\" runs on the CPU backend only for now");
+  const int32_t draft_tokens = speculative ? options_.draft_tokens : 0;
   CacheCapacity capacity;
   capacity.device_pages = kv_pages_for(kv_tokens);
-  capacity.device_state_slots = options_.max_concurrency;
+  // Each speculative lane also holds a state slot per verify row.
+  capacity.device_state_slots = options_.max_concurrency * (1 + (speculative ? draft_tokens + 1 : 0));
   pools_ = std::make_unique<CachePools>(model_->cache_layout(), capacity, options_.kv_dtype, model_->memory());
   cache_ = std::make_unique<CacheManager>(pools_->pages(), pools_->states() ? &pools_->slots() : nullptr, *pools_);
-  scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.prefill_chunk, *cache_);
-  executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling);
+  if (speculative) drafter_ = std::make_unique<Drafter>(*model_, *pools_);
+  scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.prefill_chunk, *cache_, draft_tokens);
+  executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling, drafter_.get());
   outputs_ = std::make_unique<OutputProcessor>(
       *scheduler_, [this](EngineEvent ev) { publish(std::move(ev)); }, [this] {
         --in_flight_;
@@ -266,6 +277,7 @@ void Engine::close() {
   // The pools live in the backend's memory: they go before the model that owns the backend.
   outputs_.reset();
   executor_.reset();
+  drafter_.reset();
   scheduler_.reset();
   cache_.reset();
   pools_.reset();
@@ -304,6 +316,8 @@ void Engine::refresh_stats() {
   stats_.requests_finished = outputs_->counters().requests_finished;
   stats_.tokens_generated = outputs_->counters().tokens_generated;
   stats_.tokens_prefilled = outputs_->counters().tokens_prefilled;
+  stats_.draft_tokens = outputs_->counters().draft_tokens;
+  stats_.draft_tokens_accepted = outputs_->counters().draft_tokens_accepted;
 }
 
 // Asks the caller for the mask of every constrained lane that samples this step; sent before the forward, so the
@@ -342,10 +356,20 @@ std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
     Lane& lane = *scheduler_->lane(s.lane);
     SliceInput in;
     in.item = {lane.tokens.data() + s.begin, s.end - s.begin, lane.computed, lane.cache.pages,
-               lane.cache.state_slot, s.output == SliceOutput::PromptLogprobs};
+               lane.cache.state_slot, s.output == SliceOutput::PromptLogprobs, false, {}};
     in.tokens = lane.tokens.data();
     in.total_tokens = static_cast<int64_t>(lane.tokens.size());
     in.host_sampler = needs_host_sampler(lane.job.request.sampling);
+    if (lane.speculative) {
+      in.drafts = &lane.drafts;
+      if (s.kind == SliceKind::Verify) {  // the drafter fills in the tokens
+        in.item.n_tokens = s.drafts + 1;
+        in.item.all_logits = true;
+        in.item.step_slots = std::span(lane.cache.step_slots).first(size_t(s.drafts + 1));
+      } else {
+        in.item.all_hidden = true;
+      }
+    }
     inputs.push_back(in);
   }
   return inputs;

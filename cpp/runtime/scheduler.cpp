@@ -4,8 +4,8 @@
 
 namespace ninfer {
 
-Scheduler::Scheduler(int32_t num_lanes, int64_t prefill_chunk, CacheManager& cache)
-    : prefill_chunk_(prefill_chunk), cache_(cache), lanes_(num_lanes) {}
+Scheduler::Scheduler(int32_t num_lanes, int64_t prefill_chunk, CacheManager& cache, int32_t draft_tokens)
+    : prefill_chunk_(prefill_chunk), draft_tokens_(draft_tokens), cache_(cache), lanes_(num_lanes) {}
 
 bool Scheduler::remove_queued(uint64_t id) {
   const auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Job& j) { return j.id == id; });
@@ -18,7 +18,9 @@ std::vector<int32_t> Scheduler::admit() {
   std::vector<int32_t> filled;
   for (int32_t i = 0; i < num_lanes() && !queue_.empty(); ++i) {
     if (lanes_[i]) continue;
-    std::optional<CacheAdmission> admission = cache_.admit(queue_.front().reservation);
+    const Job& head = queue_.front();
+    const bool speculative = draft_tokens_ > 0 && head.output == JobOutput::Generate && !head.request.constrained;
+    std::optional<CacheAdmission> admission = cache_.admit(head.reservation, speculative ? draft_tokens_ + 1 : 0);
     if (!admission) break;
     Lane& lane = lanes_[i].emplace();
     lane.job = std::move(queue_.front());
@@ -27,6 +29,7 @@ std::vector<int32_t> Scheduler::admit() {
     lane.computed = lane.cached = admission->computed;
     lane.tokens = lane.job.request.prompt;
     lane.admitted = Clock::now();
+    lane.speculative = speculative;
     if (lane.job.output == JobOutput::Generate) {
       lane.sampler.emplace(lane.job.request.sampling);
       lane.history.add_prompt(lane.tokens);
@@ -50,6 +53,14 @@ StepPlan Scheduler::plan() const {
     if (begin >= target) continue;
     const int64_t end = std::min(target, (begin / prefill_chunk_ + 1) * prefill_chunk_);
     const bool scoring = lane.job.output == JobOutput::PromptLogprobs;
+    if (lane.speculative && lane.generated > 0) {  // decoding: verify the last token and this round's drafts
+      const int32_t drafts = drafts_this_round(draft_tokens_, lane.job.request.max_new_tokens - lane.generated,
+                                               lane.job.reservation - begin);
+      if (drafts > 0) {
+        plan.slices.push_back({i, begin, target, SliceKind::Verify, SliceOutput::Sample, drafts});
+        continue;
+      }
+    }
     // One new token is a decode slice even when it is the prompt's last (a decode graph runs it the same way).
     PlannedSlice slice{i, begin, end, end - begin == 1 && !scoring ? SliceKind::Decode : SliceKind::Prefill,
                        scoring ? SliceOutput::PromptLogprobs : end == target ? SliceOutput::Sample : SliceOutput::None};

@@ -17,6 +17,7 @@
 #include "runtime/cache_manager.h"
 #include "runtime/request.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 #include "runtime/step_plan.h"
 
 namespace ninfer {
@@ -59,12 +60,16 @@ struct Lane {
   TokenHistory history;
   LaneMask mask;                      // used only when job.request.constrained
   std::vector<float> score_logprobs;  // output PromptLogprobs: logprob of tokens[i + 1], filled chunk by chunk
+  bool speculative = false;           // it drafts with the MTP head (a generation lane, unconstrained, spec on)
+  LaneDrafts drafts;                  // speculative lanes only
   Clock::time_point admitted, first_token;
 };
 
 class Scheduler {
  public:
-  Scheduler(int32_t num_lanes, int64_t prefill_chunk, CacheManager& cache);
+  // `draft_tokens` > 0: speculative decoding with that many MTP drafts per round (each lane then holds
+  // draft_tokens + 1 step slots for the verify pass's states).
+  Scheduler(int32_t num_lanes, int64_t prefill_chunk, CacheManager& cache, int32_t draft_tokens = 0);
 
   void enqueue(Job job) { queue_.push_back(std::move(job)); }
   // Removes a queued job; false when `id` is not queued.
@@ -86,6 +91,7 @@ class Scheduler {
 
  private:
   int64_t prefill_chunk_;
+  int32_t draft_tokens_;
   CacheManager& cache_;
   std::vector<std::optional<Lane>> lanes_;
   std::deque<Job> queue_;
