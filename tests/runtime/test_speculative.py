@@ -2,29 +2,25 @@
 decoding, token for token, greedy and seeded-sampled, with logprobs, stop tokens, max_new_tokens, several lanes,
 constrained requests and cancellation; and the sampled distribution checked against the exact one.
 
-Random tiny weights accept few drafts, so the all-accepted path gets its own checkpoint, built here from the tiny
-Qwen3.5 one: every block's output projection zeroed (each layer adds nothing to the residual, so the target's next
-token is a function of its current token alone), and an MTP head whose fc passes the normed embedding of its input
-token through. The head then predicts exactly what the target will, and (almost) every draft is accepted.
+Random tiny weights accept few drafts, so the all-accepted path gets its own checkpoint (tests/agreeing_mtp.py),
+whose MTP head predicts exactly what the model will.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import shutil
 from pathlib import Path
 
+import agreeing_mtp
 import numpy as np
 import pytest
-import torch
 from engine_helpers import collect, run_together
 from ninfer import errors
 from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
-from safetensors.torch import load_file, save_file
+from tiny_models import QWEN35_VOCAB
 
-from tests.tiny_models import QWEN35_VOCAB
 
 MAX_CONTEXT = 512
 
@@ -37,32 +33,9 @@ def tiny_qwen35_moe_artifact(pytestconfig, tiny_qwen3_5_moe) -> Path:
     return out
 
 
-def _agreeing_weights(name: str, value: torch.Tensor) -> torch.Tensor:
-    if name.endswith(("o_proj.weight", "out_proj.weight")) or "down_proj" in name:
-        return torch.zeros_like(value)  # the block adds nothing to the residual stream
-    if name in ("model.language_model.norm.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight"):
-        return torch.zeros_like(value)  # zero-centred norms: plain normalisation
-    if name == "mtp.fc.weight":  # [H, 2H]: u = the normed embedding of the head's input token
-        h = value.shape[0]
-        return torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1).to(value.dtype)
-    return value
-
-
 @pytest.fixture(scope="session")
 def agreeing_artifact(pytestconfig, tiny_qwen3_5) -> Path:
-    folder = Path(pytestconfig.cache.mkdir("runtime-artifacts"))
-    out = folder / f"{tiny_qwen3_5.name}.agreeing-mtp.bf16.ninfer"
-    if out.exists():
-        return out
-    source = folder / f"{tiny_qwen3_5.name}.agreeing-mtp"
-    shutil.rmtree(source, ignore_errors=True)
-    shutil.copytree(tiny_qwen3_5, source)
-    for part in source.glob("*.safetensors"):
-        tensors = load_file(part)
-        save_file({k: _agreeing_weights(k, v).contiguous() for k, v in tensors.items()}, part,
-                  metadata={"format": "pt"})
-    convert(source, out, recipe="bf16", progress=False)
-    return out
+    return agreeing_mtp.agreeing_artifact(Path(pytestconfig.cache.mkdir("runtime-artifacts")), tiny_qwen3_5)
 
 
 def _options(spec_k: int, lanes: int = 3, queue: int = 16) -> EngineOptions:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ninfer.engine import EngineStats
@@ -40,6 +40,13 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("ninfer_kv_free_tokens", "Free tokens in the KV pool", value=s.kv_free_tokens)
         yield GaugeMetricFamily(
             "ninfer_resident_bytes", "Resident memory of the engine", value=s.resident_bytes
+        )
+        yield CounterMetricFamily(
+            "ninfer_draft_tokens", "Speculative decoding: MTP drafts verified by the engine", value=s.draft_tokens
+        )
+        yield CounterMetricFamily(
+            "ninfer_draft_tokens_accepted", "Speculative decoding: MTP drafts the engine accepted",
+            value=s.draft_tokens_accepted,
         )
 
 
