@@ -21,7 +21,6 @@ from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from tiny_models import QWEN35_VOCAB
 
-
 MAX_CONTEXT = 512
 
 
