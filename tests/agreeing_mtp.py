@@ -12,12 +12,13 @@ import shutil
 from pathlib import Path
 
 import torch
+from ninfer.artifact.convert import convert
 from safetensors.torch import load_file, save_file
 
-from ninfer.artifact.convert import convert
 
-
-def _agreeing(name: str, value: torch.Tensor) -> torch.Tensor:
+def _agreeing(name: str, value: torch.Tensor, gdn_scale: float) -> torch.Tensor:
+    if name.endswith("linear_attn.out_proj.weight"):
+        return value * gdn_scale  # the Gated DeltaNet layers' share: 0 = none
     if name.endswith(("o_proj.weight", "out_proj.weight")) or "down_proj" in name:
         return torch.zeros_like(value)  # the block adds nothing to the residual stream
     if name in ("model.language_model.norm.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight"):
@@ -28,16 +29,19 @@ def _agreeing(name: str, value: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def agreeing_artifact(folder: Path, tiny_qwen35: Path) -> Path:
-    """The artifact (bf16) under `folder`, built once from the tiny Qwen3.5 checkpoint folder."""
-    out = folder / f"{tiny_qwen35.name}.agreeing-mtp.bf16.ninfer"
+def agreeing_artifact(folder: Path, tiny_qwen35: Path, gdn_scale: float = 0.0) -> Path:
+    """The artifact (bf16) under `folder`, built once from the tiny Qwen3.5 checkpoint folder. `gdn_scale` > 0 keeps
+    that share of the Gated DeltaNet layers' output: the model's next token then also depends on its recurrent
+    state, which the head does not see, so some drafts are rejected and the state rollback shows in the output."""
+    name = f"{tiny_qwen35.name}.agreeing-mtp" + (f"-gdn{gdn_scale:g}" if gdn_scale else "")
+    out = folder / f"{name}.bf16.ninfer"
     if out.exists():
         return out
-    source = folder / f"{tiny_qwen35.name}.agreeing-mtp"
+    source = folder / name
     shutil.rmtree(source, ignore_errors=True)
     shutil.copytree(tiny_qwen35, source)
     for part in source.glob("*.safetensors"):
         tensors = load_file(part)
-        save_file({k: _agreeing(k, v).contiguous() for k, v in tensors.items()}, part, metadata={"format": "pt"})
+        save_file({k: _agreeing(k, v, gdn_scale).contiguous() for k, v in tensors.items()}, part, metadata={"format": "pt"})
     convert(source, out, recipe="bf16", progress=False)
     return out

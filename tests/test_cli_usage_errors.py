@@ -5,7 +5,6 @@ No model is loaded: argparse refuses these before anything runs."""
 from __future__ import annotations
 
 import pytest
-
 from ninfer.cli.main import main
 
 
