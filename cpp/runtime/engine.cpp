@@ -365,7 +365,8 @@ std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
       if (s.kind == SliceKind::Verify) {  // the drafter fills in the tokens
         in.item.n_tokens = s.drafts + 1;
         in.item.all_logits = true;
-        in.item.step_slots = std::span(lane.cache.step_slots).first(size_t(s.drafts + 1));
+        if (!lane.cache.step_slots.empty())  // (none for a model without linear attention: no state to keep)
+          in.item.step_slots = std::span(lane.cache.step_slots).first(size_t(s.drafts + 1));
       } else {
         in.item.all_hidden = true;
       }

@@ -142,7 +142,6 @@ void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceIn
   }
 }
 
-
 // A speculative lane's target hidden rows, for the MTP head: a prefill slice's every row, a verify slice's every
 // row (the caller cuts them to the accepted ones).
 void StepExecutor::keep_hidden(size_t slice, const PlannedSlice& s, SliceResult& result) const {

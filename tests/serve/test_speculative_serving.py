@@ -55,3 +55,21 @@ def test_served_speculative_answers_are_the_plain_ones(agreeing_artifact):
         drafted = next(float(line.split()[1]) for line in metrics.splitlines()
                        if line.startswith("ninfer_draft_tokens_total "))
         assert drafted >= timings["draft_n"]
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "The time in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+
+
+def test_structured_output_and_tool_requests_answer_as_without_speculation(agreeing_artifact):
+    """A grammar-constrained answer (response_format json_object: a mask at every token) and a request with tools
+    are the same from a speculative model entry as from a plain one of the same artifact."""
+    entry = {"path": str(agreeing_artifact), "max_context": 1024}
+    config = {"models": {"m": {**entry, "spec": "mtp", "draft_tokens": 3}, "p": entry}}
+    with live_servers.serve_router(config) as server:
+        for body in ({"response_format": {"type": "json_object"}, "max_tokens": 24},
+                     {"tools": TOOLS, "tool_choice": "auto"}):
+            spec, plain = (_chat(server.url, **body, model=name) for name in ("m", "p"))
+            assert spec["choices"][0]["message"] == plain["choices"][0]["message"]
+            assert spec["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
