@@ -77,6 +77,8 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   mo.verify_checksums = options_.verify_checksums;
   std::shared_ptr<const Artifact> artifact = Artifact::open(path, options_.verify_checksums);
   device_ = dynamic_cast<DeviceRuntime*>(backend.get());
+  if (options_.spec == "mtp" && device_)  // (before the weights go to the device)
+    throw EngineError("invalid engine option: spec = \"mtp\" runs on the CPU backend only for now");
   if (device_) {
     const ModelConfig config = ModelConfig::from_json(artifact->config(), path);
     const DeviceMemoryUse use = device_->upload_weights(*artifact);
@@ -98,8 +100,6 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   const bool speculative = options_.spec == "mtp";
   if (speculative && !model_->has_mtp())
     throw EngineError("invalid engine option: spec = \"mtp\" but " + path + " has no MTP head");
-  if (speculative && device_)
-    throw EngineError("invalid engine option: spec = \"mtp\" runs on the CPU backend only for now");
   const int32_t draft_tokens = speculative ? options_.draft_tokens : 0;
   CacheCapacity capacity;
   capacity.device_pages = kv_pages_for(kv_tokens);
