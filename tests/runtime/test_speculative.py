@@ -275,3 +275,30 @@ def test_bad_speculative_options_are_refused(tiny_llama_artifact, tiny_qwen35_ar
         Engine.open_sync(tiny_qwen35_artifact, EngineOptions(backend="cpu", spec="eagle"))
     with pytest.raises(errors.EngineError, match="no MTP head"):
         Engine.open_sync(tiny_llama_artifact, EngineOptions(backend="cpu", spec="mtp"))
+
+
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_a_verify_pass_is_decode_steps_row_for_row(model, tiny_qwen35_artifact, tiny_qwen35_moe_artifact):
+    """The verify pass against its obviously-right twin, plain decode steps, on fresh random tokens: every row's
+    logits are the decode step's bit for bit, and the state it keeps after row `keep` continues exactly as the
+    decoded sequence's does."""
+    from ninfer import _engine
+
+    artifact = tiny_qwen35_artifact if model == "dense" else tiny_qwen35_moe_artifact
+    rng = np.random.default_rng()
+    m = _engine.Model.open(str(artifact), max_context=256, max_sequences=12, threads=2)  # 3 + up to 6 verify slots
+    prompt = np.asarray(rng.integers(0, QWEN35_VOCAB, size=int(rng.integers(1, 130))), dtype=np.int32)
+    rows = np.asarray(rng.integers(0, QWEN35_VOCAB, size=int(rng.integers(2, 7))), dtype=np.int32)
+    keep = int(rng.integers(0, len(rows)))
+    after = np.int32(rng.integers(0, QWEN35_VOCAB))
+    verified, decoded, kept = m.new_sequence(), m.new_sequence(), m.new_sequence()
+    for seq in (verified, decoded, kept):
+        m.prefill(seq, prompt)
+    logits = np.asarray(m.verify(verified, rows, keep))
+    steps = np.concatenate([np.asarray(m.decode(decoded, int(t))) for t in rows])
+    np.testing.assert_array_equal(logits, steps)
+    for t in rows[:keep + 1]:
+        m.decode(kept, int(t))
+    np.testing.assert_array_equal(np.asarray(m.decode(verified, int(after))), np.asarray(m.decode(kept, int(after))))
+    for seq in (verified, decoded, kept):
+        m.release(seq)
