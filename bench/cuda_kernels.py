@@ -40,6 +40,17 @@ SHAPES_27B = {
     "mlp_down": (5120, 17408),
     "lm_head": (248320, 5120),
 }
+# Qwen3.5-35B-A3B's dense decode GEMVs (the routed experts run in bench_moe): widths 2048 and 4096, small launches
+# where per-call costs (the activation split among them) weigh most.
+SHAPES_35B_A3B = {
+    "gdn_in_qkv": (8192, 2048),
+    "gdn_in_z": (4096, 2048),
+    "gdn_out_proj": (2048, 4096),
+    "attn_k_proj": (512, 2048),
+    "shared_gate": (512, 2048),
+    "shared_down": (2048, 512),
+}
+GEMV_SHAPES = {"27b": SHAPES_27B, "35b-a3b": SHAPES_35B_A3B}
 ENCODINGS = [("int4", 128), ("fp8_e4m3", None), ("nvfp4", None), ("bf16", None)]
 
 
@@ -84,8 +95,10 @@ def measure_bandwidth() -> dict[str, float]:
     return {"read": read, "copy": copy}
 
 
-# Tensor cores (v5), v5 without its L2 prefetch, the previous tensor-core kernel (v3), the CUDA-core twin.
+# Tensor cores (v5), the previous tensor-core kernel (v3), the CUDA-core twin; and (not run by default) v5 reading
+# the split kernel's planes for bf16 too, the twin of its in-register bf16 split.
 GEMV_IMPLS = ("mma", "mma_v3", "simt")
+GEMV_IMPL_CHOICES = (*GEMV_IMPLS, "mma_planes")
 
 
 DENSE_BF16_FLOPS = 790e12  # H200 dense bf16 matrix rate (issue 5)
@@ -101,7 +114,8 @@ def flop_rate(flops: float, micros: float) -> dict[str, float]:
     return {"tflop_per_s": flops / micros / 1e6, "fraction_of_bf16_peak": flops / (micros * 1e-6) / DENSE_BF16_FLOPS}
 
 
-def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IMPLS) -> list[dict]:
+def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IMPLS,
+               shapes: dict[str, tuple[int, int]] = SHAPES_27B) -> list[dict]:
     """Each GEMV is one graph of calls cycling over device copies of the weight (no host gaps, as in a captured
     decode pass). Every call splits its activations itself ("own" split: the cost of a lone weight), and the
     tensor-core impls run again with one split shared by the calls ("shared": as a layer's projections that share
@@ -109,10 +123,10 @@ def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IM
     rng = np.random.default_rng(0)
     rows_out = []
     for encoding, group in ENCODINGS:
-        tensors = {name: random_codes(rng, encoding, shape, group, nan_codes=False) for name, shape in SHAPES_27B.items()}
+        tensors = {name: random_codes(rng, encoding, shape, group, nan_codes=False) for name, shape in shapes.items()}
         path = write_artifact(workdir / f"gemv-{encoding}.ninfer", tensors)
         art = _engine.Artifact.open(path, verify_checksums=False)
-        for name, (out, cols) in SHAPES_27B.items():
+        for name, (out, cols) in shapes.items():
             copies = 2 if name == "lm_head" else 8
             for impl in impls:
                 for split in ("own", "shared") if impl.startswith("mma") else ("own",):
@@ -348,8 +362,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     families = ["gemv", "gdn", "rowops", "attention", "gemm", "sampler", "moe"]
     parser.add_argument("--only", nargs="+", choices=families, help="run these kernel families (default: all)")
-    parser.add_argument("--gemv-impls", nargs="+", choices=GEMV_IMPLS, default=list(GEMV_IMPLS),
+    parser.add_argument("--gemv-impls", nargs="+", choices=GEMV_IMPL_CHOICES, default=list(GEMV_IMPLS),
                         help="decode GEMV kernels to time")
+    parser.add_argument("--gemv-shapes", choices=sorted(GEMV_SHAPES), default="27b",
+                        help="the model whose decode GEMV shapes to time")
     args = parser.parse_args()
     run = {name: args.only is None or name in args.only for name in families}
     commit = source_commit()
@@ -358,7 +374,7 @@ def main() -> int:
     gemv, gdn, prefill, row_ops, attention, prefill_gemm, sampler, moe = [], [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         if run["gemv"]:
-            gemv = bench_gemv(Path(tmp), bandwidth, tuple(args.gemv_impls))
+            gemv = bench_gemv(Path(tmp), bandwidth, tuple(args.gemv_impls), GEMV_SHAPES[args.gemv_shapes])
         if run["moe"]:
             moe = bench_moe(Path(tmp), bandwidth)
         if run["gemm"]:

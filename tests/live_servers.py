@@ -36,7 +36,8 @@ import uvicorn
 from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.serve.app import create_app
-from ninfer.serve.router import ModelRouter, OpenEngine, RouterConfig, parse_config
+from ninfer.serve.router import ModelRouter, OpenEngine
+from ninfer.serve.router_config import RouterConfig, parse_config
 from ninfer.serve.state import ServedModel
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -123,8 +124,8 @@ def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, p
 
 
 @contextlib.contextmanager
-def serve_model(path: Path, model_id: str, max_context: int) -> Iterator[LiveServer]:
-    engine = Engine.open_sync(path, EngineOptions(max_context=max_context, max_concurrency=2))
+def serve_model(path: Path, model_id: str, max_context: int, vision: bool = False) -> Iterator[LiveServer]:
+    engine = Engine.open_sync(path, EngineOptions(max_context=max_context, max_concurrency=2, vision=vision))
     router = ModelRouter.serving(ServedModel(model_id, engine))
 
     async def open_router() -> ModelRouter:
@@ -132,6 +133,19 @@ def serve_model(path: Path, model_id: str, max_context: int) -> Iterator[LiveSer
 
     with _serve(open_router) as (url, app):
         yield LiveServer(url, router, app, engine, model_id)
+
+
+@contextlib.contextmanager
+def serve_model_with_keys(path: Path, api_keys: frozenset[str], max_context: int = 1024) -> Iterator[LiveServer]:
+    """serve_model on its own engine, with API keys required."""
+    engine = Engine.open_sync(path, EngineOptions(max_context=max_context, max_concurrency=1))
+    router = ModelRouter.serving(ServedModel("keyed", engine))
+
+    async def open_router() -> ModelRouter:
+        return router
+
+    with _serve(open_router, api_keys=api_keys) as (url, app):
+        yield LiveServer(url, router, app, engine, "keyed")
 
 
 @contextlib.contextmanager
@@ -180,10 +194,12 @@ def wait_until(condition: Callable[[], bool], seconds: float = SETTLE_S,
 
 
 def lanes_free_within(server: LiveServer, seconds: float = SETTLE_S) -> bool:
-    """True once the engine has no busy lane and nothing queued, polled for up to `seconds`."""
+    """True once the engine has no busy lane (decision lanes included) and nothing queued, polled for up to
+    `seconds`."""
     engine = server.engine
     assert engine is not None
-    return wait_until(lambda: (stats := engine.stats()).busy_lanes == 0 and stats.queued == 0, seconds)
+    return wait_until(lambda: (s := engine.stats()).busy_lanes == 0 and s.busy_decision_lanes == 0 and s.queued == 0,
+                      seconds)
 
 
 def idle_tokens_generated(server: LiveServer) -> int:

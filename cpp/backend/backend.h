@@ -43,6 +43,20 @@ struct RopeSpec {
   RopePairing pairing = RopePairing::Half;
   int32_t rotary_dim = 0;
   const float* inv_freq = nullptr;  // rotary_dim / 2 frequencies
+  // Several position streams per row (M-RoPE's t/h/w, the vision tower's row/column): row r has `streams`
+  // positions at positions[r * streams + s], and frequency i takes its angle from stream freq_stream[i]
+  // (rotary_dim / 2 host entries). streams == 1: one position per row, freq_stream unused.
+  int32_t streams = 1;
+  const uint8_t* freq_stream = nullptr;
+};
+
+// GELU forms: Tanh is the tanh approximation (gelu_pytorch_tanh, the vision blocks' MLP), Erf the exact one (the
+// vision merger's nn.GELU()).
+enum class GeluKind : uint8_t { Tanh, Erf };
+
+// One segment of rows that attend to each other (bidirectionally) and to nothing else: rows [row0, row0 + n).
+struct RowSegment {
+  int64_t row0 = 0, n = 0;
 };
 
 struct AttentionShape {
@@ -92,6 +106,9 @@ class Backend {
   virtual void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) = 0;
   // out[i] = x[rows[i]] (rows of `dim` values).
   virtual void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) = 0;
+  // out[j] = <rows[j], x> for n rows of `dim` values (a GEMV over rows gathered by embed: the candidate projection
+  // of a decision readout, a handful of lm-head rows instead of the whole vocabulary).
+  virtual void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) = 0;
 
   // --- elementwise ---
   virtual void add(float* inout, const float* x, int64_t n) = 0;
@@ -108,6 +125,10 @@ class Backend {
   // after it in one pass over the rows. `out` aliases neither input.
   virtual void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w,
                            NormKind kind, float eps, float* out) = 0;
+  // A hint for the next add_rmsnorm: `reader` is a weight of the linear_shared_input that reads its output next
+  // (unchanged). A backend may have the norm also write its output in the form that weight reads (the CUDA decode
+  // GEMV's split activations); results are the same with or without the hint.
+  virtual void norm_feeds(const TensorView& /*reader*/) {}
 
   // --- full attention ---
   // Rotates the first rotary_dim values of each of `heads` heads (head h of row r at x + r*row_stride + h*head_stride)
@@ -162,6 +183,25 @@ class Backend {
   // out[r, h] = (w * rmsnorm(x[r, h])) * silu(z[r, h]) over heads of `dim` values (plain weight).
   virtual void gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim,
                              const float* w, float eps, float* out) = 0;
+
+  // --- vision tower (a backend without these kernels keeps the defaults: has_vision_ops() false, and each op
+  // throws EngineError; the model refuses to load a tower onto such a backend) ---
+  virtual bool has_vision_ops() const { return false; }
+  // out = LayerNorm(x) * w + b over rows of `dim` contiguous values (biased variance, eps inside the sqrt).
+  virtual void layernorm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
+                         float* out);
+  // out = gelu(x), n values; `out` may alias x.
+  virtual void gelu(const float* x, int64_t n, GeluKind kind, float* out);
+  // inout[r] += sum_j weights[r * taps + j] * row ids[r * taps + j] of `table` (any encoding): a resampled
+  // embedding (the vision tower's bilinear position embedding) added to `rows` rows of table.cols() values.
+  virtual void add_embedding_mix(const int32_t* ids, const float* weights, int64_t rows, int32_t taps,
+                                 const TensorView& table, float* inout);
+  // Softmax attention without a mask inside each segment: every row of a segment attends to all rows of it, no
+  // row to another segment's. q, k, v: head h of row r at x + r * row_stride + h * head_dim; out
+  // [rows, heads * head_dim].
+  virtual void segment_attention(const float* q, const float* k, const float* v, int64_t row_stride,
+                                 std::span<const RowSegment> segments, int32_t heads, int32_t head_dim, float scale,
+                                 float* out);
 };
 
 // The CPU backend; `threads` OpenMP threads for every op (0: all cores).

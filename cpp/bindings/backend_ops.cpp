@@ -8,7 +8,9 @@
 
 #include <cstring>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bindings/array_out.h"
@@ -168,6 +170,34 @@ class Ops {
                        offset ? NormKind::Offset : NormKind::Plain, eps, out.get<float>());
     });
     return {get(dh, {rows, dim}), get(out, {rows, dim})};
+  }
+
+  // add_rmsnorm told (norm_feeds) that the named weights read its output, then linear_shared_input over them, as
+  // a decode layer runs them: (hidden + delta, the norm, one output per weight).
+  std::tuple<FloatArray, FloatArray, std::vector<FloatArray>> add_rmsnorm_linear(
+      In<float> hidden, In<float> delta, int64_t rows, int64_t dim, In<float> w, bool offset, float eps,
+      const ArtifactHandle& art, const std::vector<std::string>& names) {
+    if (names.empty()) throw EngineError("add_rmsnorm_linear: no weights named");
+    MemoryBlock dh = put(hidden), dd = put(delta), dw = put(w), out = poisoned<float>(rows * dim);
+    std::vector<MemoryBlock> ys;
+    std::vector<LinearOut> outs;
+    for (const std::string& name : names) {
+      const TensorView& t = art.get()->tensor(name);
+      if (t.cols() != dim) throw EngineError("add_rmsnorm_linear: " + name + " does not take rows of " +
+                                             std::to_string(dim));
+      ys.push_back(poisoned<float>(rows * t.rows()));
+      outs.push_back({&t, nullptr, nullptr});
+    }
+    for (size_t i = 0; i < outs.size(); ++i) outs[i].y = ys[i].get<float>();
+    run([&] {
+      be_->norm_feeds(*outs[0].w);
+      be_->add_rmsnorm(dh.get<float>(), dd.get<float>(), rows, dim, dw.get<float>(),
+                       offset ? NormKind::Offset : NormKind::Plain, eps, out.get<float>());
+      be_->linear_shared_input(out.get<float>(), rows, outs);
+    });
+    std::vector<FloatArray> result;
+    for (size_t i = 0; i < outs.size(); ++i) result.push_back(get(ys[i], {rows, outs[i].w->rows()}));
+    return {get(dh, {rows, dim}), get(out, {rows, dim}), std::move(result)};
   }
 
   FloatArray gated_rmsnorm(In<float> x, In<float> z, int64_t rows, int32_t heads, int32_t dim, In<float> w, float eps) {
@@ -408,6 +438,7 @@ void bind_backend_ops(nb::module_& m) {
       .def("sigmoid_gate", &Ops::sigmoid_gate)
       .def("rmsnorm", &Ops::rmsnorm)
       .def("add_rmsnorm", &Ops::add_rmsnorm)
+      .def("add_rmsnorm_linear", &Ops::add_rmsnorm_linear)
       .def("gated_rmsnorm", &Ops::gated_rmsnorm)
       .def("l2norm_heads", &Ops::l2norm_heads)
       .def("gdn_gates", &Ops::gdn_gates)

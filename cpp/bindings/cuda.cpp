@@ -30,6 +30,7 @@
 #include "backend/cuda/gemv_mma.h"
 #include "backend/cuda/lt_matmul.h"
 #include "backend/cuda/moe_grouped.h"
+#include "backend/cuda/norm_split.h"
 #include "backend/cuda/prefill_gemm.h"
 #include "backend/cuda/sampling.h"
 #include "bindings/array_out.h"
@@ -74,15 +75,18 @@ FloatArray to_host(const cuda::DeviceBuffer& buffer, const std::vector<int64_t>&
 }
 
 // The decode GEMV that `impl` names: "mma" (tensor cores), "mma_v3" (its predecessor, until one more GPU run has
-// compared them at 8 rows), "simt" (the CUDA-core twin), or "auto" (what the backend's linear() takes).
+// compared them at 8 rows), "mma_planes" (v5 reading the split kernel's planes, the twin of its in-register
+// split), "simt" (the CUDA-core twin), or "auto" (what the backend's linear() takes).
 class GemvLauncher {
  public:
   GemvLauncher(const std::string& impl, const TensorView& w) {
-    const bool variant = impl == "mma_v3";
+    const bool variant = impl == "mma_v3" || impl == "mma_planes";
     if (impl != "auto" && impl != "mma" && !variant && impl != "simt")
-      throw EngineError("cuda gemv: impl must be auto, mma, mma_v3 or simt, not " + impl);
+      throw EngineError("cuda gemv: impl must be auto, mma, mma_v3, mma_planes or simt, not " + impl);
     mma_ = impl == "mma" || variant || (impl == "auto" && cuda::gemv_mma_supports(w));
-    kernel_ = impl == "mma_v3" ? cuda::MmaKernel::v3 : cuda::MmaKernel::v5;
+    kernel_ = impl == "mma_v3"       ? cuda::MmaKernel::v3
+              : impl == "mma_planes" ? cuda::MmaKernel::v5_planes
+                                     : cuda::MmaKernel::v5;
     if (mma_ && !cuda::gemv_mma_supports(w))
       throw EngineError("cuda gemv: the tensor-core path does not take " + w.name);
   }
@@ -136,6 +140,39 @@ FloatArray linear(const InFloats& x, const ArtifactHandle& handle, const std::st
     NINFER_CUDA_CHECK(cudaDeviceSynchronize());
   }
   return to_host(y_device, {rows, host.rows()});
+}
+
+// add_rmsnorm of hidden + delta ([rows, dim], Offset weight w, eps 1e-6) on the GPU, then the tensor-core GEMV's split
+// planes of its output for weight `name`'s split kind: written by the norm itself (`fused`), or by
+// split_activations() after it (the twin). Returns (hidden, out, the planes and row exponents as raw bytes).
+std::tuple<FloatArray, FloatArray, nb::bytes> add_rmsnorm_planes(const InFloats& hidden, const InFloats& delta,
+                                                                  const InFloats& w, const ArtifactHandle& handle,
+                                                                  const std::string& name, bool fused) {
+  const TensorView& host = handle.get()->tensor(name);
+  const int64_t dim = host.cols();
+  if (hidden.ndim() != 2 || hidden.shape(1) != size_t(dim) || delta.size() != hidden.size() ||
+      w.size() != size_t(dim))
+    throw EngineError("cuda.add_rmsnorm_planes: hidden and delta must be [rows, " + std::to_string(dim) +
+                      "], w [" + std::to_string(dim) + "]");
+  const int rows = int(hidden.shape(0)), kind = cuda::split_kind(host);
+  if (!cuda::split_has_planes(kind)) throw EngineError("cuda.add_rmsnorm_planes: " + name + " reads no split planes");
+  cuda::DeviceBuffer h = to_device(hidden), d = to_device(delta), dw = to_device(w);
+  cuda::DeviceBuffer out(hidden.size() * sizeof(float));
+  cuda::GemvWorkspace workspace;
+  const size_t plane_bytes = size_t(rows) * size_t(dim) * 2 * sizeof(uint16_t) + size_t(rows) * sizeof(int);
+  std::string planes(plane_bytes, '\0');
+  {
+    nb::gil_scoped_release release;
+    NINFER_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.bytes()));
+    const cuda::SplitActivations layout = cuda::split_layout(out.as<float>(), rows, dim, kind, workspace, nullptr);
+    NINFER_CUDA_CHECK(cudaMemset(workspace.split_.get(), 0xff, workspace.split_.bytes()));
+    cuda::launch_add_rmsnorm(h.as<float>(), d.as<float>(), rows, dim, dw.as<float>(), 1.0f, 1e-6f, out.as<float>(),
+                             fused ? &layout : nullptr, nullptr);
+    if (!fused) cuda::split_activations(out.as<float>(), rows, dim, kind, workspace, nullptr);
+    NINFER_CUDA_CHECK(cudaDeviceSynchronize());
+    NINFER_CUDA_CHECK(cudaMemcpy(planes.data(), layout.hi, plane_bytes, cudaMemcpyDeviceToHost));
+  }
+  return {to_host(h, {rows, dim}), to_host(out, {rows, dim}), nb::bytes(planes.data(), planes.size())};
 }
 
 // y = x W^T (+ bias) on the GPU by the prefill GEMM (`impl`: auto, twin, bf16, fp8, fp8_separate_scaling); the
@@ -693,7 +730,11 @@ void bind_cuda(nb::module_& m) {
   sub.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
           nb::arg("x_offset") = 0,
           "x @ W.T on the GPU with the decode GEMV (1..8 rows), W in its stored encoding; impl: auto, mma, mma_v3, "
-          "simt; x_offset: x starts that many floats into its device buffer (misaligned activations).");
+          "mma_planes, simt; x_offset: x starts that many floats into its device buffer (misaligned activations).");
+  sub.def("add_rmsnorm_planes", &add_rmsnorm_planes, nb::arg("hidden"), nb::arg("delta"), nb::arg("w"),
+          nb::arg("artifact"), nb::arg("name"), nb::arg("fused"),
+          "(hidden + delta, its RMSNorm, the decode GEMV's split planes of it for weight `name`, as bytes): planes "
+          "written by the norm (fused) or by the split kernel after it.");
   sub.attr("cublaslt") = cuda::LtMatmul::available();
   sub.def("gemm", &gemm, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
           nb::arg("bias") = nb::none(),

@@ -1,6 +1,8 @@
 // ninfer._engine.Model: the model and its caches for tests and tools (prefill / decode / batched forward /
 // MTP / scoring). The runtime drives the C++ Model directly; this is the thin Python view of it.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -21,6 +23,9 @@ namespace {
 
 using TokenArray = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using HiddenArray = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using PositionArray = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+// Media rows in place of tokens [first, first + rows) of a prefill: (first, rows [n, hidden]).
+using MediaRows = std::vector<std::pair<int64_t, HiddenArray>>;
 
 // One sequence's pages, state slot and length in the Model's pools.
 struct SequenceCache {
@@ -65,7 +70,14 @@ struct ModelState {
   int64_t kv_free_tokens() const { return pools->pages().free() * kKvPageTokens; }
   int32_t free_state_slots() const { return pools->states() ? pools->slots().free() : 0; }
   ForwardItem item(const int32_t* tokens, int64_t n, const SequenceCache& c, bool all_logits) const {
-    return {tokens, n, c.length, c.pages, c.state_slot, all_logits, false, {}};
+    ForwardItem item;
+    item.tokens = tokens;
+    item.n_tokens = n;
+    item.start = c.length;
+    item.pages = c.pages;
+    item.state_slot = c.state_slot;
+    item.all_logits = all_logits;
+    return item;
   }
 };
 
@@ -100,7 +112,7 @@ class PyModel {
 
   static PyModel open(const std::string& path, int64_t max_context, int64_t kv_capacity, int32_t max_sequences,
                       const std::string& kv_dtype, int32_t threads, int32_t gdn_chunk, bool verify_checksums,
-                      const std::string& backend) {
+                      const std::string& backend, bool vision) {
     if (max_context <= 0) throw EngineError("max_context must be positive, got " + std::to_string(max_context));
     if (max_sequences <= 0)
       throw EngineError("max_sequences must be positive, got " + std::to_string(max_sequences));
@@ -110,6 +122,7 @@ class PyModel {
     o.threads = threads;
     o.gdn_chunk = gdn_chunk;
     o.verify_checksums = verify_checksums;
+    o.vision = vision;
     auto state = std::make_shared<ModelState>();
     {
       nb::gil_scoped_release release;
@@ -133,15 +146,28 @@ class PyModel {
 
   PySequence* new_sequence() { return new PySequence{s_, {}}; }
 
-  FloatArray prefill(PySequence& seq, TokenArray tokens, bool all_logits) {
-    const int64_t n = int64_t(tokens.shape(0));
+  FloatArray prefill(PySequence& seq, TokenArray tokens, bool all_logits, const MediaRows& media,
+                     std::optional<PositionArray> mrope_positions) {
+    const int64_t n = int64_t(tokens.shape(0)), h = s_->model->config().hidden_size;
     if (n == 0) throw EngineError("prefill needs at least one token");
-    run({{tokens.data(), n, &seq, all_logits}});
+    Item item{tokens.data(), n, &seq, all_logits};
+    for (const auto& [first, rows] : media) {
+      if (int64_t(rows.shape(1)) != h) throw EngineError("media rows must be [n, " + std::to_string(h) + "]");
+      item.embeddings.push_back({first, int64_t(rows.shape(0)), rows.data()});
+    }
+    if (mrope_positions) {
+      if (int64_t(mrope_positions->shape(0)) != n || mrope_positions->shape(1) != 3)
+        throw EngineError("mrope_positions must be [" + std::to_string(n) + ", 3]");
+      item.mrope_positions = mrope_positions->data();
+    }
+    run({item});
     return rows_of(s_->last.logits, 0, int64_t(s_->last.logits.size()) / s_->last.vocab, s_->last.vocab);
   }
 
-  FloatArray decode(PySequence& seq, int32_t token) {
-    run({{&token, 1, &seq, false}});
+  FloatArray decode(PySequence& seq, int32_t token, int64_t position_offset) {
+    Item item{&token, 1, &seq, false};
+    item.position_offset = position_offset;
+    run({item});
     return rows_of(s_->last.logits, 0, 1, s_->last.vocab);
   }
 
@@ -177,6 +203,20 @@ class PyModel {
       seq.cache.length += keep + 1;
     }
     return rows_of(s_->last.logits, 0, n, s_->last.vocab);
+  }
+
+  // The vision tower's outputs [tokens, hidden] for patches [n, patch values] of the (t, h, w) grids.
+  FloatArray encode_vision(HiddenArray patches, const std::vector<std::tuple<int32_t, int32_t, int32_t>>& grids) {
+    std::vector<VisionGrid> g;
+    for (const auto& [t, h, w] : grids) g.push_back({t, h, w});
+    std::vector<float> out;
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard lock(s_->mutex);
+      s_->model->encode_vision({patches.data(), size_t(patches.shape(0) * patches.shape(1))}, g, out);
+    }
+    const int64_t width = s_->model->config().hidden_size;
+    return rows_of(out, 0, int64_t(out.size()) / width, width);
   }
 
   std::vector<FloatArray> forward_batch(const std::vector<std::pair<PySequence*, TokenArray>>& items, bool all_logits) {
@@ -261,6 +301,9 @@ class PyModel {
     int64_t n;
     PySequence* seq;
     bool all_logits;
+    std::vector<EmbeddingRows> embeddings = {};
+    const int64_t* mrope_positions = nullptr;
+    int64_t position_offset = 0;
   };
 
   static double log_softmax_at(const float* logits, int64_t vocab, int32_t token) {
@@ -286,7 +329,13 @@ class PyModel {
     try {
       for (const Item& it : items) reserve_or_raise(state, it.seq->cache, it.n);
       std::vector<ForwardItem> batch;
-      for (const Item& it : items) batch.push_back(state.item(it.tokens, it.n, it.seq->cache, it.all_logits));
+      for (const Item& it : items) {
+        ForwardItem f = state.item(it.tokens, it.n, it.seq->cache, it.all_logits);
+        f.embeddings = it.embeddings;
+        f.mrope_positions = it.mrope_positions;
+        f.position_offset = it.position_offset;
+        batch.push_back(f);
+      }
       state.model->forward(batch, *state.pools, state.last);
     } catch (...) {
       for (size_t i = 0; i < items.size(); ++i) shrink_to(state, items[i].seq->cache, before[i]);
@@ -321,16 +370,21 @@ void bind_model(nb::module_& m) {
       .def_static("open", &PyModel::open, nb::arg("path"), nb::arg("max_context") = 4096,
                   nb::arg("kv_capacity") = 0, nb::arg("max_sequences") = 1, nb::arg("kv_dtype") = "bf16",
                   nb::arg("threads") = 0, nb::arg("gdn_chunk") = 64, nb::arg("verify_checksums") = true,
-                  nb::arg("backend") = "cpu")
+                  nb::arg("backend") = "cpu", nb::arg("vision") = false)
       .def_prop_ro("config", &PyModel::config, "The manifest's model config as a dict.")
       .def_prop_ro("has_mtp", &PyModel::has_mtp)
       .def("new_sequence", &PyModel::new_sequence, nb::rv_policy::take_ownership)
       .def("prefill", &PyModel::prefill, nb::arg("seq"), nb::arg("tokens"), nb::arg("all_logits") = false,
-           "Appends tokens; f32 logits [rows, vocab] (every token's, or the last one's).")
-      .def("decode", &PyModel::decode, nb::arg("seq"), nb::arg("token"), "Appends one token; logits [1, vocab].")
+           nb::arg("media") = MediaRows{}, nb::arg("mrope_positions") = nb::none(),
+           "Appends tokens; f32 logits [rows, vocab] (every token's, or the last one's). media: [(first token, "
+           "rows [n, hidden])] replacing those tokens' embeddings; mrope_positions: [n, 3] (t, h, w).")
+      .def("decode", &PyModel::decode, nb::arg("seq"), nb::arg("token"), nb::arg("position_offset") = 0,
+           "Appends one token (at M-RoPE position length + position_offset); logits [1, vocab].")
       .def("verify", &PyModel::verify, nb::arg("seq"), nb::arg("tokens"), nb::arg("keep"),
            "Speculative decoding's verify pass over tokens (each row a decode step into its own state slot); keeps "
            "the first keep + 1 and the state after them. Logits [n, vocab].")
+      .def("encode_vision", &PyModel::encode_vision, nb::arg("patches"), nb::arg("grids"),
+           "The vision tower's rows [tokens, hidden] for patches [n, patch values] of [(t, h, w), ...] grids.")
       .def("forward_batch", &PyModel::forward_batch, nb::arg("items"), nb::arg("all_logits") = false,
            "One pass over [(seq, tokens), ...]; a list of logits arrays in item order.")
       .def_prop_ro("hidden", &PyModel::hidden, nb::rv_policy::move,

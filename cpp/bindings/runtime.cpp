@@ -4,6 +4,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings/backend_ops.h"
@@ -26,6 +27,26 @@ bool provide_mask(Engine& engine, uint64_t id, std::optional<MaskArray> mask) {
   if (mask) words.emplace(mask->data(), mask->data() + mask->shape(0));
   nb::gil_scoped_release release;
   return engine.provide_mask(id, std::move(words));
+}
+
+using PatchArray = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using PositionArray = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using MediaItemArgs = std::tuple<PatchArray, std::tuple<int32_t, int32_t, int32_t>, std::vector<int64_t>>;
+
+void set_request_media(GenerationRequest& r, const std::vector<MediaItemArgs>& items, PositionArray positions,
+                       int64_t rope_delta) {
+  if (positions.shape(1) != 3) throw EngineError("mrope_positions must be [prompt tokens, 3]");
+  auto media = std::make_shared<PromptMedia>();
+  for (const auto& [patches, grid, starts] : items) {
+    MediaInput in;
+    in.grid = {std::get<0>(grid), std::get<1>(grid), std::get<2>(grid)};
+    in.patches.assign(patches.data(), patches.data() + patches.shape(0) * patches.shape(1));
+    in.group_starts = starts;
+    media->items.push_back(std::move(in));
+  }
+  media->mrope_positions.assign(positions.data(), positions.data() + positions.shape(0) * 3);
+  media->rope_delta = rope_delta;
+  r.media = std::move(media);
 }
 
 void bind_structs(nb::module_& m) {
@@ -77,7 +98,20 @@ void bind_structs(nb::module_& m) {
       .def_rw("max_new_tokens", &GenerationRequest::max_new_tokens)
       .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids)
       .def_rw("constrained", &GenerationRequest::constrained)
-      .def_rw("report_progress", &GenerationRequest::report_progress);
+      .def_rw("report_progress", &GenerationRequest::report_progress)
+      .def("set_media", &set_request_media, nb::arg("items"), nb::arg("mrope_positions"), nb::arg("rope_delta"),
+           "Images / videos of the prompt: items [(patches [n, patch values] f32, (t, h, w), [first placeholder "
+           "index of each temporal group])], the prompt's M-RoPE positions [tokens, 3] and its rope delta.");
+
+  nb::class_<DecisionQuestion>(m, "DecisionQuestion")
+      .def(nb::init<>())
+      .def_rw("suffix", &DecisionQuestion::suffix)
+      .def_rw("candidates", &DecisionQuestion::candidates);
+
+  nb::class_<DecisionRequest>(m, "DecisionRequest")
+      .def(nb::init<>())
+      .def_rw("context", &DecisionRequest::context)
+      .def_rw("questions", &DecisionRequest::questions);
 
   nb::class_<EngineOptions>(m, "EngineOptions")
       .def(nb::init<>())
@@ -85,6 +119,8 @@ void bind_structs(nb::module_& m) {
       .def_rw("kv_capacity", &EngineOptions::kv_capacity)
       .def_rw("max_concurrency", &EngineOptions::max_concurrency)
       .def_rw("max_queue", &EngineOptions::max_queue)
+      .def_rw("decision_lanes", &EngineOptions::decision_lanes)
+      .def_rw("decision_rows", &EngineOptions::decision_rows)
       .def_rw("prefill_chunk", &EngineOptions::prefill_chunk)
       .def_prop_rw("kv_dtype", [](const EngineOptions& o) { return std::string(kv_dtype_name(o.kv_dtype)); },
                    [](EngineOptions& o, const std::string& name) { o.kv_dtype = parse_kv_dtype(name); })
@@ -96,7 +132,8 @@ void bind_structs(nb::module_& m) {
       .def_rw("cuda_gemm", &EngineOptions::cuda_gemm)
       .def_rw("cuda_op_times", &EngineOptions::cuda_op_times)
       .def_rw("spec", &EngineOptions::spec)
-      .def_rw("draft_tokens", &EngineOptions::draft_tokens);
+      .def_rw("draft_tokens", &EngineOptions::draft_tokens)
+      .def_rw("vision", &EngineOptions::vision);
 
   nb::class_<Usage>(m, "Usage")
       .def_ro("prompt_tokens", &Usage::prompt_tokens)
@@ -128,6 +165,7 @@ void bind_structs(nb::module_& m) {
       .def_prop_ro("finish", [](const EngineEvent& e) { return std::string(finish_reason_name(e.finish)); })
       .def_ro("error_type", &EngineEvent::error_type)
       .def_ro("error_message", &EngineEvent::error_message)
+      .def_ro("decision_logprobs", &EngineEvent::decision_logprobs)
       .def_ro("usage", &EngineEvent::usage)
       .def_ro("timings", &EngineEvent::timings);
 
@@ -142,6 +180,8 @@ void bind_structs(nb::module_& m) {
   nb::class_<EngineStats>(m, "EngineStats")
       .def_ro("lanes", &EngineStats::lanes)
       .def_ro("busy_lanes", &EngineStats::busy_lanes)
+      .def_ro("decision_lanes", &EngineStats::decision_lanes)
+      .def_ro("busy_decision_lanes", &EngineStats::busy_decision_lanes)
       .def_ro("queued", &EngineStats::queued)
       .def_ro("kv_capacity_tokens", &EngineStats::kv_capacity_tokens)
       .def_ro("kv_free_tokens", &EngineStats::kv_free_tokens)
@@ -212,6 +252,7 @@ nb::dict memory_plan(const Engine& e) {
   d["gdn_states"] = p.gdn_states;
   d["workspace"] = p.workspace;
   d["headroom"] = p.headroom;
+  d["vision_weights"] = e.vision_weight_bytes();
   d["prefill_chunk"] = e.options().prefill_chunk;  // resolved: never 0 (auto) here
   d["graph_bytes"] = e.device() ? e.device()->graph_bytes() : 0;
   d["graphs_captured"] = e.device() ? e.device()->graphs_captured() : 0;
@@ -236,6 +277,9 @@ nb::dict memory_plan(const Engine& e) {
                                   " MiB measured (batch sizes captured so far: " +
                                   std::to_string(e.device()->graphs_captured()) + ")"
                             : std::string("cpu backend: host memory");
+  if (e.vision_weight_bytes())
+    d["summary"] = nb::cast<std::string>(d["summary"]) + ", vision tower " +
+                   std::to_string((e.vision_weight_bytes() + (1 << 20) - 1) >> 20) + " MiB (mapped from the artifact)";
   return d;
 }
 
@@ -256,6 +300,7 @@ void bind_runtime(nb::module_& m) {
       .def("provide_mask", &provide_mask, nb::arg("request_id"), nb::arg("mask").none())
       .def("fail_mask", &Engine::fail_mask, nb::arg("request_id"), nb::arg("message"), Release())
       .def("score", &Engine::score, Release())
+      .def("submit_decision", &Engine::submit_decision, Release())
       .def("stats", &Engine::stats, Release())
       .def("close", &Engine::close, Release())
       .def_prop_ro("vocab_size", [](const Engine& e) { return e.config().vocab_size; })

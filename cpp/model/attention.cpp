@@ -2,6 +2,8 @@
 // paged KV write, GQA attention, the sigmoid output gate, o_proj.
 #include <cmath>
 
+#include "errors.h"
+
 #include "model/blocks.h"
 
 namespace ninfer {
@@ -11,6 +13,18 @@ std::vector<float> rope_inverse_frequencies(const RopeConfig& rope) {
   for (size_t i = 0; i < inv.size(); ++i)
     inv[i] = float(1.0 / std::pow(rope.theta, double(2 * i) / double(rope.rotary_dim)));
   return inv;
+}
+
+std::vector<uint8_t> mrope_frequency_streams(const RopeConfig& rope) {
+  if (rope.mrope_section.empty()) return {};
+  if (rope.mrope_section.size() != 3) throw EngineError("mrope_section must have 3 entries (t, h, w)");
+  // The interleaved layout (HF applies it whatever mrope_interleaved says): frequency i is h's when i % 3 == 1
+  // within h's 3 * section, w's when i % 3 == 2 within w's, else t's.
+  std::vector<uint8_t> stream(size_t(rope.rotary_dim / 2), 0);
+  for (int32_t i = 0; i < int32_t(stream.size()); ++i)
+    for (int32_t s = 1; s <= 2; ++s)
+      if (i % 3 == s && i < 3 * rope.mrope_section[size_t(s)]) stream[size_t(i)] = uint8_t(s);
+  return stream;
 }
 
 void attention_block(const PassContext& p, const AttentionWeights& w, const float* x, float* out) {

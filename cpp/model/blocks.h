@@ -18,7 +18,7 @@ struct PassContext {
   StatePool* states;             // null for models without linear attention
   Scratch& scratch;
   std::span<const SequenceRows> seqs;
-  const int64_t* positions;      // per row
+  const int64_t* positions;      // per row (rope.streams per row)
   int64_t rows;
   const RopeSpec& rope;
   int32_t gdn_chunk;
@@ -36,5 +36,7 @@ void decoder_layers(const PassContext& p, std::span<const LayerWeights> layers, 
 
 // inv_freq of the config's rotary embedding (computed as the reference does).
 std::vector<float> rope_inverse_frequencies(const RopeConfig& rope);
+// M-RoPE: the position stream (0 t, 1 h, 2 w) of each frequency (RopeSpec::freq_stream); empty without M-RoPE.
+std::vector<uint8_t> mrope_frequency_streams(const RopeConfig& rope);
 
 }  // namespace ninfer

@@ -1,6 +1,8 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 
 #include "errors.h"
 
@@ -38,6 +40,39 @@ RopeConfig parse_rope(const json::Value& r, int32_t head_dim, const std::string&
     fail(source, "rope.rotary_dim " + std::to_string(rope.rotary_dim) + " must be even and within head_dim " +
                      std::to_string(head_dim));
   return rope;
+}
+
+VisionConfig parse_vision(const json::Value& v, int64_t text_hidden, const std::string& source) {
+  // Every integer field is required and positive (the converter writes them all).
+  static constexpr std::pair<const char*, int32_t VisionConfig::*> kFields[] = {
+      {"depth", &VisionConfig::depth},
+      {"hidden_size", &VisionConfig::hidden_size},
+      {"num_heads", &VisionConfig::num_heads},
+      {"intermediate_size", &VisionConfig::intermediate_size},
+      {"in_channels", &VisionConfig::in_channels},
+      {"patch_size", &VisionConfig::patch_size},
+      {"temporal_patch_size", &VisionConfig::temporal_patch_size},
+      {"spatial_merge_size", &VisionConfig::spatial_merge_size},
+      {"out_hidden_size", &VisionConfig::out_hidden_size},
+      {"num_position_embeddings", &VisionConfig::num_position_embeddings},
+      {"image_token_id", &VisionConfig::image_token_id},
+      {"video_token_id", &VisionConfig::video_token_id},
+      {"vision_start_token_id", &VisionConfig::vision_start_token_id},
+      {"vision_end_token_id", &VisionConfig::vision_end_token_id},
+  };
+  VisionConfig c;
+  for (const auto& [key, field] : kFields) c.*field = positive_int(v, key, source);
+  c.rope_theta = v.number_or("rope_theta", 10000.0);
+  if (v.string_or("hidden_act", "gelu_pytorch_tanh") != "gelu_pytorch_tanh")
+    fail(source, "vision.hidden_act must be gelu_pytorch_tanh");
+  if (c.hidden_size % c.num_heads != 0 || c.head_dim() % 4 != 0)
+    fail(source, "vision.hidden_size / num_heads must be a multiple of 4 (the 2-D rotary splits it in quarters)");
+  const int32_t side = int32_t(std::lround(std::sqrt(double(c.num_position_embeddings))));
+  if (side * side != c.num_position_embeddings) fail(source, "vision.num_position_embeddings must be a square");
+  if (c.out_hidden_size != text_hidden)
+    fail(source, "vision.out_hidden_size " + std::to_string(c.out_hidden_size) + " differs from hidden_size " +
+                     std::to_string(text_hidden));
+  return c;
 }
 
 }  // namespace
@@ -94,6 +129,7 @@ ModelConfig ModelConfig::from_json(const json::Value& c, const std::string& sour
       if (moe.top_k > moe.num_experts) fail(source, "moe.top_k exceeds moe.num_experts");
       m.moe = moe;
     }
+    if (c.contains("vision") && !c["vision"].is_null()) m.vision = parse_vision(c["vision"], m.hidden_size, source);
     if (c.contains("mtp") && !c["mtp"].is_null()) m.mtp_layers = int32_t(c["mtp"].int_or("num_layers", 0));
     if (c.contains("eos_token_ids") && !c["eos_token_ids"].is_null())
       for (const auto& t : c["eos_token_ids"].as_array()) m.eos_token_ids.push_back(int32_t(t.as_int()));

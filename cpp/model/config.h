@@ -28,6 +28,18 @@ struct MoeConfig {
   int32_t num_experts = 0, top_k = 0, intermediate_size = 0, shared_intermediate_size = 0;
 };
 
+// The vision tower (docs/artifact-format.md, "vision"): ViT blocks over 2-D patches, then a 2x2 merger into the
+// decoder's width; the placeholder token ids its outputs replace.
+struct VisionConfig {
+  int32_t depth = 0, hidden_size = 0, num_heads = 0, intermediate_size = 0, in_channels = 3, patch_size = 0,
+          temporal_patch_size = 0, spatial_merge_size = 0, out_hidden_size = 0, num_position_embeddings = 0;
+  double rope_theta = 10000.0;
+  int32_t image_token_id = -1, video_token_id = -1, vision_start_token_id = -1, vision_end_token_id = -1;
+  int32_t head_dim() const { return hidden_size / num_heads; }
+  int64_t patch_values() const { return int64_t(in_channels) * temporal_patch_size * patch_size * patch_size; }
+  int32_t merge_unit() const { return spatial_merge_size * spatial_merge_size; }
+};
+
 struct ModelConfig {
   std::string arch;
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0;
@@ -40,6 +52,7 @@ struct ModelConfig {
   RopeConfig rope;
   std::optional<LinearAttentionConfig> linear_attention;
   std::optional<MoeConfig> moe;
+  std::optional<VisionConfig> vision;  // the artifact carries a vision tower
   int32_t mtp_layers = 0;
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;

@@ -50,6 +50,17 @@ void moe(const PassContext& p, const MoeWeights& w, const float* x, float* out) 
                  out);
 }
 
+// The main projection that reads a layer's block input (norm_feeds' hint for the norm that produces it).
+const TensorView& block_input_reader(const LayerWeights& w) {
+  return w.kind == LayerKind::FullAttention ? *w.attn.q_proj : *w.gdn.in_qkv;
+}
+
+// The same for the feed-forward input: the shared expert's gate/up (the router is small), or the MLP's gate.
+const TensorView& feed_forward_input_reader(const LayerWeights& w) {
+  if (!w.is_moe) return *w.mlp.gate;
+  return w.moe.shared.gate ? *w.moe.shared.gate : *w.moe.router;
+}
+
 }  // namespace
 
 void feed_forward_block(const PassContext& p, const LayerWeights& w, const float* x, float* out) {
@@ -70,12 +81,15 @@ void decoder_layers(const PassContext& p, std::span<const LayerWeights> layers, 
     else gdn_block(p, w.gdn, normed, out);
     // Each residual add goes with the norm that reads its result (this layer's post-attention norm, the next
     // layer's input norm): one pass over the rows instead of two.
+    be.norm_feeds(feed_forward_input_reader(w));
     be.add_rmsnorm(hidden, out, p.rows, h, w.post_attn_norm.data(), p.norm_kind(), p.eps(), normed);
     feed_forward_block(p, w, normed, out);
-    if (i + 1 < layers.size())
+    if (i + 1 < layers.size()) {
+      be.norm_feeds(block_input_reader(layers[i + 1]));
       be.add_rmsnorm(hidden, out, p.rows, h, layers[i + 1].input_norm.data(), p.norm_kind(), p.eps(), normed);
-    else
+    } else {
       be.add(hidden, out, p.rows * h);
+    }
   }
 }
 

@@ -22,6 +22,12 @@ class DecoderModel final : public Model {
     check_options();
     inv_freq_ = rope_inverse_frequencies(config_.rope);
     rope_ = RopeSpec{config_.rope.pairing, config_.rope.rotary_dim, inv_freq_.data()};
+    mrope_stream_ = mrope_frequency_streams(config_.rope);
+    mrope_ = RopeSpec{config_.rope.pairing, config_.rope.rotary_dim, inv_freq_.data(), 3, mrope_stream_.data()};
+    if (options.vision) {
+      if (!config_.vision) throw EngineError(artifact_->path() + ": this model has no vision tower");
+      vision_ = std::make_unique<VisionTower>(*artifact_, *config_.vision, *backend_);
+    }
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -49,13 +55,15 @@ class DecoderModel final : public Model {
     const int64_t h = config_.hidden_size;
 
     seqs_.clear();
-    int64_t rows = 0, out_rows = 0;
+    int64_t rows = 0, full_rows = 0, candidate_rows = 0, candidates = 0;
     out.vocab = config_.vocab_size;
     out.hidden_size = h;
     out.row_offset.clear();
+    out.candidate_offset.assign(batch.size(), 0);
     out.all_hidden_offset.clear();
     int64_t all_hidden_rows = 0;
     for (const ForwardItem& item : batch) {
+      const bool projected = !item.candidates.empty();
       if (item.step_slots.empty()) {
         seqs_.push_back({rows, item.n_tokens, item.start, item.pages.data(), item.state_slot});
       } else {  // one decode-like sequence per row, each continuing from the one before
@@ -63,39 +71,55 @@ class DecoderModel final : public Model {
           seqs_.push_back({rows + t, 1, item.start + t, item.pages.data(), item.step_slots[size_t(t)],
                            t == 0 ? item.state_slot : item.step_slots[size_t(t - 1)]});
       }
-      out.row_offset.push_back(out_rows);
+      out.row_offset.push_back(projected ? candidate_rows++ : full_rows);
+      if (projected) {
+        out.candidate_offset[out.row_offset.size() - 1] = candidates;
+        candidates += int64_t(item.candidates.size());
+      }
       out.all_hidden_offset.push_back(item.all_hidden ? all_hidden_rows : -1);
       all_hidden_rows += item.all_hidden ? item.n_tokens : 0;
       rows += item.n_tokens;
-      out_rows += item.all_logits ? item.n_tokens : (item.n_tokens > 0 ? 1 : 0);
+      if (!projected) full_rows += item.all_logits ? item.n_tokens : (item.n_tokens > 0 ? 1 : 0);
     }
-    int64_t* positions = scratch_.positions(rows);
+    const int64_t out_rows = full_rows + candidate_rows;
+    // Three position streams only when an item brings M-RoPE positions; else one (text-only M-RoPE is 1-D).
+    const bool three_d = std::any_of(batch.begin(), batch.end(), [](const ForwardItem& i) { return i.mrope_positions; });
+    const int64_t streams = three_d ? 3 : 1;
+    int64_t* positions = scratch_.positions(rows * streams);
     int64_t* out_index = scratch_.row_index(out_rows);
     float* hidden = scratch_.get(Buf::Hidden, rows * h);
-    for (size_t i = 0, o = 0, row0 = 0; i < batch.size(); row0 += size_t(batch[i].n_tokens), ++i) {
+    // Item by item (a verify item is several sequences in seqs_, so seqs_ does not index the batch).
+    for (size_t i = 0, row0 = 0; i < batch.size(); row0 += size_t(batch[i].n_tokens), ++i) {
       const ForwardItem& item = batch[i];
-      for (int64_t t = 0; t < item.n_tokens; ++t) positions[int64_t(row0) + t] = item.start + t;
-      for (int64_t t = item.all_logits ? 0 : item.n_tokens - 1; t < item.n_tokens; ++t)
-        out_index[o++] = int64_t(row0) + t;
-      backend_->embed(item.tokens, item.n_tokens, *weights_.embed, hidden + int64_t(row0) * h);
+      const int64_t first = int64_t(row0), n = item.n_tokens;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t k = 0; k < streams; ++k)
+          positions[(first + t) * streams + k] =
+              item.mrope_positions ? item.mrope_positions[t * 3 + k] : item.start + t + item.position_offset;
+      if (!item.candidates.empty()) out.row_offset[i] += full_rows;  // the projected rows follow the full-logit rows
+      for (int64_t t = item.all_logits ? 0 : n - 1, o = out.row_offset[i]; t < n; ++t) out_index[o++] = first + t;
+      backend_->embed(item.tokens, n, *weights_.embed, hidden + first * h);
+      for (const EmbeddingRows& e : item.embeddings)
+        backend_->memory().from_host(hidden + (first + e.first) * h, e.rows, size_t(e.count * h) * sizeof(float));
     }
 
-    const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, rows, rope_,
-                           options_.gdn_chunk};
+    const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, rows,
+                           three_d ? mrope_ : rope_, options_.gdn_chunk};
     decoder_layers(pass, weights_.layers, hidden);
 
     const bool on_device = out.keep_on_device && !backend_->memory().host_accessible();
     out.hidden.resize(on_device ? 0 : size_t(out_rows * h));
-    out.logits.resize(on_device ? 0 : size_t(out_rows * config_.vocab_size));
+    out.logits.resize(on_device ? 0 : size_t(full_rows * config_.vocab_size));
     float* final_hidden =
         on_device ? scratch_.get(Buf::OutRows, out_rows * h) : output_buffer(out.hidden, Buf::OutRows);
-    float* logits = on_device ? scratch_.get(Buf::Logits, out_rows * config_.vocab_size)
+    float* logits = on_device ? scratch_.get(Buf::Logits, full_rows * config_.vocab_size)
                               : output_buffer(out.logits, Buf::Logits);
     backend_->gather_rows(hidden, h, out_index, out_rows, final_hidden);
     backend_->rmsnorm(final_hidden, out_rows, h, h, weights_.final_norm.data(), pass.norm_kind(), pass.eps(),
                       final_hidden, h);
-    backend_->linear(final_hidden, out_rows, *weights_.lm_head, logits);
-    out.device_logits = on_device ? logits : nullptr;
+    if (full_rows > 0) backend_->linear(final_hidden, full_rows, *weights_.lm_head, logits);
+    project_candidates(batch, out, final_hidden);
+    out.device_logits = on_device && full_rows > 0 ? logits : nullptr;
     if (!on_device) {
       copy_output(out.hidden, final_hidden);
       copy_output(out.logits, logits);
@@ -140,7 +164,7 @@ class DecoderModel final : public Model {
     backend_->linear(concat, n, *m.fc, u);
 
     int64_t* positions = scratch_.positions(n);
-    for (int64_t t = 0; t < n; ++t) positions[t] = start + t;
+    for (int64_t t = 0; t < n; ++t) positions[t] = start + t + item.position_offset;
     seqs_.assign(1, SequenceRows{0, n, start, item.pages.data(), item.state_slot});
     const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, n, rope_,
                            options_.gdn_chunk};
@@ -157,6 +181,14 @@ class DecoderModel final : public Model {
     float* out = output_buffer(logits, Buf::Logits);
     backend_->linear(normed + (n - logit_rows) * h, logit_rows, *weights_.lm_head, out);
     copy_output(logits, out);
+  }
+
+  const VisionTower* vision() const override { return vision_.get(); }
+
+  void encode_vision(std::span<const float> patches, std::span<const VisionGrid> grids,
+                     std::vector<float>& out) override {
+    if (!vision_) throw EngineError("the vision tower is not loaded (start with --vision)");
+    vision_->encode(patches, grids, out);
   }
 
  private:
@@ -190,6 +222,29 @@ class DecoderModel final : public Model {
     backend_->memory().to_host(out.all_hidden.data(), rows_out, out.all_hidden.size() * sizeof(float));
   }
 
+  // The candidate logits of the items that asked for them: their lm-head rows gathered (embed reads a row in any
+  // encoding) and dotted with the item's final-normed hidden row; k rows of the head instead of the vocabulary.
+  void project_candidates(std::span<const ForwardItem> batch, ForwardOutput& out, const float* final_hidden) {
+    int64_t total = 0, widest = 0;
+    for (const ForwardItem& item : batch) {
+      total += int64_t(item.candidates.size());
+      widest = std::max(widest, int64_t(item.candidates.size()));
+    }
+    out.candidate_logits.assign(size_t(total), 0.0f);
+    if (total == 0) return;
+    const int64_t h = config_.hidden_size;
+    float* rows = scratch_.get(Buf::CandidateRows, widest * h);
+    float* dots = output_buffer(out.candidate_logits, Buf::CandidateLogits);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const std::span<const int32_t> ids = batch[i].candidates;
+      if (ids.empty()) continue;
+      const int64_t k = int64_t(ids.size());
+      backend_->embed(ids.data(), k, *weights_.lm_head, rows);
+      backend_->row_dots(rows, k, h, final_hidden + out.row_offset[i] * h, dots + out.candidate_offset[i]);
+    }
+    copy_output(out.candidate_logits, dots);
+  }
+
   void check_tokens(const int32_t* tokens, int64_t n) const {
     for (int64_t i = 0; i < n; ++i)
       if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
@@ -209,6 +264,11 @@ class DecoderModel final : public Model {
     for (const ForwardItem& item : batch) {
       if (item.n_tokens < 0 || item.start < 0) throw EngineError("negative token count or start position");
       check_tokens(item.tokens, item.n_tokens);
+      if (!item.candidates.empty()) {
+        if (item.n_tokens < 1 || item.all_logits)
+          throw EngineError("a candidate readout needs at least one new token and only its last row");
+        check_tokens(item.candidates.data(), int64_t(item.candidates.size()));
+      }
       const int64_t end = item.start + item.n_tokens;
       if (end > int64_t(item.pages.size()) * kKvPageTokens)
         throw EngineError("sequence of " + std::to_string(end) + " tokens has only " +
@@ -217,11 +277,19 @@ class DecoderModel final : public Model {
         if (!written_pages.insert(item.pages[size_t(p)]).second)
           throw EngineError("two sequences of one batch write KV page " + std::to_string(item.pages[size_t(p)]));
       if (stateful && item.state_slot < 0) throw EngineError("sequence has no state slot");
+      if (item.mrope_positions && config_.rope.mrope_section.empty())
+        throw EngineError("M-RoPE positions given to a model without M-RoPE");
+      for (const EmbeddingRows& e : item.embeddings)
+        if (e.first < 0 || e.count < 0 || e.first + e.count > item.n_tokens || !e.rows)
+          throw EngineError("embedding rows [" + std::to_string(e.first) + ", " + std::to_string(e.first + e.count) +
+                            ") outside the item's " + std::to_string(item.n_tokens) + " tokens");
       if (stateful && !slots.insert(item.state_slot).second)
         throw EngineError("two sequences of one batch use state slot " + std::to_string(item.state_slot));
       if (!item.step_slots.empty() && int64_t(item.step_slots.size()) != item.n_tokens)
         throw EngineError("a verify item of " + std::to_string(item.n_tokens) + " tokens has " +
                           std::to_string(item.step_slots.size()) + " step slots");
+      if (!item.step_slots.empty() && (!item.candidates.empty() || !item.embeddings.empty() || item.mrope_positions))
+        throw EngineError("a verify item takes draft tokens only (no candidates, media rows or M-RoPE positions)");
       for (int32_t slot : item.step_slots)
         if (stateful && !slots.insert(slot).second)
           throw EngineError("two sequences of one batch use state slot " + std::to_string(slot));
@@ -235,6 +303,9 @@ class DecoderModel final : public Model {
   std::unique_ptr<Backend> backend_;
   std::vector<float> inv_freq_;
   RopeSpec rope_;
+  std::vector<uint8_t> mrope_stream_;  // empty without M-RoPE (mrope_ is then never used)
+  RopeSpec mrope_;
+  std::unique_ptr<VisionTower> vision_;
   Scratch scratch_;
   std::vector<SequenceRows> seqs_;
 };

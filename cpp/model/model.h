@@ -12,6 +12,7 @@
 #include "artifact/artifact.h"
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/vision_tower.h"
 #include "cache/cache_pools.h"
 
 namespace ninfer {
@@ -20,6 +21,14 @@ struct ModelOptions {
   int32_t threads = 0;              // 0 = all cores
   int32_t gdn_chunk = 64;           // chunk length of the chunked Gated DeltaNet prefill
   bool verify_checksums = true;
+  bool vision = false;              // load the vision tower (the artifact must carry one)
+};
+
+// Rows that replace the token embeddings of tokens [first, first + count) of an item (a vision tower's outputs
+// at the placeholder tokens): `rows` [count, hidden_size] in host memory.
+struct EmbeddingRows {
+  int64_t first = 0, count = 0;
+  const float* rows = nullptr;
 };
 
 // One sequence's share of a forward pass: `n_tokens` new tokens at positions start .. start + n - 1, after the
@@ -36,6 +45,14 @@ struct ForwardItem {
   // row t - 1 (the item's own slot for row 0) into step_slots[t], and the item's own slot is left as it was, so
   // the caller picks the state of the last accepted row afterwards.
   std::span<const int32_t> step_slots;
+  // Non-empty: the last token's row is projected onto these lm-head rows only (out.candidate_logits), with no
+  // full-vocabulary logits row (a decision readout). Such an item has one output row and no all_logits.
+  std::span<const int32_t> candidates;
+  std::span<const EmbeddingRows> embeddings;  // media rows in place of some tokens' embeddings
+  // M-RoPE positions (t, h, w) of each new token, [n_tokens][3] in host memory (a prompt with media). Null: all
+  // three streams at start + i + position_offset (plain text; after media, offset is M-RoPE's rope delta).
+  const int64_t* mrope_positions = nullptr;
+  int64_t position_offset = 0;
 };
 
 struct ForwardOutput {
@@ -43,8 +60,13 @@ struct ForwardOutput {
   // sampler reads them there); then `logits` and `hidden` stay empty and device_logits points at the logits.
   bool keep_on_device = false;
   int64_t vocab = 0, hidden_size = 0;
-  std::vector<int64_t> row_offset;  // item i's first output row; its rows follow contiguously
-  std::vector<float> logits;        // [rows, vocab]
+  // Item i's first output row; its rows follow contiguously. Items with candidates come after all the others'
+  // rows (their hidden rows are last), so `logits` holds only the rows of the items without.
+  std::vector<int64_t> row_offset;
+  std::vector<float> logits;        // [rows of items without candidates, vocab]
+  // Items with candidates: logit of candidate j at candidate_logits[candidate_offset[i] + j] (host memory).
+  std::vector<int64_t> candidate_offset;
+  std::vector<float> candidate_logits;
   std::vector<float> hidden;        // [rows, hidden_size], after the final norm (the MTP head's input)
   const float* device_logits = nullptr;  // [rows, vocab] in device memory, valid until the next pass
   // Items with all_hidden: all_hidden_offset[i] is item i's first row in all_hidden ([rows, hidden_size]; -1 for
@@ -79,6 +101,12 @@ class Model {
   // no MTP head. Logits for every row when item.all_logits, else for the last; `normed`, when given, gets every
   // row's mtp.norm output (a next draft step's hidden).
   virtual bool has_mtp() const = 0;
+
+  // The vision tower (ModelOptions::vision). encode_vision turns patches into the rows a ForwardItem's
+  // `embeddings` take (VisionTower::encode); it throws EngineError when no tower is loaded.
+  virtual const VisionTower* vision() const = 0;
+  virtual void encode_vision(std::span<const float> patches, std::span<const VisionGrid> grids,
+                             std::vector<float>& out) = 0;
   virtual void mtp_forward(const float* hidden, const ForwardItem& item, CachePools& pools,
                            std::vector<float>& logits, std::vector<float>* normed = nullptr) = 0;
 };

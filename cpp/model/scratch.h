@@ -16,7 +16,8 @@ enum class Buf : uint8_t {
   AttnQ, AttnK, AttnV, AttnOut,                             // full attention
   GdnMixed, GdnZ, GdnB, GdnA, GdnQ, GdnK, GdnV, GdnG, GdnBeta, GdnOut,
   FfnGate, FfnUp, RouterLogits, RouteWeights, SharedGate, SharedUp, SharedOut, SharedLogit,
-  OutRows, Logits, MtpEmbed, MtpConcat, MtpHidden,
+  OutRows, Logits, CandidateRows, CandidateLogits, MtpEmbed, MtpConcat, MtpHidden,
+  VisionPatches, VisionHidden, VisionNormed, VisionQkv, VisionAttn, VisionMlp, VisionMerged, VisionOut,  // tower
   Count
 };
 

@@ -29,6 +29,13 @@ struct CacheAdmission {
   int64_t computed = 0;  // prompt tokens already in the cache (the job prefills the rest)
 };
 
+// Pages and state slots set aside for one job's forks (a decision job's question rows), so that no other
+// admission can take them while the job runs; its forks draw on it and give back to it.
+struct CacheReserve {
+  std::vector<int32_t> pages;
+  std::vector<int32_t> slots;
+};
+
 struct CacheStats {
   int64_t total_pages = 0, free_pages = 0, shared_pages = 0;  // shared: held by more than one sequence
   int32_t total_state_slots = 0, free_state_slots = 0, snapshots = 0;
@@ -46,7 +53,15 @@ class CacheManager {
   // A new sequence that continues `parent` after its first `tokens` tokens, with room for `reserve_tokens`: it
   // shares the parent's full pages below `tokens`, gets a copy of the partly filled page (if any) so both can
   // write on, fresh pages for the rest, and a copy of the parent's state (which must be the state after `tokens`).
-  std::optional<SequenceCache> fork(const SequenceCache& parent, int64_t tokens, int64_t reserve_tokens);
+  // With `from`, the fork's fresh pages and its slot come out of that reserve instead of the pools.
+  std::optional<SequenceCache> fork(const SequenceCache& parent, int64_t tokens, int64_t reserve_tokens,
+                                    CacheReserve* from = nullptr);
+  // Gives a fork made from `into` after `tokens` back: its shared pages lose a holder, its own pages and its slot
+  // return to the reserve. `child` is left empty.
+  void return_fork(SequenceCache& child, int64_t tokens, CacheReserve& into);
+  // `pages` pages and `slots` state slots (none for a model without state), or nullopt, changing nothing.
+  std::optional<CacheReserve> reserve(int64_t pages, int32_t slots);
+  void release(CacheReserve& reserve);  // back to the pools; `reserve` is left empty
   // A spare slot holding a copy of the sequence's state as it is now (the caller takes it at the position it
   // records); -1 when no slot is free or the model keeps no state.
   int32_t snapshot(const SequenceCache& cache);

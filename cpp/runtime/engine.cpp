@@ -38,6 +38,10 @@ void validate_engine_options(const EngineOptions& o) {
     fail("max_concurrency = " + std::to_string(o.max_concurrency) + " (must be 1..8)");
   if (o.max_context < 1) fail("max_context = " + std::to_string(o.max_context) + " (must be >= 1)");
   if (o.max_queue < 0) fail("max_queue = " + std::to_string(o.max_queue) + " (must be >= 0)");
+  if (o.decision_lanes < 0 || o.decision_lanes > 8)
+    fail("decision_lanes = " + std::to_string(o.decision_lanes) + " (must be 0..8)");
+  if (o.decision_rows < 1 || o.decision_rows > 64)
+    fail("decision_rows = " + std::to_string(o.decision_rows) + " (must be 1..64)");
   if (o.kv_capacity < 0 && o.kv_capacity != kKvCapacityAuto)
     fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0; 0 = max_context * max_concurrency)");
   if (o.cuda_gemm != "auto" && o.cuda_gemm != "twin")
@@ -72,9 +76,19 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     : options_(options) {
   validate_engine_options(options_);
   ModelOptions mo;
-  int64_t kv_tokens = options_.kv_capacity > 0 ? options_.kv_capacity : options_.max_context * options_.max_concurrency;
+  // Every lane, decision lanes included, gets a context's worth of the KV pool by default; decision jobs take
+  // their pages from the same pool (they count against the admission budget), with a share chat cannot take.
+  const int32_t lanes = options_.max_concurrency + options_.decision_lanes;
+  int64_t kv_tokens = options_.kv_capacity > 0 ? options_.kv_capacity : options_.max_context * lanes;
+  // A lane's working state each, per decision lane one per row, and per chat lane with speculative decoding one
+  // per verify row (decision lanes never draft).
+  const bool speculative = options_.spec == "mtp";
+  const int32_t draft_tokens = speculative ? options_.draft_tokens : 0;
+  const int32_t extra_slots =
+      options_.decision_lanes * options_.decision_rows + (speculative ? options_.max_concurrency * (draft_tokens + 1) : 0);
   mo.threads = options_.threads;
   mo.verify_checksums = options_.verify_checksums;
+  mo.vision = options_.vision;
   std::shared_ptr<const Artifact> artifact = Artifact::open(path, options_.verify_checksums);
   device_ = dynamic_cast<DeviceRuntime*>(backend.get());
   if (options_.spec == "mtp" && device_)  // (before the weights go to the device)
@@ -84,11 +98,11 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     const DeviceMemoryUse use = device_->upload_weights(*artifact);
     if (options_.prefill_chunk == kPrefillChunkAuto)
       options_.prefill_chunk =
-          choose_prefill_chunk(config, options_.kv_dtype, options_.kv_capacity, options_.max_context,
-                               options_.max_concurrency, use.device_total, use.weights, use.free_after_weights);
-    memory_plan_ = plan_memory(config, options_.kv_dtype, options_.kv_capacity, options_.max_context,
-                               options_.max_concurrency, options_.prefill_chunk + options_.max_concurrency,
-                               use.device_total, use.weights, use.free_after_weights);
+          choose_prefill_chunk(config, options_.kv_dtype, options_.kv_capacity, options_.max_context, lanes,
+                               use.device_total, use.weights, use.free_after_weights, extra_slots);
+    memory_plan_ = plan_memory(config, options_.kv_dtype, options_.kv_capacity, options_.max_context, lanes,
+                               options_.prefill_chunk + lanes, use.device_total, use.weights,
+                               use.free_after_weights, extra_slots);
     kv_tokens = memory_plan_.kv_capacity_tokens;
     device_->set_graphs_enabled(options_.cuda_graphs);
     device_->set_max_sequence_tokens(options_.max_context);
@@ -97,22 +111,24 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   if (options_.prefill_chunk == kPrefillChunkAuto) options_.prefill_chunk = kDefaultPrefillChunk;
   model_ = Model::load(std::move(artifact), mo, std::move(backend));
   config_ = model_->config();
-  const bool speculative = options_.spec == "mtp";
   if (speculative && !model_->has_mtp())
     throw EngineError("invalid engine option: spec = \"mtp\" but " + path + " has no MTP head");
-  const int32_t draft_tokens = speculative ? options_.draft_tokens : 0;
   CacheCapacity capacity;
   capacity.device_pages = kv_pages_for(kv_tokens);
-  // Each speculative lane also holds a state slot per verify row.
-  capacity.device_state_slots = options_.max_concurrency * (1 + (speculative ? draft_tokens + 1 : 0));
+  capacity.device_state_slots = lanes + extra_slots;
   pools_ = std::make_unique<CachePools>(model_->cache_layout(), capacity, options_.kv_dtype, model_->memory());
   cache_ = std::make_unique<CacheManager>(pools_->pages(), pools_->states() ? &pools_->slots() : nullptr, *pools_);
   if (speculative) drafter_ = std::make_unique<Drafter>(*model_, *pools_);
-  scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.prefill_chunk, *cache_, draft_tokens);
+  // The decision lanes' share of the pool: a context each, less whatever leaves one context's room for chat.
+  const int64_t context_pages = kv_pages_for(options_.max_context);
+  decision_share_pages_ =
+      std::clamp<int64_t>(options_.decision_lanes * context_pages, 0, capacity.device_pages - context_pages);
+  scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.decision_lanes, options_.prefill_chunk,
+                                           decision_share_pages_, *cache_, draft_tokens);
   executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling, drafter_.get());
   outputs_ = std::make_unique<OutputProcessor>(
-      *scheduler_, [this](EngineEvent ev) { publish(std::move(ev)); }, [this] {
-        --in_flight_;
+      *scheduler_, [this](EngineEvent ev) { publish(std::move(ev)); }, [this](JobOutput output) {
+        --(output == JobOutput::Decide ? decisions_in_flight_ : in_flight_);
         refresh_stats();  // before the final event: whoever sees it sees the lane and its cache free
       });
   refresh_stats();
@@ -120,6 +136,10 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
 }
 
 Engine::~Engine() { close(); }
+
+int64_t Engine::vision_weight_bytes() const {
+  return model_ && model_->vision() ? model_->vision()->weight_bytes() : 0;
+}
 
 Job Engine::make_job(GenerationRequest request, bool scoring) {
   const int64_t n = static_cast<int64_t>(request.prompt.size());
@@ -140,34 +160,89 @@ Job Engine::make_job(GenerationRequest request, bool scoring) {
       if (t < 0 || t >= config_.vocab_size)
         throw EngineError("stop token id " + std::to_string(t) + " is outside the vocabulary");
   }
+  if (request.media)
+    check_prompt_media(*request.media, request.prompt, model_->vision() ? &model_->vision()->config() : nullptr);
   Job job;
   job.output = scoring ? JobOutput::PromptLogprobs : JobOutput::Generate;
   job.reservation = scoring ? n : std::min(n + request.max_new_tokens, options_.max_context);
-  const int64_t capacity = pools_->pages().total() * kKvPageTokens;
-  if (kv_pages_for(job.reservation) * kKvPageTokens > capacity)
-    throw CapacityError("the request needs " + std::to_string(job.reservation) + " KV tokens (prompt " +
-                        std::to_string(n) + " + max_new_tokens " + std::to_string(request.max_new_tokens) +
-                        ", capped at max_context " + std::to_string(options_.max_context) +
-                        ", in pages of 64) but the KV pool holds " + std::to_string(capacity));
+  check_fits(kv_pages_for(job.reservation),
+             std::to_string(job.reservation) + " KV tokens (prompt " + std::to_string(n) + " + max_new_tokens " +
+                 std::to_string(request.max_new_tokens) + ", capped at max_context " +
+                 std::to_string(options_.max_context) + ", in pages of 64)");
   job.request = std::move(request);
   job.submitted = Clock::now();
   return job;
 }
 
-uint64_t Engine::submit(GenerationRequest request) {
-  std::unique_lock lock(mu_);
-  if (closed_) throw EngineError("the engine is closed");
-  Job job = make_job(std::move(request), false);
-  if (in_flight_ >= options_.max_concurrency + options_.max_queue)
-    throw EngineBusyError("the engine is busy: all " + std::to_string(options_.max_concurrency) + " lanes and " +
+void Engine::check_fits(int64_t pages, const std::string& what) const {
+  const int64_t capacity = pools_->pages().total() * kKvPageTokens;
+  if (pages * kKvPageTokens > capacity)
+    throw CapacityError("the request needs " + what + " but the KV pool holds " + std::to_string(capacity));
+}
+
+Job Engine::make_decision_job(DecisionRequest request) {
+  if (options_.decision_lanes == 0) throw EngineError("decisions are off (decision_lanes = 0)");
+  if (request.questions.empty()) throw EngineError("a decision needs at least one question");
+  GenerationRequest context;
+  context.prompt = request.context;
+  Job job = make_job(std::move(context), true);  // checks the context's tokens and length
+  const int64_t n = static_cast<int64_t>(request.context.size());
+  int64_t longest = 0;
+  for (size_t q = 0; q < request.questions.size(); ++q) {
+    const DecisionQuestion& question = request.questions[q];
+    const std::string which = "question " + std::to_string(q);
+    if (question.suffix.empty() || question.candidates.empty())
+      throw EngineError(which + " needs a suffix and at least one candidate token");
+    for (const std::vector<int32_t>* ids : {&question.suffix, &question.candidates})
+      for (int32_t t : *ids)
+        if (t < 0 || t >= config_.vocab_size)
+          throw EngineError(which + ": token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                            std::to_string(config_.vocab_size) + ")");
+    const int64_t total = n + static_cast<int64_t>(question.suffix.size());
+    if (total > options_.max_context)
+      throw CapacityError(which + " has " + std::to_string(total) + " tokens with the context; max_context is " +
+                          std::to_string(options_.max_context));
+    longest = std::max(longest, static_cast<int64_t>(question.suffix.size()));
+  }
+  job.output = JobOutput::Decide;
+  // As many rows as asked for, fewer when they would not fit one decision lane's share of the pool.
+  const int64_t row_pages = kv_pages_for(n + longest) - n / kKvPageTokens;
+  const int64_t lane_share = decision_share_pages_ / options_.decision_lanes;
+  job.decision_rows = std::min<int32_t>(options_.decision_rows, static_cast<int32_t>(request.questions.size()));
+  while (job.decision_rows > 1 && kv_pages_for(n) + job.decision_rows * row_pages > lane_share) --job.decision_rows;
+  job.decision_pages = job.decision_rows * row_pages;
+  check_fits(kv_pages_for(n) + job.decision_pages,
+             std::to_string(n) + " context tokens and " + std::to_string(job.decision_rows) + " rows of up to " +
+                 std::to_string(longest) + " question tokens (in pages of 64)");
+  job.decision = std::move(request);
+  return job;
+}
+
+// Queues a made job within its kind's bound (lanes + queue places): EngineBusyError past it. Called locked.
+uint64_t Engine::enqueue(Job job, int64_t& in_flight, int32_t lanes, const char* what) {
+  if (in_flight >= lanes + options_.max_queue)
+    throw EngineBusyError("the engine is busy: all " + std::to_string(lanes) + " " + what + " and " +
                           std::to_string(options_.max_queue) + " queue places are taken; retry later");
   job.id = next_id_++;
   const uint64_t id = job.id;
   scheduler_->enqueue(std::move(job));
-  ++in_flight_;
+  ++in_flight;
   stats_.queued = scheduler_->num_queued();
   work_cv_.notify_one();
   return id;
+}
+
+uint64_t Engine::submit_decision(DecisionRequest request) {
+  std::unique_lock lock(mu_);
+  if (closed_) throw EngineError("the engine is closed");
+  return enqueue(make_decision_job(std::move(request)), decisions_in_flight_, options_.decision_lanes,
+                 "decision lanes");
+}
+
+uint64_t Engine::submit(GenerationRequest request) {
+  std::unique_lock lock(mu_);
+  if (closed_) throw EngineError("the engine is closed");
+  return enqueue(make_job(std::move(request), false), in_flight_, options_.max_concurrency, "lanes");
 }
 
 std::vector<float> Engine::score(std::vector<int32_t> tokens) {
@@ -192,8 +267,8 @@ std::vector<float> Engine::score(std::vector<int32_t> tokens) {
 
 bool Engine::cancel(uint64_t id) {
   std::unique_lock lock(mu_);
-  if (scheduler_ && scheduler_->remove_queued(id)) {
-    --in_flight_;
+  if (std::optional<Job> job = scheduler_ ? scheduler_->remove_queued(id) : std::nullopt) {
+    --(job->output == JobOutput::Decide ? decisions_in_flight_ : in_flight_);
     stats_.queued = scheduler_->num_queued();
     EngineEvent ev;
     ev.request_id = id;
@@ -267,10 +342,10 @@ void Engine::close() {
   std::unique_lock lock(mu_);
   for (int32_t i = 0; i < scheduler_->num_lanes(); ++i)
     if (scheduler_->lane(i)) outputs_->end_lane(i, FinishReason::Cancelled);
-  for (const Job& job : scheduler_->queue()) {
-    if (job.score_result) job.score_result->set_exception(std::make_exception_ptr(EngineError("the engine closed")));
+  for (const Job* job : scheduler_->queued()) {
+    if (job->score_result) job->score_result->set_exception(std::make_exception_ptr(EngineError("the engine closed")));
     EngineEvent ev;
-    ev.request_id = job.id;
+    ev.request_id = job->id;
     ev.finish = FinishReason::Cancelled;
     events_.push_back(std::move(ev));
   }
@@ -282,7 +357,7 @@ void Engine::close() {
   cache_.reset();
   pools_.reset();
   model_.reset();
-  in_flight_ = 0;
+  in_flight_ = decisions_in_flight_ = 0;
   closed_ = true;
   events_cv_.notify_all();
 }
@@ -306,8 +381,10 @@ void Engine::publish(EngineEvent event) {
 }
 
 void Engine::refresh_stats() {
-  stats_.lanes = scheduler_->num_lanes();
-  stats_.busy_lanes = scheduler_->num_busy_lanes();
+  stats_.lanes = scheduler_->num_chat_lanes();
+  stats_.busy_lanes = scheduler_->num_busy_chat_lanes();
+  stats_.decision_lanes = scheduler_->num_lanes() - scheduler_->num_chat_lanes();
+  stats_.busy_decision_lanes = scheduler_->num_busy_lanes() - stats_.busy_lanes;
   stats_.queued = scheduler_->num_queued();
   const CacheStats c = cache_->stats();
   stats_.kv_capacity_tokens = c.total_pages * kKvPageTokens;
@@ -355,8 +432,23 @@ std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
   for (const PlannedSlice& s : plan.slices) {
     Lane& lane = *scheduler_->lane(s.lane);
     SliceInput in;
-    in.item = {lane.tokens.data() + s.begin, s.end - s.begin, lane.computed, lane.cache.pages,
-               lane.cache.state_slot, s.output == SliceOutput::PromptLogprobs, false, {}};
+    in.item.tokens = lane.tokens.data() + s.begin;
+    in.item.n_tokens = s.end - s.begin;
+    in.item.start = lane.computed;
+    in.item.pages = lane.cache.pages;
+    in.item.state_slot = lane.cache.state_slot;
+    in.item.all_logits = s.output == SliceOutput::PromptLogprobs;
+    if (s.row >= 0) {  // a decision row: the question's suffix, after the context, in the row's fork
+      const DecisionRow& row = *lane.rows[size_t(s.row)];
+      const DecisionQuestion& q = lane.job.decision.questions[size_t(row.question)];
+      const int64_t context = static_cast<int64_t>(lane.tokens.size());
+      in.item.tokens = q.suffix.data() + (s.begin - context);
+      in.item.start = row.computed;
+      in.item.pages = row.cache.pages;
+      in.item.state_slot = row.cache.state_slot;
+      in.item.all_logits = false;
+      if (s.output == SliceOutput::CandidateLogprobs) in.item.candidates = q.candidates;
+    }
     in.tokens = lane.tokens.data();
     in.total_tokens = static_cast<int64_t>(lane.tokens.size());
     in.host_sampler = needs_host_sampler(lane.job.request.sampling);
@@ -414,6 +506,33 @@ StepPlan Engine::take_turn(StepPlan plan) {
 // One step: plan (locked), the pass (unlocked), the masks it waits for, the outputs (unlocked), then the output
 // processor (locked). The executor runs unlocked so that submit, cancel and next_events stay responsive; only this
 // thread touches lanes' caches and tokens, and no lane is freed until the lock is retaken.
+// Runs the vision tower for lanes whose prompt has media and that start their prefill now, and points each such
+// slice at its media rows and M-RoPE positions. Outside mu_: the tower may take long, and only this thread touches
+// the lanes. A failure (the tower's memory) ends the step's lanes with the error, as a failed pass does.
+StepResult Engine::add_media(const StepPlan& plan, std::vector<SliceInput>& inputs) {
+  StepResult result;
+  try {
+    slice_media_rows_.resize(std::max(slice_media_rows_.size(), plan.slices.size()));
+    slice_positions_.resize(std::max(slice_positions_.size(), plan.slices.size()));
+    for (size_t i = 0; i < plan.slices.size(); ++i) {
+      const PlannedSlice& s = plan.slices[i];
+      Lane& lane = *scheduler_->lane(s.lane);
+      const auto& media = lane.job.request.media;
+      if (!media) continue;
+      if (!lane.media)
+        lane.media = std::make_shared<EncodedMedia>(*model_, media, int64_t(lane.job.request.prompt.size()));
+      lane.media->fill(inputs[i].item, s.begin, s.end, slice_media_rows_[i], slice_positions_[i]);
+    }
+  } catch (const EngineError& e) {
+    result.error_type = "EngineError";
+    result.error_message = e.what();
+  } catch (const std::exception& e) {
+    result.error_type = "NinferError";
+    result.error_message = std::string("vision tower: ") + e.what();
+  }
+  return result;
+}
+
 void Engine::run_step() {
   StepPlan plan;
   std::vector<SliceInput> inputs;
@@ -428,7 +547,8 @@ void Engine::run_step() {
     inputs = gather_inputs(plan);
     request_masks(plan);
   }
-  StepResult result = executor_->run_pass(plan, inputs);
+  StepResult result = add_media(plan, inputs);
+  if (!result.failed()) result = executor_->run_pass(plan, inputs);
   std::unique_lock lock(mu_);
   if (!result.failed()) {
     masks_cv_.wait(lock, [&] { return stopping_ || !awaiting_masks(plan); });

@@ -37,6 +37,12 @@ struct EngineOptions {
                                  // kKvCapacityAuto = the most that fits (device backends; else as 0)
   int32_t max_concurrency = 1;   // lanes, 1..8
   int32_t max_queue = 16;        // requests that may wait for a lane; one more is refused with EngineBusyError
+  // Lanes that run decision jobs only, 0..8, with their own queue of max_queue places: decisions neither wait
+  // behind chat traffic nor take its lanes. 0: decisions are refused.
+  int32_t decision_lanes = 1;
+  // Questions of one decision job in flight at once (its rows: forks of its context, each with a state slot and
+  // pages reserved at admission), 1..64; more questions run as successive rounds.
+  int32_t decision_rows = 4;
   // Tokens per prefill chunk (and the per-step prefill budget), a multiple of 64, or kPrefillChunkAuto: 512 on
   // the CPU backend; on a device backend the largest chunk up to 8192 the memory plan allows
   // (choose_prefill_chunk). Decoding lanes wait at most one chunk's pass, so the chunk trades a long prompt's
@@ -57,6 +63,7 @@ struct EngineOptions {
   // backend only for now). Lossless: see runtime/speculative.h and docs/speculative-decoding.md.
   std::string spec = "none";
   int32_t draft_tokens = 3;
+  bool vision = false;           // load the vision tower (images and video in prompts); CPU backend only for now
 };
 inline constexpr int64_t kKvCapacityAuto = -1;
 
@@ -65,7 +72,8 @@ inline constexpr int64_t kKvCapacityAuto = -1;
 void validate_engine_options(const EngineOptions& options);
 
 struct EngineStats {
-  int32_t lanes = 0, busy_lanes = 0;
+  int32_t lanes = 0, busy_lanes = 0;  // chat (and scoring) lanes
+  int32_t decision_lanes = 0, busy_decision_lanes = 0;
   int64_t queued = 0;
   int64_t kv_capacity_tokens = 0, kv_free_tokens = 0;
   int32_t free_state_slots = 0;
@@ -98,12 +106,18 @@ class Engine {
   bool fail_mask(uint64_t id, const std::string& message);
   // Logprob of tokens[i] given tokens[0..i) for i = 1 .. n - 1 (n - 1 values). Queues like a request.
   std::vector<float> score(std::vector<int32_t> tokens);
+  // Queues a decision job on the decision lanes; its final event (finish Stop) carries each question's
+  // log-softmax over its candidates. Throws like submit (EngineBusyError when the decision queue is full,
+  // CapacityError when a question cannot fit, EngineError for a bad request or no decision lanes).
+  uint64_t submit_decision(DecisionRequest request);
   EngineStats stats() const;
   const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }
   // The device memory plan (all zero on the CPU backend) and the decode graphs' measured figures.
   const MemoryPlan& memory_plan() const { return memory_plan_; }
   const DeviceRuntime* device() const { return device_; }
+  // Bytes of the vision tower's weights (EngineOptions::vision; 0 without): read from the mapped artifact.
+  int64_t vision_weight_bytes() const;
   // Stops the thread, ends every request with `cancelled`, frees the model. Idempotent.
   void close();
 
@@ -115,10 +129,14 @@ class Engine {
   void request_masks(const StepPlan& plan);
   bool awaiting_masks(const StepPlan& plan) const;
   std::vector<SliceInput> gather_inputs(const StepPlan& plan);
+  StepResult add_media(const StepPlan& plan, std::vector<SliceInput>& inputs);
   void add_sampling(const StepPlan& plan, std::vector<SliceInput>& inputs);
   void publish(EngineEvent event);
   void refresh_stats();
   Job make_job(GenerationRequest request, bool scoring);
+  Job make_decision_job(DecisionRequest request);
+  uint64_t enqueue(Job job, int64_t& in_flight, int32_t lanes, const char* what);
+  void check_fits(int64_t pages, const std::string& what) const;
 
   EngineOptions options_;
   ModelConfig config_;
@@ -137,12 +155,16 @@ class Engine {
   std::deque<EngineEvent> events_;
   std::vector<MaskRequest> mask_requests_;
   std::unordered_set<uint64_t> cancel_requests_;  // running ids to end at the next step boundary
-  int64_t in_flight_ = 0;                          // queued + running
+  int64_t decision_share_pages_ = 0;  // KV pages chat admission leaves to the decision lanes
+  int64_t in_flight_ = 0, decisions_in_flight_ = 0;  // queued + running (chat and scoring; decisions)
   uint64_t next_id_ = 1;
   bool stopping_ = false, closed_ = false;
   bool prefill_turn_ = false;  // device backends: whose turn it is when decodes and prefills both wait
   EngineStats stats_;
   std::thread thread_;
+  // Per slice of the step being gathered: the media rows and M-RoPE positions its ForwardItem points at.
+  std::vector<std::vector<EmbeddingRows>> slice_media_rows_;
+  std::vector<std::vector<int64_t>> slice_positions_;
 };
 
 }  // namespace ninfer

@@ -77,13 +77,13 @@ int64_t gemm_scratch_bytes(const ModelConfig& config, int64_t rows) {
 
 MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens, int64_t max_context,
                        int32_t slots, int64_t pass_rows, int64_t device_total, int64_t weights,
-                       int64_t free_after_weights) {
+                       int64_t free_after_weights, int32_t extra_state_slots) {
   MemoryPlan p;
   p.device_total = device_total;
   p.weights = weights;
   p.free_after_weights = free_after_weights;
   p.kv_page_bytes = kv_page_bytes(config, dtype);
-  p.gdn_states = gdn_state_bytes(config, slots);
+  p.gdn_states = gdn_state_bytes(config, slots + extra_state_slots);
   p.pass_rows = pass_rows;
   p.gemm_scratch = gemm_scratch_bytes(config, pass_rows);
   p.workspace = workspace_bytes(config, pass_rows, slots) + p.gemm_scratch;
@@ -111,8 +111,9 @@ MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capa
 
 int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens,
                              int64_t max_context, int32_t slots, int64_t device_total, int64_t weights,
-                             int64_t free_after_weights) {
-  const int64_t available = free_after_weights - kMemoryHeadroomBytes - gdn_state_bytes(config, slots);
+                             int64_t free_after_weights, int32_t extra_state_slots) {
+  const int64_t available =
+      free_after_weights - kMemoryHeadroomBytes - gdn_state_bytes(config, slots + extra_state_slots);
   const int64_t longest = (max_context + kKvPageTokens - 1) / kKvPageTokens * kKvPageTokens;
   int64_t chunk = std::clamp(longest, kDefaultPrefillChunk, kMaxAutoPrefillChunk);
   while (chunk > kDefaultPrefillChunk) {
@@ -121,7 +122,7 @@ int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t k
         available) {
       try {
         plan_memory(config, dtype, kv_capacity_tokens, max_context, slots, rows, device_total, weights,
-                    free_after_weights);
+                    free_after_weights, extra_state_slots);
         return chunk;
       } catch (const OutOfMemoryError&) {
         // the KV pool asked for does not fit next to this chunk's workspace: try a smaller chunk

@@ -12,7 +12,7 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 }  // namespace
 
 OutputProcessor::OutputProcessor(Scheduler& scheduler, std::function<void(EngineEvent)> publish,
-                                 std::function<void()> ended)
+                                 std::function<void(JobOutput)> ended)
     : scheduler_(scheduler), publish_(std::move(publish)), ended_(std::move(ended)) {}
 
 void OutputProcessor::absorb(const StepPlan& plan, const StepResult& result) {
@@ -21,6 +21,8 @@ void OutputProcessor::absorb(const StepPlan& plan, const StepResult& result) {
     if (!scheduler_.lane(lane)) continue;  // cancelled since the plan was made
     if (result.failed())
       end_lane(lane, FinishReason::Error, result.error_type, result.error_message);
+    else if (plan.slices[i].row >= 0)
+      absorb_row(plan.slices[i], result.slices[i]);
     else
       absorb_slice(plan.slices[i], result.slices[i]);
   }
@@ -47,8 +49,10 @@ void OutputProcessor::end_lane(int32_t index, FinishReason reason, const std::st
     if (lane.generated > 1)
       ev.timings.decode_tokens_per_s = (lane.generated - 1) / std::max(1e-9, seconds(now - lane.first_token));
   }
-  const bool generating = lane.job.output == JobOutput::Generate;
-  if (!generating) {
+  const JobOutput output = lane.job.output;
+  const bool publishing = output != JobOutput::PromptLogprobs;
+  if (output == JobOutput::Decide && reason == FinishReason::Stop) ev.decision_logprobs = std::move(lane.decision_logprobs);
+  if (output == JobOutput::PromptLogprobs) {
     if (reason == FinishReason::Length)
       lane.job.score_result->set_value(std::move(lane.score_logprobs));
     else
@@ -57,8 +61,22 @@ void OutputProcessor::end_lane(int32_t index, FinishReason reason, const std::st
   }
   scheduler_.finish(index);
   ++counters_.requests_finished;
-  ended_();
-  if (generating) publish_(std::move(ev));
+  ended_(output);
+  if (publishing) publish_(std::move(ev));
+}
+
+// A decision row's chunk: its answer once the suffix is in, then its fork goes back to the lane's reserve; the
+// lane ends with its last answer.
+void OutputProcessor::absorb_row(const PlannedSlice& slice, SliceResult result) {
+  Lane& lane = *scheduler_.lane(slice.lane);
+  DecisionRow& row = *lane.rows[size_t(slice.row)];
+  counters_.tokens_prefilled += slice.end - slice.begin;
+  row.computed = slice.end;
+  if (slice.output != SliceOutput::CandidateLogprobs) return;
+  lane.decision_logprobs[size_t(row.question)] = std::move(result.candidate_logprobs);
+  scheduler_.finish_row(slice.lane, slice.row);
+  if (++lane.answered == static_cast<int32_t>(lane.job.decision.questions.size()))
+    end_lane(slice.lane, FinishReason::Stop);
 }
 
 void OutputProcessor::absorb_slice(const PlannedSlice& slice, const SliceResult& result) {

@@ -20,9 +20,10 @@ struct OutputCounters {
 
 class OutputProcessor {
  public:
-  // `publish` hands an event to the callers; `ended` runs once per request that leaves a lane, after its cache is
-  // freed and before its final event.
-  OutputProcessor(Scheduler& scheduler, std::function<void(EngineEvent)> publish, std::function<void()> ended);
+  // `publish` hands an event to the callers; `ended` runs once per request that leaves a lane (with what the job
+  // produced), after its cache is freed and before its final event.
+  OutputProcessor(Scheduler& scheduler, std::function<void(EngineEvent)> publish,
+                  std::function<void(JobOutput)> ended);
 
   // Applies `result` (for `plan`) to the lanes still running; a failed result ends them all with its error.
   void absorb(const StepPlan& plan, const StepResult& result);
@@ -34,12 +35,13 @@ class OutputProcessor {
  private:
   void absorb_slice(const PlannedSlice& slice, const SliceResult& result);
   void absorb_verified(Lane& lane, const PlannedSlice& slice, const SliceResult& result);
+  void absorb_row(const PlannedSlice& slice, SliceResult result);
   void take_token(Lane& lane, int32_t index, const SampledToken& s);
   void report_progress(const Lane& lane, const PlannedSlice& slice);
 
   Scheduler& scheduler_;
   std::function<void(EngineEvent)> publish_;
-  std::function<void()> ended_;
+  std::function<void(JobOutput)> ended_;
   OutputCounters counters_;
 };
 

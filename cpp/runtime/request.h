@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/prompt_media.h"
 #include "runtime/sampler.h"
 
 namespace ninfer {
@@ -21,6 +22,20 @@ struct GenerationRequest {
   // A Progress event after each prefill chunk (what a UI shows while a long prompt is read); off by default, so
   // consumers that do not ask never see the extra kind of event.
   bool report_progress = false;
+  // Images and videos in the prompt (null: text only); shared, so copying a request does not copy pixels.
+  std::shared_ptr<const PromptMedia> media;
+};
+
+// A decision job: one shared context, prefilled once and forked per question; each question continues it with its
+// own suffix, and its answer is read at the suffix's last token over its candidate tokens only.
+struct DecisionQuestion {
+  std::vector<int32_t> suffix;      // at least one token
+  std::vector<int32_t> candidates;  // the answer tokens, at least one
+};
+
+struct DecisionRequest {
+  std::vector<int32_t> context;  // at least one token
+  std::vector<DecisionQuestion> questions;
 };
 
 enum class FinishReason : uint8_t { None, Stop, Length, Cancelled, Error };
@@ -65,6 +80,8 @@ struct EngineEvent {
   std::vector<std::vector<TokenLogprob>> top_logprobs;  // one list per token when top_logprobs > 0
   FinishReason finish = FinishReason::None;
   std::string error_type, error_message;  // finish == Error: the typed error's class name and message
+  // A decision job's final event (finish Stop): per question, in order, the log-softmax over its candidates.
+  std::vector<std::vector<float>> decision_logprobs;
   Usage usage;
   Timings timings;
 };

@@ -24,8 +24,9 @@ namespace ninfer {
 
 using Clock = std::chrono::steady_clock;
 
-// What a job produces: sampled tokens (events), or the prompt's per-token logprobs (a future).
-enum class JobOutput : uint8_t { Generate, PromptLogprobs };
+// What a job produces: sampled tokens (events), the prompt's per-token logprobs (a future), or a decision's
+// per-question candidate logprobs (its final event).
+enum class JobOutput : uint8_t { Generate, PromptLogprobs, Decide };
 
 // A request waiting in the queue or running in a lane.
 struct Job {
@@ -35,6 +36,18 @@ struct Job {
   std::shared_ptr<std::promise<std::vector<float>>> score_result;  // output PromptLogprobs: the result goes here
   int64_t reservation = 0;  // KV tokens reserved at admission: prompt + max_new_tokens, capped at max_context
   Clock::time_point submitted;
+  // output Decide: the request (its context is also request.prompt), how many questions run at once, and the
+  // pages those rows need beyond the context (reserved at admission with `rows` state slots)
+  DecisionRequest decision;
+  int32_t decision_rows = 0;
+  int64_t decision_pages = 0;
+};
+
+// One question of a decision lane in flight: a fork of the lane's context continued by the question's suffix.
+struct DecisionRow {
+  int32_t question = 0;
+  SequenceCache cache;
+  int64_t computed = 0;  // tokens of context + suffix in `cache`
 };
 
 // A constrained lane's side of the mask exchange with the caller (Engine::provide_mask).
@@ -60,41 +73,67 @@ struct Lane {
   TokenHistory history;
   LaneMask mask;                      // used only when job.request.constrained
   std::vector<float> score_logprobs;  // output PromptLogprobs: logprob of tokens[i + 1], filled chunk by chunk
-  bool speculative = false;           // it drafts with the MTP head (a generation lane, unconstrained, spec on)
-  LaneDrafts drafts;                  // speculative lanes only
+  // It drafts with the MTP head (a generation lane, unconstrained, without media, spec on)
+  bool speculative = false;
+  LaneDrafts drafts;                          // speculative lanes only
+  std::shared_ptr<const EncodedMedia> media;  // the prompt's media rows, encoded at its first slice
   Clock::time_point admitted, first_token;
+  // output Decide: the rows in flight (job.decision_rows places), the reserve they fork from, the next question
+  // to start, and each question's answer once read
+  std::vector<std::optional<DecisionRow>> rows;
+  CacheReserve reserve;
+  int32_t next_question = 0, answered = 0;
+  int64_t decision_held_pages = 0;  // context pages + reserve, for the decision share's accounting
+  std::vector<std::vector<float>> decision_logprobs;
 };
 
 class Scheduler {
  public:
-  // `draft_tokens` > 0: speculative decoding with that many MTP drafts per round (each lane then holds
-  // draft_tokens + 1 step slots for the verify pass's states).
-  Scheduler(int32_t num_lanes, int64_t prefill_chunk, CacheManager& cache, int32_t draft_tokens = 0);
+  // `decision_lanes` more lanes, after the others, run decision jobs only (their own queue too), and chat jobs
+  // leave `decision_pages` KV pages (less what decision jobs hold) free for them: chat traffic cannot starve
+  // decisions, nor decisions chat. `draft_tokens` > 0: speculative decoding with that many MTP drafts per round
+  // (each speculative lane then holds draft_tokens + 1 step slots for the verify pass's states).
+  Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
+            CacheManager& cache, int32_t draft_tokens = 0);
 
-  void enqueue(Job job) { queue_.push_back(std::move(job)); }
-  // Removes a queued job; false when `id` is not queued.
-  bool remove_queued(uint64_t id);
+  void enqueue(Job job) { (job.output == JobOutput::Decide ? decision_queue_ : queue_).push_back(std::move(job)); }
+  // Removes a queued job and returns it; nullopt when `id` is not queued.
+  std::optional<Job> remove_queued(uint64_t id);
   // Moves queue heads into free lanes while their reservation fits; FIFO: a head that does not fit waits, and
-  // so does everything behind it. Returns the lanes filled.
+  // so does everything behind it. Then starts the next questions of decision lanes whose context is in. Returns
+  // the lanes filled.
   std::vector<int32_t> admit();
   StepPlan plan() const;
-  // Frees lane `index` and its cache at once.
+  // Frees lane `index` and its cache (a decision lane's rows and reserve too) at once.
   void finish(int32_t index);
+  // A decision row whose answer was read: its fork goes back to the lane's reserve.
+  void finish_row(int32_t index, int32_t row);
 
   std::optional<Lane>& lane(int32_t index) { return lanes_[index]; }
   int32_t lane_of(uint64_t id) const;  // -1 when no lane runs it
-  int32_t num_lanes() const { return static_cast<int32_t>(lanes_.size()); }
-  int32_t num_busy_lanes() const;
-  int64_t num_queued() const { return static_cast<int64_t>(queue_.size()); }
+  int32_t num_lanes() const { return static_cast<int32_t>(lanes_.size()); }  // decision lanes included
+  int32_t num_busy_lanes() const;  // decision lanes included
+  int32_t num_chat_lanes() const { return chat_lanes_; }
+  int32_t num_busy_chat_lanes() const;
+  int64_t num_queued() const { return static_cast<int64_t>(queue_.size() + decision_queue_.size()); }
   bool idle() const { return num_busy_lanes() == 0; }
-  const std::deque<Job>& queue() const { return queue_; }
+  // Every queued job (close() ends them).
+  std::vector<const Job*> queued() const;
 
  private:
+  void admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t end_lane, std::vector<int32_t>& filled);
+  void start_rows(Lane& lane);
+  void plan_rows(int32_t index, const Lane& lane, std::vector<PlannedSlice>& prefills, int64_t& prefill_tokens) const;
+
+  int64_t decision_pages_unused() const;  // the decision share's pages no decision job holds
+
   int64_t prefill_chunk_;
   int32_t draft_tokens_;
   CacheManager& cache_;
+  int32_t chat_lanes_;
+  int64_t decision_pages_;
   std::vector<std::optional<Lane>> lanes_;
-  std::deque<Job> queue_;
+  std::deque<Job> queue_, decision_queue_;
 };
 
 }  // namespace ninfer

@@ -86,7 +86,18 @@ void StepExecutor::collect(const StepPlan& plan, std::span<const SliceInput> inp
       sample_on_device(plan, inputs, result);
     else
       collect_on_host(plan, inputs, result);
+    collect_candidates(plan, inputs, result);
   });
+}
+
+// The candidate logits come back to the host whatever the backend (a few per question): each readout is their
+// log-softmax, the full vocabulary's normaliser cancelling out.
+void StepExecutor::collect_candidates(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result) {
+  for (size_t i = 0; i < plan.slices.size(); ++i) {
+    if (plan.slices[i].output != SliceOutput::CandidateLogprobs) continue;
+    const float* logits = out_.candidate_logits.data() + out_.candidate_offset[i];
+    result.slices[i].candidate_logprobs = log_softmax(std::span<const float>(logits, inputs[i].item.candidates.size()));
+  }
 }
 
 void StepExecutor::sample_on_device(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result) {
@@ -116,6 +127,7 @@ void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceIn
   for (size_t i = 0; i < plan.slices.size(); ++i) {
     const PlannedSlice& s = plan.slices[i];
     const SliceInput& in = inputs[i];
+    if (!in.item.candidates.empty()) continue;  // no logits rows: collect_candidates reads it
     const float* rows = out_.logits.data() + out_.row_offset[i] * vocab;
     if (in.drafts) keep_hidden(i, s, result.slices[i]);
     if (s.kind == SliceKind::Verify && in.sample) {

@@ -49,6 +49,7 @@ class StepExecutor {
   void collect_on_host(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
   void draft(const StepPlan& plan, std::span<const SliceInput> inputs, std::vector<ForwardItem>& items);
   void keep_hidden(size_t slice, const PlannedSlice& s, SliceResult& result) const;
+  void collect_candidates(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
 
   Model& model_;
   CachePools& pools_;

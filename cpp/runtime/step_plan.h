@@ -21,6 +21,9 @@ enum class SliceOutput : uint8_t {
   None,            // a prefill chunk with more prompt after it
   Sample,          // the next token, from the last row's logits
   PromptLogprobs,  // logprob of each next prompt token, from every row's logits (scoring)
+  // Log-softmax over the question's candidate tokens at the last row, projected onto those lm-head rows alone
+  // (a decision readout: no full-vocabulary logits)
+  CandidateLogprobs,
 };
 
 // Forward tokens[begin, end) of lane `lane`.
@@ -30,6 +33,7 @@ struct PlannedSlice {
   SliceKind kind = SliceKind::Prefill;
   SliceOutput output = SliceOutput::None;
   int32_t drafts = 0;  // kind Verify: the drafts after tokens[begin] (the slice forwards drafts + 1 tokens)
+  int32_t row = -1;  // a decision lane's question row (a fork of the lane's context); -1: the lane's own sequence
 };
 
 struct StepPlan {
@@ -43,6 +47,7 @@ struct SliceResult {
   std::vector<SampledToken> verified;
   // Speculative lanes: the target's final-normed hidden of the rows the lane keeps (the MTP head's next input).
   std::vector<float> hidden;
+  std::vector<float> candidate_logprobs;  // output CandidateLogprobs: one per candidate, in the question's order
 };
 
 struct StepResult {

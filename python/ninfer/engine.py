@@ -17,7 +17,6 @@ the GIL: a daemon thread woken inside a native call after that point aborts the 
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
 import time
 import weakref
@@ -25,14 +24,14 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Self
 
 import numpy as np
-import tokenizers
 
 from ninfer import _engine, errors
 from ninfer.artifact.reader import read_artifact
-from ninfer.frontend.chat import ChatTemplate, RenderedPrompt
+from ninfer.frontend.text import Frontend
+from ninfer.frontend.vision_prompt import PromptMedia
 
 _PUMP_WAIT_S = 0.05
 _KV_CAPACITY_AUTO = -1  # the C++ engine's kKvCapacityAuto
@@ -57,6 +56,10 @@ class EngineOptions:
     kv_capacity: int | Literal["auto"] | None = None
     max_concurrency: int = 1  # lanes, 1..8
     max_queue: int = 16  # requests that may wait for a lane
+    # lanes that run decision jobs only (their own queue of max_queue places), 0..8; 0 refuses decisions
+    decision_lanes: int = 1
+    # questions of one decision job in flight at once (forks of its context), 1..64; more run as rounds
+    decision_rows: int = 4
     kv_dtype: str = "bf16"  # f32 | bf16 | fp8 | int8
     # tokens per prefill chunk, a multiple of 64; 0 = auto: 512 on the CPU backend, on CUDA the largest chunk up to
     # 8192 the memory plan allows (memory_plan()["prefill_chunk"] says which). Decoding lanes wait at most one chunk.
@@ -73,6 +76,7 @@ class EngineOptions:
     # the cpu backend only for now: docs/speculative-decoding.md)
     spec: str = "none"
     draft_tokens: int = 3
+    vision: bool = False  # load the vision tower: prompts may carry images and video (cpu backend for now)
 
 
 # The sampler's stage names (llama.cpp's), and the order a request that names none runs them in.
@@ -126,6 +130,7 @@ class Request:
     top_logprobs: int = 0
     constraint: TokenConstraint | None = None  # used by one request only: it keeps state
     report_progress: bool = False  # a progress event (GenerationEvent.progress) after each prefill chunk
+    media: PromptMedia | None = None  # the prompt's images / videos (frontend.vision_prompt.prompt_media)
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,8 @@ class EngineStats:
     resident_bytes: int
     draft_tokens: int = 0  # speculative decoding, over all requests: drafts verified
     draft_tokens_accepted: int = 0  # and accepted
+    decision_lanes: int = 0
+    busy_decision_lanes: int = 0
 
 
 @dataclass(frozen=True)
@@ -206,106 +213,6 @@ class ModelInfo:
     encoding: dict[str, Any]
 
 
-def _tokenizer(source: Any) -> tokenizers.Tokenizer:
-    """The artifact's tokenizer.json; a bad one (its checksum can be valid: the writer's input was bad) is an
-    ArtifactError, not the tokenizers library's multi-line exception."""
-    if not isinstance(source, str):
-        raise errors.ArtifactError(f"the artifact's tokenizer is a {type(source).__name__}, not tokenizer.json text")
-    try:
-        return tokenizers.Tokenizer.from_str(source)
-    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exception for every parse error
-        reason = " ".join(str(exc).split())[:200]
-        raise errors.ArtifactError(f"the artifact's tokenizer.json is not a valid tokenizer: {reason}") from None
-
-
-class Frontend:
-    """What the artifact says about text: tokenizer, chat template, special tokens and generation defaults."""
-
-    def __init__(self, frontend: Mapping[str, Any], eos_token_ids: Sequence[int]) -> None:
-        source = frontend.get("tokenizer_json")
-        # Artifacts converted from a checkpoint without a tokenizer take and give token ids only.
-        self.tokenizer = None if source is None else _tokenizer(source)
-        special = frontend.get("special_tokens") or {}
-        self.eos_token_ids: tuple[int, ...] = tuple(special.get("eos") or eos_token_ids)
-        self.bos_token_id: int | None = special.get("bos")
-        self.generation_defaults: dict[str, Any] = dict(frontend.get("generation_defaults") or {})
-        self._token_texts: list[str] | None = None
-        self._containing: dict[tuple[str, ...], tuple[int, ...]] = {}
-        templates = frontend.get("chat_templates") or {}
-        source = templates.get("default")
-        self.chat_template = None if source is None else ChatTemplate(
-            source, bos_token=self._token_text(self.bos_token_id),
-            eos_token=self._token_text(self.eos_token_ids[0] if self.eos_token_ids else None))
-
-    @functools.cached_property
-    def max_token_chars(self) -> int:
-        """The most characters of text one token can stand for: the longest vocabulary entry (added tokens
-        included). Byte-level and metaspace vocabularies spell each token with at least one character per character
-        it decodes to, so a text of N characters has at least N / max_token_chars tokens."""
-        tokenizer = self._require_tokenizer()
-        return max(1, max(len(piece) for piece in tokenizer.get_vocab(with_added_tokens=True)))
-
-    def _token_text(self, token_id: int | None) -> str:
-        if token_id is None or self.tokenizer is None:
-            return ""
-        return self.tokenizer.id_to_token(token_id) or ""
-
-    def _require_tokenizer(self) -> tokenizers.Tokenizer:
-        if self.tokenizer is None:
-            raise errors.EngineError("this model's artifact has no tokenizer: send token ids")
-        return self.tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        """Text (a rendered prompt, with its special tokens written out) -> ids; no BOS is added."""
-        return self._require_tokenizer().encode(text, add_special_tokens=False).ids
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self._require_tokenizer().decode(list(token_ids), skip_special_tokens=skip_special_tokens)
-
-    def tokens_containing(self, pieces: tuple[str, ...]) -> tuple[int, ...]:
-        """The ids of the tokens whose text contains one of `pieces` (DRY's sequence breakers), sorted; the
-        vocabulary is decoded once per model."""
-        if pieces not in self._containing:
-            if self._token_texts is None:
-                tokenizer = self._require_tokenizer()
-                ids = [[i] for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
-                self._token_texts = tokenizer.decode_batch(ids, skip_special_tokens=False)
-            self._containing[pieces] = tuple(i for i, text in enumerate(self._token_texts)
-                                             if any(piece in text for piece in pieces))
-        return self._containing[pieces]
-
-    def render(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> RenderedPrompt:
-        """Chat messages -> prompt text through the artifact's template (tools, enable_thinking, ...)."""
-        if self.chat_template is None:
-            raise errors.EngineError("this model has no chat template; send a plain prompt")
-        return self.chat_template.render(messages, **options)
-
-
-class TextStream:
-    """Turns a growing list of token ids into text deltas, holding back an incomplete UTF-8 character.
-
-    Incremental: a step decodes only the tokens since the last delta, together with the tokens of that delta as
-    context (a decoder may render a token differently at the start of a text, e.g. a SentencePiece word's leading
-    space), so a whole generation costs linear, not quadratic, decoding."""
-
-    def __init__(self, frontend: Frontend) -> None:
-        self._frontend = frontend
-        self._tokens: list[int] = []
-        self._context = 0  # tokens[_context:_emitted] produced the last delta: context for the next decode
-        self._emitted = 0  # tokens before this index are in the text already given out
-
-    def push(self, token_ids: Sequence[int]) -> str:
-        self._tokens.extend(token_ids)
-        # Both windows start where the text was complete (a delta never ends inside a character), so their
-        # decodes are a prefix of, and the tail of, the whole text's decode.
-        context = self._frontend.decode(self._tokens[self._context:self._emitted])
-        text = self._frontend.decode(self._tokens[self._context:])
-        if text.endswith("\ufffd") or len(text) <= len(context):
-            return ""
-        self._context, self._emitted = self._emitted, len(self._tokens)
-        return text[len(context):]
-
-
 def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     if options.backend not in BACKENDS:
         raise errors.EngineError(f"unknown backend {options.backend!r} (use {', '.join(BACKENDS)})")
@@ -321,10 +228,13 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     native.kv_capacity = _KV_CAPACITY_AUTO if options.kv_capacity == "auto" else options.kv_capacity or 0
     native.max_concurrency = options.max_concurrency
     native.max_queue = options.max_queue
+    native.decision_lanes = options.decision_lanes
+    native.decision_rows = options.decision_rows
     native.kv_dtype = options.kv_dtype
     native.prefill_chunk = options.prefill_chunk
     native.threads = options.threads
     native.verify_checksums = options.verify_checksums
+    native.vision = options.vision
     return native
 
 
@@ -378,6 +288,11 @@ def _native_request(request: Request, default_stops: Sequence[int], vocab_size: 
     native.stop_token_ids = list(stops)
     native.constrained = request.constraint is not None
     native.report_progress = request.report_progress
+    if request.media is not None:
+        m = request.media
+        native.set_media([(np.ascontiguousarray(item.pixel_values, dtype=np.float32), tuple(item.grid_thw), list(starts))
+                          for item, starts in zip(m.inputs, m.group_starts, strict=True)],
+                         np.ascontiguousarray(m.positions.T), m.delta)
     return native
 
 
@@ -445,6 +360,7 @@ class _EventPump:
                     if route is not None:
                         _deliver(route, ev)
                     if ev.finish != "none":
+                        self.routes.pop(ev.request_id, None)
                         self.constraints.pop(ev.request_id, None)
                         watcher = self.freed_watchers.pop(ev.request_id, None)
                         if watcher is not None:
@@ -476,6 +392,74 @@ class _EventPump:
             self.thread.join()
 
 
+class GenerationObserver(Protocol):
+    """Follows one request (Engine.submit's `observer`): the server's per-call activity for /slots and control."""
+
+    def submitted(self, request_id: int) -> None: ...
+
+    def received(self, event: GenerationEvent) -> None: ...
+
+    def ended(self) -> None: ...  # the stream is closed, finished or not, or the submit was refused
+
+
+class RequestStream:
+    """The events of one submitted request (`Engine.submit`), in order; the last has `finish_reason`. An engine
+    error that ends the request is raised from the iteration. `aclose()` (which leaving `generate` early calls)
+    cancels the request if it has not finished."""
+
+    def __init__(self, engine: Engine, request_id: int, queue: asyncio.Queue, observer: GenerationObserver | None,
+                 on_cancel_freed: Callable[[float], None] | None) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue = queue
+        self._observer = observer
+        self._on_cancel_freed = on_cancel_freed
+        self._received = 0
+        self._finished = False
+        self._closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        if self._finished or self._closed:
+            raise StopAsyncIteration
+        ev = await self._queue.get()
+        self._finished = ev.finish != "none"
+        if ev.finish == "error":
+            error = _error(ev.error_type, ev.error_message)
+            self._engine._report_failure(error, started=self._received > 0)
+            await self.aclose()
+            raise error
+        self._received += 1
+        event = _event(ev)
+        if self._observer is not None:
+            self._observer.received(event)
+        if self._finished:
+            await self.aclose()
+        return event
+
+    def __del__(self) -> None:
+        # A stream dropped unread (a response that never began reading it) must not leave its request running.
+        if not (self._finished or self._closed):
+            self._engine.cancel(self.request_id)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        pump = self._engine._pump
+        with pump.lock:
+            pump.routes.pop(self.request_id, None)
+            if not self._finished and self._on_cancel_freed is not None:  # before the cancel, whose event may
+                pump.freed_watchers[self.request_id] = self._on_cancel_freed  # come at once
+        if not self._finished and not self._engine.cancel(self.request_id):
+            with pump.lock:  # it had ended already: no final event is coming
+                pump.freed_watchers.pop(self.request_id, None)
+        if self._observer is not None:
+            self._observer.ended()
+
+
 # The share of a load done after each of its steps, as `Engine(..., progress=)` reports it. The native loader has no
 # progress callback of its own; its one step (mapping the artifact, checking and placing every tensor) is most of a
 # load, and building the tokenizer, which takes seconds for large vocabularies, comes after it.
@@ -497,7 +481,7 @@ class Engine:
         report(LOAD_PROGRESS["weights"])
         self.options = options
         try:
-            self.frontend = Frontend(artifact.frontend, native.eos_token_ids)
+            self.frontend = Frontend(artifact.frontend, native.eos_token_ids, vision=options.vision)
         except errors.ArtifactError as exc:
             native.close()  # its memory now, not at garbage collection
             raise errors.ArtifactError(f"{path}: {exc}") from None
@@ -505,11 +489,15 @@ class Engine:
         config = artifact.config
         self.info = ModelInfo(
             path=str(path), arch=config["arch"], max_context=options.max_context, vocab_size=config["vocab_size"],
-            num_layers=config["num_layers"], hidden_size=config["hidden_size"], modalities=("text",),
+            num_layers=config["num_layers"], hidden_size=config["hidden_size"],
+            modalities=("text", "image", "video") if options.vision else ("text",),
             kv_dtype=options.kv_dtype, max_concurrency=options.max_concurrency,
             artifact_bytes=Path(path).stat().st_size,
             encoding={"recipe": artifact.recipe.get("name"),
                       "tensors": dict(Counter(t["encoding"] for t in artifact.tensors))})
+        # Told of each request the engine refused or ended with an error: (error, whether it had started, i.e.
+        # produced an event first). The router records the server-side ones for the dashboard.
+        self.on_failure: Callable[[errors.NinferError, bool], None] | None = None
         self._native = native
         self._pump = _EventPump(native)
         self._finalizer = weakref.finalize(self, _EventPump.close, self._pump)
@@ -529,43 +517,48 @@ class Engine:
         after each step of the load (LOAD_PROGRESS)."""
         return await asyncio.to_thread(cls, path, options or EngineOptions(), progress)
 
-    def submit(self, request: Request) -> tuple[int, asyncio.Queue]:
-        """Queues a request from inside a running event loop; returns its id and the queue its events reach."""
+    def submit(self, request: Request, *, observer: GenerationObserver | None = None,
+               on_cancel_freed: Callable[[float], None] | None = None) -> RequestStream:
+        """Queues a request from inside a running event loop and returns its event stream. What the engine refuses
+        at admission (a full queue: EngineBusyError; a request that can never fit: CapacityError; an invalid value:
+        EngineError) is raised here, before any event. `observer` is told of the request's events as they are read;
+        `on_cancel_freed`: see `generate`."""
         if self._closed:
             raise errors.EngineError("the engine is closed")
-        native = _native_request(request, self.frontend.eos_token_ids, self.info.vocab_size)
-        queue: asyncio.Queue = asyncio.Queue()
-        pump = self._pump
-        with pump.lock:
-            request_id = self._native.submit(native)
-            pump.routes[request_id] = (asyncio.get_running_loop(), queue)
-            if request.constraint is not None:
-                pump.constraints[request_id] = (request.constraint, np.zeros(pump.mask_words, dtype=np.uint32))
-        return request_id, queue
+        try:
+            native = _native_request(request, self.frontend.eos_token_ids, self.info.vocab_size)
+            queue: asyncio.Queue = asyncio.Queue()
+            pump = self._pump
+            with pump.lock:
+                request_id = self._native.submit(native)
+                pump.routes[request_id] = (asyncio.get_running_loop(), queue)
+                if request.constraint is not None:
+                    pump.constraints[request_id] = (request.constraint, np.zeros(pump.mask_words, dtype=np.uint32))
+        except errors.NinferError as exc:
+            self._report_failure(exc, started=False)
+            if observer is not None:
+                observer.ended()
+            raise
+        if observer is not None:
+            observer.submitted(request_id)
+        return RequestStream(self, request_id, queue, observer, on_cancel_freed)
+
+    def _report_failure(self, exc: errors.NinferError, *, started: bool) -> None:
+        if self.on_failure is not None:
+            self.on_failure(exc, started)
 
     async def generate(self, request: Request, on_cancel_freed: Callable[[float], None] | None = None
                        ) -> AsyncIterator[GenerationEvent]:
-        """Streams the request's events. Leaving the loop early (or being cancelled) cancels the request; then
-        `on_cancel_freed`, if given, is called on the pump thread with the `time.perf_counter()` at which the
-        engine's final event arrived, i.e. its lane (or queue place) was free (the server times disconnects so)."""
-        request_id, queue = self.submit(request)
-        finished = False
+        """Streams the request's events (submitted at the first step: use `submit` to have admission errors at
+        once). Leaving the loop early (or being cancelled) cancels the request; then `on_cancel_freed`, if given, is
+        called on the pump thread with the `time.perf_counter()` at which the engine's final event arrived, i.e. its
+        lane (or queue place) was free (the server times disconnects so)."""
+        stream = self.submit(request, on_cancel_freed=on_cancel_freed)
         try:
-            while not finished:
-                ev = await queue.get()
-                finished = ev.finish != "none"
-                if ev.finish == "error":
-                    raise _error(ev.error_type, ev.error_message)
-                yield _event(ev)
+            async for event in stream:
+                yield event
         finally:
-            pump = self._pump
-            with pump.lock:
-                pump.routes.pop(request_id, None)
-                if not finished and on_cancel_freed is not None:  # before the cancel, whose event may come at once
-                    pump.freed_watchers[request_id] = on_cancel_freed
-            if not finished and not self.cancel(request_id):
-                with pump.lock:  # it had ended already: no final event is coming
-                    pump.freed_watchers.pop(request_id, None)
+            await stream.aclose()
 
     def cancel(self, request_id: int) -> bool:
         """Ends a queued or running request; its lane and KV are free by the time its last event arrives."""
@@ -580,6 +573,41 @@ class Engine:
             raise errors.EngineError("the engine is closed")
         return list(self._native.score(list(token_ids)))
 
+    async def decide(self, context: Sequence[int], questions: Sequence[tuple[Sequence[int], Sequence[int]]]
+                     ) -> list[list[float]]:
+        """A decision job: `context` prefilled once and forked per question; each question `(suffix, candidates)`
+        answers the log-softmax over its candidate tokens at its suffix's last token (lm-head rows of the candidates
+        only). Cancelling the caller cancels the job, which frees its lane, rows and pages."""
+        if self._closed:
+            raise errors.EngineError("the engine is closed")
+        native = _engine.DecisionRequest()
+        native.context = list(context)
+        rows = []
+        for suffix, candidates in questions:
+            q = _engine.DecisionQuestion()
+            q.suffix, q.candidates = list(suffix), list(candidates)
+            rows.append(q)
+        native.questions = rows
+        queue: asyncio.Queue = asyncio.Queue()
+        pump = self._pump
+        with pump.lock:
+            request_id = self._native.submit_decision(native)
+            pump.routes[request_id] = (asyncio.get_running_loop(), queue)
+        finished = False
+        try:
+            ev = await queue.get()
+            finished = True
+            if ev.finish == "error":
+                raise _error(ev.error_type, ev.error_message)
+            if ev.finish != "stop":
+                raise errors.EngineError(f"the decision ended without answers ({ev.finish})")
+            return [list(lp) for lp in ev.decision_logprobs]
+        finally:
+            with pump.lock:
+                pump.routes.pop(request_id, None)
+            if not finished:
+                self.cancel(request_id)
+
     def memory_plan(self) -> dict[str, Any]:
         """The device memory plan in bytes (weights, kv_pool, gdn_states, workspace, headroom), the KV capacity,
         the CUDA graphs' measured bytes, count and replays, and a one-line `summary`; backend "cpu": host memory."""
@@ -589,13 +617,14 @@ class Engine:
         s = self._native.stats()
         return EngineStats(s.lanes, s.busy_lanes, s.queued, s.kv_capacity_tokens, s.kv_free_tokens,
                            s.free_state_slots, s.requests_finished, s.tokens_generated, s.tokens_prefilled,
-                           s.resident_bytes, s.draft_tokens, s.draft_tokens_accepted)
+                           s.resident_bytes, s.draft_tokens, s.draft_tokens_accepted, s.decision_lanes,
+                           s.busy_decision_lanes)
 
     def close(self) -> None:
         """Ends every request (`cancelled`), stops the threads and frees the model. Idempotent."""
         self._finalizer()
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -138,6 +138,25 @@ def test_gemv_mma_takes_activations_at_any_float_offset(weights, case, impl: str
                                           err_msg=f"{name} rows={rows} x_offset={offset}")
 
 
+@pytest.mark.parametrize("case", [c for c in WEIGHTS if takes_mma(c) and c[0] == "bf16"], ids=case_id)
+def test_gemv_mma_register_split_equals_planes(weights, case) -> None:
+    """v5 splits bf16 weights' activations in registers; "mma_planes" reads the split kernel's planes instead (the
+    quantized encodings always do). Both give the same bits: rows of very different magnitudes, an all-zero row,
+    aligned and misaligned activations, 1-4 and 5-8 rows (the two kernels of v5)."""
+    art, _ = weights
+    name = f"real/{case_id(case)}"
+    rng = np.random.default_rng()
+    for rows in range(1, 9):
+        x = (rng.standard_normal((rows, case[3])) * 10.0 ** rng.uniform(-6, 6, size=(rows, 1))).astype(np.float32)
+        if rows >= 3:
+            x[rng.integers(rows)] = 0.0
+        for offset in (0, 1):
+            np.testing.assert_array_equal(
+                _engine.cuda.linear(x, art, name, "mma", x_offset=offset),
+                _engine.cuda.linear(x, art, name, "mma_planes", x_offset=offset),
+                err_msg=f"{name} rows={rows} x_offset={offset}")
+
+
 def test_gemv_mma_refuses_what_it_does_not_take(weights) -> None:
     art, _ = weights
     from ninfer.errors import EngineError
@@ -182,3 +201,58 @@ def test_gdn_decode_matches_cpu_recurrence(hk: int, hv: int, dk: int, dv: int) -
             states_cpu[b] = new_state
             np.testing.assert_allclose(out_gpu[b], out_cpu[0], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(states_gpu, states_cpu, rtol=1e-4, atol=1e-5)
+
+
+# Weights whose decode GEMV reads split planes (the fp16 kinds: every tensor-core encoding but bf16).
+PLANES_CASES = [c for c in WEIGHTS if takes_mma(c) and c[0] != "bf16"]
+
+
+def _residual_rows(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(hidden, delta, norm weight): rows 10^-6..10^6 apart, so that the fp16 row exponents differ."""
+    scale = 10.0 ** rng.uniform(-6, 6, size=(rows, 1))
+    hidden = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+    delta = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+    return hidden, delta, rng.standard_normal(cols).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", PLANES_CASES, ids=case_id)
+def test_add_rmsnorm_writes_the_split_planes(weights, case) -> None:
+    """The norm that writes the decode GEMV's split planes itself gives the same hidden, output and plane bits as
+    the norm followed by the split kernel (its twin), at 1..8 rows, including an all-zero row."""
+    art, _ = weights
+    name = f"real/{case_id(case)}"
+    rng = np.random.default_rng()
+    for rows in range(1, 9):
+        hidden, delta, w = _residual_rows(rng, rows, case[3])
+        if rows >= 3:
+            zero = rng.integers(rows)
+            hidden[zero], delta[zero] = 0.0, 0.0
+        fused = _engine.cuda.add_rmsnorm_planes(hidden, delta, w, art, name, True)
+        twin = _engine.cuda.add_rmsnorm_planes(hidden, delta, w, art, name, False)
+        np.testing.assert_array_equal(fused[0], twin[0], err_msg=f"{name} rows={rows}: hidden")
+        np.testing.assert_array_equal(fused[1], twin[1], err_msg=f"{name} rows={rows}: out")
+        assert fused[2] == twin[2], f"{name} rows={rows}: planes differ"
+
+
+# Projections sharing one normed input (the first is the one norm_feeds names).
+FEEDING_GROUPS = [[f"real/{case_id(c)}"] for c in PLANES_CASES] + [
+    ["real/nvfp4-3x1024", "real/bf16-70x1024"],  # planes for the first weight's kind, bf16 split in registers
+    ["real/int4-g128-67x4096", "real/int8-g128-3x4096"],  # two fp16 kinds on one input: the second splits again
+]
+
+
+@pytest.mark.parametrize("group", FEEDING_GROUPS, ids=lambda g: "+".join(n.split("/")[1] for n in g))
+def test_norm_feeding_projections_equals_its_twin(weights, group) -> None:
+    """A decode layer's add_rmsnorm with the norm_feeds hint, then the projections on its output: the CUDA backend
+    (the norm writes the planes) gives the bits of its reference twin (norm, then split kernel), 1..8 rows."""
+    art, _ = weights
+    rng = np.random.default_rng()
+    cols = next(c[3] for c in WEIGHTS if f"real/{case_id(c)}" == group[0])
+    fast, twin = _engine.cuda.Ops("cuda"), _engine.cuda.Ops("cuda-reference")
+    for rows in (1, 2, 4, 5, 8):
+        hidden, delta, w = _residual_rows(rng, rows, cols)
+        got = fast.add_rmsnorm_linear(hidden, delta, rows, cols, w, True, 1e-6, art, group)
+        want = twin.add_rmsnorm_linear(hidden, delta, rows, cols, w, True, 1e-6, art, group)
+        np.testing.assert_array_equal(got[1], want[1], err_msg=f"{group} rows={rows}: out")
+        for name, y, y_twin in zip(group, got[2], want[2]):
+            np.testing.assert_array_equal(y, y_twin, err_msg=f"{name} rows={rows}")

@@ -285,8 +285,9 @@ def test_memory_plan_auto_capacity(tiny_artifacts):
         plan = engine.memory_plan()
         assert plan["backend"] == "cuda"
         assert plan["weights"] > 0
-        # Tiny model, big device: auto capacity is capped at max_context * lanes, in whole pages.
-        assert plan["kv_capacity_tokens"] == 4096 * 3
+        # Tiny model, big device: auto capacity is capped at max_context * lanes (the decision lane's too), in
+        # whole pages.
+        assert plan["kv_capacity_tokens"] == 4096 * 4
         assert engine.stats().kv_capacity_tokens == plan["kv_capacity_tokens"]
         assert "weights" in plan["summary"] and "KV pool" in plan["summary"]
 

@@ -16,7 +16,7 @@ import pytest
 from live_servers import SETTLE_S, artifact_for, serve_router, wait_until
 from ninfer.engine import Request, SamplingParams
 from ninfer.errors import EngineBusyError, EngineError, OutOfMemoryError
-from ninfer.serve.router import _failure
+from ninfer.serve.calls import failure_summary
 
 LONG = 600  # tokens: far longer than the test holds the generation (it is cancelled when its stream closes)
 
@@ -127,4 +127,4 @@ def test_a_generation_ended_by_an_engine_error_is_a_recent_error(server) -> None
     (EngineError("token id 99999 is outside the vocabulary"), False, None),  # the client's 400: not listed
 ])
 def test_which_engine_errors_are_recent_errors(error: EngineError, started: bool, expected: str | None) -> None:
-    assert _failure(error, started=started) == expected
+    assert failure_summary(error, started=started) == expected

@@ -17,15 +17,8 @@ import httpx
 import pytest
 from live_servers import SETTLE_S, serve_cli, serve_router, two_models, wait_until
 from ninfer.engine import EngineOptions
-from ninfer.serve.router import (
-    LOADED,
-    TICK_S,
-    UNLOADED,
-    ModelRouter,
-    RouterConfigError,
-    TrackedEngine,
-    parse_config,
-)
+from ninfer.serve.router import LOADED, TICK_S, UNLOADED, ModelRouter
+from ninfer.serve.router_config import RouterConfigError, parse_config
 
 
 def chat(client: httpx.Client, model: str, max_tokens: int = 4, **extra) -> httpx.Response:
@@ -39,9 +32,7 @@ def statuses(client: httpx.Client) -> dict[str, str]:
 
 
 def engine_of(server, name: str):
-    served = next(e.served for e in server.router.entries if e.name == name)
-    assert isinstance(served.engine, TrackedEngine)
-    return served.engine.wrapped
+    return next(e.served for e in server.router.entries if e.name == name).engine
 
 
 def test_lazy_load_then_swap_frees_the_previous_engine(smollm2: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 from live_servers import SETTLE_S, serve_router, two_models, wait_until
 from ninfer.engine import Engine, EngineOptions
-from ninfer.serve.router import DEFAULT_SSE_PING_S, parse_config
+from ninfer.serve.router_config import DEFAULT_SSE_PING_S, parse_config
 
 LOAD_S = 120.0  # bound on a real load of SmolLM2 on a loaded 2-core machine
 

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from live_servers import artifact_for, serve_router, wait_until
-from ninfer.serve.sampling_defaults import QWEN35_THINKING
+from ninfer.frontend.sampling_defaults import QWEN35_THINKING
 
 ALPHA_MAX_TOKENS = 7
 

@@ -10,7 +10,8 @@ import pytest
 from engine_helpers import collect, run_alone
 
 from ninfer import errors
-from ninfer.engine import Engine, EngineOptions, Request, SamplingParams, TextStream
+from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+from ninfer.frontend.text import TextStream
 
 
 def greedy(prompt, n):
@@ -28,7 +29,8 @@ def test_open_is_async_and_info_describes_the_model(tiny_qwen35_artifact):
     info, stats = asyncio.run(main())
     assert (info.arch, info.max_context, info.vocab_size, info.num_layers) == ("qwen3_5", 512, 248320, 8)
     assert info.modalities == ("text",) and info.artifact_bytes > 0
-    assert (stats.lanes, stats.busy_lanes, stats.kv_capacity_tokens) == (2, 0, 1024)
+    # 2 chat lanes and the decision lane, a context of KV each
+    assert (stats.lanes, stats.busy_lanes, stats.decision_lanes, stats.kv_capacity_tokens) == (2, 0, 1, 1536)
     assert stats.resident_bytes > 0
 
 

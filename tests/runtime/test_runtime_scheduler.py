@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 from engine_helpers import collect, run_alone, run_together
-from tiny_models import load_reference_model
-
 from ninfer import errors
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+from tiny_models import load_reference_model
 
 MODELS = ["tiny_llama_artifact", "tiny_qwen35_artifact"]
 
@@ -94,30 +93,29 @@ def test_cancel_mid_prefill_and_mid_decode_frees_lane_and_kv(tiny_qwen35_artifac
         other = Request(random_prompt(rng, 40, vocab), SamplingParams(temperature=0), max_new_tokens=60,
                         stop_token_ids=())
         (other_alone,) = run_alone(engine, [other])
-        capacity = engine.stats().kv_capacity_tokens
+        capacity, idle_slots = engine.stats().kv_capacity_tokens, engine.stats().free_state_slots
         assert engine.stats().kv_free_tokens == capacity
 
         async def main():
             other_task = asyncio.ensure_future(collect(engine, other))
             # Mid-prefill: a long prompt, cancelled once some of it is in the cache but before its first token.
-            long_id, long_queue = engine.submit(Request(random_prompt(rng, 3000, vocab), max_new_tokens=5))
+            long = engine.submit(Request(random_prompt(rng, 3000, vocab), max_new_tokens=5))
             before = engine.stats().tokens_prefilled
             while engine.stats().tokens_prefilled < before + 200:
                 await asyncio.sleep(0.0002)
-            assert engine.cancel(long_id)
-            ev = await long_queue.get()
-            assert (ev.finish, ev.usage.generated_tokens) == ("cancelled", 0)
+            assert engine.cancel(long.request_id)
+            ev = await anext(long)
+            assert (ev.finish_reason, ev.usage.generated_tokens) == ("cancelled", 0)
             mid_prefill = engine.stats()
             # Mid-decode: cancelled after 3 tokens.
-            decode_id, decode_queue = engine.submit(Request(random_prompt(rng, 20, vocab), max_new_tokens=500,
-                                                            stop_token_ids=()))
+            decode = engine.submit(Request(random_prompt(rng, 20, vocab), max_new_tokens=500, stop_token_ids=()))
             seen = 0
             while seen < 3:
-                seen += len((await decode_queue.get()).tokens)
-            assert engine.cancel(decode_id)
-            while (ev := await decode_queue.get()).finish == "none":
+                seen += len((await anext(decode)).token_ids)
+            assert engine.cancel(decode.request_id)
+            while (ev := await anext(decode)).finish_reason is None:
                 pass
-            assert ev.finish == "cancelled" and 3 <= ev.usage.generated_tokens < 500
+            assert ev.finish_reason == "cancelled" and 3 <= ev.usage.generated_tokens < 500
             mid_decode = engine.stats()
             return mid_prefill, mid_decode, (await other_task)[0]
 
@@ -128,7 +126,7 @@ def test_cancel_mid_prefill_and_mid_decode_frees_lane_and_kv(tiny_qwen35_artifac
             assert s.kv_free_tokens >= capacity - 128
         assert other_tokens == other_alone
         final = engine.stats()
-        assert (final.busy_lanes, final.kv_free_tokens, final.free_state_slots) == (0, capacity, 4)
+        assert (final.busy_lanes, final.kv_free_tokens, final.free_state_slots) == (0, capacity, idle_slots)
         assert engine.cancel(10**9) is False
 
 
@@ -143,22 +141,16 @@ def test_admission_busy_capacity_and_invalid_values(tiny_llama_artifact):
         (ok_alone,) = run_alone(engine, [ok])
 
         async def flood():
-            queues, busy = [], 0
+            streams, busy = [], 0
             for _ in range(6):
                 try:
-                    queues.append(engine.submit(ok)[1])
+                    streams.append(engine.submit(ok))
                 except errors.EngineBusyError as exc:
                     assert "2 lanes and 2 queue places" in str(exc)
                     busy += 1
             outputs = []
-            for q in queues:
-                tokens = []
-                while True:
-                    ev = await q.get()
-                    tokens.extend(ev.tokens)
-                    if ev.finish != "none":
-                        break
-                outputs.append(tokens)
+            for stream in streams:
+                outputs.append([t async for ev in stream for t in ev.token_ids])
             return busy, outputs
 
         busy, outputs = asyncio.run(flood())

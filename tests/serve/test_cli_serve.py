@@ -35,7 +35,6 @@ def _serve_command(*args: str) -> list[str]:
         (["--draft-tokens", "4"], "--draft-tokens needs --spec mtp"),
         (["--spec", "mtp", "--draft-tokens", "0"], "--draft-tokens must be in 1..5, got 0"),
         (["--spec", "mtp", "--draft-tokens", "6"], "--draft-tokens must be in 1..5, got 6"),
-        (["--vision"], "--vision: vision input is not implemented yet"),
         (["--host-kv-mib", "512"], "--host-kv-mib: host KV offload is not implemented yet"),
         (["--reserve-gib", "0"], "--reserve-gib:"),
         (["--device-state-slots", "0"], "--device-state-slots:"),

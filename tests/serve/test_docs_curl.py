@@ -217,10 +217,38 @@ def check_count_tokens(answer: dict, _: dict) -> None:
     assert set(answer) == {"input_tokens"} and answer["input_tokens"] > 0
 
 
+def check_decisions(answer: dict, request: dict) -> None:
+    assert list(answer) == ["model", "answers", "usage"] and list(answer["answers"]) == list(request["questions"])
+    for key, a in answer["answers"].items():
+        assert a["type"] == request["questions"][key]["type"]
+        p = [a["noul"]] if a["type"] == "noul" else list(a["probabilities"].values())
+        assert all(0 <= x <= 1 for x in p) and (a["type"] == "noul" or abs(sum(p) - 1) < 1e-6)
+    assert answer["usage"]["output_tokens"] == 0 and answer["usage"]["input_tokens"] > 0
+
+
+def check_systemone_422(answer: dict, _: dict) -> None:
+    detail = answer["detail"]
+    assert detail and all({"type", "loc", "msg", "input"} <= set(d) for d in detail)
+
+
+def check_rerank(answer: dict, request: dict) -> None:
+    results = answer["results"]
+    assert len(results) == request.get("top_n", len(request["documents"]))
+    assert results[0]["document"]["text"] in request["documents"] and 0 <= results[0]["relevance_score"] <= 1
+
+
+def check_score(answer: dict, _: dict) -> None:
+    assert answer["object"] == "score" and answer["tokens"] and all(t["logprob"] <= 0 for t in answer["tokens"])
+
+
 # route -> (how the body is read, its check)
 JSON, SSE, TEXT = json.loads, sse_events, str
 CHECKS: dict[tuple[str, str, bool, int], tuple[Callable[[str], Any], Callable[[Any, Any], None]]] = {
     ("GET", "/health", False, 200): (JSON, check_health),
+    ("POST", "/v1/decisions", False, 200): (JSON, check_decisions),
+    ("POST", "/v1/systemone", False, 422): (JSON, check_systemone_422),
+    ("POST", "/v1/rerank", False, 200): (JSON, check_rerank),
+    ("POST", "/v1/score", False, 200): (JSON, check_score),
     ("GET", "/v1/models", False, 200): (JSON, check_model_list),
     ("GET", "/models", False, 200): (JSON, check_llama_models),
     ("POST", "/v1/chat/completions", False, 200): (JSON, check_chat),
@@ -255,8 +283,8 @@ def run_curl(command: str, url: str) -> subprocess.CompletedProcess:
 
 def test_the_page_has_the_examples_this_test_runs():
     examples = curl_examples(DOC.read_text(encoding="utf-8"))
-    assert len(examples) >= 20 and len({e.block for e in examples}) == 4
-    assert {e.status for e in examples} == {200, 400}
+    assert len(examples) >= 20 and len({e.block for e in examples}) == 5
+    assert {e.status for e in examples} == {200, 400, 422}
     for example in examples:
         assert example.command.count(ORIGIN) == 1, f"an example that does not use {ORIGIN}: {example.command}"
         assert example.route in CHECKS, f"no check for {example.route} (from {example.command})"

@@ -27,6 +27,13 @@ CASES = {
     "top_logprobs without logprobs": ("/v1/chat/completions", {"messages": USER, "top_logprobs": 3}, "logprobs"),
     "completions logprobs 6": ("/v1/completions", {"prompt": "hi", "logprobs": 6}, "logprobs"),
 }
+# The sampling fields each route carries are typed once (ninfer.serve.fields): the same bounds everywhere.
+for path, base in (("/v1/chat/completions", {"messages": USER}), ("/v1/responses", {"input": "hi"}),
+                   ("/v1/messages", {"messages": USER})):
+    for name, value in (("temperature", 2.5), ("temperature", -0.1), ("top_p", 1.5), ("top_k", -1)):
+        CASES[f"{path} {name}={value}"] = (path, {**base, name: value}, name)
+for path, base in (("/v1/chat/completions", {"messages": USER, "logprobs": True}), ("/v1/responses", {"input": "hi"})):
+    CASES[f"{path} top_logprobs=21"] = (path, {**base, "top_logprobs": 21}, "top_logprobs")
 for i, schema in enumerate(BAD_SCHEMAS):
     CASES[f"chat tool schema {i}"] = ("/v1/chat/completions", {"messages": USER, "tools": _chat_tool(schema)},
                                       "tools[0].parameters")
@@ -70,3 +77,20 @@ def test_a_valid_tool_schema_and_answered_call_pass(qwen35_server):
 def test_a_refused_query_parameter_is_named_as_the_client_spells_it(qwen35_server, query):
     response = httpx.get(f"{qwen35_server.url}/v1/stream?conv_id=nothing&{query}", timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "from", response.text
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses", "/tokenize"])
+def test_a_body_labelled_as_not_json_is_refused_unread(qwen35_server, path, content_type):
+    """`Content-Type` is respected: a JSON body sent as text/plain (or a form) is a 415 in the route's error shape,
+    not parsed as JSON; the same bytes labelled application/json (or unlabelled) are served."""
+    body = (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "input": "hi", '
+            b'"max_output_tokens": 1, "content": "hi"}')
+    refused = httpx.post(f"{qwen35_server.url}{path}", content=body, headers={"content-type": content_type},
+                         timeout=60)
+    assert refused.status_code == 415, refused.text[:300]
+    error = refused.json()["error"]
+    assert content_type in error["message"] and "application/json" in error["message"], error
+    for label in ({"content-type": "application/json; charset=utf-8"}, {}):
+        served = httpx.post(f"{qwen35_server.url}{path}", content=body, headers=label, timeout=60)
+        assert served.status_code == 200, (label, served.text[:300])

@@ -17,7 +17,7 @@ import openai
 import pytest
 from ninfer.engine import SamplingParams
 from ninfer.frontend.reasoning import split_reasoning
-from ninfer.serve.sampling_defaults import recommended_sampling
+from ninfer.frontend.sampling_defaults import recommended_sampling
 
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
 N = 12  # tokens per sampled request
@@ -97,7 +97,7 @@ def test_a_top_p_below_every_top_token_s_probability_at_temperature_one_is_greed
 
 
 def test_the_artifact_s_sampling_defaults_apply_when_the_request_omits_them(qwen35_server):
-    """The recommended defaults (ninfer.serve.sampling_defaults: for Qwen3.5 with thinking off, the model card's
+    """The recommended defaults (ninfer.frontend.sampling_defaults: for Qwen3.5 with thinking off, the model card's
     non-thinking values, top_k 20 and top_p 0.8) are what a request without sampling fields gets: it equals the same
     seed with those values spelled out, differs from the plain sampler (no top_k, no top_p), and every token is among
     the 20 likeliest; a request's own values win."""

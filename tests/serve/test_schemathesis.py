@@ -1,4 +1,7 @@
-"""schemathesis against the live servers' own OpenAPI document: whatever it generates, no route answers 5xx.
+"""schemathesis against the live servers' own OpenAPI document: whatever it generates, no route answers 5xx, and
+every answer is one the document describes (its status code, its content type, its body's schema), and every body
+the document forbids is refused (negative data rejection): every enforced constraint documented and every
+documented one enforced, as far as schemathesis can draw them.
 
 Two servers, both the real router (tests/live_servers.py):
 - the one-model tiny Qwen3.5 server, for every route but the two that unload the model (it is shared with the other
@@ -33,15 +36,23 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 MAX_FUZZ_TOKENS = 3
-# Cases per operation, half of them positive and half negative (see the module doc); derandomize=True makes them
-# the same every run. About 0.15 s each on two cores: the whole module stays near a minute and a half.
-# NINFER_FUZZ_EXAMPLES=N gives the generation routes N fresh random cases each instead (a deeper hunt).
+# Cases per operation, positive and negative ones (see the module doc); derandomize=True makes them the same every
+# run. NINFER_FUZZ_EXAMPLES=N gives the generation routes N fresh random cases each instead (a deeper hunt).
 DEEP_EXAMPLES = os.environ.get("NINFER_FUZZ_EXAMPLES")
-EXAMPLES_PER_OPERATION = 4
-EXAMPLES_PER_GENERATION_OPERATION = int(DEEP_EXAMPLES or 24)
+EXAMPLES_PER_OPERATION = 50
+EXAMPLES_PER_GENERATION_OPERATION = int(DEEP_EXAMPLES or 50)
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
+          negative_data_rejection]
 # The routes that parse prompts, messages and tools (their aliases, /chat/completions and /completions, are the same
 # handlers and get the few cases of the rest).
 GENERATION_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/responses/input_tokens",
@@ -75,7 +86,8 @@ def _key(operation) -> tuple[str, str]:
 
 
 def _server_errors(operations: list) -> list[str]:
-    """Fuzzes each operation; returns one line per operation that answered a 5xx."""
+    """Fuzzes each operation; returns one report per operation that answered a 5xx or an answer the document does
+    not describe."""
     # schemathesis' pytest plugin does not run under pytest 9 yet, so each operation's strategy is driven by
     # hypothesis here directly.
     failures: list[str] = []
@@ -94,14 +106,12 @@ def _server_errors(operations: list) -> list[str]:
         def no_server_error(case) -> None:
             _cap_lengths(case.body)
             response = case.call(timeout=60)
-            assert response.status_code < 500, (
-                f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
-            )
+            case.validate_response(response, checks=CHECKS)
 
         try:
             no_server_error()
-        except AssertionError as exc:  # go on: one report naming every operation that failed
-            failures.append(str(exc).splitlines()[0])
+        except Exception as exc:  # noqa: BLE001 - go on: one report naming every operation that failed
+            failures.append(f"{operation.method.upper()} {operation.path}: {str(exc)[:1500]}")
     return failures
 
 
@@ -187,3 +197,36 @@ def test_the_document_types_every_documented_request_field(qwen35_server):
         properties = components[body["$ref"].rsplit("/", 1)[1]]["properties"]
         for field, json_type in fields.items():
             assert json_type in _types(properties[field], components), (path, field, properties[field])
+
+
+def _component(document: dict, ref: dict) -> dict:
+    return document["components"]["schemas"][ref["$ref"].rsplit("/", 1)[1]]
+
+
+def test_the_document_gives_bounds_error_bodies_and_streams_as_served(qwen35_server):
+    """The bounds that are 0 (which Litestar's own translation drops), each protocol's real error body, and the
+    event stream of a generation route; checked against what the server answers, not only against the document."""
+    url = qwen35_server.url
+    document = httpx.get(f"{url}/docs/openapi.json", timeout=60).json()
+    chat = document["paths"]["/v1/chat/completions"]["post"]
+    fields = _component(document, chat["requestBody"]["content"]["application/json"]["schema"])["properties"]
+    for name, low in {"top_k": 0, "top_p": 0, "min_p": 0, "temperature": 0, "top_logprobs": 0}.items():
+        assert {"minimum": low}.items() <= next(o for o in fields[name]["anyOf"] if o["type"] != "null").items(), name
+        refused = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, name: -1})
+        assert refused.status_code == 400, (name, refused.text)
+    assert set(chat["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+    for path, body_keys in (("/v1/chat/completions", {"error"}), ("/v1/messages", {"type", "error"})):
+        documented = document["paths"][path]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
+        assert set(_component(document, documented)["required"]) == body_keys
+        answered = httpx.post(f"{url}{path}", json={"messages": 5}, timeout=60)
+        assert answered.status_code == 400 and set(answered.json()) == body_keys, answered.text
+    stored = document["paths"]["/v1/responses/{response_id}"]
+    assert {"get", "delete"} <= set(stored) and "404" in stored["delete"]["responses"]
+
+
+@pytest.mark.parametrize("path", ["/v1/responses/resp-none", "/v1/stream/none", "/v1/stream"])
+def test_options_lists_every_method_of_the_path(qwen35_server, path):
+    response = httpx.options(f"{qwen35_server.url}{path}", timeout=60)
+    assert response.status_code == 204
+    assert set(response.headers["allow"].split(", ")) == {"GET", "DELETE", "OPTIONS"}

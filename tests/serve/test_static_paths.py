@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from litestar.testing import TestClient
 from ninfer.serve.app import create_app
-from ninfer.serve.router import ModelRouter, RouterConfig
+from ninfer.serve.router import ModelRouter
+from ninfer.serve.router_config import RouterConfig
 
 SECRET = "the file outside the bundle"
 

@@ -18,8 +18,8 @@ import numpy as np
 import openai
 import pytest
 from ninfer.artifact.tokenizer_build import qwen35_tokenizer_json
-from ninfer.engine import Frontend
 from ninfer.errors import EngineError
+from ninfer.frontend.text import Frontend
 from ninfer.serve import structured
 from ninfer.serve.structured import (
     OutputFormat,

@@ -1,4 +1,4 @@
-"""TextStream (ninfer.engine): the incremental decoder every streamed answer goes through, against its slow twin
+"""TextStream (ninfer.frontend.text): the incremental decoder every streamed answer goes through, against its slow twin
 (decode the whole sequence at every step), on fresh random token sequences, with the real tokenizers of the test
 models (byte-level BPE) and a SentencePiece-style one (Metaspace + byte fallback: leading spaces, byte tokens)."""
 
@@ -10,7 +10,7 @@ import live_servers
 import pytest
 import tokenizers
 from ninfer.artifact.reader import read_artifact
-from ninfer.engine import Frontend, TextStream
+from ninfer.frontend.text import Frontend, TextStream
 
 MULTIBYTE = "naïve café ☕ 日本語の文 🦀🇫🇷 Ωμέγα, ḁ̷ and plain words."
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import live_servers
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs"
 # Bounds, not delays (every wait ends as soon as its condition holds): an answer, with a model load or swap before it,
@@ -332,7 +333,10 @@ def test_skip_reasoning_ends_it_and_the_answer_follows(browser, thinking_server)
     assert kinds[0] == "reasoning_content" and "content" in kinds
     first_answer = kinds.index("content")
     assert all(k == "content" for k in kinds[first_answer:]), "reasoning after the answer started"
-    page.get_by_role("button", name="Stop generation").click()
+    try:  # on a loaded machine the noise answer can reach max_tokens first: then there is nothing to stop
+        page.get_by_role("button", name="Stop generation").click(timeout=5_000)
+    except PlaywrightTimeoutError:
+        pass
     wait_until(lambda: not any(s["is_processing"] for s in client.get("/slots").json()),
-               lambda: "the stopped generation still holds its lane")
+               lambda: "the generation still holds its lane")
     context.close()

@@ -32,6 +32,15 @@ void CpuBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, i
   for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * dim, x + rows[i] * dim, size_t(dim) * sizeof(float));
 }
 
+void CpuBackend::row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) {
+#pragma omp parallel for if (n * dim > 65536)
+  for (int64_t j = 0; j < n; ++j) {
+    double sum = 0;  // double: the readout compares against the full-vocabulary f32 logits within their rounding
+    for (int64_t c = 0; c < dim; ++c) sum += double(rows[j * dim + c]) * x[c];
+    out[j] = float(sum);
+  }
+}
+
 void CpuBackend::add(float* inout, const float* x, int64_t n) {
 #pragma omp parallel for simd if (n > 65536)
   for (int64_t i = 0; i < n; ++i) inout[i] += x[i];

@@ -1,5 +1,5 @@
 // The CPU backend: host memory, OpenMP threads. Its ops are spread over files by job (norm.cpp, rope.cpp,
-// attention.cpp, moe.cpp, gdn_ops.cpp, cpu_backend.cpp for matrices and elementwise ops).
+// attention.cpp, moe.cpp, gdn_ops.cpp, vision_ops.cpp, cpu_backend.cpp for matrices and elementwise ops).
 #pragma once
 
 #include <vector>
@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) override;
   void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) override;
+  void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override;
 
   void add(float* inout, const float* x, int64_t n) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
@@ -56,6 +57,16 @@ class CpuBackend final : public Backend {
                 float* out) override;
   void gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim, const float* w,
                      float eps, float* out) override;
+
+  bool has_vision_ops() const override { return true; }
+  void layernorm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
+                 float* out) override;
+  void gelu(const float* x, int64_t n, GeluKind kind, float* out) override;
+  void add_embedding_mix(const int32_t* ids, const float* weights, int64_t rows, int32_t taps,
+                         const TensorView& table, float* inout) override;
+  void segment_attention(const float* q, const float* k, const float* v, int64_t row_stride,
+                         std::span<const RowSegment> segments, int32_t heads, int32_t head_dim, float scale,
+                         float* out) override;
 
  private:
   int32_t threads_;

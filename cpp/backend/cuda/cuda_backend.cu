@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -35,6 +36,16 @@ __global__ void embed_kernel(const int32_t* tokens, int64_t n, WeightRef table, 
 __global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {
   chain_start();
   NINFER_GRID_STRIDE(i, n * dim) out[i] = x[rows[i / dim] * dim + i % dim];
+}
+
+// One block per row: out[j] = <rows[j], x>.
+__global__ void row_dots_kernel(const float* rows, int64_t dim, const float* x, float* out) {
+  chain_start();
+  const float* row = rows + int64_t(blockIdx.x) * dim;
+  float s = 0;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) s += row[c] * x[c];
+  s = block_reduce(s, SumOp{});
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
 __global__ void add_bias_kernel(float* y, int64_t rows, int64_t cols, const float* bias) {
@@ -279,6 +290,8 @@ void CudaBackend::linear(const float* x, int64_t rows, const TensorView& w, floa
 // Decode batches: the tensor-core GEMV splits x once per split kind and runs every weight of that kind on it;
 // other weights take the CUDA-core GEMV. Prefill batches: the prefill GEMM converts x once for all weights.
 void CudaBackend::linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) {
+  SplitActivations norm_planes = std::exchange(norm_planes_, SplitActivations{});  // for this call at most
+  norm_split_ = {};
   if (rows <= 0 || tables_only()) return;
   if (rows > kMaxGemvRows) {
     std::vector<GemmOutput> gemm_outs;
@@ -296,7 +309,12 @@ void CudaBackend::linear_shared_input(const float* x, int64_t rows, std::span<co
       add_bias(outs[i].y, rows, first, outs[i].bias);
       continue;
     }
-    const SplitActivations split = split_activations(x, int(rows), first.cols(), kind, gemv_workspace_, stream_);
+    // The planes add_rmsnorm wrote for x when they are this kind's; otherwise a split (which overwrites them).
+    const bool from_norm = norm_planes.x == x && norm_planes.rows == rows && norm_planes.kind == kind &&
+                           norm_planes.cols == first.cols();
+    const SplitActivations split =
+        from_norm ? norm_planes : split_activations(x, int(rows), first.cols(), kind, gemv_workspace_, stream_);
+    if (!from_norm && split.planes) norm_planes = {};
     // Every remaining weight of this kind and width, one launch per encoding.
     while (true) {
       std::vector<MmaOutput> same;
@@ -338,6 +356,11 @@ void CudaBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, 
   const int64_t* drows = reinterpret_cast<const int64_t*>(upload(tables) + at);
   if (tables_only()) return;
   launch_chained(gather_rows_kernel, dim3(blocks_for(n * dim)), dim3(kThreads), 0, stream_, x, dim, drows, n, out);
+}
+
+void CudaBackend::row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) {
+  if (n <= 0 || tables_only()) return;
+  launch_chained(row_dots_kernel, dim3(unsigned(n)), dim3(kThreads), 0, stream_, rows, dim, x, out);
 }
 
 void CudaBackend::add(float* inout, const float* x, int64_t n) {

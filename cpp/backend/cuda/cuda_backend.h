@@ -83,6 +83,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
   void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) override;
   void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) override;
+  void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override;
 
   void add(float* inout, const float* x, int64_t n) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
@@ -91,6 +92,10 @@ class CudaBackend : public Backend, public DeviceRuntime {
   void rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind, float eps,
                float* out, int64_t out_stride) override;
 
+  // A decode batch's add_rmsnorm after norm_feeds(w) with w an fp16-kind tensor-core weight also writes w's split
+  // planes (norm.cu), which the next linear_shared_input on its output takes instead of splitting it again (not
+  // with set_reference_kernels: the twin, norm then split kernel).
+  void norm_feeds(const TensorView& reader) override;
   void add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w, NormKind kind,
                    float eps, float* out) override;
 
@@ -164,6 +169,14 @@ class CudaBackend : public Backend, public DeviceRuntime {
   SequenceSlots pass_seq_slots_{};
   DeviceBuffer moe_hidden_, moe_out_, moe_split_, moe_routing_;  // moe.cu
   GemvWorkspace gemv_workspace_;  // after tables_: constructed once the device is selected
+  // norm_feeds' hint for the next add_rmsnorm (kind -1: none), and the planes that norm wrote into
+  // gemv_workspace_ for the next linear_shared_input (x == nullptr: none; any other split there clears them).
+  struct NormSplit {
+    int kind = -1;
+    int64_t cols = 0;
+  };
+  NormSplit norm_split_;
+  SplitActivations norm_planes_;
   DeviceBuffer gdn_workspace_;  // the chunked delta rule's per-chunk products
   DeviceBuffer gdn_conv_rows_;  // gdn_conv_qkv's twin: the conv rows before the split
   bool reference_kernels_ = false;

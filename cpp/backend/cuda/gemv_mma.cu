@@ -5,11 +5,11 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <span>
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/activation_split.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
@@ -34,19 +34,6 @@ constexpr int kBlockThreads = 32 * kWarps;
 constexpr int kPartialSlots = 2048;  // blocks of a split launch: partial sums (128 floats each) and counters
 
 // --- activations: hi/lo 16-bit planes in operand order, and a power-of-two scale per row (fp16 only) ---
-
-template <bool kBf16>
-__device__ __forceinline__ void split_value(float v, uint16_t& hi, uint16_t& lo) {
-  if constexpr (kBf16) {
-    const __nv_bfloat16 h = __float2bfloat16_rn(v);
-    hi = __bfloat16_as_ushort(h);
-    lo = __bfloat16_as_ushort(__float2bfloat16_rn(v - __bfloat162float(h)));
-  } else {
-    const __half h = __float2half_rn(v);
-    hi = __half_as_ushort(h);
-    lo = __half_as_ushort(__float2half_rn(v - __half2float(h)));
-  }
-}
 
 // Blocks of kSplitThreads along each row's columns (kSplitCols each), rows along y. fp16: the row is scaled by 2^e
 // so that max |x| lands in [2^14, 2^15) (fp16's largest finite value is 65504); e is recorded and undone on the
@@ -76,22 +63,12 @@ __global__ void __launch_bounds__(kSplitThreads) split_activations_kernel(const 
 #pragma unroll 8
       for (int64_t i = threadIdx.x; i < cols; i += kSplitThreads) amax = fmaxf(amax, fabsf(xr[i]));
     }
-    amax = block_reduce(amax, MaxOp{});
-    if (amax > 0.0f && amax <= FLT_MAX) {
-      int exponent = 0;
-      frexpf(amax, &exponent);  // amax in [2^(exponent-1), 2^exponent)
-      e = min(15 - exponent, 126);
-    }
+    e = fp16_row_exponent(block_reduce(amax, MaxOp{}));
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) exps[r] = e;
-  const float scale = ldexpf(1.0f, e);
-  const int64_t begin = int64_t(blockIdx.x) * kSplitCols, end = min(cols, begin + kSplitCols);
-#pragma unroll 4
-  for (int64_t j = begin + threadIdx.x; j < end; j += kSplitThreads) {
-    const int64_t segment = j / kLaneCols * kLaneCols;
-    split_value<kBf16>(xr[segment + tc::source_column(kOrder, int(j % kLaneCols))] * scale, hi[r * cols + j],
-                       lo[r * cols + j]);
-  }
+  const int64_t begin = int64_t(blockIdx.x) * kSplitCols;
+  split_columns<kBf16, kOrder>(xr, begin, min(cols, begin + kSplitCols), kSplitThreads, ldexpf(1.0f, e), hi + r * cols,
+                               lo + r * cols);
 }
 
 // --- weights: registers straight into operand pairs ---
@@ -590,9 +567,13 @@ __device__ __forceinline__ uint4 split_eight(const float* x, bool lo, bool vecto
   return make_uint4(word[0], word[1], word[2], word[3]);
 }
 
-template <Encoding E, int kSets>
+// kSplitHere (bf16 only): the kernel reads the f32 activations and splits them itself (split_eight) rather than
+// reading split planes. The weights and their scales are never written during a pass, so a lane's first ring of
+// chunks is loaded before chain_start() waits for the kernel before it: those loads overlap its drain (session 8:
+// -0.2 ms a 27B int4 pass at C=1, -0.22 / -0.46 ms at C=8 for 35B-A3B / 27B).
+template <Encoding E, int kSets, bool kSplitHere>
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(MmaArgs a) {
-  chain_start();
+  static_assert(!kSplitHere || E == Encoding::BF16, "fp16 operands need the split kernel's row exponents");
   constexpr int kXVectors = chunk_pairs<E>() / 4;  // 16-byte activation loads per lane, set and chunk
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const BlockWork b = block_work(a);
@@ -616,9 +597,16 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
       next.scale[h] = w.scale + row * (a.k / 16) + c0 * (chunk_cols<E>() / 16) + q * 2;
     }
   }
+  constexpr int kDepth = ring_depth<kSets>();
+  Chunk<E> ring[kDepth];
+#pragma unroll
+  for (int r = 0; r < kDepth; ++r)
+    if (r < n) load_chunk<E>(next, r, ring[r]);
+  next.advance(kDepth);
+  chain_start();
+
   // Lanes past the batch's rows read the last row: their B columns only reach outputs that are not written.
   constexpr int kXStride = kWarps * chunk_cols<E>();  // activation values from chunk i to i + 1
-  constexpr bool kSplitHere = E == Encoding::BF16;   // bf16 reads the f32 activations (see split_eight)
   using XValue = std::conditional_t<kSplitHere, float, uint16_t>;
   const XValue* x[kSets];
 #pragma unroll
@@ -629,12 +617,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
   }
 
   float acc[kSets][4] = {};
-  constexpr int kDepth = ring_depth<kSets>();
-  Chunk<E> ring[kDepth];
-#pragma unroll
-  for (int r = 0; r < kDepth; ++r)
-    if (r < n) load_chunk<E>(next, r, ring[r]);
-  next.advance(kDepth);
   for (int i0 = 0; i0 < n; i0 += kDepth) {
 #pragma unroll
     for (int r = 0; r < kDepth; ++r) {
@@ -698,11 +680,8 @@ int choose_splits_v5(int64_t m_tiles, int64_t chunks) {
   return int(splits);
 }
 
-// Split kinds: the operand type (bf16 or fp16 with per-row scaling) and the lane pair order.
-constexpr int kind_of(bool bf16, tc::Order order) { return (bf16 ? 3 : 0) + int(order); }
-
 template <Encoding E>
-constexpr int kind_of() { return kind_of(E == Encoding::BF16, tc::order<E>()); }
+constexpr int kind_of() { return split_kind_of(E == Encoding::BF16, tc::order<E>()); }
 
 template <bool kBf16, tc::Order kOrder>
 void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream) {
@@ -711,14 +690,16 @@ void launch_split(const float* x, const SplitActivations& s, cudaStream_t stream
                  const_cast<uint16_t*>(s.hi), const_cast<uint16_t*>(s.lo), const_cast<int*>(s.exps));
 }
 
-constexpr int kBf16Kind = kind_of(true, tc::Order::Natural);
+constexpr int kBf16Kind = split_kind_of(true, tc::Order::Natural);
 
 // Weights of one encoding and width on one split, kMaxWeights per launch.
 template <Encoding E>
 void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWorkspace& ws, cudaStream_t stream,
             MmaKernel kernel) {
   const int64_t k = x.cols;
-  if (kernel == MmaKernel::v3 && !x.planes) launch_split<true, tc::Order::Natural>(x.x, x, stream);  // bf16
+  // bf16 activations have no planes (v5 splits them in registers) until a kernel that reads them runs.
+  const bool in_registers = kernel == MmaKernel::v5 && !x.planes;
+  if (!in_registers && !x.planes) launch_split<true, tc::Order::Natural>(x.x, x, stream);
   for (size_t begin = 0; begin < outs.size();) {
     MmaArgs a{};
     a.x_hi = x.hi;
@@ -747,9 +728,10 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
       partials += slots;
       counters += splits > 1 ? m_tiles : 0;
     }
-    const auto kernel_of = kernel == MmaKernel::v3 ? gemv_mma_kernel<E>
-                           : x.rows <= 4           ? gemv_v5_kernel<E, 1>
-                                                   : gemv_v5_kernel<E, 2>;
+    auto kernel_of = gemv_mma_kernel<E>;  // v3
+    if (kernel != MmaKernel::v3) kernel_of = x.rows <= 4 ? gemv_v5_kernel<E, 1, false> : gemv_v5_kernel<E, 2, false>;
+    if constexpr (E == Encoding::BF16)
+      if (in_registers) kernel_of = x.rows <= 4 ? gemv_v5_kernel<E, 1, true> : gemv_v5_kernel<E, 2, true>;
     launch_chained(kernel_of, dim3(unsigned(blocks)), dim3(kBlockThreads), 0, stream, a);
     begin = end;
   }
@@ -785,8 +767,10 @@ int split_kind(const TensorView& w) {
 
 bool gemv_mma_supports(const TensorView& w) { return split_kind(w) >= 0; }
 
-SplitActivations split_activations(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
-                                   cudaStream_t stream) {
+bool split_has_planes(int kind) { return kind >= 0 && kind != kBf16Kind; }
+
+SplitActivations split_layout(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
+                              cudaStream_t stream) {
   if (rows < 1 || rows > kMaxGemvRows)
     throw EngineError("gemv_mma: " + std::to_string(rows) + " activation rows; the decode kernel takes 1.." +
                       std::to_string(kMaxGemvRows));
@@ -801,10 +785,16 @@ SplitActivations split_activations(const float* x, int rows, int64_t cols, int k
   s.cols = cols;
   s.kind = kind;
   s.planes = kind != kBf16Kind;  // v5 splits bf16 in registers; v3 makes the planes when it runs (launch)
+  return s;
+}
+
+SplitActivations split_activations(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
+                                   cudaStream_t stream) {
+  const SplitActivations s = split_layout(x, rows, cols, kind, workspace, stream);
   switch (kind) {
-    case kind_of(false, tc::Order::Natural): launch_split<false, tc::Order::Natural>(x, s, stream); break;
-    case kind_of(false, tc::Order::Nibble): launch_split<false, tc::Order::Nibble>(x, s, stream); break;
-    case kind_of(false, tc::Order::Byte): launch_split<false, tc::Order::Byte>(x, s, stream); break;
+    case split_kind_of(false, tc::Order::Natural): launch_split<false, tc::Order::Natural>(x, s, stream); break;
+    case split_kind_of(false, tc::Order::Nibble): launch_split<false, tc::Order::Nibble>(x, s, stream); break;
+    case split_kind_of(false, tc::Order::Byte): launch_split<false, tc::Order::Byte>(x, s, stream); break;
     case kBf16Kind: break;
     default: throw EngineError("gemv_mma: unknown activation split kind " + std::to_string(kind));
   }

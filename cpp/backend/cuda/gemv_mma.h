@@ -51,12 +51,22 @@ struct SplitActivations {
 
 // Which split a weight needs (equal kinds share one); -1 when gemv_mma does not take the weight.
 int split_kind(const TensorView& w);
+// Whether v5 reads this kind from split planes (the fp16 kinds) rather than splitting x in registers (bf16).
+bool split_has_planes(int kind);
 SplitActivations split_activations(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
                                    cudaStream_t stream);
+// Where split_activations() puts the planes of `rows` x `cols` activations (growing `workspace` if it must),
+// without splitting: for a kernel that writes the planes itself (the norm that produces x, norm.cu). kind >= 0.
+SplitActivations split_layout(const float* x, int rows, int64_t cols, int kind, GemvWorkspace& workspace,
+                              cudaStream_t stream);
 // Which kernel: v5 (16-byte chunks in a register ring, hi and lo in one mma) or v3 (the session-2 kernel). Session
 // 5 measured v5 ahead at 1-4 rows for every encoding but int4 q_proj (even) and v3 ahead for int4 at 8 rows; v3
 // stays for one more A/B at 8 rows (bench --gemv-impls), then goes.
-enum class MmaKernel { v3, v5 };
+// v5_planes is v5 reading the split kernel's planes for bf16 weights too: the twin of v5's in-register bf16 split
+// (same bits). Session 8 measured an in-register split for the fp16 encodings (each block finding its rows'
+// exponents) slower than the chained split kernel + planes at 35B-A3B's widths (~2 us on the largest launch), so
+// they always read planes.
+enum class MmaKernel { v3, v5, v5_planes };
 
 // y_i = W_i x for activations split for these weights' kind; weights of one encoding and width share launches.
 struct MmaOutput {

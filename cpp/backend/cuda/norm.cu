@@ -1,9 +1,14 @@
 // Normalisations of the CUDA backend: RMSNorm in both conventions (alone, or after a residual add), the GDN gated
 // RMSNorm, per-head L2 norm. One block per vector (gated RMSNorm: one warp per vector where float4 fits); each thread
 // reads its elements before writing them, so `out` may alias `x`.
+#include <utility>
+
+#include "backend/cuda/activation_split.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/norm_split.h"
 
 namespace ninfer::cuda {
 namespace {
@@ -48,12 +53,21 @@ struct Floats {
 
 constexpr int kAddNormThreads = 256;
 
+// The tensor-core GEMV's split planes of the norm's output (gemv_mma.h's SplitActivations, fp16 kinds).
+struct NormPlanes {
+  uint16_t* hi = nullptr;
+  uint16_t* lo = nullptr;
+  int* exps = nullptr;
+};
+
 // hidden[r] += delta[r]; out[r] = hidden[r] * inv_rms * (offset + w): reads hidden and delta once and writes both
-// results once; the second loop re-reads the row this thread just wrote (from cache).
-template <int V>
+// results once; the second loop re-reads the row this thread just wrote (from cache). kOrder >= 0 (a tc::Order):
+// the block also splits out[r] into `planes` for the fp16 GEMV kinds, the same ops on the same values as
+// split_activations_kernel (activation_split.cuh), so the decode GEMVs reading out need no split kernel.
+template <int V, int kOrder>
 __global__ void __launch_bounds__(kAddNormThreads) add_rmsnorm_kernel(float* hidden, const float* delta, int64_t dim,
                                                                       const float* w, float offset, float eps,
-                                                                      float* out) {
+                                                                      float* out, NormPlanes planes) {
   chain_start();
   const int64_t base = int64_t(blockIdx.x) * dim;
   float s = 0.0f;
@@ -67,11 +81,33 @@ __global__ void __launch_bounds__(kAddNormThreads) add_rmsnorm_kernel(float* hid
     h.store(hidden + base + j);
   }
   const float inv = 1.0f / sqrtf(block_reduce(s, SumOp{}) / float(dim) + eps);
+  float amax = 0.0f;
   for (int64_t j = int64_t(threadIdx.x) * V; j < dim; j += int64_t(blockDim.x) * V) {
     Floats<V> y = Floats<V>::load(hidden + base + j);
     const Floats<V> wj = Floats<V>::load(w + j);
-    for (int i = 0; i < V; ++i) y.v[i] = y.v[i] * inv * (offset + wj.v[i]);
+    for (int i = 0; i < V; ++i) {
+      y.v[i] = y.v[i] * inv * (offset + wj.v[i]);
+      if constexpr (kOrder >= 0) amax = fmaxf(amax, fabsf(y.v[i]));
+    }
     y.store(out + base + j);
+  }
+  if constexpr (kOrder >= 0) {
+    // The reduction's barriers also make every thread's stores of out above visible to the reads below.
+    const int e = fp16_row_exponent(block_reduce(amax, MaxOp{}));
+    if (threadIdx.x == 0) planes.exps[blockIdx.x] = e;
+    split_columns<false, static_cast<tc::Order>(kOrder)>(out + base, 0, dim, kAddNormThreads, ldexpf(1.0f, e),
+                                                         planes.hi + base, planes.lo + base);
+  }
+}
+
+// add_rmsnorm_kernel for an activation split kind: planes for the fp16 kinds, none for others (-1, bf16).
+template <int V>
+auto add_rmsnorm_kernel_for(int split_kind) {
+  switch (split_kind) {
+    case split_kind_of(false, tc::Order::Natural): return add_rmsnorm_kernel<V, int(tc::Order::Natural)>;
+    case split_kind_of(false, tc::Order::Nibble): return add_rmsnorm_kernel<V, int(tc::Order::Nibble)>;
+    case split_kind_of(false, tc::Order::Byte): return add_rmsnorm_kernel<V, int(tc::Order::Byte)>;
+    default: return add_rmsnorm_kernel<V, -1>;
   }
 }
 
@@ -128,6 +164,23 @@ void check_grid(int64_t blocks, const char* op) {
 
 }  // namespace
 
+void launch_add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w, float offset,
+                        float eps, float* out, const SplitActivations* planes, cudaStream_t stream) {
+  if (rows <= 0) return;
+  check_grid(rows, "add_rmsnorm");
+  NormPlanes p;
+  int kind = -1;
+  if (planes) {
+    if (!split_has_planes(planes->kind) || planes->x != out || planes->rows != rows || planes->cols != dim)
+      throw EngineError("add_rmsnorm: split planes laid out for other activations than the norm's output");
+    p = {const_cast<uint16_t*>(planes->hi), const_cast<uint16_t*>(planes->lo), const_cast<int*>(planes->exps)};
+    kind = planes->kind;
+  }
+  const bool vectors = dim % 4 == 0 && aligned16(hidden) && aligned16(delta) && aligned16(w) && aligned16(out);
+  launch_chained(vectors ? add_rmsnorm_kernel_for<4>(kind) : add_rmsnorm_kernel_for<1>(kind), dim3(unsigned(rows)),
+                 dim3(kAddNormThreads), 0, stream, hidden, delta, dim, w, offset, eps, out, p);
+}
+
 void CudaBackend::rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_stride, const float* w, NormKind kind,
                           float eps, float* out, int64_t out_stride) {
   if (rows <= 0 || tables_only()) return;
@@ -136,15 +189,22 @@ void CudaBackend::rmsnorm(const float* x, int64_t rows, int64_t dim, int64_t x_s
                  resident(w, dim), kind == NormKind::Offset ? 1.0f : 0.0f, eps, out, out_stride);
 }
 
+void CudaBackend::norm_feeds(const TensorView& reader) {
+  const int kind = split_kind(reader);
+  norm_split_ = {kind, kind >= 0 ? reader.cols() : 0};
+}
+
 void CudaBackend::add_rmsnorm(float* hidden, const float* delta, int64_t rows, int64_t dim, const float* w,
                               NormKind kind, float eps, float* out) {
+  const NormSplit split = std::exchange(norm_split_, NormSplit{});  // the hint holds for this norm only
   if (rows <= 0 || tables_only()) return;
-  check_grid(rows, "add_rmsnorm");
-  const float* dw = resident(w, dim);
-  const float offset = kind == NormKind::Offset ? 1.0f : 0.0f;
-  const bool vectors = dim % 4 == 0 && aligned16(hidden) && aligned16(delta) && aligned16(dw) && aligned16(out);
-  launch_chained(vectors ? add_rmsnorm_kernel<4> : add_rmsnorm_kernel<1>, dim3(unsigned(rows)), dim3(kAddNormThreads),
-                 0, stream_, hidden, delta, dim, dw, offset, eps, out);
+  // A decode batch whose output the tensor-core GEMV reads from fp16 planes: the norm writes them
+  // (linear_shared_input takes them instead of splitting out again).
+  const bool planes =
+      !reference_kernels_ && split_has_planes(split.kind) && split.cols == dim && rows <= kMaxGemvRows;
+  if (planes) norm_planes_ = split_layout(out, int(rows), dim, split.kind, gemv_workspace_, stream_);
+  launch_add_rmsnorm(hidden, delta, rows, dim, resident(w, dim), kind == NormKind::Offset ? 1.0f : 0.0f, eps, out,
+                     planes ? &norm_planes_ : nullptr, stream_);
 }
 
 void CudaBackend::gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim,

@@ -132,6 +132,10 @@ class TimedCudaBackend final : public CudaBackend {
     OpTimer::Scope s(timer_, "gather_rows");
     CudaBackend::gather_rows(x, dim, rows, n, out);
   }
+  void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override {
+    OpTimer::Scope s(timer_, "row_dots");
+    CudaBackend::row_dots(rows, n, dim, x, out);
+  }
   void add(float* inout, const float* x, int64_t n) override {
     OpTimer::Scope s(timer_, "add");
     CudaBackend::add(inout, x, n);

@@ -3,6 +3,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "errors.h"
 
 namespace ninfer::cuda {
 namespace {
@@ -28,6 +29,8 @@ __global__ void rope_kernel(float* x, int64_t rows, int32_t heads, int64_t head_
 void CudaBackend::rope(float* x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride,
                        const int64_t* positions, const RopeSpec& rope) {
   const int32_t half = rope.rotary_dim / 2;
+  // Several position streams come only with vision inputs, which this backend refuses at load.
+  if (rope.streams != 1) throw EngineError("the CUDA backend's rope takes one position stream");
   if (rows <= 0 || half <= 0) return;
   HostTables tables;
   const size_t at_positions = tables.add(positions, size_t(rows));

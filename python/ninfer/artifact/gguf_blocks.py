@@ -3,9 +3,11 @@
 Q4_0, Q4_1 and Q8_0 are groups of 32 columns with an f16 scale (and, for Q4_1, an f16 minimum), which the
 grouped encodings hold exactly: Q4_0 = int4 g32 with zero point 8, Q4_1 = int4_affine g32, Q8_0 = int8 g32 with
 zero point 128 (the signed code plus 128). Their blobs are rearranged from the blocks, never computed from floats.
-The K-quants (256-column super-blocks of 16- or 32-column sub-blocks with 6- or 8-bit sub-scales) have no such
-counterpart: they map to the encoding with no fewer bits that they are re-encoded into (from gguf's
-dequantised floats), and the converter prints the error that adds.
+Q4_K's 32-column sub-blocks are `d * sc * q - dmin * m` (f16 super-block scales times 6-bit sub-scales, 4-bit
+codes): int4_affine g32 holds them with its scale and offset rounded to f16 (the codes are kept), so they are
+rearranged too, not exact: the converter prints the error. The other K-quants and the I-quants (16-column
+sub-blocks, 5- and 6-bit codes, non-linear grids) have no counterpart: they map to the encoding with no fewer bits
+that they are re-encoded into (from gguf's dequantised floats), and the converter prints the error that adds.
 """
 
 from __future__ import annotations
@@ -18,21 +20,23 @@ import numpy as np
 BLOCK = 32
 _EXACT = {"Q4_0": "int4", "Q4_1": "int4_affine", "Q8_0": "int8"}
 # Bits of each K-quant's codes -> the grouped encoding that holds at least as many.
-_FLOOR = {"Q2_K": "int4", "Q3_K": "int4", "Q4_K": "int8", "Q5_K": "int8", "Q6_K": "int8"}
+_FLOOR = {"Q2_K": "int4", "Q3_K": "int4", "Q5_K": "int8", "Q6_K": "int8",
+          "IQ1_S": "int4", "IQ1_M": "int4", "IQ2_XXS": "int4", "IQ2_XS": "int4", "IQ2_S": "int4", "IQ3_XXS": "int4",
+          "IQ3_S": "int4", "IQ4_NL": "int8", "IQ4_XS": "int8"}
+K_BLOCK = 256
 
 
 class NativeTensor:
-    """How a quantised GGUF tensor is stored in the artifact: its encoding (group 32) and, when exact, a loader
-    of its blobs (None: encode gguf's dequantised floats, and report the error)."""
+    """How a pre-quantised tensor (GGUF blocks, hf_int4.py's packed int4) is stored in the artifact: its encoding
+    and group size (32 for GGUF) and a loader of its blobs rearranged from the source (None: encode the dequantised floats). `exact`: the blobs hold exactly the
+    dequantised values; otherwise the converter measures and prints their error."""
 
-    def __init__(self, encoding: str, blobs: Callable[[], dict[str, np.ndarray]] | None) -> None:
+    def __init__(self, encoding: str, blobs: Callable[[], dict[str, np.ndarray]] | None, exact: bool = True,
+                 group_size: int = BLOCK) -> None:
         self.encoding = encoding
-        self.group_size = BLOCK
+        self.group_size = group_size
         self.blobs = blobs
-
-    @property
-    def exact(self) -> bool:
-        return self.blobs is not None
+        self.exact = exact and blobs is not None
 
 
 class _Blocks(NamedTuple):
@@ -81,6 +85,31 @@ def _q8_0(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
             "zero": np.full(groups, 128, dtype=np.uint8)}
 
 
+def _q4_k_sub_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 six-bit sub-block scales and minimums of Q4_K's 12 scale bytes: bytes 0-3 hold scales 0-3 (low 6
+    bits), bytes 4-7 minimums 0-3; scales and minimums 4-7 have their low 4 bits in bytes 8-11 (scale: low nibble,
+    minimum: high nibble) and their top 2 bits in the top bits of bytes 0-3 (scales) and 4-7 (minimums)."""
+    low, high, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = np.concatenate([low & 0x3F, (rest & 0x0F) | ((low >> 6) << 4)], axis=-1)
+    minimums = np.concatenate([high & 0x3F, (rest >> 4) | ((high >> 6) << 4)], axis=-1)
+    return scales, minimums
+
+
+def _q4_k(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, shape[-1] // K_BLOCK, 144)
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).astype(np.float32)
+    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
+    sub_scale, sub_min = _q4_k_sub_scales(blocks[..., 4:16])
+    # 128 code bytes = 4 chunks of 32 bytes; chunk c holds sub-block 2c in its low nibbles, 2c + 1 in its high.
+    qs = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)
+    codes = np.concatenate([qs & 0xF, qs >> 4], axis=3)  # [rows, blocks, chunk, half, 32] = column order
+    groups = shape[:-1] + (shape[-1] // BLOCK,)
+    return {"q": _pack(codes, shape),
+            "scale": (d * sub_scale).astype(np.float16).reshape(groups),
+            "offset": (-(dmin * sub_min)).astype(np.float16).reshape(groups)}
+
+
 _UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0}
 
 
@@ -90,6 +119,8 @@ def native_tensor(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> Na
     if len(shape) >= 2 and shape[-1] % BLOCK == 0 and type_name in _EXACT:
         unpack = _UNPACK[type_name]
         return NativeTensor(_EXACT[type_name], lambda: unpack(raw, shape))
+    if len(shape) >= 2 and shape[-1] % K_BLOCK == 0 and type_name == "Q4_K":
+        return NativeTensor("int4_affine", lambda: _q4_k(raw, shape), exact=False)
     if len(shape) >= 2 and shape[-1] % BLOCK == 0 and type_name in _FLOOR:
         return NativeTensor(_FLOOR[type_name], None)
     return None

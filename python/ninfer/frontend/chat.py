@@ -31,6 +31,8 @@ from ninfer.frontend.reasoning import THINK_END, THINK_START
 from ninfer.frontend.templates import template_environment
 
 _TEXT_PART_TYPES = ("text", "input_text", "output_text")
+# What chat_media.extract_media leaves of a media part: the chat template writes a vision placeholder for it.
+MEDIA_MARKERS = ({"type": "image"}, {"type": "video"})
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,16 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+def is_media_part(part: Any) -> bool:
+    """Any protocol's image or video part (frontend.chat_media reads them): OpenAI image_url / video_url,
+    Responses input_image, Anthropic image with a source, the CLI's image / video with a path."""
+    if not isinstance(part, Mapping):
+        return False
+    kind = part.get("type")
+    return kind in ("image_url", "video_url", "input_image") or (
+        kind in ("image", "video") and (isinstance(part.get("source"), Mapping) or isinstance(part.get(kind), str)))
+
+
 def flatten_content(content: Any, *, role: str) -> Any:
     """OpenAI / Anthropic / Responses content-part lists -> text (parts joined by newlines); text-only models
     refuse other parts."""
@@ -59,6 +71,8 @@ def flatten_content(content: Any, *, role: str) -> Any:
         return content
     if not isinstance(content, list):
         raise EngineError(f"{role} message content must be a string or a list of content parts")
+    if any(part in MEDIA_MARKERS for part in content):
+        return content  # images / video (frontend.chat_media's markers): the template writes text and placeholders
     texts: list[str] = []
     for part in content:
         if isinstance(part, str):

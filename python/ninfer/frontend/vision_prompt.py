@@ -145,3 +145,23 @@ def mrope_positions(length: int, spans: Sequence[VisionSpan]) -> tuple[np.ndarra
     positions[:, index:] = np.arange(current, current + length - index)
     delta = int(positions.max()) + 1 - length if length else 0
     return positions, delta
+
+
+@dataclass(frozen=True)
+class PromptMedia:
+    """What the engine takes of a prompt's media: each input (patches and grid), the index of the first
+    placeholder of each of its temporal groups, and the prompt's M-RoPE positions and delta."""
+
+    inputs: tuple[VisionInput, ...]
+    group_starts: tuple[tuple[int, ...], ...]
+    positions: np.ndarray  # [3, prompt tokens] int64 (t, h, w)
+    delta: int
+
+
+def prompt_media(expanded: ExpandedPrompt, inputs: Sequence[VisionInput]) -> PromptMedia:
+    """The engine's view of an expanded prompt's media (`inputs` as given to expand_placeholders)."""
+    starts: list[list[int]] = [[] for _ in inputs]
+    for span in expanded.spans:
+        starts[span.item].append(span.start)
+    positions, delta = mrope_positions(len(expanded.token_ids), expanded.spans)
+    return PromptMedia(tuple(inputs), tuple(tuple(s) for s in starts), positions, delta)

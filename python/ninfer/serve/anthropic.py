@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
@@ -29,22 +28,24 @@ from litestar.params import JSONBody
 from msgspec import Meta
 
 from ninfer.errors import NinferError
-from ninfer.serve.disconnect import run_while_connected
+from ninfer.frontend.chat import is_media_part
+from ninfer.frontend.chat_media import tag_media_parts
+from ninfer.serve.answer import answer, prepare
 from ninfer.serve.errors import InvalidRequestError, anthropic_body, describe
+from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK
+from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
     ChatPrompt,
     Generation,
     GenerationParams,
     GenerationResult,
     prepare_prompt,
-    start_generation,
+    sampling_overrides,
 )
 from ninfer.serve.openai_common import advisory_tool_choice, new_id, stop_strings
 from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
-from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import sse_frame, sse_response
-from ninfer.serve.state import ServedModel
-from ninfer.serve.structured import anthropic_output_format, build_constraint
+from ninfer.serve.structured import anthropic_output_format
 
 _STOP_REASONS = {"length": "max_tokens", "cancelled": "end_turn"}
 EFFORTS = ("low", "medium", "high", "xhigh", "max")  # passed to the template as reasoning_effort
@@ -67,12 +68,12 @@ class CountTokensRequest(msgspec.Struct, kw_only=True):
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
-    max_tokens: Annotated[int, Meta(ge=1)]
+    max_tokens: OutputTokens
     stop_sequences: list[str] | None = None
     stream: bool = False
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_k: TopK | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
 
@@ -117,13 +118,18 @@ def _user_messages(content: str | list[dict[str, Any]], index: int) -> list[dict
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     tools, texts = [], []
-    for block in content:
+    for block in tag_media_parts(content, f"messages[{index}].content"):
         if block.get("type") == "tool_result":
             result = _text(block.get("content"), f"messages[{index}] tool_result")
             tools.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": result})
         else:
             texts.append(block)
-    return tools + ([{"role": "user", "content": _text(texts, f"messages[{index}]")}] if texts else [])
+    # Text and image blocks stay a list when there is an image (the template places it); else they join as text.
+    media = any(is_media_part(b) for b in texts)
+    user = [b for b in texts if b.get("type") == "text" or is_media_part(b)] if media else None
+    if user is not None and len(user) != len(texts):
+        user = None  # another kind of block: _text names it
+    return tools + ([{"role": "user", "content": user or _text(texts, f"messages[{index}]")}] if texts else [])
 
 
 def _assistant_message(content: str | list[dict[str, Any]], index: int) -> dict[str, Any]:
@@ -352,9 +358,7 @@ def stream_error_frame(exc: NinferError) -> bytes:
 def _params(body: MessagesRequest) -> GenerationParams:
     return GenerationParams(
         max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
+        sampling=sampling_overrides(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k),
         stop=stop_strings(body.stop_sequences),
     )
 
@@ -366,28 +370,21 @@ def _tool_choice_note(body: MessagesRequest) -> dict[str, Any] | None:
 
 
 @post("/v1/messages", status_code=200, summary="Anthropic Messages")
-async def create_message(data: JSONBody[MessagesRequest], router: RouterDependency, request: Request) -> Any:
-    model: ServedModel = router.resolve(data.model)
-    chat = chat_prompt(data)
-    prompt = await prepare_prompt(model, chat)
-    fmt = output_format(data)
-    params = _params(data)
-    if fmt is not None:
-        constraint = await build_constraint(
-            model.engine, fmt, "output_format.schema", starts_in_reasoning=prompt.starts_in_reasoning
-        )
-        params = replace(params, constraint=constraint)
-    generation = await start_generation(model, prompt, params, tools=chat.tools)
-    run = _Run(_Shape(model.model_id, _tool_choice_note(data)), generation)
-    if data.stream:
-        return sse_response(run.events(), on_error=stream_error_frame)
-    return await run_while_connected(request, run.run())
+async def create_message(data: JSONBody[MessagesRequest], lease: LeaseDependency, request: Request) -> Any:
+    prepared = await prepare(lease.served, chat_prompt(data), _params(data), output_format=output_format(data),
+                             format_param="output_format.schema")
+    shape = _Shape(lease.served.model_id, _tool_choice_note(data))
+    return await answer(
+        request, lease, prepared, response_id=shape.id,
+        whole=lambda generation: _Run(shape, generation).run(),
+        stream=(lambda generation: sse_response(_Run(shape, generation).events(), on_error=stream_error_frame))
+        if data.stream else None,
+    )
 
 
 @post("/v1/messages/count_tokens", status_code=200, summary="Anthropic token count of a Messages request")
-async def count_tokens(data: JSONBody[CountTokensRequest], router: RouterDependency) -> dict[str, int]:
-    model = router.resolve(data.model)
-    return {"input_tokens": len((await prepare_prompt(model, chat_prompt(data))).token_ids)}
+async def count_tokens(data: JSONBody[CountTokensRequest], lease: LeaseDependency) -> dict[str, int]:
+    return {"input_tokens": len((await prepare_prompt(lease.served, chat_prompt(data))).token_ids)}
 
 
 route_handlers = [create_message, count_tokens]

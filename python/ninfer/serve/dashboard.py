@@ -18,8 +18,9 @@ from typing import Any
 from litestar import Request, get
 from litestar.static_files import create_static_files_router
 
+from ninfer.serve.gate import RouterDependency
 from ninfer.serve.llamacpp import slot_rows
-from ninfer.serve.router import LOADING, ModelRouter, RouterDependency
+from ninfer.serve.router import LOADING, ModelRouter
 from ninfer.serve.streams import StreamRegistry
 from ninfer.serve.webui_bundle import DASHBOARD_DIR
 

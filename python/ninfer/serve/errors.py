@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
@@ -80,7 +81,7 @@ class ErrorInfo:
     kind: str  # OpenAI `type`: invalid_request_error, authentication_error, ...
     param: str | None = None
     code: str | None = None
-    extra: dict[str, Any] | None = None  # more top-level fields of the error object
+    extra: dict[str, int] | None = None  # more fields of the error object (OpenAIError's optional ones)
     headers: dict[str, str] | None = None
 
 
@@ -151,16 +152,46 @@ def _validation_param(exc: ValidationException) -> str | None:
     return None
 
 
+class OpenAIError(msgspec.Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None
+    code: str
+    # exceed_context_size_error only (llama.cpp's, which its web UI reads)
+    n_prompt_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    n_ctx: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class OpenAIErrorBody(msgspec.Struct):
+    """Every error body of the OpenAI-style routes (the OpenAPI document's too: ninfer.serve.openapi)."""
+
+    error: OpenAIError
+
+
+class AnthropicError(msgspec.Struct, kw_only=True):
+    type: str
+    message: str
+    n_prompt_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    n_ctx: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class AnthropicErrorBody(msgspec.Struct, kw_only=True):
+    """Every error body of the Anthropic routes (`/v1/messages...`)."""
+
+    type: Literal["error"]
+    error: AnthropicError
+
+
 def openai_body(info: ErrorInfo) -> dict[str, Any]:
-    error = {"message": info.message, "type": info.kind, "param": info.param, "code": info.code or info.kind}
-    error.update(info.extra or {})
-    return {"error": error}
+    error = OpenAIError(message=info.message, type=info.kind, param=info.param, code=info.code or info.kind,
+                        **(info.extra or {}))
+    return msgspec.to_builtins(OpenAIErrorBody(error))
 
 
 def anthropic_body(info: ErrorInfo) -> dict[str, Any]:
-    error = {"type": _ANTHROPIC_TYPES.get(info.kind, "api_error"), "message": info.message}
-    error.update(info.extra or {})
-    return {"type": "error", "error": error}
+    error = AnthropicError(type=_ANTHROPIC_TYPES.get(info.kind, "api_error"), message=info.message,
+                           **(info.extra or {}))
+    return msgspec.to_builtins(AnthropicErrorBody(type="error", error=error))
 
 
 def body_for_path(path: str, info: ErrorInfo) -> dict[str, Any]:

@@ -7,10 +7,11 @@ API (protocol modules use only this):
 
     prompt = await prepare_prompt(model, ChatPrompt(messages, tools=..., enable_thinking=..., ...))   # or TextPrompt
         PreparedPrompt(token_ids, text, starts_in_reasoning, is_chat); raises EngineError (400) on template refusal.
-    gen = await start_generation(model, prompt, GenerationParams(max_tokens=..., stop=[...], ...), tools=...)
+    gen = start_generation(model, prompt, GenerationParams(max_tokens=..., stop=[...], ...), tools=..., call=...)
         Checks the context (ContextOverflowError), builds the engine Request from the request's sampling values over
-        the artifact's defaults, and submits it: a full queue raises EngineBusyError *here*, before any response
-        is started, so a route can still answer 429.
+        the artifact's defaults, and submits it (Engine.submit): a full queue raises EngineBusyError *here*, before
+        any response is started, so a route can still answer 429. `call` (ninfer.serve.calls) follows the engine
+        request for /slots and control.
     async for delta in gen.deltas():        # Delta(content, reasoning, tool_calls, logprobs), in output order
         ...
     gen.result                              # GenerationResult, complete once deltas() is exhausted
@@ -40,7 +41,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ninfer.engine import (
     Engine,
@@ -48,12 +49,14 @@ from ninfer.engine import (
     PrefillProgress,
     Request,
     SamplingParams,
-    TextStream,
     Timings,
     TokenConstraint,
 )
+from ninfer.errors import MediaError
+from ninfer.frontend.chat_media import extract_media
 from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser
 from ninfer.frontend.stop_strings import StopStringMatcher
+from ninfer.frontend.text import TextStream
 from ninfer.frontend.tool_calls import (
     ContentDelta,
     ParseIssue,
@@ -62,9 +65,14 @@ from ninfer.frontend.tool_calls import (
     ToolCallParser,
     tool_name_problem,
 )
+from ninfer.frontend.vision_prompt import PromptMedia
 from ninfer.serve.disconnect import departure
 from ninfer.serve.errors import ContextOverflowError, InvalidRequestError, TextOverflowError
+from ninfer.serve.fields import MAX_TOP_LOGPROBS
 from ninfer.serve.structured import check_schema
+
+if TYPE_CHECKING:
+    from ninfer.serve.calls import Call
 
 
 class ServedModel(Protocol):
@@ -104,34 +112,27 @@ class PreparedPrompt:
     text: str | None  # None for a prompt given as token ids
     starts_in_reasoning: bool
     is_chat: bool
+    media: PromptMedia | None = None  # the images / videos behind the prompt's vision placeholders
+
+
+def sampling_overrides(**values: Any) -> dict[str, Any]:
+    """The sampling values a request sets, by SamplingParams' field names (None: not set, the model's default
+    applies). A name SamplingParams does not have is a bug of the caller: TypeError."""
+    unknown = values.keys() - SamplingParams.__dataclass_fields__.keys()
+    if unknown:
+        raise TypeError(f"not SamplingParams fields: {', '.join(sorted(unknown))}")
+    return {name: value for name, value in values.items() if value is not None}
 
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """What a request asks of one generation; None means the artifact's default."""
+    """What a request asks of one generation; what it leaves out is the model's default."""
 
     max_tokens: int | None = None  # None: the model's default; UNTIL_CONTEXT_END: up to the end of the context
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    penalty_last_n: int | None = None
-    typical_p: float | None = None
-    top_n_sigma: float | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: int | None = None
+    # SamplingParams' fields the request sets (`sampling_overrides`), over the model's defaults. `order` is a
+    # sequence of stage names; DRY's breakers are given as strings, below, and become token ids here.
+    sampling: Mapping[str, Any] = field(default_factory=dict)
     dry_sequence_breakers: Sequence[str] | None = None  # None: DRY_SEQUENCE_BREAKERS
-    order: Sequence[str] | None = None  # the sampler stages to run, in order (llama.cpp's `samplers`)
-    seed: int | None = None
     stop: Sequence[str] = ()
     logprobs: bool = False
     top_logprobs: int = 0
@@ -182,7 +183,6 @@ class GenerationResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
-MAX_TOP_LOGPROBS = 20
 UNTIL_CONTEXT_END = -1  # max_tokens of a request that asks for no limit (llama.cpp's -1)
 # llama.cpp's default DRY sequence breakers: a repeat does not extend across a token that contains one.
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
@@ -207,9 +207,13 @@ async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) ->
         _refuse_overlong_text(len(text), frontend.max_token_chars, n_ctx)
         return PreparedPrompt(await asyncio.to_thread(frontend.encode, text), text, False, is_chat=False)
     _check_tools(prompt.tools or ())
+    messages, media_parts = extract_media(prompt.messages)
+    if media_parts and frontend.vision is None:
+        raise MediaError(media_parts[0].part, "this server runs without the vision tower: images and video "
+                                              "need ninfer-serve --vision")
     rendered = await asyncio.to_thread(
         frontend.render,
-        prompt.messages,
+        messages,
         tools=prompt.tools or None,
         add_generation_prompt=prompt.add_generation_prompt,
         continue_final_message=prompt.continue_final_message,
@@ -219,6 +223,9 @@ async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) ->
         chat_template_kwargs=prompt.chat_template_kwargs,
     )
     _refuse_overlong_text(len(rendered.text), frontend.max_token_chars, n_ctx)
+    if media_parts:
+        token_ids, media = await asyncio.to_thread(frontend.encode_with_media, rendered.text, media_parts)
+        return PreparedPrompt(token_ids, rendered.text, rendered.starts_in_reasoning, is_chat=True, media=media)
     token_ids = await asyncio.to_thread(frontend.encode, rendered.text)
     return PreparedPrompt(token_ids, rendered.text, rendered.starts_in_reasoning, is_chat=True)
 
@@ -264,9 +271,10 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
     if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
     defaults = model.sampling_defaults(thinking=prompt.starts_in_reasoning or not prompt.is_chat)
-    chosen = {name: getattr(params, name, None) for name in SamplingParams.__dataclass_fields__}
-    chosen["order"] = tuple(params.order) if params.order is not None else None
-    sampling = replace(defaults, **{k: v for k, v in chosen.items() if v is not None})
+    chosen = dict(params.sampling)
+    if "order" in chosen:
+        chosen["order"] = tuple(chosen["order"])
+    sampling = replace(defaults, **chosen)
     if sampling.dry_multiplier > 0:
         breakers = DRY_SEQUENCE_BREAKERS if params.dry_sequence_breakers is None else params.dry_sequence_breakers
         sampling = replace(sampling, dry_breakers=engine.frontend.tokens_containing(tuple(breakers)))
@@ -278,6 +286,7 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
         top_logprobs=params.top_logprobs,
         constraint=params.constraint,
         report_progress=params.report_progress,
+        media=prompt.media,
     )
 
 
@@ -301,15 +310,16 @@ class Generation:
         request: Request,
         params: GenerationParams,
         tools: Sequence[Mapping[str, Any]] | None,
+        call: Call | None,
     ) -> None:
         self.prompt = prompt
         self._model = model
         self._engine = model.engine
-        self._request = request
         self._departure = departure()
         self._loop = asyncio.get_running_loop()
-        self._events = self._engine.generate(request, on_cancel_freed=self._lane_freed)
-        self._first: asyncio.Future[GenerationEvent] | None = None
+        observer = call.track(self._engine, len(request.prompt_tokens), request.constraint) if call else None
+        # Admission errors are raised here, before the route has started any response.
+        self._events = self._engine.submit(request, observer=observer, on_cancel_freed=self._lane_freed)
         self._text = TextStream(self._engine.frontend)
         self._stops = StopStringMatcher(params.stop)
         splitting = prompt.is_chat and params.split_reasoning
@@ -338,31 +348,9 @@ class Generation:
         except RuntimeError:  # the loop is closed: the server is gone
             pass
 
-    async def _submit(self) -> None:
-        """Submits now, so admission errors surface to the caller instead of inside the response stream."""
-        self._first = asyncio.ensure_future(anext(self._events))
-        # One loop turn runs the generator up to its first wait, which is after the engine's submit.
-        await asyncio.sleep(0)
-        if self._first.done() and self._first.exception() is not None:
-            raise self._first.exception()
-
-    async def _engine_events(self) -> AsyncIterator[GenerationEvent]:
-        assert self._first is not None, "use start_generation"
-        try:
-            yield await self._first
-            async for event in self._events:
-                yield event
-        finally:
-            if not self._first.done():
-                # The generator is suspended inside the task: cancel it there (its finally cancels the engine
-                # request) and wait, since a running generator cannot be closed from outside.
-                self._first.cancel()
-                await asyncio.gather(self._first, return_exceptions=True)
-            await self._events.aclose()
-
     async def deltas(self) -> AsyncIterator[Delta]:
         last: GenerationEvent | None = None
-        events = self._engine_events()
+        events = self._events
         try:
             async for event in events:
                 if event.progress is not None:
@@ -507,14 +495,12 @@ def _piece(decode: Any, token_id: int) -> tuple[str, list[int]]:
     return text, list(text.encode("utf-8"))
 
 
-async def start_generation(
+def start_generation(
     model: ServedModel,
     prompt: PreparedPrompt,
     params: GenerationParams,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    call: Call | None = None,
 ) -> Generation:
     """Validates, builds the engine request and submits it (see the module doc)."""
-    request = build_request(model, prompt, params)
-    generation = Generation(model, prompt, request, params, tools)
-    await generation._submit()
-    return generation
+    return Generation(model, prompt, build_request(model, prompt, params), params, tools, call)

@@ -25,23 +25,22 @@ from litestar.params import FromQuery, JSONBody
 
 from ninfer import __version__ as NINFER_VERSION
 from ninfer.engine import DEFAULT_SAMPLER_ORDER
+from ninfer.frontend.sampling_defaults import recommended_sampling
 from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.gate import EXEMPT, RouterDependency
 from ninfer.serve.generation import DRY_SEQUENCE_BREAKERS, UNTIL_CONTEXT_END
 from ninfer.serve.router import (
     FAILED,
-    GATE_EXEMPT,
     LOADED,
     LOADING,
     ModelEntry,
+    ModelNotFoundError,
     ModelRouter,
-    RouterDependency,
     StatusEvent,
 )
-from ninfer.serve.sampling_defaults import recommended_sampling
-from ninfer.serve.sse import sse_frame, sse_response
+from ninfer.serve.sse import EVENT_STREAM, sse_frame, sse_response
 from ninfer.serve.state import ServedModel
 
-EXEMPT = {GATE_EXEMPT: True}
 # The load stages llama-ui knows are text_model, spec_model (a draft model) and mmproj_model (a vision projector);
 # the config refuses the spec and vision options until they exist, so every model here loads one stage.
 LOAD_STAGES = ["text_model"]
@@ -85,13 +84,13 @@ def model_rows(router: ModelRouter, loaded_row: Callable[[ServedModel], dict[str
 # -- load / unload / status feed -----------------------------------------------------------------------------------
 
 
-@post("/models/load", status_code=200, opt=EXEMPT, summary="Start loading a model (returns at once)")
+@post("/models/load", status_code=200, opt=EXEMPT, raises=[ModelNotFoundError], summary="Start loading a model (returns at once)")
 async def load_model(data: JSONBody[ModelRequest], router: RouterDependency) -> dict[str, Any]:
     router.request_load(data.model)
     return {"success": True}
 
 
-@post("/models/unload", status_code=200, opt=EXEMPT,
+@post("/models/unload", status_code=200, opt=EXEMPT, raises=[ModelNotFoundError],
       summary="Unload a model once its requests finish, or cancel its load")
 async def unload_model(data: JSONBody[ModelRequest], router: RouterDependency) -> dict[str, Any]:
     entry = router.lookup(data.model)
@@ -130,7 +129,7 @@ async def _status_frames(router: ModelRouter) -> AsyncIterator[bytes]:
         router.unsubscribe(queue)
 
 
-@get("/models/sse", summary="Live model status events (llama.cpp router mode)")
+@get("/models/sse", summary="Live model status events (llama.cpp router mode)", media_type=EVENT_STREAM)
 async def models_sse(router: RouterDependency) -> Any:
     return sse_response(_status_frames(router), ping_interval_s=router.config.sse_ping_interval_s)
 
@@ -171,13 +170,14 @@ def _model_props(router: ModelRouter, entry: ModelEntry) -> dict[str, Any]:
         "total_slots": spec.options.max_concurrency,
         "model_path": str(spec.path),
         "model_alias": spec.name,
-        "modalities": {"vision": False, "audio": False, "video": False},
+        # What the model's engine was started with (--vision): llama-ui offers image attachments only then.
+        "modalities": {"vision": spec.options.vision, "audio": False, "video": spec.options.vision},
         "chat_template": template.source if template is not None else "",  # "" until the model is loaded
         "status": _status(entry),
     }
 
 
-@get("/props", summary="Server and model properties (the fields llama-ui reads)")
+@get("/props", raises=[ModelNotFoundError], summary="Server and model properties (the fields llama-ui reads)")
 async def props(router: RouterDependency, model: FromQuery[str | None] = None,
                 autoload: FromQuery[bool] = True) -> dict[str, Any]:
     common = {"build_info": f"ninfer {NINFER_VERSION}", "ui_settings": {}, "webui_settings": {},
@@ -216,7 +216,7 @@ def slot_rows(router: ModelRouter, entry: ModelEntry) -> list[dict[str, Any]]:
     return slots
 
 
-@get("/slots", summary="One object per configured lane of the model")
+@get("/slots", raises=[ModelNotFoundError], summary="One object per configured lane of the model")
 async def slots(router: RouterDependency, model: FromQuery[str | None] = None) -> list[dict[str, Any]]:
     return slot_rows(router, router.lookup(model))
 

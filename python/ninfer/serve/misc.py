@@ -16,11 +16,12 @@ from litestar.params import JSONBody
 from msgspec import Meta
 
 from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.fields import TokenId
+from ninfer.serve.gate import LeaseDependency, RouterDependency
 from ninfer.serve.generation import ChatPrompt, prepare_prompt
 from ninfer.serve.llamacpp import model_rows
 from ninfer.serve.metrics import CONTENT_TYPE
 from ninfer.serve.openai_chat import ChatMessage
-from ninfer.serve.router import RouterDependency
 from ninfer.serve.state import ServedModel
 
 PUBLIC = {"public": True}
@@ -72,7 +73,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
-    tokens: list[Annotated[int, Meta(ge=0)]]
+    tokens: list[TokenId]
     model: str | None = None
 
 
@@ -85,8 +86,8 @@ class ApplyTemplateRequest(msgspec.Struct, kw_only=True):
 
 
 @post("/tokenize", status_code=200, summary="Text -> token ids (llama.cpp body)")
-async def tokenize(data: JSONBody[TokenizeRequest], router: RouterDependency) -> dict[str, Any]:
-    frontend = router.resolve(data.model).engine.frontend
+async def tokenize(data: JSONBody[TokenizeRequest], lease: LeaseDependency) -> dict[str, Any]:
+    frontend = lease.served.engine.frontend
     ids = await asyncio.to_thread(frontend.encode, data.content)  # a long text: off the event loop
     if data.add_special and frontend.bos_token_id is not None:
         ids = [frontend.bos_token_id, *ids]
@@ -96,8 +97,8 @@ async def tokenize(data: JSONBody[TokenizeRequest], router: RouterDependency) ->
 
 
 @post("/detokenize", status_code=200, summary="Token ids -> text (llama.cpp body)")
-async def detokenize(data: JSONBody[DetokenizeRequest], router: RouterDependency) -> dict[str, Any]:
-    engine = router.resolve(data.model).engine
+async def detokenize(data: JSONBody[DetokenizeRequest], lease: LeaseDependency) -> dict[str, Any]:
+    engine = lease.served.engine
     bad = [t for t in data.tokens if t >= engine.info.vocab_size]
     if bad:
         raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary of {engine.info.vocab_size}",
@@ -106,14 +107,14 @@ async def detokenize(data: JSONBody[DetokenizeRequest], router: RouterDependency
 
 
 @post("/apply-template", status_code=200, summary="Chat messages -> the prompt text the model would see")
-async def apply_template(data: JSONBody[ApplyTemplateRequest], router: RouterDependency) -> dict[str, Any]:
+async def apply_template(data: JSONBody[ApplyTemplateRequest], lease: LeaseDependency) -> dict[str, Any]:
     kwargs = dict(data.chat_template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)
     chat = ChatPrompt([msgspec.to_builtins(m) for m in data.messages], tools=data.tools,
                       add_generation_prompt=data.add_generation_prompt,
                       enable_thinking=thinking if isinstance(thinking, bool) else None,
                       chat_template_kwargs=kwargs or None)
-    return {"prompt": (await prepare_prompt(router.resolve(data.model), chat)).text}
+    return {"prompt": (await prepare_prompt(lease.served, chat)).text}
 
 
 @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE)

@@ -31,23 +31,21 @@ from msgspec import Meta
 
 from ninfer.engine import PrefillProgress
 from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
+from ninfer.serve.answer import answer, prepare
 from ninfer.serve.custom_tools import call_input, chat_form_tools, chat_history_call
-from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.fields import MaxTokens, TopLogprobs
+from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
-    MAX_TOP_LOGPROBS,
     ChatPrompt,
     Delta,
     Generation,
     GenerationResult,
     TokenLogprob,
-    prepare_prompt,
-    start_generation,
 )
 from ninfer.serve.openai_common import (
     DONE_FRAME,
     REASONING_EFFORTS,
-    MaxTokens,
     SamplingFields,
     advisory_tool_choice,
     generation_params,
@@ -60,9 +58,8 @@ from ninfer.serve.openai_common import (
     usage_json,
 )
 from ninfer.serve.reasoning_control import ReasoningControl
-from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import PING_INTERVAL_S, sse_frame, sse_response
-from ninfer.serve.structured import build_constraint, chat_response_format
+from ninfer.serve.structured import chat_response_format
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -82,7 +79,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    top_logprobs: TopLogprobs | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -353,6 +350,10 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
     yield sse_frame("[DONE]")
 
 
+async def _whole(shape: _Shape, generation: Generation, logprobs: bool) -> dict[str, Any]:
+    return completion_json(shape, await generation.run(), logprobs)
+
+
 def _reasoning_budget(body: ChatCompletionRequest) -> int | None:
     """The request's reasoning budget in tokens, None for no limit (llama.cpp reads reasoning_budget_tokens first)."""
     budget = body.reasoning_budget_tokens if body.reasoning_budget_tokens is not None else body.thinking_budget_tokens
@@ -367,9 +368,8 @@ def _ping_interval(body: ChatCompletionRequest) -> float | None:
 
 
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, summary="OpenAI Chat Completions")
-async def chat_completions(data: JSONBody[ChatCompletionRequest], router: RouterDependency,
-                           request: Request) -> Any:
-    model = router.resolve(data.model)
+async def chat_completions(data: JSONBody[ChatCompletionRequest], lease: LeaseDependency, request: Request) -> Any:
+    model = lease.served
     want_logprobs = bool(data.logprobs) or bool(data.top_logprobs)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
     params = generation_params(
@@ -381,27 +381,22 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], router: Router
         report_progress=data.stream and data.return_progress,
     )
     chat = _chat_prompt(data)
-    output_format = chat_response_format(data.response_format)
-    prompt = await prepare_prompt(model, chat)
-    if output_format is not None:
-        constraint = await build_constraint(
-            model.engine, output_format, "response_format", starts_in_reasoning=prompt.starts_in_reasoning
-        )
-        params = replace(params, constraint=constraint)
+    prepared = await prepare(model, chat, params, output_format=chat_response_format(data.response_format),
+                             format_param="response_format")
     budget = _reasoning_budget(data)
     if data.reasoning_control or budget is not None:
-        params = replace(params, constraint=ReasoningControl(
-            model.engine.frontend, starts_in_reasoning=prompt.starts_in_reasoning, inner=params.constraint,
-            budget=budget))
-    generation = await start_generation(model, prompt, params, tools=chat.tools)
+        prepared = replace(prepared, params=replace(prepared.params, constraint=ReasoningControl(
+            model.engine.frontend, starts_in_reasoning=prepared.prompt.starts_in_reasoning,
+            inner=prepared.params.constraint, budget=budget)))
     shape = _Shape(data, model.model_id)
-    if data.stream:
-        return sse_response(
+    return await answer(
+        request, lease, prepared, response_id=shape.id,
+        whole=lambda generation: _whole(shape, generation, want_logprobs),
+        stream=(lambda generation: sse_response(
             _chunks(shape, generation, want_logprobs, include_usage(data), data.timings_per_token),
-            on_error=stream_error_frame, final_frame=DONE_FRAME,
-            ping_interval_s=_ping_interval(data)
-        )
-    return completion_json(shape, await run_while_connected(request, generation.run()), want_logprobs)
+            on_error=stream_error_frame, final_frame=DONE_FRAME, ping_interval_s=_ping_interval(data),
+        )) if data.stream else None,
+    )
 
 
 route_handlers = [chat_completions]

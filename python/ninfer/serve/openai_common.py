@@ -14,9 +14,17 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from ninfer.engine import SAMPLER_STAGES
+from ninfer.engine import SAMPLER_STAGES, SamplingParams
 from ninfer.errors import NinferError
 from ninfer.serve.errors import InvalidRequestError, describe, openai_body
+from ninfer.serve.fields import (
+    Penalty,
+    Probability,
+    RepetitionPenalty,
+    Seed,
+    Temperature,
+    TopK,
+)
 from ninfer.serve.generation import (
     UNTIL_CONTEXT_END,
     GenerationParams,
@@ -24,29 +32,26 @@ from ninfer.serve.generation import (
     GenerationUsage,
     LiveTimings,
     TokenLogprob,
+    sampling_overrides,
 )
 from ninfer.serve.sse import sse_frame
 
 # What `reasoning_effort` (chat) and `reasoning.effort` (Responses) may be.
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
-# -1 means "until the end of the context" (llama.cpp's web UI sends it).
-MaxTokens = Annotated[int, Meta(ge=-1)]
-Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
-Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):
     model: str | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    temperature: Temperature | None = None
     top_p: Probability | None = None
-    top_k: Annotated[int, Meta(ge=0)] | None = None
+    top_k: TopK | None = None
     min_p: Probability | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None  # llama.cpp's name
-    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None  # vLLM's name
-    seed: Annotated[int, Meta(ge=0)] | None = None  # the engine refuses >= 2^64
+    repeat_penalty: RepetitionPenalty | None = None  # llama.cpp's name
+    repetition_penalty: RepetitionPenalty | None = None  # vLLM's name
+    seed: Seed | None = None
     # llama.cpp's sampler fields (llama-ui's settings dialog sends them); the engine checks their ranges
     repeat_last_n: Annotated[int, Meta(ge=-1)] | None = None
     typical_p: float | None = None
@@ -71,6 +76,10 @@ class SamplingFields(msgspec.Struct, kw_only=True):
 
 
 MAX_STOP_STRINGS = 16
+# The request fields that are SamplingParams fields of the same name and meaning (the rest are mapped by hand below).
+SHARED_SAMPLING_FIELDS = tuple(name for name in SamplingFields.__struct_fields__
+                               if name in SamplingParams.__dataclass_fields__ and name not in ("repetition_penalty",
+                                                                                                 "typical_p"))
 
 
 def advisory_tool_choice(requested: Any, *, forcing: bool, strict: bool) -> dict[str, Any] | None:
@@ -143,29 +152,15 @@ def generation_params(
     refuse_logit_bias(body.logit_bias)
     return GenerationParams(
         max_tokens=UNTIL_CONTEXT_END if max_tokens is not None and max_tokens < 0 else max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        min_p=body.min_p,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty
-        if body.repetition_penalty is not None
-        else body.repeat_penalty,
-        seed=body.seed,
-        penalty_last_n=body.repeat_last_n,
-        typical_p=body.typical_p if body.typical_p is not None else body.typ_p,
-        top_n_sigma=body.top_n_sigma,
-        dynatemp_range=body.dynatemp_range,
-        dynatemp_exponent=body.dynatemp_exponent,
-        xtc_probability=body.xtc_probability,
-        xtc_threshold=body.xtc_threshold,
-        dry_multiplier=body.dry_multiplier,
-        dry_base=body.dry_base,
-        dry_allowed_length=body.dry_allowed_length,
-        dry_penalty_last_n=body.dry_penalty_last_n,
+        sampling=sampling_overrides(
+            **{name: getattr(body, name) for name in SHARED_SAMPLING_FIELDS},
+            # llama.cpp's names, where the engine's differ
+            repetition_penalty=body.repetition_penalty if body.repetition_penalty is not None else body.repeat_penalty,
+            typical_p=body.typical_p if body.typical_p is not None else body.typ_p,
+            penalty_last_n=body.repeat_last_n,
+            order=sampler_order(body.samplers),
+        ),
         dry_sequence_breakers=body.dry_sequence_breakers,
-        order=sampler_order(body.samplers),
         stop=stop_strings(body.stop),
         logprobs=logprobs,
         top_logprobs=top_logprobs,

@@ -16,19 +16,18 @@ from litestar import Request, post
 from litestar.params import JSONBody
 from msgspec import Meta
 
-from ninfer.serve.disconnect import run_while_connected
+from ninfer.serve.answer import answer, prepare
 from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.fields import MaxTokens, TokenId
+from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
     Generation,
     GenerationResult,
     TextPrompt,
     TokenLogprob,
-    prepare_prompt,
-    start_generation,
 )
 from ninfer.serve.openai_common import (
     DONE_FRAME,
-    MaxTokens,
     SamplingFields,
     generation_params,
     include_usage,
@@ -37,13 +36,10 @@ from ninfer.serve.openai_common import (
     timings_json,
     usage_json,
 )
-from ninfer.serve.router import RouterDependency
 from ninfer.serve.sse import sse_frame, sse_response
 
 DEFAULT_MAX_TOKENS = 16
 MAX_LEGACY_LOGPROBS = 5  # OpenAI's cap on the legacy `logprobs: K`
-
-TokenId = Annotated[int, Meta(ge=0)]
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -142,25 +138,30 @@ def completion_json(shape: _Shape, result: GenerationResult, echo: str, logprobs
 
 
 @post(["/v1/completions", "/completions"], status_code=200, summary="OpenAI Completions")
-async def completions(data: JSONBody[CompletionRequest], router: RouterDependency, request: Request) -> Any:
+async def completions(data: JSONBody[CompletionRequest], lease: LeaseDependency, request: Request) -> Any:
     _refuse_unsupported(data)
-    model = router.resolve(data.model)
+    model = lease.served
     want_logprobs = data.logprobs is not None
     params = generation_params(
         data, max_tokens=data.max_tokens, logprobs=want_logprobs, top_logprobs=data.logprobs or 0
     )
-    prompt = await prepare_prompt(model, _prompt(data))
-    generation = await start_generation(model, prompt, params)
+    prepared = await prepare(model, _prompt(data), params)
+    prompt = prepared.prompt
     echo = ""
     if data.echo:
         echo = prompt.text if prompt.text is not None else model.engine.frontend.decode(prompt.token_ids)
     shape = _Shape(model.model_id)
-    if data.stream:
-        return sse_response(
+
+    async def whole(generation: Generation) -> dict[str, Any]:
+        return completion_json(shape, await generation.run(), echo, want_logprobs)
+
+    return await answer(
+        request, lease, prepared, response_id=shape.id, whole=whole,
+        stream=(lambda generation: sse_response(
             _chunks(shape, generation, echo, want_logprobs, include_usage(data)), on_error=stream_error_frame,
             final_frame=DONE_FRAME,
-        )
-    return completion_json(shape, await run_while_connected(request, generation.run()), echo, want_logprobs)
+        )) if data.stream else None,
+    )
 
 
 route_handlers = [completions]

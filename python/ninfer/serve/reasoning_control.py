@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ninfer.engine import TextStream, TokenConstraint
+from ninfer.engine import TokenConstraint
 from ninfer.frontend.reasoning import THINK_END, ReasoningParser
+from ninfer.frontend.text import TextStream
 
 if TYPE_CHECKING:
-    from ninfer.engine import Frontend
+    from ninfer.frontend.text import Frontend
 
 
 class ReasoningControl:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import replace
 from typing import Annotated, Any
 
 import msgspec
@@ -39,18 +38,20 @@ from msgspec import Meta
 
 from ninfer.errors import NinferError
 from ninfer.frontend.chat import flatten_content
+from ninfer.frontend.chat_media import flatten_unless_media
+from ninfer.serve.answer import answer, prepare
 from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
-from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError, describe
+from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK, TopLogprobs
+from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
-    MAX_TOP_LOGPROBS,
     ChatPrompt,
     Generation,
     GenerationParams,
     GenerationResult,
     TokenLogprob,
     prepare_prompt,
-    start_generation,
+    sampling_overrides,
 )
 from ninfer.serve.openai_common import REASONING_EFFORTS, advisory_tool_choice, logprob_json, new_id
 from ninfer.serve.output_blocks import (
@@ -65,10 +66,8 @@ from ninfer.serve.output_blocks import (
     OutputBlocks,
 )
 from ninfer.serve.response_store import ResponseStore, StoredResponse
-from ninfer.serve.router import RouterDependency
-from ninfer.serve.sse import sse_frame, sse_response
-from ninfer.serve.state import ServedModel
-from ninfer.serve.structured import build_constraint, responses_text_format
+from ninfer.serve.sse import SSEStream, sse_frame, sse_response
+from ninfer.serve.structured import responses_text_format
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
 
@@ -79,7 +78,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
-    max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_output_tokens: OutputTokens | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -90,13 +89,13 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     include: list[str] | None = None
     background: bool | None = None
     stream: bool = False
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_logprobs: TopLogprobs | None = None
     user: str | None = None
     # Extensions, as chat accepts them.
-    top_k: Annotated[int, Meta(ge=0)] | None = None
-    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_k: TopK | None = None
+    min_p: Probability | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -182,7 +181,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     follows it; consecutive function calls join one assistant message."""
     messages: list[dict[str, Any]] = []
     reasoning: str | None = None
-    for item in items:
+    for position, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "message":
             role = item.get("role")
@@ -193,7 +192,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 )
             message: dict[str, Any] = {
                 "role": "system" if role == "developer" else role,
-                "content": flatten_content(item.get("content"), role=role),
+                "content": flatten_unless_media(item.get("content"), role=role, where=f"input[{position}].content"),
             }
             if role == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
@@ -585,47 +584,47 @@ def _check_supported(body: ResponsesRequest) -> None:
         raise InvalidRequestError("truncation must be 'auto' or 'disabled'", param="truncation")
 
 
-async def _prepare(model: ServedModel, body: ResponsesRequest | InputTokensRequest, store: ResponseStore):
+def _conversation(body: ResponsesRequest | InputTokensRequest,
+                  store: ResponseStore) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ChatPrompt]:
+    """The request's input items, the whole conversation they continue, and its chat prompt."""
     items = input_items(body.input)
     conversation = _previous(store, body.previous_response_id) + items_to_messages(items)
-    chat = _chat_prompt(body, conversation)
-    return items, conversation, chat, await prepare_prompt(model, chat)
+    return items, conversation, _chat_prompt(body, conversation)
 
 
 @post("/v1/responses", status_code=200, summary="OpenAI Responses")
-async def create_response(data: JSONBody[ResponsesRequest], router: RouterDependency, state: State,
+async def create_response(data: JSONBody[ResponsesRequest], lease: LeaseDependency, state: State,
                           request: Request) -> Any:
     _check_supported(data)
-    model = router.resolve(data.model)
     store = response_store(state)
     fmt = responses_text_format(data.text)
     params = GenerationParams(
         max_tokens=data.max_output_tokens,
-        temperature=data.temperature,
-        top_p=data.top_p,
-        top_k=data.top_k,
-        min_p=data.min_p,
+        sampling=sampling_overrides(temperature=data.temperature, top_p=data.top_p, top_k=data.top_k,
+                                    min_p=data.min_p),
         logprobs=wants_logprobs(data),
         top_logprobs=data.top_logprobs or 0,
     )
-    items, conversation, chat, prompt = await _prepare(model, data, store)
-    if fmt is not None:
-        constraint = await build_constraint(
-            model.engine, fmt, "text.format.schema", starts_in_reasoning=prompt.starts_in_reasoning
-        )
-        params = replace(params, constraint=constraint)
-    generation = await start_generation(model, prompt, params, tools=chat.tools)
-    run = _Run(data, _Shape(data, model.model_id), generation, store, conversation, items)
-    if data.stream:
-        return sse_response(run.events(), on_error=run.error_frame)
-    return await run_while_connected(request, run.run())
+    items, conversation, chat = _conversation(data, store)
+    prepared = await prepare(lease.served, chat, params, output_format=fmt, format_param="text.format.schema")
+    shape = _Shape(data, lease.served.model_id)
+
+    def run(generation: Generation) -> _Run:
+        return _Run(data, shape, generation, store, conversation, items)
+
+    def stream(generation: Generation) -> SSEStream:
+        streamed = run(generation)
+        return sse_response(streamed.events(), on_error=streamed.error_frame)
+
+    return await answer(request, lease, prepared, response_id=shape.id,
+                        whole=lambda generation: run(generation).run(), stream=stream if data.stream else None)
 
 
 @post("/v1/responses/input_tokens", status_code=200, summary="Count a Responses request's input tokens")
-async def count_input_tokens(data: JSONBody[InputTokensRequest], router: RouterDependency,
+async def count_input_tokens(data: JSONBody[InputTokensRequest], lease: LeaseDependency,
                              state: State) -> dict[str, Any]:
-    model = router.resolve(data.model)
-    *_, prompt = await _prepare(model, data, response_store(state))
+    *_, chat = _conversation(data, response_store(state))
+    prompt = await prepare_prompt(lease.served, chat)
     return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
 
 
@@ -636,19 +635,21 @@ def _stored(state: State, response_id: str) -> StoredResponse:
     return entry
 
 
-@get("/v1/responses/{response_id:str}", summary="A stored response")
+@get("/v1/responses/{response_id:str}", summary="A stored response", raises=[NotFoundException])
 async def get_response(response_id: FromPath[str], state: State) -> dict[str, Any]:
     return _stored(state, response_id).response
 
 
-@delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a stored response")
+@delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a stored response",
+        raises=[NotFoundException])
 async def delete_response(response_id: FromPath[str], state: State) -> dict[str, Any]:
     if not response_store(state).delete(response_id):
         raise NotFoundException(f"response {response_id!r} not found")
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
-@get("/v1/responses/{response_id:str}/input_items", summary="A stored response's input items")
+@get("/v1/responses/{response_id:str}/input_items", summary="A stored response's input items",
+     raises=[NotFoundException])
 async def list_input_items(
     response_id: FromPath[str],
     state: State,

@@ -1,16 +1,15 @@
 """The model router: several configured models, one resident engine at a time, swapped on demand.
 
-    config = load_config("models.json", defaults=EngineOptions(...))     # or single_model_config(path, name, ...)
-    router = ModelRouter(config)
+    router = ModelRouter(config)                         # a RouterConfig (ninfer.serve.router_config)
     await router.start()                                 # the 1-second TTL ticker; nothing is loaded, no warm-up
     async with await router.acquire("qwen") as served:   # loads or swaps as needed, then pins the model
-        ... served.engine ...                            # (HTTP requests get this from ModelGate, below)
+        ... served.engine ...                            # (HTTP requests get this from ninfer.serve.gate)
     router.request_load("qwen") / request_unload("qwen") # fire-and-forget; progress goes to router.events
     router.close()
 
 Lifecycle of a swap (A resident, a request for B arrives): B's ticket waits in FIFO order; new requests for A that
-arrive after it wait too, so B cannot starve, and every request that waited for B's load is admitted with it. Once A's in-flight requests finish (a request pins its model for as long
-as its response streams), A is closed (`Engine.close` frees all its memory) and B is opened in a worker thread, gated
+arrive after it wait too, so B cannot starve, and every request that waited for B's load is admitted with it. Once
+A's in-flight requests finish (a request pins its model for as long as its response streams), A is closed (`Engine.close` frees all its memory) and B is opened in a worker thread, gated
 on readiness under `health_check_timeout`. A load that fails marks B `failed` with the reason; the requests that
 waited for it get a 503 naming it, the server keeps running, and a later request retries. Requests wait at most
 `load_wait_timeout` for their model (a 503 with Retry-After when that runs out). The router never caps concurrency:
@@ -23,64 +22,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import gc
-import json
 import logging
-import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
-import msgspec
-from litestar.connection import ASGIConnection
-from litestar.datastructures import State
-from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException
 
-from ninfer.engine import (
-    MAX_DRAFT_TOKENS,
-    OPTION_CHOICES,
-    Engine,
-    EngineOptions,
-    EngineStats,
-    GenerationEvent,
-    Request,
-    SamplingParams,
-    native_sampling,
-)
-from ninfer.errors import EngineBusyError, NinferError, OutOfMemoryError
-from ninfer.serve.auth import refusal
+from ninfer.engine import Engine, EngineOptions, EngineStats
+from ninfer.errors import NinferError
+from ninfer.serve.calls import Call, failure_summary
 from ninfer.serve.metrics import ServerMetrics
-from ninfer.serve.reasoning_control import ReasoningControl
-from ninfer.serve.sampling_defaults import OVERRIDABLE
-from ninfer.serve.state import DEFAULT_MAX_TOKENS, ServedModel
+from ninfer.serve.router_config import ModelSpec, RouterConfig, single_model_config
+from ninfer.serve.state import ServedModel
 
 log = logging.getLogger("ninfer.serve.router")
 
 TICK_S = 1.0
-DEFAULT_HEALTH_CHECK_TIMEOUT_S = 120.0
-DEFAULT_LOAD_WAIT_S = 300.0
-DEFAULT_SSE_PING_S = 5.0  # keepalives of /models/sse
 RETRY_AFTER_S = 5
 EVENT_QUEUE_LIMIT = 256  # per SSE subscriber; a reader that falls this far behind is dropped
 RECENT_ERRORS = 20  # what the dashboard's "recent errors" keeps: load failures and server-side request failures
-
-# Engine keys a model entry may carry, besides the router's own keys below.
-ENGINE_KEYS = {f.name for f in fields(EngineOptions)} - {"verify_checksums"}
-# Options of later issues: accepted by name so configs written for them fail with a clear message.
-NOT_YET_KEYS = {"lm_head_draft": "the MTP draft's lm-head shortlist", "vision": "vision input",
-                "device_state_slots": "GDN state offload", "host_state_slots": "GDN state offload",
-                "host_kv_mib": "host KV offload", "reserve_gib": "GPU memory planning"}
-MODEL_KEYS = {"path", "aliases", "ttl", "preserve_thinking", "description", "sampling", "max_tokens"}
-GLOBAL_KEYS = {"models", "ttl", "health_check_timeout", "load_wait_timeout", "sse_ping_interval", "max_tokens"}
-
-
-class RouterConfigError(NinferError):
-    """A router config that cannot be served: the message names the file, the key and what is wrong."""
 
 
 class ModelNotFoundError(HTTPException):
@@ -92,304 +57,6 @@ class ModelUnavailableError(HTTPException):
 
     status_code = 503
 
-
-# -- config ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    path: Path
-    options: EngineOptions
-    aliases: tuple[str, ...] = ()
-    ttl_s: float | None = None  # None: the global TTL; 0: never unload when idle
-    preserve_thinking: bool | None = None
-    description: str = ""
-    sampling: Mapping[str, Any] = field(default_factory=dict)  # over the recommended defaults (sampling_defaults)
-    max_tokens: int | None = DEFAULT_MAX_TOKENS  # for requests that name none; None: to the end of the context
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    models: tuple[ModelSpec, ...]
-    ttl_s: float = 0.0  # global idle TTL; 0 = never
-    health_check_timeout_s: float = DEFAULT_HEALTH_CHECK_TIMEOUT_S
-    load_wait_s: float = DEFAULT_LOAD_WAIT_S
-    sse_ping_interval_s: float = DEFAULT_SSE_PING_S
-
-
-def _number(value: Any, where: str, *, minimum: float = 0.0, integer: bool = False) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
-        raise RouterConfigError(f"{where} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if value < minimum:
-        raise RouterConfigError(f"{where} must be >= {minimum:g}, got {value}")
-    return value
-
-
-def _ttl(value: Any, where: str) -> float | None:
-    # llama-swap writes -1 for "use the global TTL".
-    return None if value == -1 else float(_number(value, where))
-
-
-def _global_ttl(value: Any, source: str) -> float:
-    if value == -1:  # a model entry's "the global value": the global TTL itself has none to refer to
-        raise RouterConfigError(f"{source}: ttl must be >= 0 (0: never unload), got -1 (-1 means the global ttl, "
-                                "and only in a model entry)")
-    return float(_number(value, f"{source}: ttl"))
-
-
-def _max_tokens(value: Any, where: str) -> int | None:
-    if value == -1:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RouterConfigError(f"{where} must be an integer >= 1, or -1 for no limit, got {json.dumps(value)}")
-    return value
-
-
-def _sampling(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise RouterConfigError(f"{where} must be an object of sampling values, got {json.dumps(value)}")
-    unknown = value.keys() - set(OVERRIDABLE)
-    if unknown:
-        raise RouterConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: "
-                                f"{', '.join(OVERRIDABLE)})")
-    for key, v in value.items():
-        _number(v, f"{where}.{key}", minimum=-math.inf, integer=SamplingParams.__dataclass_fields__[key].type == "int")
-    try:
-        native_sampling(SamplingParams(**value))
-    except NinferError as exc:
-        raise RouterConfigError(f"{where}: {exc}") from exc
-    return dict(value)
-
-
-def _engine_value(key: str, value: Any, default: Any, where: str) -> Any:
-    """One engine key of a model entry, checked as EngineOptions' field `key` needs it (the engine itself would only
-    refuse it at the model's first load)."""
-    def refuse(allowed: str) -> RouterConfigError:
-        return RouterConfigError(f"{where}.{key} must be {allowed}, got {json.dumps(value)}")
-
-    if key == "kv_capacity":
-        if value is None or value == "auto":
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise refuse('a number of tokens (an integer >= 1), "auto" or null')
-        return value
-    if key in OPTION_CHOICES:
-        if value not in OPTION_CHOICES[key]:
-            raise refuse("one of " + ", ".join(json.dumps(c) for c in OPTION_CHOICES[key]))
-        return value
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise refuse("true or false")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise refuse("an integer >= 0")
-    return value
-
-
-def _engine_options(entry: Mapping[str, Any], defaults: EngineOptions, where: str) -> EngineOptions:
-    options = replace(defaults, **{key: _engine_value(key, entry[key], getattr(defaults, key), where)
-                                   for key in ENGINE_KEYS & entry.keys()})
-    if not 1 <= options.max_concurrency <= 8:
-        raise RouterConfigError(f"{where}.max_concurrency must be in 1..8, got {options.max_concurrency}")
-    if options.max_context < 1:
-        raise RouterConfigError(f"{where}.max_context must be >= 1, got {options.max_context}")
-    if options.spec == "mtp" and not 1 <= options.draft_tokens <= MAX_DRAFT_TOKENS:
-        raise RouterConfigError(f"{where}.draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {options.draft_tokens}")
-    if options.prefill_chunk % 64:
-        raise RouterConfigError(f"{where}.prefill_chunk must be a positive multiple of 64 or 0 (auto), "
-                                f"got {options.prefill_chunk}")
-    if isinstance(options.kv_capacity, int) and options.kv_capacity < options.max_context:
-        raise RouterConfigError(f"{where}.kv_capacity ({options.kv_capacity}) must hold one full context "
-                                f"(max_context {options.max_context})")
-    return options
-
-
-def _model_spec(name: str, entry: Any, defaults: EngineOptions, base: Path, where: str,
-                max_tokens: int | None) -> ModelSpec:
-    if not isinstance(entry, Mapping):
-        raise RouterConfigError(f"{where} must be an object with a 'path', got {entry!r}")
-    unknown = entry.keys() - MODEL_KEYS - ENGINE_KEYS - NOT_YET_KEYS.keys()
-    if unknown:
-        raise RouterConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: "
-                                f"{', '.join(sorted(MODEL_KEYS | ENGINE_KEYS))})")
-    for key in NOT_YET_KEYS.keys() & entry.keys():
-        if entry[key] not in (None, False, "none"):
-            raise RouterConfigError(f"{where}.{key}: {NOT_YET_KEYS[key]} is not implemented yet in this build")
-    path = entry.get("path")
-    if not isinstance(path, str) or not path:
-        raise RouterConfigError(f"{where}.path must be the path of a .ninfer artifact")
-    aliases = entry.get("aliases", [])
-    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
-        raise RouterConfigError(f"{where}.aliases must be a list of names")
-    thinking = entry.get("preserve_thinking")
-    if thinking is not None and not isinstance(thinking, bool):
-        raise RouterConfigError(f"{where}.preserve_thinking must be true or false")
-    description = entry.get("description", "")
-    if not isinstance(description, str):
-        raise RouterConfigError(f"{where}.description must be a string")
-    return ModelSpec(name=name, path=(base / path) if not Path(path).is_absolute() else Path(path),
-                     options=_engine_options(entry, defaults, where), aliases=tuple(aliases),
-                     ttl_s=_ttl(entry["ttl"], f"{where}.ttl") if "ttl" in entry else None,
-                     preserve_thinking=thinking, description=description,
-                     sampling=_sampling(entry.get("sampling", {}), f"{where}.sampling"),
-                     max_tokens=_max_tokens(entry["max_tokens"], f"{where}.max_tokens") if "max_tokens" in entry
-                     else max_tokens)
-
-
-def parse_config(data: Any, *, defaults: EngineOptions, source: str = "config",
-                 base: Path = Path(".")) -> RouterConfig:
-    """Validates a router config (already parsed JSON). Relative model paths are relative to `base`."""
-    if not isinstance(data, Mapping):
-        raise RouterConfigError(f"{source}: the top level must be an object with 'models'")
-    unknown = data.keys() - GLOBAL_KEYS
-    if unknown:
-        raise RouterConfigError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))} "
-                                f"(known: {', '.join(sorted(GLOBAL_KEYS))})")
-    models = data.get("models")
-    if not isinstance(models, Mapping) or not models:
-        raise RouterConfigError(f"{source}: 'models' must be a non-empty object of NAME: {{\"path\": ...}}")
-    max_tokens = _max_tokens(data["max_tokens"], f"{source}: max_tokens") if "max_tokens" in data \
-        else DEFAULT_MAX_TOKENS
-    specs = tuple(_model_spec(name, entry, defaults, base, f"{source}: models.{name}", max_tokens)
-                  for name, entry in models.items())
-    seen: dict[str, str] = {}
-    for spec in specs:
-        for name in (spec.name, *spec.aliases):
-            if name in seen:
-                raise RouterConfigError(f"{source}: the name {name!r} of model {spec.name!r} is already used by "
-                                        f"model {seen[name]!r}")
-            seen[name] = spec.name
-    return RouterConfig(
-        models=specs,
-        ttl_s=_global_ttl(data.get("ttl", 0), source),
-        health_check_timeout_s=float(_number(data.get("health_check_timeout", DEFAULT_HEALTH_CHECK_TIMEOUT_S),
-                                             f"{source}: health_check_timeout", minimum=0.001)),
-        load_wait_s=float(_number(data.get("load_wait_timeout", DEFAULT_LOAD_WAIT_S),
-                                  f"{source}: load_wait_timeout", minimum=0.001)),
-        sse_ping_interval_s=float(_number(data.get("sse_ping_interval", DEFAULT_SSE_PING_S),
-                                          f"{source}: sse_ping_interval", minimum=0.01)),
-    )
-
-
-def load_config(path: str | Path, *, defaults: EngineOptions) -> RouterConfig:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RouterConfigError(f"cannot read the router config {path}: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise RouterConfigError(f"{path} is not JSON: {exc}") from exc
-    return parse_config(data, defaults=defaults, source=str(path), base=path.parent)
-
-
-def single_model_config(path: str | Path, name: str, options: EngineOptions,
-                        preserve_thinking: bool | None = None) -> RouterConfig:
-    """The one-model case (`ninfer-serve MODEL`): the same router, one entry, never unloaded when idle."""
-    return RouterConfig(models=(ModelSpec(name, Path(path), options, preserve_thinking=preserve_thinking),))
-
-
-# -- lane activity (for /slots and /v1/chat/completions/control) ---------------------------------------------------
-
-
-@dataclass(eq=False)
-class Call:
-    """One HTTP request that pinned a model: what /slots shows and what the control route addresses."""
-
-    call_id: int
-    model: str
-    path: str
-    conversation_id: str | None
-    started: float = field(default_factory=time.time)
-    completion_ids: set[str] = field(default_factory=set)  # response ids the stream registry saw for it
-    generations: list[Activity] = field(default_factory=list)
-
-    def cancel(self) -> int:
-        """Cancels this request's running generations; returns how many were asked to stop."""
-        return sum(g.cancel() for g in self.generations if g.finish_reason is None)
-
-    def reasoning_controls(self) -> list[ReasoningControl]:
-        """The reasoning controls of this request's running generations (those sent with reasoning_control)."""
-        return [g.reasoning for g in self.generations if g.finish_reason is None and g.reasoning is not None]
-
-
-@dataclass(eq=False)
-class Activity:
-    """One engine generation, as it progresses."""
-
-    engine: Engine
-    n_prompt: int
-    request_id: int | None = None
-    n_decoded: int = 0
-    finish_reason: str | None = None
-    cancel_requested: bool = False
-    reasoning: ReasoningControl | None = None  # armed by the request's reasoning_control
-
-    def cancel(self) -> bool:
-        self.cancel_requested = True
-        if self.request_id is not None:
-            self.engine.cancel(self.request_id)
-        return True
-
-
-CURRENT_CALL: contextvars.ContextVar[Call | None] = contextvars.ContextVar("ninfer_current_call", default=None)
-
-
-class TrackedEngine:
-    """The engine as handlers see it: the real one, with each generation's progress recorded on the HTTP call that
-    started it (the `CURRENT_CALL` context, set by ModelGate), so /slots shows tokens and control can cancel it."""
-
-    def __init__(self, engine: Engine, on_error: Callable[[str], None] | None = None) -> None:
-        """`on_error(message)`: told of each request the engine failed on the server's side (see `_failure`)."""
-        self._engine = engine
-        self._on_error = on_error
-
-    @property
-    def wrapped(self) -> Engine:
-        return self._engine
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    async def generate(self, request: Request, on_cancel_freed: Callable[[float], None] | None = None
-                       ) -> AsyncIterator[GenerationEvent]:
-        call = CURRENT_CALL.get()
-        control = request.constraint if isinstance(request.constraint, ReasoningControl) else None
-        activity = Activity(self._engine, n_prompt=len(request.prompt_tokens), reasoning=control)
-        if call is not None:
-            call.generations.append(activity)
-        events = self._engine.generate(request, on_cancel_freed)
-        try:
-            async for event in events:
-                if activity.request_id is None:
-                    activity.request_id = event.request_id
-                    if activity.cancel_requested and event.finish_reason is None:
-                        self._engine.cancel(event.request_id)
-                activity.n_decoded += len(event.token_ids)
-                activity.finish_reason = event.finish_reason
-                yield event
-        except NinferError as exc:
-            failure = _failure(exc, started=activity.request_id is not None)
-            if failure is not None and self._on_error is not None:
-                self._on_error(failure)
-            raise
-        finally:
-            if activity.finish_reason is None:
-                activity.finish_reason = "cancelled"
-            await events.aclose()
-
-
-def _failure(exc: NinferError, *, started: bool) -> str | None:
-    """What a supervisor reads of an engine error that ended a request, on one line; None for a request the engine
-    refused as invalid before starting it (the client's mistake, answered with a 400)."""
-    reason = " ".join(str(exc).split())
-    if isinstance(exc, EngineBusyError):
-        return f"429 engine full: {reason}"
-    if started:
-        return f"generation ended by an engine error: {reason}"
-    if isinstance(exc, OutOfMemoryError):
-        return f"request refused, out of memory: {reason}"
-    return None
 
 
 # -- runtime state -------------------------------------------------------------------------------------------------
@@ -437,11 +104,13 @@ class StatusEvent:
 
 
 class Lease:
-    """A pin on the resident model; `async with` releases it."""
+    """A pin on the resident model, held for `call` (None: a pin of the router's own, e.g. /models/load);
+    `async with` releases it."""
 
-    def __init__(self, router: ModelRouter, entry: ModelEntry) -> None:
+    def __init__(self, router: ModelRouter, entry: ModelEntry, call: Call | None = None) -> None:
         self._router = router
         self.entry = entry
+        self.call = call
         self._released = False
 
     @property
@@ -452,6 +121,8 @@ class Lease:
     async def release(self) -> None:
         if not self._released:
             self._released = True
+            if self.call is not None and self.call in self.entry.calls:
+                self.entry.calls.remove(self.call)
             await self._router._release(self.entry)
 
     async def __aenter__(self) -> ServedModel:
@@ -469,7 +140,7 @@ OpenEngine = Callable[[Path, EngineOptions, Callable[[float], None]], Awaitable[
 
 class ModelRouter:
     """The configured models by name, one resident at a time (see the module doc). Handlers get it from the
-    `router` dependency (`DEPENDENCIES` below)."""
+    `router` dependency (ninfer.serve.gate)."""
 
     def __init__(self, config: RouterConfig, *, open_engine: OpenEngine = Engine.open,
                  clock: Callable[[], float] = time.monotonic,
@@ -490,7 +161,7 @@ class ModelRouter:
         self._subscribers: set[asyncio.Queue[StatusEvent | None]] = set()
         self._call_ids = iter(range(1, 2**62))
         # Recent (time, model, one-line message), for the dashboard: load failures, and requests the engine failed
-        # (TrackedEngine's on_error).
+        # (each engine's on_failure).
         self.errors: deque[tuple[float, str, str]] = deque(maxlen=RECENT_ERRORS)
         # Loads past their health-check timeout, still running, each a task that closes its engine once it opens
         # (held: the loop keeps only weak references). The next load waits for them: one engine in memory at a time.
@@ -505,7 +176,7 @@ class ModelRouter:
         router = cls(single_model_config(engine.info.path, served.model_id, engine.options,
                                          served.preserve_thinking), **kwargs)
         entry = router._entries[served.model_id]
-        served.engine = TrackedEngine(engine, router._error_recorder(served.model_id))  # type: ignore[assignment]
+        engine.on_failure = router._error_recorder(served.model_id)
         served.metrics = router.metrics
         entry.served, entry.status, entry.loaded_at = served, LOADED, time.time()
         router._resident = entry
@@ -545,14 +216,6 @@ class ModelRouter:
                                             f"{', '.join(self._entries)}")
         return entry
 
-    def resolve(self, name: str | None = None) -> ServedModel:
-        """The loaded model a request names. HTTP requests reach handlers pinned and loaded by ModelGate."""
-        entry = self.lookup(name)
-        if entry.served is None:
-            raise ModelUnavailableError(detail=f"model {entry.name!r} is not loaded ({entry.status})",
-                                        headers={"Retry-After": str(RETRY_AFTER_S)})
-        return entry.served
-
     def find_call(self, *, completion_id: str | None = None, conversation_id: str | None = None) -> Call | None:
         """The in-flight call with this completion id or conversation id; the newest, for a conversation that a
         second request took over (ninfer.serve.streams: one generation per conversation)."""
@@ -590,14 +253,10 @@ class ModelRouter:
         await self._wait_for(_Ticket(entry), self.config.load_wait_s if wait_s is None else wait_s)
         if call is not None:
             entry.calls.append(call)
-        return Lease(self, entry)
+        return Lease(self, entry, call)
 
     def new_call(self, model: str, path: str, conversation_id: str | None) -> Call:
         return Call(next(self._call_ids), model, path, conversation_id)
-
-    def forget_call(self, entry: ModelEntry, call: Call) -> None:
-        if call in entry.calls:
-            entry.calls.remove(call)
 
     def request_load(self, name: str | None) -> ModelEntry:
         """llama.cpp's /models/load: returns at once; the status feed reports the load."""
@@ -683,8 +342,14 @@ class ModelRouter:
     def record_error(self, model: str, message: str) -> None:
         self.errors.append((time.time(), model, message))
 
-    def _error_recorder(self, model: str) -> Callable[[str], None]:
-        return lambda message: self.record_error(model, message)
+    def _error_recorder(self, model: str) -> Callable[[NinferError, bool], None]:
+        """An engine's `on_failure`: lists what failed on the server's side (ninfer.serve.calls.failure_summary)."""
+        def record(exc: NinferError, started: bool) -> None:
+            summary = failure_summary(exc, started=started)
+            if summary is not None:
+                self.record_error(model, summary)
+
+        return record
 
     def _explain_waits(self) -> None:
         """Sets each entry's `waiting` (published when it changes): a model whose requests wait for the resident
@@ -860,8 +525,8 @@ class ModelRouter:
         except NinferError as exc:
             engine.close()
             return f"not ready: {exc}"
-        tracked = TrackedEngine(engine, self._error_recorder(spec.name))
-        served = ServedModel(spec.name, tracked,  # type: ignore[arg-type]
+        engine.on_failure = self._error_recorder(spec.name)
+        served = ServedModel(spec.name, engine,
                              preserve_thinking=spec.preserve_thinking, metrics=self.metrics,
                              sampling_override=spec.sampling, default_max_tokens=spec.max_tokens)
         target.served = served
@@ -882,7 +547,7 @@ class ModelRouter:
         served, entry.served = entry.served, None
         if served is None:
             return
-        engine = served.engine.wrapped if isinstance(served.engine, TrackedEngine) else served.engine
+        engine = served.engine
         del served
         await asyncio.to_thread(engine.close)
         del engine
@@ -925,88 +590,3 @@ class ModelRouter:
                 if entry is not None:
                     log.info("model %s idle for %g s: unloading", entry.name, self.effective_ttl(entry))
                     self._busy = asyncio.create_task(self._swap(None), name="ninfer-router-ttl-unload")
-
-
-def _router(state: State) -> ModelRouter:
-    return state.router
-
-
-DEPENDENCIES = {"router": Provide(_router, sync_to_thread=False)}
-# How a route handler asks for it: a parameter named `router` of this type (Litestar matches named dependencies by
-# the parameter's name; Litestar 3 requires the explicit marker).
-RouterDependency: TypeAlias = NamedDependency[ModelRouter]
-
-
-# -- the HTTP gate -------------------------------------------------------------------------------------------------
-
-GATE_EXEMPT = "router_gate_exempt"  # route opt: this POST route needs no engine (management, streams, tools)
-
-
-class _ModelField(msgspec.Struct):
-    model: Any = None
-
-
-def _body_model(body: bytes) -> str | None:
-    """The body's `model`, decoded without building the rest (a long conversation costs a scan, not a copy)."""
-    try:
-        model = msgspec.json.decode(body, type=_ModelField).model if body else None
-    except (msgspec.DecodeError, RecursionError):
-        return None  # the handler answers malformed (or too deeply nested, or non-object) JSON with a 400
-    return model if isinstance(model, str) else None
-
-
-class ModelGate:
-    """ASGI middleware: every POST route not marked GATE_EXEMPT is a model request. It reads the body's `model`,
-    acquires it from the router (loading or swapping, waiting with a bound) and holds the pin until the response,
-    streamed or not, has been sent; `CURRENT_CALL` tells the engine wrapper whose generation it runs.
-
-    What the route would refuse before looking at the model passes through ungated, so that it never loads or swaps
-    one: a request without a valid API key (the guard answers 401), and a body over `max_body_bytes` (Litestar
-    answers 413 while reading the rest)."""
-
-    def __init__(self, app: Any, *, max_body_bytes: int) -> None:
-        self._app = app
-        self._max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        handler = scope.get("route_handler")
-        if (scope["type"] != "http" or scope.get("method") != "POST" or handler is None
-                or (handler.opt or {}).get(GATE_EXEMPT) or refusal(ASGIConnection(scope), handler.opt)):
-            await self._app(scope, receive, send)
-            return
-        router = scope["app"].state.router
-        chunks, size, more = [], 0, True
-        while more and size <= self._max_body_bytes:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left before sending its body
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": more}
-            return await receive()
-
-        if size > self._max_body_bytes:
-            await self._app(scope, replay, send)
-            return
-
-        headers = dict(scope.get("headers") or [])
-        conversation = headers.get(b"x-conversation-id")
-        name = _body_model(body)
-        entry = router.lookup(name)
-        call = router.new_call(entry.name, scope.get("path", ""), conversation.decode("latin-1") if conversation else None)
-        lease = await router.acquire(entry.name, call=call)
-        token = CURRENT_CALL.set(call)
-        try:
-            await self._app(scope, replay, send)
-        finally:
-            CURRENT_CALL.reset(token)
-            router.forget_call(lease.entry, call)
-            await lease.release()

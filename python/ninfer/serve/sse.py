@@ -27,6 +27,7 @@ from ninfer.serve.shutdown import CURRENT_DRAIN
 
 PING_INTERVAL_S = 15.0
 PING_FRAME = b": ping\n\n"
+EVENT_STREAM = "text/event-stream"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -145,6 +146,6 @@ def sse_response(
     """`final_frame`: what the protocol sends after an error frame to end a stream (OpenAI's `[DONE]`)."""
     return SSEStream(
         _with_pings(frames, ping_interval_s, on_error, final_frame),
-        media_type="text/event-stream",
+        media_type=EVENT_STREAM,
         headers={**SSE_HEADERS, **(headers or {})},
     )

@@ -1,6 +1,6 @@
 """What the app serves of one loaded model: `ServedModel`, the engine plus how the server presents it.
 
-Handlers get the loaded model a request names from the router (ninfer.serve.router): `router.resolve(body.model)`.
+Handlers get the loaded model a request names as `lease.served` (the `lease` dependency, ninfer.serve.gate).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ninfer.engine import Engine, SamplingParams
+from ninfer.frontend.sampling_defaults import recommended_sampling
 from ninfer.serve.generation import GenerationResult
 from ninfer.serve.metrics import ServerMetrics
-from ninfer.serve.sampling_defaults import recommended_sampling
 
 # max_tokens of a request that names none (the router config's `max_tokens` changes it; None: to the context's end).
 DEFAULT_MAX_TOKENS = 2048
@@ -32,7 +32,7 @@ class ServedModel:
     default_max_tokens: int | None = DEFAULT_MAX_TOKENS
 
     def sampling_defaults(self, *, thinking: bool) -> SamplingParams:
-        """What a request gets for the sampling fields it does not set (ninfer.serve.sampling_defaults)."""
+        """What a request gets for the sampling fields it does not set (ninfer.frontend.sampling_defaults)."""
         return recommended_sampling(self.engine.info.arch, self.engine.frontend.generation_defaults,
                                     self.sampling_override, thinking=thinking)
 

@@ -28,7 +28,6 @@ when its client leaves.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -40,9 +39,11 @@ from litestar import Request, delete, get, post
 from litestar.exceptions import ClientException, NotFoundException
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
+from ninfer.serve.asgi_headers import scope_header
+from ninfer.serve.calls import Call
 from ninfer.serve.errors import InvalidRequestError
-from ninfer.serve.router import CURRENT_CALL, GATE_EXEMPT, Call, RouterDependency
-from ninfer.serve.sse import sse_response
+from ninfer.serve.gate import EXEMPT, RouterDependency, lease_of
+from ninfer.serve.sse import EVENT_STREAM, sse_response
 
 MAX_STREAMS = 64
 MAX_TOTAL_BYTES = 64 * 2**20
@@ -178,50 +179,27 @@ def cancel_if_orphaned(stream: RecordedStream) -> None:
         stream.call.cancel()
 
 
-def _header(scope: Any, name: bytes) -> str | None:
-    for key, value in scope.get("headers") or ():
-        if key.lower() == name:
-            return value.decode("latin-1")
-    return None
-
-
-_COMPLETION_ID = re.compile(rb'"id":"(chatcmpl-[^"]+)"')
-
-
 class StreamRecorder:
-    """ASGI middleware on the chat routes: notes each call's completion id (what control addresses), and records
-    the streams of requests with `X-Conversation-Id`, detached from their client.
+    """ASGI middleware on the chat routes: records the streams of requests with `X-Conversation-Id`, detached from
+    their client.
 
-    It sits inside ModelGate (so CURRENT_CALL is set): the call it records keeps its model pinned while it runs."""
+    It sits inside ModelGate (whose lease names the call): the call it records keeps its model pinned while it
+    runs."""
 
     def __init__(self, app: Any) -> None:
         self._app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        call = CURRENT_CALL.get()
-        if scope["type"] != "http" or scope.get("path") not in RECORDED_PATHS or call is None:
+        lease = lease_of(scope) if scope["type"] == "http" else None
+        conversation = scope_header(scope, b"x-conversation-id")
+        if (lease is None or lease.call is None or scope.get("path") not in RECORDED_PATHS
+                or conversation is None):
             await self._app(scope, receive, send)
             return
-        conversation = _header(scope, b"x-conversation-id")
-        if conversation is None:
-            await self._app(scope, receive, self._noting_send(call, send))
-            return
-        await self._record(scope, receive, send, call, conversation)
-
-    @staticmethod
-    def _noting_send(call: Call, send: Any) -> Any:
-        async def noting_send(message: Any) -> None:
-            if message["type"] == "http.response.body" and not call.completion_ids:
-                found = _COMPLETION_ID.search(message.get("body", b""))
-                if found:
-                    call.completion_ids.add(found.group(1).decode())
-            await send(message)
-
-        return noting_send
+        await self._record(scope, receive, send, lease.call, conversation)
 
     async def _record(self, scope: Any, receive: Any, send: Any, call: Call, conversation: str) -> None:
         registry: StreamRegistry = scope["app"].state.streams
-        send = self._noting_send(call, send)
         stream: RecordedStream | None = None
         client_gone, response_done = asyncio.Event(), asyncio.Event()
         body_done = False
@@ -271,9 +249,6 @@ class StreamRecorder:
 
 # -- routes --------------------------------------------------------------------------------------------------------
 
-EXEMPT = {GATE_EXEMPT: True}
-
-
 class LookupRequest(msgspec.Struct, kw_only=True):
     conversation_ids: list[str]
 
@@ -282,6 +257,12 @@ class ControlRequest(msgspec.Struct, kw_only=True):
     id: str  # the completion id streamed back as `id` (chatcmpl-...), or a conversation id
     action: str = "stop"
     model: str | None = None
+
+
+class Conflict(ClientException):
+    """The addressed generation cannot do what was asked (its reasoning cannot be ended)."""
+
+    status_code = 409
 
 
 def _registry(request: Request) -> StreamRegistry:
@@ -327,27 +308,31 @@ def _forget(request: Request, conv_id: str) -> dict[str, Any]:
     return {"success": True, "conversation_id": stream.key}
 
 
-@get("/v1/stream", summary="Replay a recorded stream from a byte offset, then tail it live")
+@get("/v1/stream", summary="Replay a recorded stream from a byte offset, then tail it live", media_type=EVENT_STREAM,
+     raises=[NotFoundException])
 async def read_stream(request: Request, conv_id: FromQuery[str], offset: FromOffset = 0) -> Any:
     return _replay(request, conv_id, offset)
 
 
-@get("/v1/stream/{conv_id:str}", summary="Replay a recorded stream (addressed by path)")
+@get("/v1/stream/{conv_id:str}", summary="Replay a recorded stream (addressed by path)", media_type=EVENT_STREAM,
+     raises=[NotFoundException])
 async def read_stream_at(request: Request, conv_id: FromPath[str], offset: FromOffset = 0) -> Any:
     return _replay(request, conv_id, offset)
 
 
-@delete("/v1/stream", status_code=200, summary="Forget a recorded stream (cancels its generation if running)")
+@delete("/v1/stream", status_code=200, summary="Forget a recorded stream (cancels its generation if running)",
+        raises=[NotFoundException])
 async def delete_stream(request: Request, conv_id: FromQuery[str]) -> dict[str, Any]:
     return _forget(request, conv_id)
 
 
-@delete("/v1/stream/{conv_id:str}", status_code=200, summary="Forget a recorded stream (addressed by path)")
+@delete("/v1/stream/{conv_id:str}", status_code=200, summary="Forget a recorded stream (addressed by path)",
+        raises=[NotFoundException])
 async def delete_stream_at(request: Request, conv_id: FromPath[str]) -> dict[str, Any]:
     return _forget(request, conv_id)
 
 
-@post("/v1/chat/completions/control", status_code=200, opt=EXEMPT,
+@post("/v1/chat/completions/control", status_code=200, opt=EXEMPT, raises=[NotFoundException, Conflict],
       summary="Stop, or end the reasoning of, exactly the addressed in-flight generation")
 async def control(data: JSONBody[ControlRequest], router: RouterDependency,
                   request: Request) -> dict[str, Any]:
@@ -361,7 +346,7 @@ async def control(data: JSONBody[ControlRequest], router: RouterDependency,
         return {"success": True, "id": data.id, "cancelled": call.cancel()}
     controls = call.reasoning_controls()
     if not controls:
-        raise ClientException(status_code=409, detail=f"generation {data.id!r} cannot have its reasoning ended: "
+        raise Conflict(detail=f"generation {data.id!r} cannot have its reasoning ended: "
                                                       "send the request with reasoning_control: true")
     ended = sum(c.end_reasoning() for c in controls)
     answer: dict[str, Any] = {"success": ended > 0, "id": data.id, "reasoning_ended": ended}

@@ -36,7 +36,8 @@ from ninfer.frontend.reasoning import ReasoningParser
 from ninfer.serve.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from ninfer.engine import Engine, Frontend
+    from ninfer.engine import Engine
+    from ninfer.frontend.text import Frontend
 
 GRAMMAR_LIBRARY = "llguidance"
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}

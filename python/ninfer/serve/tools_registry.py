@@ -15,7 +15,7 @@ import msgspec
 from litestar import Request, get, post
 from litestar.params import JSONBody
 
-from ninfer.serve.router import GATE_EXEMPT
+from ninfer.serve.gate import EXEMPT
 
 ToolRunner = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -65,7 +65,7 @@ async def list_tools(request: Request) -> list[dict[str, Any]]:
     return [t.info() for t in _registry(request).list()]
 
 
-@post("/tools", status_code=200, opt={GATE_EXEMPT: True}, summary="Run a registered server tool")
+@post("/tools", status_code=200, opt=EXEMPT, summary="Run a registered server tool")
 async def run_tool(data: JSONBody[ToolCallRequest], request: Request) -> dict[str, Any]:
     tool = _registry(request).get(data.tool)
     if tool is None:

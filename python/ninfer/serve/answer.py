@@ -1,0 +1,71 @@
+"""The one path of every generation route, after it has translated its body:
+
+    prepared = await prepare(lease.served, ChatPrompt(...) or TextPrompt(...), GenerationParams(...),
+                             output_format=fmt, format_param="response_format")     # render, tokenize, constrain
+    return await answer(request, lease, prepared, response_id=shape.id,
+                        whole=lambda generation: ...,                  # -> the response body
+                        stream=(lambda generation: sse_response(...)) if body.stream else None)
+
+`answer` starts the generation (admission errors, e.g. 429, are raised here, before any response is started),
+registers the response id on the lease's call (what `/v1/chat/completions/control` addresses), then returns the
+stream, or runs the whole answer while its client stays connected (ninfer.serve.disconnect).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from litestar import Request
+
+from ninfer.serve.disconnect import run_while_connected
+from ninfer.serve.generation import (
+    ChatPrompt,
+    Generation,
+    GenerationParams,
+    PreparedPrompt,
+    ServedModel,
+    TextPrompt,
+    prepare_prompt,
+    start_generation,
+)
+from ninfer.serve.router import Lease
+from ninfer.serve.sse import SSEStream
+from ninfer.serve.structured import OutputFormat, build_constraint
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A generation request ready to start: its rendered prompt, its parameters (constraint included) and the tools
+    whose calls are parsed out of the answer."""
+
+    prompt: PreparedPrompt
+    params: GenerationParams
+    tools: Sequence[Mapping[str, Any]] | None
+
+
+async def prepare(served: ServedModel, prompt: ChatPrompt | TextPrompt, params: GenerationParams, *,
+                  output_format: OutputFormat | None = None, format_param: str = "") -> Prepared:
+    """Renders and tokenizes the prompt and, for structured output, builds its constraint (`format_param` names
+    the request field in a refusal)."""
+    rendered = await prepare_prompt(served, prompt)
+    if output_format is not None:
+        constraint = await build_constraint(served.engine, output_format, format_param,
+                                            starts_in_reasoning=rendered.starts_in_reasoning)
+        params = replace(params, constraint=constraint)
+    return Prepared(rendered, params, prompt.tools if isinstance(prompt, ChatPrompt) else None)
+
+
+async def answer(request: Request, lease: Lease, prepared: Prepared, *, response_id: str,
+                 whole: Callable[[Generation], Awaitable[Any]],
+                 stream: Callable[[Generation], SSEStream] | None = None) -> Any:
+    """Starts the prepared generation and answers with `stream(generation)` when given, else with the body
+    `whole(generation)` computes (cancelled if the client leaves first)."""
+    generation = start_generation(lease.served, prepared.prompt, prepared.params, tools=prepared.tools,
+                                  call=lease.call)
+    if lease.call is not None:
+        lease.call.completion_ids.add(response_id)
+    if stream is not None:
+        return stream(generation)
+    return await run_while_connected(request, whole(generation))

@@ -1,0 +1,23 @@
+"""The request fields that several routes carry, each typed once, so that every route validates (and the OpenAPI
+document describes) a field the same way: the same type, the same bounds, the same message naming it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta
+
+MAX_TOP_LOGPROBS = 20
+
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]  # top_p, min_p
+TopK = Annotated[int, Meta(ge=0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]  # presence_penalty, frequency_penalty
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=10.0)]
+Seed = Annotated[int, Meta(ge=0)]  # the engine refuses >= 2^64
+TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+TokenId = Annotated[int, Meta(ge=0)]
+# OpenAI chat / completions (and llama.cpp): -1 means "until the end of the context" (llama.cpp's web UI sends it)
+MaxTokens = Annotated[int, Meta(ge=-1)]
+# Responses' max_output_tokens and Messages' max_tokens: a count of tokens, at least one
+OutputTokens = Annotated[int, Meta(ge=1)]
