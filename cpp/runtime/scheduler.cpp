@@ -81,6 +81,9 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
     lane.tokens = lane.job.request.prompt;
     lane.admitted = Clock::now();
     lane.speculative = speculative;
+    // The MTP head catches up from the first token this lane computes: the hidden rows of a prefix already in the
+    // cache are not recomputed, so neither are that prefix's MTP rows.
+    lane.drafts.mtp_next = lane.computed;
     if (lane.job.output == JobOutput::Generate) {
       lane.sampler.emplace(lane.job.request.sampling);
       lane.history.add_prompt(lane.tokens);
