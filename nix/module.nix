@@ -59,8 +59,15 @@ let
           max_context = 65536;
           kv_dtype = "fp8";
           max_concurrency = 4;
+          prefix_cache = true;
+          device_state_slots = 16;
+          snapshot_interval = 4096;
         };
-        description = "Engine presets of this model, written next to `path` in its entry of the router config.";
+        description = ''
+          Engine presets of this model, written next to `path` in its entry of the router config: the router
+          config's engine keys (docs/router.md), e.g. `max_context`, `kv_dtype`, `max_concurrency`, and the prefix
+          cache's `prefix_cache` (true/false), `device_state_slots` and `snapshot_interval` (docs/prefix-cache.md).
+        '';
       };
     };
   };

@@ -5,9 +5,11 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <limits>
 #include <tuple>
 
 #include "bindings/bindings.h"
+#include "errors.h"
 #include "runtime/cache_manager.h"
 
 namespace nb = nanobind;
@@ -25,15 +27,51 @@ class RecordedContents final : public CacheContents {
   std::vector<ContentsOp> ops;
 };
 
+CacheManagerOptions simulated_options(bool prefix_cache, int32_t lanes, int64_t snapshot_interval) {
+  CacheManagerOptions o;
+  o.prefix_cache = prefix_cache;
+  o.model_key = prefix_model_key("simulated", KvDtype::BF16);
+  o.lanes = lanes;
+  o.snapshots.interval = snapshot_interval;
+  return o;
+}
+
+SnapshotUse parse_snapshot_use(const std::string& use) {
+  if (use == "none") return SnapshotUse::None;
+  if (use == "keep") return SnapshotUse::Keep;
+  if (use == "frontier") return SnapshotUse::Frontier;
+  throw EngineError("unknown snapshot use \"" + use + "\" (none | keep | frontier)");
+}
+
 class SimulatedCache {
  public:
-  SimulatedCache(int64_t pages, int32_t state_slots)
-      : pages_(pages), slots_(state_slots), manager_(pages_, state_slots > 0 ? &slots_ : nullptr, contents_) {}
+  SimulatedCache(int64_t pages, int32_t state_slots, bool prefix_cache, int32_t lanes, int64_t snapshot_interval)
+      : pages_(pages), slots_(state_slots),
+        manager_(pages_, state_slots > 0 ? &slots_ : nullptr, contents_,
+                 simulated_options(prefix_cache, lanes, snapshot_interval)) {}
 
-  std::optional<std::tuple<SequenceCache, int64_t>> admit(int64_t reserve_tokens) {
-    std::optional<CacheAdmission> a = manager_.admit(reserve_tokens);
+  std::optional<std::tuple<SequenceCache, int64_t>> admit(int64_t reserve_tokens, const std::vector<int32_t>& prompt,
+                                                          const std::vector<uint64_t>& salts, bool reuse) {
+    std::optional<CacheAdmission> a = manager_.admit(reserve_tokens, prompt, salts, reuse);
     if (!a) return std::nullopt;
     return std::make_tuple(std::move(a->cache), a->computed);
+  }
+  void commit(SequenceCache& cache, const std::vector<int32_t>& tokens, int64_t computed, const std::string& use,
+              const std::vector<uint64_t>& salts) {
+    if (computed > int64_t(tokens.size())) throw EngineError("commit beyond the tokens given");
+    manager_.commit(cache, tokens, computed, parse_snapshot_use(use), salts);
+  }
+  std::string snapshot_use(int64_t position, int64_t prompt_tokens) const {
+    switch (manager_.snapshot_use(position, prompt_tokens)) {
+      case SnapshotUse::Keep: return "keep";
+      case SnapshotUse::Frontier: return "frontier";
+      case SnapshotUse::None: break;
+    }
+    return "none";
+  }
+  int64_t next_snapshot(int64_t begin, int64_t prompt_tokens) const {
+    const int64_t next = manager_.next_snapshot(begin, prompt_tokens);
+    return next == std::numeric_limits<int64_t>::max() ? -1 : next;
   }
   void release(SequenceCache& cache) { manager_.release(cache); }
   std::optional<SequenceCache> fork(const SequenceCache& parent, int64_t tokens, int64_t reserve_tokens) {
@@ -51,6 +89,14 @@ class SimulatedCache {
     d["total_state_slots"] = s.total_state_slots;
     d["free_state_slots"] = s.free_state_slots;
     d["snapshots"] = s.snapshots;
+    d["cached_blocks"] = s.cached_blocks;
+    d["cached_snapshots"] = s.cached_snapshots;
+    d["lookups"] = s.lookups;
+    d["hits"] = s.hits;
+    d["cached_tokens"] = s.cached_tokens;
+    d["restores"] = s.restores;
+    d["evicted_blocks"] = s.evicted_blocks;
+    d["evicted_snapshots"] = s.evicted_snapshots;
     return d;
   }
   int32_t refcount(int32_t page) const { return pages_.refcount(page); }
@@ -68,11 +114,20 @@ class SimulatedCache {
 void bind_cache(nb::module_& m) {
   nb::class_<SequenceCache>(m, "SequenceCache", "One sequence's KV pages and GDN state slot.")
       .def_ro("pages", &SequenceCache::pages)
-      .def_ro("state_slot", &SequenceCache::state_slot);
+      .def_ro("state_slot", &SequenceCache::state_slot)
+      .def_prop_ro("published_blocks", [](const SequenceCache& c) { return c.published.blocks; });
 
   nb::class_<SimulatedCache>(m, "SimulatedCache", "The cache manager over simulated pools, for tests.")
-      .def(nb::init<int64_t, int32_t>(), nb::arg("pages"), nb::arg("state_slots"))
-      .def("admit", &SimulatedCache::admit, nb::arg("reserve_tokens"), "(cache, computed) or None")
+      .def(nb::init<int64_t, int32_t, bool, int32_t, int64_t>(), nb::arg("pages"), nb::arg("state_slots"),
+           nb::arg("prefix_cache") = true, nb::arg("lanes") = 1, nb::arg("snapshot_interval") = 4096)
+      .def("admit", &SimulatedCache::admit, nb::arg("reserve_tokens"), nb::arg("prompt") = std::vector<int32_t>{},
+           nb::arg("salts") = std::vector<uint64_t>{}, nb::arg("reuse") = true, "(cache, computed) or None")
+      .def("commit", &SimulatedCache::commit, nb::arg("cache"), nb::arg("tokens"), nb::arg("computed"),
+           nb::arg("use") = "none", nb::arg("salts") = std::vector<uint64_t>{},
+           "use: none | keep | frontier (CacheManager::commit)")
+      .def("snapshot_use", &SimulatedCache::snapshot_use, nb::arg("position"), nb::arg("prompt_tokens"))
+      .def("next_snapshot", &SimulatedCache::next_snapshot, nb::arg("begin"), nb::arg("prompt_tokens"),
+           "the next prompt position a chunk must end on for a snapshot, or -1")
       .def("release", &SimulatedCache::release, nb::arg("cache"))
       .def("fork", &SimulatedCache::fork, nb::arg("parent"), nb::arg("tokens"), nb::arg("reserve_tokens"))
       .def("snapshot", &SimulatedCache::snapshot, nb::arg("cache"))

@@ -133,7 +133,10 @@ void bind_structs(nb::module_& m) {
       .def_rw("cuda_op_times", &EngineOptions::cuda_op_times)
       .def_rw("spec", &EngineOptions::spec)
       .def_rw("draft_tokens", &EngineOptions::draft_tokens)
-      .def_rw("vision", &EngineOptions::vision);
+            .def_rw("vision", &EngineOptions::vision)
+      .def_rw("prefix_cache", &EngineOptions::prefix_cache)
+      .def_rw("device_state_slots", &EngineOptions::device_state_slots)
+      .def_rw("snapshot_interval", &EngineOptions::snapshot_interval);
 
   nb::class_<Usage>(m, "Usage")
       .def_ro("prompt_tokens", &Usage::prompt_tokens)
@@ -186,6 +189,15 @@ void bind_structs(nb::module_& m) {
       .def_ro("kv_capacity_tokens", &EngineStats::kv_capacity_tokens)
       .def_ro("kv_free_tokens", &EngineStats::kv_free_tokens)
       .def_ro("free_state_slots", &EngineStats::free_state_slots)
+      .def_ro("total_state_slots", &EngineStats::total_state_slots)
+      .def_ro("cached_blocks", &EngineStats::cached_blocks)
+      .def_ro("cached_snapshots", &EngineStats::cached_snapshots)
+      .def_ro("prefix_lookups", &EngineStats::prefix_lookups)
+      .def_ro("prefix_hits", &EngineStats::prefix_hits)
+      .def_ro("prefix_cached_tokens", &EngineStats::prefix_cached_tokens)
+      .def_ro("prefix_restores", &EngineStats::prefix_restores)
+      .def_ro("prefix_evicted_blocks", &EngineStats::prefix_evicted_blocks)
+      .def_ro("prefix_evicted_snapshots", &EngineStats::prefix_evicted_snapshots)
       .def_ro("requests_finished", &EngineStats::requests_finished)
       .def_ro("tokens_generated", &EngineStats::tokens_generated)
       .def_ro("tokens_prefilled", &EngineStats::tokens_prefilled)
@@ -254,6 +266,9 @@ nb::dict memory_plan(const Engine& e) {
   d["headroom"] = p.headroom;
   d["vision_weights"] = e.vision_weight_bytes();
   d["prefill_chunk"] = e.options().prefill_chunk;  // resolved: never 0 (auto) here
+  d["prefix_cache"] = e.options().prefix_cache;
+  d["state_slots"] = e.config().linear_attention ? e.options().device_state_slots : 0;  // resolved
+  d["snapshot_interval"] = e.options().snapshot_interval;                              // resolved
   d["graph_bytes"] = e.device() ? e.device()->graph_bytes() : 0;
   d["graphs_captured"] = e.device() ? e.device()->graphs_captured() : 0;
   d["graph_replays"] = e.device() ? e.device()->graph_replays() : 0;
@@ -280,6 +295,14 @@ nb::dict memory_plan(const Engine& e) {
   if (e.vision_weight_bytes())
     d["summary"] = nb::cast<std::string>(d["summary"]) + ", vision tower " +
                    std::to_string((e.vision_weight_bytes() + (1 << 20) - 1) >> 20) + " MiB (mapped from the artifact)";
+  const EngineOptions& o = e.options();
+  d["summary"] = nb::cast<std::string>(d["summary"]) + "; prefix cache " +
+                 (!o.prefix_cache ? std::string("off")
+                  : e.config().linear_attention
+                      ? "on (" + std::to_string(o.device_state_slots) + " state slots: " +
+                            std::to_string(o.max_concurrency) + " for lanes, the rest snapshots; interior snapshot every " +
+                            std::to_string(o.snapshot_interval) + " tokens)"
+                      : std::string("on (KV blocks)"));
   return d;
 }
 

@@ -30,6 +30,13 @@ int64_t resident_bytes() {
   return int64_t(resident) * sysconf(_SC_PAGESIZE);
 }
 
+// EngineOptions::device_state_slots resolved: every lane's slot, and with the prefix cache a spare one per lane
+// (its conversation's frontier) and four more (prompt snapshots).
+int32_t resolve_state_slots(const EngineOptions& o) {
+  if (o.device_state_slots > 0) return o.device_state_slots;
+  return o.prefix_cache ? 2 * o.max_concurrency + 4 : o.max_concurrency;
+}
+
 }  // namespace
 
 void validate_engine_options(const EngineOptions& o) {
@@ -49,6 +56,11 @@ void validate_engine_options(const EngineOptions& o) {
   if (o.spec != "none" && o.spec != "mtp") fail("spec = \"" + o.spec + "\" (must be none or mtp)");
   if (o.spec == "mtp" && (o.draft_tokens < 1 || o.draft_tokens > kMaxDraftTokens))
     fail("draft_tokens = " + std::to_string(o.draft_tokens) + " (must be 1.." + std::to_string(kMaxDraftTokens) + ")");
+  if (o.device_state_slots != 0 && o.device_state_slots < o.max_concurrency)
+    fail("device_state_slots = " + std::to_string(o.device_state_slots) + " (must be 0 = auto or at least " +
+         "max_concurrency = " + std::to_string(o.max_concurrency) + ": one per lane)");
+  if (o.snapshot_interval < 0 || o.snapshot_interval % kKvPageTokens)
+    fail("snapshot_interval = " + std::to_string(o.snapshot_interval) + " (must be a multiple of 64, or 0 = auto)");
   if (o.prefill_chunk != kPrefillChunkAuto && (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens))
     fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64, or 0 = auto)");
 }
@@ -75,17 +87,20 @@ const char* event_kind_name(EventKind k) {
 Engine::Engine(const std::string& path, const EngineOptions& options, std::unique_ptr<Backend> backend)
     : options_(options) {
   validate_engine_options(options_);
+  options_.device_state_slots = resolve_state_slots(options_);
   ModelOptions mo;
   // Every lane, decision lanes included, gets a context's worth of the KV pool by default; decision jobs take
   // their pages from the same pool (they count against the admission budget), with a share chat cannot take.
   const int32_t lanes = options_.max_concurrency + options_.decision_lanes;
   int64_t kv_tokens = options_.kv_capacity > 0 ? options_.kv_capacity : options_.max_context * lanes;
-  // A lane's working state each, per decision lane one per row, and per chat lane with speculative decoding one
-  // per verify row (decision lanes never draft).
+  // State slots: the chat lanes' and the prefix cache's snapshots (device_state_slots), per decision lane one for
+  // its context and one per question row, and with speculative decoding K + 1 per chat lane for its verify rows
+  // (decision lanes never draft).
   const bool speculative = options_.spec == "mtp";
   const int32_t draft_tokens = speculative ? options_.draft_tokens : 0;
-  const int32_t extra_slots =
-      options_.decision_lanes * options_.decision_rows + (speculative ? options_.max_concurrency * (draft_tokens + 1) : 0);
+  const int32_t step_slots = speculative ? draft_tokens + 1 : 0;
+  const int32_t state_slots = options_.device_state_slots + options_.decision_lanes * (1 + options_.decision_rows) +
+                              options_.max_concurrency * step_slots;
   mo.threads = options_.threads;
   mo.verify_checksums = options_.verify_checksums;
   mo.vision = options_.vision;
@@ -99,25 +114,33 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     if (options_.prefill_chunk == kPrefillChunkAuto)
       options_.prefill_chunk =
           choose_prefill_chunk(config, options_.kv_dtype, options_.kv_capacity, options_.max_context, lanes,
-                               use.device_total, use.weights, use.free_after_weights, extra_slots);
+                               state_slots, use.device_total, use.weights, use.free_after_weights);
     memory_plan_ = plan_memory(config, options_.kv_dtype, options_.kv_capacity, options_.max_context, lanes,
-                               options_.prefill_chunk + lanes, use.device_total, use.weights,
-                               use.free_after_weights, extra_slots);
+                               state_slots, options_.prefill_chunk + lanes, use.device_total, use.weights,
+                               use.free_after_weights);
     kv_tokens = memory_plan_.kv_capacity_tokens;
     device_->set_graphs_enabled(options_.cuda_graphs);
     device_->set_max_sequence_tokens(options_.max_context);
     std::fprintf(stderr, "ninfer: %s\n", describe(memory_plan_).c_str());
   }
   if (options_.prefill_chunk == kPrefillChunkAuto) options_.prefill_chunk = kDefaultPrefillChunk;
+  if (options_.snapshot_interval == 0) options_.snapshot_interval = std::max<int64_t>(4096, 2 * options_.prefill_chunk);
+  CacheManagerOptions cache_options;
+  cache_options.prefix_cache = options_.prefix_cache;
+  cache_options.model_key = prefix_model_key(artifact->manifest_text(), options_.kv_dtype);
+  cache_options.lanes = lanes;  // decision lanes' contexts too (their rows' slots are reserved at admission)
+  cache_options.snapshots.interval = options_.snapshot_interval;
+  cache_options.step_slots = step_slots;
   model_ = Model::load(std::move(artifact), mo, std::move(backend));
   config_ = model_->config();
   if (speculative && !model_->has_mtp())
     throw EngineError("invalid engine option: spec = \"mtp\" but " + path + " has no MTP head");
   CacheCapacity capacity;
   capacity.device_pages = kv_pages_for(kv_tokens);
-  capacity.device_state_slots = lanes + extra_slots;
+  capacity.device_state_slots = state_slots;
   pools_ = std::make_unique<CachePools>(model_->cache_layout(), capacity, options_.kv_dtype, model_->memory());
-  cache_ = std::make_unique<CacheManager>(pools_->pages(), pools_->states() ? &pools_->slots() : nullptr, *pools_);
+  cache_ = std::make_unique<CacheManager>(pools_->pages(), pools_->states() ? &pools_->slots() : nullptr, *pools_,
+                                          cache_options);
   if (speculative) drafter_ = std::make_unique<Drafter>(*model_, *pools_);
   // The decision lanes' share of the pool: a context each, less whatever leaves one context's room for chat.
   const int64_t context_pages = kv_pages_for(options_.max_context);
@@ -327,6 +350,11 @@ EngineStats Engine::stats() const {
   std::unique_lock lock(mu_);
   EngineStats s = stats_;
   s.resident_bytes = resident_bytes();
+  if (cache_) {  // counted here, not every step: it walks the cached blocks
+    const auto [pages, slots] = cache_->reclaimable();
+    s.kv_free_tokens = pages * kKvPageTokens;
+    s.free_state_slots = slots;
+  }
   return s;
 }
 
@@ -390,6 +418,15 @@ void Engine::refresh_stats() {
   stats_.kv_capacity_tokens = c.total_pages * kKvPageTokens;
   stats_.kv_free_tokens = c.free_pages * kKvPageTokens;
   stats_.free_state_slots = c.free_state_slots;
+  stats_.total_state_slots = c.total_state_slots;
+  stats_.cached_blocks = c.cached_blocks;
+  stats_.cached_snapshots = c.cached_snapshots;
+  stats_.prefix_lookups = c.lookups;
+  stats_.prefix_hits = c.hits;
+  stats_.prefix_cached_tokens = c.cached_tokens;
+  stats_.prefix_restores = c.restores;
+  stats_.prefix_evicted_blocks = c.evicted_blocks;
+  stats_.prefix_evicted_snapshots = c.evicted_snapshots;
   stats_.requests_finished = outputs_->counters().requests_finished;
   stats_.tokens_generated = outputs_->counters().tokens_generated;
   stats_.tokens_prefilled = outputs_->counters().tokens_prefilled;

@@ -57,6 +57,15 @@ struct EngineOptions {
   // The CUDA backend's prefill GEMM: "auto" (the fastest path the weight allows) or "twin" (the f32 twin for every
   // weight: f32 activations, results independent of how rows are batched, as the decode GEMV's are).
   std::string cuda_gemm = "auto";
+  // Exact-prefix reuse (runtime/prefix_cache.h): whole 64-token blocks of KV stay cached after their request and
+  // later prompts that start with them reuse them, with a Gated DeltaNet state snapshot where the model has one.
+  bool prefix_cache = true;
+  // Gated DeltaNet state slots: one per lane, the rest hold prefix-cache snapshots. 0 = auto: with the prefix
+  // cache 2 * max_concurrency + 4, without it max_concurrency. Models without linear attention keep none.
+  int32_t device_state_slots = 0;
+  // Tokens between interior state snapshots of a long prompt (a multiple of 64; a prefill chunk ends at each), so a
+  // branch or an edited message reuses the part before it. 0 = auto: max(4096, 2 * prefill_chunk).
+  int64_t snapshot_interval = 0;
   // The CUDA backend times every op of its eager passes with CUDA events (a profiling mode: DeviceRuntime::op_times).
   bool cuda_op_times = false;
   // Speculative decoding: "none", or "mtp" (the model's MTP head drafts `draft_tokens`, 1..5, per round; the CPU
@@ -75,8 +84,13 @@ struct EngineStats {
   int32_t lanes = 0, busy_lanes = 0;  // chat (and scoring) lanes
   int32_t decision_lanes = 0, busy_decision_lanes = 0;
   int64_t queued = 0;
+  // Free: what a new request can take now, unused or holding only prefix-cache contents (evicted on demand).
   int64_t kv_capacity_tokens = 0, kv_free_tokens = 0;
-  int32_t free_state_slots = 0;
+  int32_t free_state_slots = 0, total_state_slots = 0;
+  // The prefix cache: what it holds now and what it did (counters since the engine opened).
+  int64_t cached_blocks = 0, cached_snapshots = 0;
+  int64_t prefix_lookups = 0, prefix_hits = 0, prefix_cached_tokens = 0, prefix_restores = 0;
+  int64_t prefix_evicted_blocks = 0, prefix_evicted_snapshots = 0;
   int64_t requests_finished = 0, tokens_generated = 0, tokens_prefilled = 0;
   int64_t draft_tokens = 0, draft_tokens_accepted = 0;  // speculative decoding, over all requests
   int64_t resident_bytes = 0;  // the process's resident memory

@@ -76,14 +76,15 @@ int64_t gemm_scratch_bytes(const ModelConfig& config, int64_t rows) {
 }
 
 MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens, int64_t max_context,
-                       int32_t slots, int64_t pass_rows, int64_t device_total, int64_t weights,
-                       int64_t free_after_weights, int32_t extra_state_slots) {
+                       int32_t slots, int32_t state_slots, int64_t pass_rows, int64_t device_total,
+                       int64_t weights, int64_t free_after_weights) {
   MemoryPlan p;
   p.device_total = device_total;
   p.weights = weights;
   p.free_after_weights = free_after_weights;
   p.kv_page_bytes = kv_page_bytes(config, dtype);
-  p.gdn_states = gdn_state_bytes(config, slots + extra_state_slots);
+  p.state_slots = config.linear_attention ? state_slots : 0;
+  p.gdn_states = gdn_state_bytes(config, state_slots);
   p.pass_rows = pass_rows;
   p.gemm_scratch = gemm_scratch_bytes(config, pass_rows);
   p.workspace = workspace_bytes(config, pass_rows, slots) + p.gemm_scratch;
@@ -110,10 +111,9 @@ MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capa
 }
 
 int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens,
-                             int64_t max_context, int32_t slots, int64_t device_total, int64_t weights,
-                             int64_t free_after_weights, int32_t extra_state_slots) {
-  const int64_t available =
-      free_after_weights - kMemoryHeadroomBytes - gdn_state_bytes(config, slots + extra_state_slots);
+                             int64_t max_context, int32_t slots, int32_t state_slots, int64_t device_total,
+                             int64_t weights, int64_t free_after_weights) {
+  const int64_t available = free_after_weights - kMemoryHeadroomBytes - gdn_state_bytes(config, state_slots);
   const int64_t longest = (max_context + kKvPageTokens - 1) / kKvPageTokens * kKvPageTokens;
   int64_t chunk = std::clamp(longest, kDefaultPrefillChunk, kMaxAutoPrefillChunk);
   while (chunk > kDefaultPrefillChunk) {
@@ -121,8 +121,8 @@ int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t k
     if ((workspace_bytes(config, rows, slots) + gemm_scratch_bytes(config, rows)) * kAutoChunkMemoryShare <=
         available) {
       try {
-        plan_memory(config, dtype, kv_capacity_tokens, max_context, slots, rows, device_total, weights,
-                    free_after_weights, extra_state_slots);
+        plan_memory(config, dtype, kv_capacity_tokens, max_context, slots, state_slots, rows, device_total, weights,
+                    free_after_weights);
         return chunk;
       } catch (const OutOfMemoryError&) {
         // the KV pool asked for does not fit next to this chunk's workspace: try a smaller chunk
@@ -139,7 +139,7 @@ int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t k
 std::string describe(const MemoryPlan& p) {
   return "device memory " + mib(p.device_total) + ": weights " + mib(p.weights) + ", KV pool " + mib(p.kv_pool) +
          " (" + std::to_string(p.kv_capacity_tokens) + " tokens, " + std::to_string(p.kv_page_bytes / kKvPageTokens) +
-         " B/token), GDN states " + mib(p.gdn_states) + ", workspace (planned) " + mib(p.workspace) +
+         " B/token), GDN states " + mib(p.gdn_states) + " (" + std::to_string(p.state_slots) + " slots), workspace (planned) " + mib(p.workspace) +
          " (" + std::to_string(p.pass_rows) + " rows; prefill GEMM scratch " + mib(p.gemm_scratch) + "), headroom " +
          mib(p.headroom);
 }

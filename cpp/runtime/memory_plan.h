@@ -37,6 +37,7 @@ struct MemoryPlan {
   int64_t kv_page_bytes = 0;      // one page of kKvPageTokens tokens over every KV layer
   int64_t kv_capacity_tokens = 0;
   int64_t kv_pool = 0, gdn_states = 0, workspace = 0;  // planned bytes
+  int32_t state_slots = 0;        // GDN state slots in `gdn_states`: one per lane, the rest prefix-cache snapshots
   int64_t gemm_scratch = 0;                            // the part of `workspace` the prefill GEMM takes
   int64_t pass_rows = 0;          // the rows `workspace` is planned for: one prefill chunk plus every lane
   int64_t headroom = kMemoryHeadroomBytes;
@@ -56,13 +57,14 @@ int64_t workspace_bytes(const ModelConfig& config, int64_t rows, int32_t sequenc
 // cuBLASLt workspace. Part of the planned workspace.
 int64_t gemm_scratch_bytes(const ModelConfig& config, int64_t rows);
 
-// Plans the pools after the weights. `kv_capacity_tokens` < 0 asks for the largest capacity that fits with
+// Plans the pools after the weights for `slots` lanes and `state_slots` GDN state slots (lanes', snapshots',
+// decision rows' and speculative verify rows').
+// `kv_capacity_tokens` < 0 asks for the largest capacity that fits with
 // kMemoryHeadroomBytes to spare (whole pages, at most max_context * slots); otherwise that capacity is checked.
-// `slots` lanes hold a GDN state each, and `extra_state_slots` more states are planned (decision rows, verify rows).
 // Throws OutOfMemoryError with every number when the request does not fit (or, for auto, not one sequence).
 MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens, int64_t max_context,
-                       int32_t slots, int64_t pass_rows, int64_t device_total, int64_t weights,
-                       int64_t free_after_weights, int32_t extra_state_slots = 0);
+                       int32_t slots, int32_t state_slots, int64_t pass_rows, int64_t device_total,
+                       int64_t weights, int64_t free_after_weights);
 
 // The prefill chunk for EngineOptions::prefill_chunk == kPrefillChunkAuto on a device backend: the largest of
 // min(kMaxAutoPrefillChunk, max_context rounded up to 64) and the powers of two below it, down to
@@ -72,8 +74,8 @@ MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capa
 // weight streamed and, for quantized encodings, dequantized once per chunk; GEMMs with more rows); the price is
 // that a decoding lane waits up to one chunk's pass (the engine alternates decode and prefill passes).
 int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens,
-                             int64_t max_context, int32_t slots, int64_t device_total, int64_t weights,
-                             int64_t free_after_weights, int32_t extra_state_slots = 0);
+                             int64_t max_context, int32_t slots, int32_t state_slots, int64_t device_total,
+                             int64_t weights, int64_t free_after_weights);
 
 // One line per part, in MiB: the startup memory summary.
 std::string describe(const MemoryPlan& plan);

@@ -45,7 +45,7 @@ void OutputProcessor::end_lane(int32_t index, FinishReason reason, const std::st
   ev.timings.total_s = seconds(now - lane.job.submitted);
   if (lane.generated > 0) {
     ev.timings.ttft_s = seconds(lane.first_token - lane.job.submitted);
-    ev.timings.prefill_tokens_per_s = prompt / std::max(1e-9, seconds(lane.first_token - lane.admitted));
+    ev.timings.prefill_tokens_per_s = (prompt - lane.cached) / std::max(1e-9, seconds(lane.first_token - lane.admitted));
     if (lane.generated > 1)
       ev.timings.decode_tokens_per_s = (lane.generated - 1) / std::max(1e-9, seconds(now - lane.first_token));
   }
@@ -88,6 +88,7 @@ void OutputProcessor::absorb_slice(const PlannedSlice& slice, const SliceResult&
   }
   counters_.tokens_prefilled += slice.end - slice.begin;
   lane.computed = slice.end;
+  scheduler_.commit(slice.lane);  // only a completed pass's blocks become reusable
   if (slice.output == SliceOutput::PromptLogprobs) {
     lane.score_logprobs.insert(lane.score_logprobs.end(), result.prompt_logprobs.begin(),
                                result.prompt_logprobs.end());
@@ -119,8 +120,11 @@ void OutputProcessor::absorb_verified(Lane& lane, const PlannedSlice& slice, con
   counters_.draft_tokens_accepted += accepted;
   for (const SampledToken& token : result.verified) {
     take_token(lane, slice.lane, token);
-    if (!scheduler_.lane(slice.lane)) return;  // it ended
+    if (!scheduler_.lane(slice.lane)) return;  // it ended (this round's blocks are not published)
   }
+  // Once the accepted tokens are in lane.tokens: commit publishes blocks by their tokens. (A frontier snapshot
+  // is taken only when a round ends on a block boundary.)
+  scheduler_.commit(slice.lane);
 }
 
 void OutputProcessor::take_token(Lane& lane, int32_t index, const SampledToken& s) {

@@ -43,14 +43,14 @@ const char* finish_reason_name(FinishReason r);
 
 struct Usage {
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;  // reused from a prefix cache (none yet)
+  int64_t cached_tokens = 0;  // prompt tokens reused from the prefix cache (not computed by this request)
   int64_t generated_tokens = 0;
 };
 
 struct Timings {
   double queue_s = 0;          // submit -> admitted into a lane
   double ttft_s = 0;           // submit -> first token sampled
-  double prefill_tokens_per_s = 0;
+  double prefill_tokens_per_s = 0;  // prompt tokens computed (the cached ones not) over the time to compute them
   double decode_tokens_per_s = 0;  // tokens after the first over the time after the first
   double total_s = 0;
   int64_t draft_n = 0, draft_n_accepted = 0;  // speculative decoding: drafts verified and accepted (llama.cpp's)
@@ -59,7 +59,7 @@ struct Timings {
 // How far a request's prompt has been prefilled, after one of its prefill chunks.
 struct PrefillProgress {
   int64_t total = 0;      // prompt tokens
-  int64_t cached = 0;     // prompt tokens reused from a prefix cache, counted in `processed` too (none yet: 0)
+  int64_t cached = 0;     // prompt tokens reused from the prefix cache, counted in `processed` too
   int64_t processed = 0;  // prompt tokens now in the request's cache, the cached ones included
   double elapsed_s = 0;   // since the prefill began (the request's admission into a lane)
 };

@@ -62,8 +62,14 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
     // Media prompts decode plainly: their positions follow M-RoPE's, which the MTP head's catch-up does not take.
     const bool speculative = draft_tokens_ > 0 && head.output == JobOutput::Generate && !head.request.constrained &&
                              !head.request.media;
-    if (!deciding && cache_.stats().free_pages - kv_pages_for(head.reservation) < decision_pages_unused()) break;
-    std::optional<CacheAdmission> admission = cache_.admit(head.reservation, speculative ? draft_tokens_ + 1 : 0);
+    // What only the prefix cache holds counts as free: admission evicts it on demand.
+    if (!deciding && cache_.reclaimable().first - kv_pages_for(head.reservation) < decision_pages_unused()) break;
+    // Scoring needs every prompt position's logits: it computes them all (and publishes them for others). A
+    // decision context starts afresh (its forks' suffixes are planned from the context's start), and so does a
+    // prompt with media: the blocks carry no media hash yet, so the same token ids may hold different pictures.
+    const bool reuse = head.output == JobOutput::Generate && !head.request.media;
+    std::optional<CacheAdmission> admission =
+        cache_.admit(head.reservation, head.request.prompt, {}, reuse, speculative ? draft_tokens_ + 1 : 0);
     if (!admission) break;
     std::optional<CacheReserve> reserve;
     if (deciding) {
@@ -122,9 +128,10 @@ void Scheduler::finish_row(int32_t index, int32_t row) {
 
 // NOTE: a lane's prefill chunks are [k * chunk, (k + 1) * chunk) clipped to its prompt, whatever else runs, so a
 // request computes exactly the same slices alone or in company (and chunk ends sit on multiples of 64, where
-// prefix snapshots will go). The budget only decides how many chunks run in one step; the first always runs.
-// A decision row's suffix follows the same rule from the context's end, so a question computes the same slices
-// alone or among fifty.
+// prefix snapshots go; a chunk also ends where the cache manager takes a state snapshot of the prompt, since only
+// a chunk's end has that state at hand). The budget only decides how many chunks run in one step; the first
+// always runs. A decision row's suffix follows the same rule from the context's end, so a question computes the
+// same slices alone or among fifty.
 StepPlan Scheduler::plan() const {
   StepPlan plan;
   std::vector<PlannedSlice> prefills;
@@ -148,7 +155,8 @@ StepPlan Scheduler::plan() const {
         continue;
       }
     }
-    const int64_t end = chunk_end(begin, target, prefill_chunk_);
+    const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
+    const int64_t end = std::min(chunk_end(begin, target, prefill_chunk_), cache_.next_snapshot(begin, prompt));
     const bool scoring = lane.job.output == JobOutput::PromptLogprobs;
     const SliceOutput output = scoring    ? SliceOutput::PromptLogprobs
                                : deciding ? SliceOutput::None  // the context only: its rows read the answers
@@ -179,6 +187,14 @@ void Scheduler::plan_rows(int32_t index, const Lane& lane, std::vector<PlannedSl
     slice.row = int32_t(r);
     add_prefill(slice, prefill_chunk_, prefills, prefill_tokens);
   }
+}
+
+void Scheduler::commit(int32_t index) {
+  Lane& lane = *lanes_[index];
+  // Media lanes publish nothing: their blocks would carry no media hash yet (see admit_from).
+  if (lane.job.request.media) return;
+  const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
+  cache_.commit(lane.cache, lane.tokens, lane.computed, cache_.snapshot_use(lane.computed, prompt));
 }
 
 void Scheduler::finish(int32_t index) {

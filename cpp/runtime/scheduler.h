@@ -104,6 +104,9 @@ class Scheduler {
   // the lanes filled.
   std::vector<int32_t> admit();
   StepPlan plan() const;
+  // Hands what lane `index` has computed (Lane::computed) to the cache manager: its new whole blocks, and the
+  // state snapshot due at that position.
+  void commit(int32_t index);
   // Frees lane `index` and its cache (a decision lane's rows and reserve too) at once.
   void finish(int32_t index);
   // A decision row whose answer was read: its fork goes back to the lane's reserve.

@@ -77,6 +77,13 @@ class EngineOptions:
     spec: str = "none"
     draft_tokens: int = 3
     vision: bool = False  # load the vision tower: prompts may carry images and video (cpu backend for now)
+    # exact-prefix reuse: 64-token KV blocks (and Gated DeltaNet state snapshots) stay cached for later prompts that
+    # start with them (docs/prefix-cache.md)
+    prefix_cache: bool = True
+    # GDN state slots, one per lane and the rest snapshots; 0 = auto: 2 x max_concurrency + 4 with the prefix cache
+    device_state_slots: int = 0
+    # tokens between interior state snapshots of a long prompt, a multiple of 64; 0 = auto: max(4096, 2 x chunk)
+    snapshot_interval: int = 0
 
 
 # The sampler's stage names (llama.cpp's), and the order a request that names none runs them in.
@@ -179,6 +186,21 @@ class GenerationEvent:
 
 
 @dataclass(frozen=True)
+class PrefixCacheStats:
+    """The prefix cache: what it holds now and what it did since the engine opened (all 0 when it is off)."""
+
+    cached_blocks: int = 0  # 64-token KV blocks in the index
+    cached_snapshots: int = 0  # Gated DeltaNet state snapshots in the index
+    total_state_slots: int = 0  # lanes' and snapshots' (0: the model keeps no state)
+    lookups: int = 0  # admissions that looked for a cached prefix
+    hits: int = 0  # ... and reused one
+    cached_tokens: int = 0  # prompt tokens reused
+    restores: int = 0  # state snapshots copied into a lane
+    evicted_blocks: int = 0
+    evicted_snapshots: int = 0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     lanes: int
     busy_lanes: int
@@ -194,6 +216,7 @@ class EngineStats:
     draft_tokens_accepted: int = 0  # and accepted
     decision_lanes: int = 0
     busy_decision_lanes: int = 0
+    prefix: PrefixCacheStats = PrefixCacheStats()
 
 
 @dataclass(frozen=True)
@@ -235,6 +258,9 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     native.threads = options.threads
     native.verify_checksums = options.verify_checksums
     native.vision = options.vision
+    native.prefix_cache = options.prefix_cache
+    native.device_state_slots = options.device_state_slots
+    native.snapshot_interval = options.snapshot_interval
     return native
 
 
@@ -618,7 +644,10 @@ class Engine:
         return EngineStats(s.lanes, s.busy_lanes, s.queued, s.kv_capacity_tokens, s.kv_free_tokens,
                            s.free_state_slots, s.requests_finished, s.tokens_generated, s.tokens_prefilled,
                            s.resident_bytes, s.draft_tokens, s.draft_tokens_accepted, s.decision_lanes,
-                           s.busy_decision_lanes)
+                           s.busy_decision_lanes,
+                           PrefixCacheStats(s.cached_blocks, s.cached_snapshots, s.total_state_slots, s.prefix_lookups,
+                                            s.prefix_hits, s.prefix_cached_tokens, s.prefix_restores,
+                                            s.prefix_evicted_blocks, s.prefix_evicted_snapshots))
 
     def close(self) -> None:
         """Ends every request (`cancelled`), stops the threads and frees the model. Idempotent."""

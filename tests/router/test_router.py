@@ -320,12 +320,14 @@ def test_management_routes_shapes(smollm2: Path) -> None:
         answer = chat(client, "alpha")
         assert answer.status_code == 200
         # The dashboard's prefix cache figures are the server's counters: the prompt tokens of the generation so far,
-        # none from a cache (this build reuses no prefix, and says so); a cached token the engine reports counts.
+        # those read from the cache (the models run with the prefix cache on); a cached token the engine reports counts.
         cache = client.get("/dashboard/state").json()["prefix_cache"]
-        assert cache == {"reuse": False, "prompt_tokens": answer.json()["usage"]["prompt_tokens"],
-                         "cached_prompt_tokens": 0}
+        usage = answer.json()["usage"]
+        assert cache == {"reuse": True, "prompt_tokens": usage["prompt_tokens"],
+                         "cached_prompt_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
         server.router.metrics.cached_tokens.inc(7)  # as ServedModel.record_generation would add usage.cached_tokens
-        assert client.get("/dashboard/state").json()["prefix_cache"]["cached_prompt_tokens"] == 7
+        assert client.get("/dashboard/state").json()["prefix_cache"]["cached_prompt_tokens"] == (
+            cache["cached_prompt_tokens"] + 7)
         model_props = client.get("/props", params={"model": "alpha"}).json()
         assert model_props["role"] == "model" and model_props["default_generation_settings"]["n_ctx"] == 1024
         assert model_props["total_slots"] == 2

@@ -43,3 +43,8 @@ def smollm2_default_artifact(smollm2_cache_home) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_bf16_artifact(pytestconfig, smollm2_gguf) -> Path:
     return _converted(pytestconfig, smollm2_gguf, "bf16")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_moe_artifact(pytestconfig, tiny_qwen3_5_moe) -> Path:
+    return _converted(pytestconfig, tiny_qwen3_5_moe, "bf16")

@@ -26,3 +26,13 @@ def run_together(engine: Engine, requests: Sequence[Request]) -> list[tuple[list
 
 def run_alone(engine: Engine, requests: Sequence[Request]) -> list[list[int]]:
     return [asyncio.run(collect(engine, r))[0] for r in requests]
+
+
+def cached_on_repeat(engine: Engine, n_prompt: int) -> int:
+    """Prompt tokens the prefix cache serves to a repeat of an n-token prompt that ran before (default snapshot
+    interval, nothing else cached with its beginning): a model without state reuses every whole block before the
+    last token; one with Gated DeltaNet state only up to its snapshot at the prompt's last block boundary."""
+    if engine.stats().prefix.total_state_slots == 0:
+        return (n_prompt - 1) // 64 * 64
+    last = n_prompt // 64 * 64
+    return last if last < n_prompt else 0

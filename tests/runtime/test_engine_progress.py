@@ -7,6 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from engine_helpers import cached_on_repeat
 from prefill_progress import check_progress
 
 from ninfer.engine import Engine, EngineOptions, GenerationEvent, Request, SamplingParams
@@ -34,12 +35,16 @@ def test_one_progress_event_per_prefill_chunk_before_the_first_token(tiny_llama_
         prompt = rng.integers(3, engine.info.vocab_size, size=n_prompt).tolist()
         with_progress = asyncio.run(events_of(engine, greedy(prompt, report_progress=True)))
         without = asyncio.run(events_of(engine, greedy(prompt, report_progress=False)))
+        repeat_cached = cached_on_repeat(engine, n_prompt)  # the second run reuses the first's prefix
     check_progress(with_progress, n_prompt, CHUNK)
     assert all(ev.progress is None for ev in without)
     # Reporting changes nothing else: the same tokens, the same usage.
     assert with_progress[-1].finish_reason == "length"
     assert [ev.token_ids for ev in with_progress if ev.progress is None] == [ev.token_ids for ev in without]
-    assert with_progress[-1].usage == without[-1].usage
+    first, repeat = with_progress[-1].usage, without[-1].usage
+    assert (first.prompt_tokens, first.generated_tokens, first.cached_tokens) == (
+        repeat.prompt_tokens, repeat.generated_tokens, 0)
+    assert repeat.cached_tokens == repeat_cached
 
 
 def test_progress_only_for_the_request_that_asked_when_prefills_share_steps(tiny_qwen35_artifact):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import agreeing_mtp
@@ -302,3 +303,23 @@ def test_a_verify_pass_is_decode_steps_row_for_row(model, tiny_qwen35_artifact, 
     np.testing.assert_array_equal(np.asarray(m.decode(verified, int(after))), np.asarray(m.decode(kept, int(after))))
     for seq in (verified, decoded, kept):
         m.release(seq)
+
+
+def test_a_prompt_reusing_the_prefix_cache_drafts_and_answers_as_plain_decoding(agreeing_artifact, tiny_qwen35_artifact):
+    # The second request's prompt starts with the first's whole conversation: admission restores its cached blocks
+    # (and state snapshot), and the MTP head catches up from the first token computed after them.
+    for artifact in (agreeing_artifact, tiny_qwen35_artifact):
+        rng = np.random.default_rng()
+        first = _prompts(rng, (200,))[0]
+        with Engine.open_sync(artifact, _options(0, lanes=1)) as engine:
+            (tokens, _), = run_together(engine, _requests([first], 30, temperature=0))
+        follow_up = first + tokens + _prompts(rng, (70,))[0]
+        requests = _requests([first, follow_up], 30, temperature=0)
+        with Engine.open_sync(artifact, replace(_options(0, lanes=1), prefix_cache=False)) as engine:
+            plain = [run_together(engine, [r])[0] for r in requests]
+        with Engine.open_sync(artifact, _options(3, lanes=1)) as engine:
+            spec = [run_together(engine, [r])[0] for r in requests]
+            stats = engine.stats()
+        _assert_same(plain, spec)
+        assert stats.prefix.hits >= 1 and stats.prefix.cached_tokens >= 192
+        assert spec[1][1].usage.cached_tokens >= 192 and spec[1][1].timings.draft_n > 0

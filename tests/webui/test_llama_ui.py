@@ -292,16 +292,18 @@ def test_dashboard_shows_live_slot_state(browser, ui_server) -> None:
     # Leaving the stream cancels the generation (no need to wait for its 300 tokens): the slot shows free again.
     page.locator("#slots td.state-busy").first.wait_for(state="detached", timeout=SETTLE_MS)
     # The prefix cache card: the server's counters of finished generations' prompt tokens (a one-token answer makes
-    # sure there is one; the cancelled one may not count), none from a cache, and that this build reuses no prefix;
-    # a cached token the server counts shows up on the next poll.
+    # sure there is one; the cancelled one may not count) and those read from the cache, and that the prefix cache
+    # is on; a cached token the server counts shows up on the next poll.
     assert client.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 1}).status_code == 200
-    prompt_tokens = client.get("/dashboard/state").json()["prefix_cache"]["prompt_tokens"]
+    counted = client.get("/dashboard/state").json()["prefix_cache"]
+    prompt_tokens, cached = counted["prompt_tokens"], counted["cached_prompt_tokens"]
     card = page.locator("#prefix-cache")
-    wait_until(lambda: card.inner_text() == f"0 / {prompt_tokens} tok (0%)",
-               lambda: f"the prefix cache card shows {card.inner_text()!r}, the server counted {prompt_tokens}")
-    assert page.locator("#prefix-cache-note").inner_text() == "no prefix reuse in this build"
+    wait_until(lambda: card.inner_text().startswith(f"{cached} / {prompt_tokens} tok"),
+               lambda: f"the prefix cache card shows {card.inner_text()!r}, the server counted {cached} / {prompt_tokens}")
+    assert page.locator("#prefix-cache-note").inner_text() == "prompt tokens from the cache"
     ui_server.router.metrics.cached_tokens.inc(3)  # as ServedModel.record_generation would add usage.cached_tokens
-    wait_until(lambda: card.inner_text().startswith("3 / "), lambda: f"the card still shows {card.inner_text()!r}")
+    wait_until(lambda: card.inner_text().startswith(f"{cached + 3} / "),
+               lambda: f"the card still shows {card.inner_text()!r}")
     context.close()
 
 

@@ -28,7 +28,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # option dest -> the issue that brings it (for the refusal message)
 NOT_YET = {
     "lm_head_draft": "the MTP draft's lm-head shortlist",
-    "device_state_slots": "GDN state offload",
     "host_state_slots": "GDN state offload",
     "host_kv_mib": "host KV offload",
     "reserve_gib": "GPU memory planning",
@@ -127,6 +126,28 @@ def build_parser() -> argparse.ArgumentParser:
         "on a GPU as memory allows (decoding requests wait at most one chunk)",
     )
     engine.add_argument(
+        "--prefix-cache",
+        choices=("on", "off"),
+        default="on",
+        help="reuse the KV blocks (and GDN state snapshots) of earlier prompts that a prompt starts with (default on)",
+    )
+    engine.add_argument(
+        "--device-state-slots",
+        type=_positive("--device-state-slots", 0),
+        default=0,
+        metavar="N",
+        help="Gated DeltaNet state slots: one per lane, the rest hold prefix-cache snapshots; 0 (default) = auto: "
+        "2 x max-concurrency + 4 with the prefix cache on, max-concurrency with it off",
+    )
+    engine.add_argument(
+        "--snapshot-interval",
+        type=_positive("--snapshot-interval", 0),
+        default=0,
+        metavar="TOKENS",
+        help="tokens between interior state snapshots of a long prompt (a multiple of 64), so an edited message "
+        "reuses the part before it; 0 (default) = auto: max(4096, 2 x prefill chunk)",
+    )
+    engine.add_argument(
         "--threads",
         type=_positive("--threads", 0),
         default=0,
@@ -147,7 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_arguments(engine)
     later = p.add_argument_group("options of later releases (validated, refused for now)")
     later.add_argument("--lm-head-draft", type=_positive("--lm-head-draft"), metavar="N")
-    later.add_argument("--device-state-slots", type=_positive("--device-state-slots", 0), metavar="N")
     later.add_argument("--host-state-slots", type=_positive("--host-state-slots", 0), metavar="N")
     later.add_argument("--host-kv-mib", type=_positive("--host-kv-mib", 0), metavar="MIB")
     later.add_argument("--reserve-gib", type=_non_negative_float("--reserve-gib"), metavar="GIB")
@@ -184,6 +204,11 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--max-concurrency must be in 1..8, got {args.max_concurrency}")
     if args.prefill_chunk % 64:
         raise CliError(f"--prefill-chunk must be a multiple of 64, got {args.prefill_chunk}")
+    if args.snapshot_interval % 64:
+        raise CliError(f"--snapshot-interval must be a multiple of 64, got {args.snapshot_interval}")
+    if 0 < args.device_state_slots < args.max_concurrency:
+        raise CliError(f"--device-state-slots ({args.device_state_slots}) must be 0 (auto) or at least "
+                       f"--max-concurrency ({args.max_concurrency}): one per lane")
     if isinstance(args.kv_capacity, int) and args.kv_capacity < args.max_context:
         raise CliError(
             f"--kv-capacity ({args.kv_capacity}) must hold at least one full context "
@@ -224,6 +249,9 @@ def _engine_options(args: argparse.Namespace) -> Any:
         prefill_chunk=args.prefill_chunk,
         threads=args.threads,
         vision=args.vision,
+        prefix_cache=args.prefix_cache == "on",
+        device_state_slots=args.device_state_slots,
+        snapshot_interval=args.snapshot_interval,
         **spec_options(args),
     )
 

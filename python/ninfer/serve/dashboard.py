@@ -24,9 +24,6 @@ from ninfer.serve.router import LOADING, ModelRouter
 from ninfer.serve.streams import StreamRegistry
 from ninfer.serve.webui_bundle import DASHBOARD_DIR
 
-# The engine reuses no prompt prefix yet (every usage's cached_tokens is 0). The page says so next to the server's
-# counters of prompt and cached prompt tokens, which need no change to go live once the engine does reuse prefixes.
-PREFIX_REUSE = False
 
 
 def _model_state(router: ModelRouter, now: float) -> list[dict[str, Any]]:
@@ -39,8 +36,11 @@ def _model_state(router: ModelRouter, now: float) -> list[dict[str, Any]]:
 
 
 def _prefix_cache(router: ModelRouter) -> dict[str, Any]:
+    """The server's counters of prompt and cached prompt tokens; `reuse`: some model runs with the prefix cache on
+    (the page says whether the counters can grow)."""
     prompt, cached = router.metrics.prompt_token_totals()
-    return {"reuse": PREFIX_REUSE, "prompt_tokens": prompt, "cached_prompt_tokens": cached}
+    reuse = any(e.spec.options.prefix_cache for e in router.entries)
+    return {"reuse": reuse, "prompt_tokens": prompt, "cached_prompt_tokens": cached}
 
 
 def _kv(router: ModelRouter, slots: list[dict[str, Any]]) -> dict[str, Any]:

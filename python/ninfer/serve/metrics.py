@@ -48,6 +48,21 @@ class _EngineCollector(Collector):
             "ninfer_draft_tokens_accepted", "Speculative decoding: MTP drafts the engine accepted",
             value=s.draft_tokens_accepted,
         )
+        p = s.prefix
+        yield GaugeMetricFamily("ninfer_prefix_cache_blocks", "64-token KV blocks in the prefix cache",
+                                value=p.cached_blocks)
+        yield GaugeMetricFamily("ninfer_prefix_cache_snapshots", "Gated DeltaNet state snapshots in the prefix cache",
+                                value=p.cached_snapshots)
+        # Counters since the resident engine opened (a swapped model starts again from 0).
+        for name, doc, value in (
+            ("lookups", "Admissions that looked for a cached prefix", p.lookups),
+            ("hits", "Admissions that reused a cached prefix", p.hits),
+            ("cached_tokens", "Prompt tokens reused from the prefix cache", p.cached_tokens),
+            ("restores", "State snapshots restored into a lane (device tier)", p.restores),
+            ("evicted_blocks", "KV blocks evicted from the prefix cache (device tier)", p.evicted_blocks),
+            ("evicted_snapshots", "State snapshots evicted from the prefix cache (device tier)", p.evicted_snapshots),
+        ):
+            yield CounterMetricFamily(f"ninfer_prefix_cache_{name}", doc, value=value)
 
 
 class ServerMetrics:

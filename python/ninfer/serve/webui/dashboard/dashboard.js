@@ -117,7 +117,7 @@ function renderPrefixCache(cache) {
   document.getElementById("prefix-cache").textContent = `${cached} / ${prompt} tok${share}`;
   document.getElementById("prefix-cache-note").textContent = cache.reuse
     ? "prompt tokens from the cache"
-    : "no prefix reuse in this build";
+    : "the prefix cache is off";
 }
 
 function renderErrors(errors) {
