@@ -34,6 +34,11 @@ for path, base in (("/v1/chat/completions", {"messages": USER}), ("/v1/responses
         CASES[f"{path} {name}={value}"] = (path, {**base, name: value}, name)
 for path, base in (("/v1/chat/completions", {"messages": USER, "logprobs": True}), ("/v1/responses", {"input": "hi"})):
     CASES[f"{path} top_logprobs=21"] = (path, {**base, "top_logprobs": 21}, "top_logprobs")
+# Stop strings: chat's `stop` and Messages' `stop_sequences` share one bound (Responses defines no stop field).
+TOO_MANY_STOPS = [f"stop{i}" for i in range(1000)]
+CASES["chat 1000 stop strings"] = ("/v1/chat/completions", {"messages": USER, "stop": TOO_MANY_STOPS}, "stop")
+CASES["messages 1000 stop_sequences"] = ("/v1/messages", {"messages": USER, "stop_sequences": TOO_MANY_STOPS},
+                                         "stop_sequences")
 for i, schema in enumerate(BAD_SCHEMAS):
     CASES[f"chat tool schema {i}"] = ("/v1/chat/completions", {"messages": USER, "tools": _chat_tool(schema)},
                                       "tools[0].parameters")
@@ -63,6 +68,29 @@ def test_each_route_refuses_the_field(qwen35_server, case):
     assert named in error["message"] or named == error.get("param"), error
 
 
+# `n` and `seed` are chat fields that neither Responses nor Messages defines. Chat does not refuse a field it does not
+# define (SDKs send newer fields than a server knows), so those routes ignore these as chat ignores an unknown one.
+UNDEFINED_FIELDS = {"n": 100, "seed": 1.5, "no_such_field": True}
+IGNORING_ROUTES = {"/v1/chat/completions": {"messages": USER, "max_tokens": 1, "no_such_field": True},
+                   "/v1/responses": {"input": "hi", "max_output_tokens": 1, **UNDEFINED_FIELDS},
+                   "/v1/messages": {"messages": USER, "max_tokens": 1, **UNDEFINED_FIELDS}}
+
+
+@pytest.mark.parametrize("path", list(IGNORING_ROUTES))
+def test_a_field_the_protocol_does_not_define_is_ignored_as_chat_ignores_it(qwen35_server, path):
+    response = httpx.post(f"{qwen35_server.url}{path}", json=IGNORING_ROUTES[path], timeout=60)
+    assert response.status_code == 200, response.text[:300]
+
+
+@pytest.mark.parametrize(("path", "base"), [("/v1/chat/completions", {"messages": USER, "max_tokens": 1}),
+                                            ("/v1/completions", {"prompt": "hi", "max_tokens": 1})])
+@pytest.mark.parametrize("value", [1.5, -1])
+def test_chat_refuses_a_seed_that_is_not_a_count(qwen35_server, path, base, value):
+    """The counterpart of the test above: where the protocol defines `seed`, it is validated."""
+    response = httpx.post(f"{qwen35_server.url}{path}", json={**base, "seed": value}, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "seed", response.text[:300]
+
+
 def test_a_valid_tool_schema_and_answered_call_pass(qwen35_server):
     messages = [*USER, {"role": "assistant", "content": None,
                         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
@@ -74,8 +102,9 @@ def test_a_valid_tool_schema_and_answered_call_pass(qwen35_server):
 
 
 @pytest.mark.parametrize("query", ["from=-1", "from=abc"])
-def test_a_refused_query_parameter_is_named_as_the_client_spells_it(qwen35_server, query):
-    response = httpx.get(f"{qwen35_server.url}/v1/stream?conv_id=nothing&{query}", timeout=60)
+@pytest.mark.parametrize("route", ["/v1/stream?conv_id=nothing&", "/v1/stream/nothing?"])
+def test_a_refused_query_parameter_is_named_as_the_client_spells_it(qwen35_server, route, query):
+    response = httpx.get(f"{qwen35_server.url}{route}{query}", timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "from", response.text
 
 

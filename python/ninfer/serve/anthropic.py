@@ -359,7 +359,7 @@ def _params(body: MessagesRequest) -> GenerationParams:
     return GenerationParams(
         max_tokens=body.max_tokens,
         sampling=sampling_overrides(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k),
-        stop=stop_strings(body.stop_sequences),
+        stop=stop_strings(body.stop_sequences, param="stop_sequences"),
     )
 
 

@@ -132,10 +132,12 @@ def sampler_order(samplers: str | list[str] | None) -> list[str] | None:
     return order
 
 
-def stop_strings(stop: str | list[str] | None) -> list[str]:
+def stop_strings(stop: str | list[str] | None, *, param: str = "stop") -> list[str]:
+    """The non-empty stop strings, at most MAX_STOP_STRINGS; `param` is the field's name in the request's protocol
+    (Messages calls it stop_sequences, and its error shape has no `param`, so the message names it too)."""
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if len(stops) > MAX_STOP_STRINGS:
-        raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param="stop")
+        raise InvalidRequestError(f"{param}: at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}", param=param)
     return [s for s in stops if s]
 
 
