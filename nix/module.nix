@@ -32,7 +32,16 @@ let
     "--log-level" = "logLevel";
     "--webui" = "webui.enable";
     "--webui-dir" = "webui.directory";
+    "--spec" = "speculative.method";
+    "--draft-tokens" = "speculative.draftTokens";
   };
+  # Speculative decoding's flags (none when it is off).
+  specFlags = lib.optionals (cfg.speculative.method != "none") [
+    "--spec"
+    cfg.speculative.method
+    "--draft-tokens"
+    (toString cfg.speculative.draftTokens)
+  ];
   flagName = flag: builtins.head (builtins.split "=" flag);
   misusedFlags = builtins.filter (flag: managedFlags ? ${flagName flag}) cfg.extraFlags;
 
@@ -83,7 +92,6 @@ let
           model
           logLevel
           apiKeyFile
-          extraFlags
           gpu
           environment
           user
@@ -91,6 +99,7 @@ let
           stateDirectory
           cacheDirectory
           ;
+        extraFlags = specFlags ++ cfg.extraFlags;
         configFile = if usesRouterConfig then configFile else null;
         webui = cfg.webui.enable;
         webuiDir = cfg.webui.directory;
@@ -266,6 +275,25 @@ in
           The llama-ui bundle to serve at `/` (ninfer-serve --webui-dir); `webui.enable` needs it. The flake's
           module defaults it to the flake's pinned `webui` package.
         '';
+      };
+    };
+
+    speculative = {
+      method = mkOption {
+        type = types.enum [
+          "none"
+          "mtp"
+        ];
+        default = "none";
+        description = ''
+          Speculative decoding: `mtp` lets the model's MTP head draft tokens that the model verifies in one pass
+          (lossless: the same output as without; the CPU backend only for now). See docs/speculative-decoding.md.
+        '';
+      };
+      draftTokens = mkOption {
+        type = types.ints.between 1 5;
+        default = 3;
+        description = "Drafts per round with `speculative.method = \"mtp\"`.";
       };
     };
 

@@ -5,7 +5,6 @@ No model is loaded: argparse refuses these before anything runs."""
 from __future__ import annotations
 
 import pytest
-
 from ninfer.cli.main import main
 
 
@@ -40,3 +39,14 @@ def test_help_still_prints_the_usage(argv, usage, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 0 and capsys.readouterr().out.startswith(usage)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--prompt", "hi", "--draft-tokens", "2"], "--draft-tokens needs --spec mtp"),
+    (["--prompt", "hi", "--spec", "mtp", "--draft-tokens", "6"], "--draft-tokens must be in 1..5, got 6"),
+    (["--prompt", "hi", "--spec", "draft"], "--spec draft: a separate draft model is not implemented yet"),
+])
+def test_speculative_options_are_checked_before_loading(argv, message, capsys):
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"ninfer: error: {message}")

@@ -32,6 +32,11 @@ struct SequenceRows {
   int64_t row0 = 0, n = 0, start = 0;
   const int32_t* pages = nullptr;
   int32_t state_slot = -1;
+  // >= 0: the rows continue from this slot's state, not state_slot's own: each op copies that layer's state into
+  // state_slot first (an MTP verify row starts from the row before it; runtime/speculative.h). Ops handle the
+  // sequences in order, so a sequence may continue from the slot an earlier one of the same call just wrote.
+  // The CPU backend only, for now: the engine refuses speculative decoding on other backends.
+  int32_t source_slot = -1;
 };
 
 struct RopeSpec {

@@ -171,6 +171,40 @@ class PyModel {
     return rows_of(s_->last.logits, 0, 1, s_->last.vocab);
   }
 
+  // Speculative decoding's verify pass (ForwardItem::step_slots): `tokens` each run as a decode step from the row
+  // before into a state slot of its own; the sequence then keeps the state after row `keep` and its first keep + 1
+  // tokens, as the engine keeps the last accepted row. Logits [n, vocab].
+  FloatArray verify(PySequence& seq, TokenArray tokens, int64_t keep) {
+    const int64_t n = int64_t(tokens.shape(0));
+    if (n == 0 || keep < 0 || keep >= n) throw EngineError("verify needs tokens and 0 <= keep < their count");
+    if (seq.owner != s_) throw EngineError("a sequence of another Model");
+    {
+      nb::gil_scoped_release release;
+      std::lock_guard lock(s_->mutex);
+      ModelState& state = *s_;
+      if (seq.cache.state_slot < 0 || !state.pools->states())
+        throw EngineError("verify needs a prefilled sequence of a model with linear attention");
+      if (state.pools->slots().free() < n) throw EngineError("verify needs " + std::to_string(n) + " free state slots");
+      const SequenceCache before = seq.cache;
+      std::vector<int32_t> slots;
+      for (int64_t i = 0; i < n; ++i) slots.push_back(state.pools->slots().acquire());
+      try {
+        reserve_or_raise(state, seq.cache, n);
+        ForwardItem item = state.item(tokens.data(), n, seq.cache, true);
+        item.step_slots = slots;
+        state.model->forward({&item, 1}, *state.pools, state.last);
+      } catch (...) {
+        for (int32_t slot : slots) state.pools->slots().release(slot);
+        shrink_to(state, seq.cache, before);
+        throw;
+      }
+      std::swap(seq.cache.state_slot, slots[size_t(keep)]);
+      for (int32_t slot : slots) state.pools->slots().release(slot);
+      seq.cache.length += keep + 1;
+    }
+    return rows_of(s_->last.logits, 0, n, s_->last.vocab);
+  }
+
   // The vision tower's outputs [tokens, hidden] for patches [n, patch values] of the (t, h, w) grids.
   FloatArray encode_vision(HiddenArray patches, const std::vector<std::tuple<int32_t, int32_t, int32_t>>& grids) {
     std::vector<VisionGrid> g;
@@ -212,7 +246,7 @@ class PyModel {
     {
       nb::gil_scoped_release release;
       std::lock_guard lock(s_->mutex);
-      ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, false);
+      ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, true);
       item.start = start;
       s_->model->mtp_forward(hidden.data(), item, *s_->pools, logits);
     }
@@ -346,6 +380,9 @@ void bind_model(nb::module_& m) {
            "rows [n, hidden])] replacing those tokens' embeddings; mrope_positions: [n, 3] (t, h, w).")
       .def("decode", &PyModel::decode, nb::arg("seq"), nb::arg("token"), nb::arg("position_offset") = 0,
            "Appends one token (at M-RoPE position length + position_offset); logits [1, vocab].")
+      .def("verify", &PyModel::verify, nb::arg("seq"), nb::arg("tokens"), nb::arg("keep"),
+           "Speculative decoding's verify pass over tokens (each row a decode step into its own state slot); keeps "
+           "the first keep + 1 and the state after them. Logits [n, vocab].")
       .def("encode_vision", &PyModel::encode_vision, nb::arg("patches"), nb::arg("grids"),
            "The vision tower's rows [tokens, hidden] for patches [n, patch values] of [(t, h, w), ...] grids.")
       .def("forward_batch", &PyModel::forward_batch, nb::arg("items"), nb::arg("all_logits") = false,

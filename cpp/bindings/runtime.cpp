@@ -131,7 +131,9 @@ void bind_structs(nb::module_& m) {
       .def_rw("device_sampling", &EngineOptions::device_sampling)
       .def_rw("cuda_gemm", &EngineOptions::cuda_gemm)
       .def_rw("cuda_op_times", &EngineOptions::cuda_op_times)
-      .def_rw("vision", &EngineOptions::vision)
+      .def_rw("spec", &EngineOptions::spec)
+      .def_rw("draft_tokens", &EngineOptions::draft_tokens)
+            .def_rw("vision", &EngineOptions::vision)
       .def_rw("prefix_cache", &EngineOptions::prefix_cache)
       .def_rw("device_state_slots", &EngineOptions::device_state_slots)
       .def_rw("snapshot_interval", &EngineOptions::snapshot_interval);
@@ -146,7 +148,9 @@ void bind_structs(nb::module_& m) {
       .def_ro("ttft_s", &Timings::ttft_s)
       .def_ro("prefill_tokens_per_s", &Timings::prefill_tokens_per_s)
       .def_ro("decode_tokens_per_s", &Timings::decode_tokens_per_s)
-      .def_ro("total_s", &Timings::total_s);
+      .def_ro("total_s", &Timings::total_s)
+      .def_ro("draft_n", &Timings::draft_n)
+      .def_ro("draft_n_accepted", &Timings::draft_n_accepted);
 
   nb::class_<PrefillProgress>(m, "PrefillProgress")
       .def_ro("total", &PrefillProgress::total)
@@ -197,6 +201,8 @@ void bind_structs(nb::module_& m) {
       .def_ro("requests_finished", &EngineStats::requests_finished)
       .def_ro("tokens_generated", &EngineStats::tokens_generated)
       .def_ro("tokens_prefilled", &EngineStats::tokens_prefilled)
+      .def_ro("draft_tokens", &EngineStats::draft_tokens)
+      .def_ro("draft_tokens_accepted", &EngineStats::draft_tokens_accepted)
       .def_ro("resident_bytes", &EngineStats::resident_bytes);
 }
 

@@ -20,6 +20,15 @@ void StatePool::copy(int32_t from, int32_t to) {
   if (from != to) storage_.memory().copy(slot_base(to), slot_base(from), size_t(slot_floats_) * sizeof(float));
 }
 
+void StatePool::copy_conv(int32_t from, int32_t to, int32_t layer) {
+  if (from != to) storage_.memory().copy(conv(to, layer), conv(from, layer), size_t(conv_floats_) * sizeof(float));
+}
+
+void StatePool::copy_recurrent(int32_t from, int32_t to, int32_t layer) {
+  if (from != to)
+    storage_.memory().copy(recurrent(to, layer), recurrent(from, layer), size_t(recurrent_floats_) * sizeof(float));
+}
+
 void StatePool::zero(int32_t slot) { storage_.memory().fill(slot_base(slot), 0, size_t(slot_floats_) * sizeof(float)); }
 
 }  // namespace ninfer

@@ -19,6 +19,9 @@ class StatePool {
 
   void copy(int32_t from, int32_t to);
   void zero(int32_t slot);  // a fresh sequence's state
+  // One layer's conv history or recurrent state of slot `from` into slot `to` (SequenceRows::source_slot).
+  void copy_conv(int32_t from, int32_t to, int32_t layer);
+  void copy_recurrent(int32_t from, int32_t to, int32_t layer);
 
   float* conv(int32_t slot, int32_t layer) { return slot_base(slot) + layer * layer_floats(); }
   float* recurrent(int32_t slot, int32_t layer) { return conv(slot, layer) + conv_floats_; }

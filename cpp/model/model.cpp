@@ -60,14 +60,24 @@ class DecoderModel final : public Model {
     out.hidden_size = h;
     out.row_offset.clear();
     out.candidate_offset.assign(batch.size(), 0);
+    out.all_hidden_offset.clear();
+    int64_t all_hidden_rows = 0;
     for (const ForwardItem& item : batch) {
       const bool projected = !item.candidates.empty();
-      seqs_.push_back({rows, item.n_tokens, item.start, item.pages.data(), item.state_slot});
+      if (item.step_slots.empty()) {
+        seqs_.push_back({rows, item.n_tokens, item.start, item.pages.data(), item.state_slot});
+      } else {  // one decode-like sequence per row, each continuing from the one before
+        for (int64_t t = 0; t < item.n_tokens; ++t)
+          seqs_.push_back({rows + t, 1, item.start + t, item.pages.data(), item.step_slots[size_t(t)],
+                           t == 0 ? item.state_slot : item.step_slots[size_t(t - 1)]});
+      }
       out.row_offset.push_back(projected ? candidate_rows++ : full_rows);
       if (projected) {
         out.candidate_offset[out.row_offset.size() - 1] = candidates;
         candidates += int64_t(item.candidates.size());
       }
+      out.all_hidden_offset.push_back(item.all_hidden ? all_hidden_rows : -1);
+      all_hidden_rows += item.all_hidden ? item.n_tokens : 0;
       rows += item.n_tokens;
       if (!projected) full_rows += item.all_logits ? item.n_tokens : (item.n_tokens > 0 ? 1 : 0);
     }
@@ -78,18 +88,19 @@ class DecoderModel final : public Model {
     int64_t* positions = scratch_.positions(rows * streams);
     int64_t* out_index = scratch_.row_index(out_rows);
     float* hidden = scratch_.get(Buf::Hidden, rows * h);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const SequenceRows& s = seqs_[i];
+    // Item by item (a verify item is several sequences in seqs_, so seqs_ does not index the batch).
+    for (size_t i = 0, row0 = 0; i < batch.size(); row0 += size_t(batch[i].n_tokens), ++i) {
       const ForwardItem& item = batch[i];
-      for (int64_t t = 0; t < s.n; ++t)
+      const int64_t first = int64_t(row0), n = item.n_tokens;
+      for (int64_t t = 0; t < n; ++t)
         for (int64_t k = 0; k < streams; ++k)
-          positions[(s.row0 + t) * streams + k] =
-              item.mrope_positions ? item.mrope_positions[t * 3 + k] : s.start + t + item.position_offset;
+          positions[(first + t) * streams + k] =
+              item.mrope_positions ? item.mrope_positions[t * 3 + k] : item.start + t + item.position_offset;
       if (!item.candidates.empty()) out.row_offset[i] += full_rows;  // the projected rows follow the full-logit rows
-      for (int64_t t = item.all_logits ? 0 : s.n - 1, o = out.row_offset[i]; t < s.n; ++t) out_index[o++] = s.row0 + t;
-      backend_->embed(item.tokens, s.n, *weights_.embed, hidden + s.row0 * h);
+      for (int64_t t = item.all_logits ? 0 : n - 1, o = out.row_offset[i]; t < n; ++t) out_index[o++] = first + t;
+      backend_->embed(item.tokens, n, *weights_.embed, hidden + first * h);
       for (const EmbeddingRows& e : item.embeddings)
-        backend_->memory().from_host(hidden + (s.row0 + e.first) * h, e.rows, size_t(e.count * h) * sizeof(float));
+        backend_->memory().from_host(hidden + (first + e.first) * h, e.rows, size_t(e.count * h) * sizeof(float));
     }
 
     const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, rows,
@@ -113,12 +124,15 @@ class DecoderModel final : public Model {
       copy_output(out.hidden, final_hidden);
       copy_output(out.logits, logits);
     }
+    // After the output rows' gather: this reuses its row index.
+    out.all_hidden.clear();
+    if (all_hidden_rows > 0) all_hidden_out(batch, out, hidden, all_hidden_rows);
   }
 
   bool has_mtp() const override { return weights_.mtp.has_value(); }
 
-  void mtp_forward(const float* hidden, const ForwardItem& item, CachePools& pools,
-                   std::vector<float>& logits) override {
+  void mtp_forward(const float* hidden, const ForwardItem& item, CachePools& pools, std::vector<float>& logits,
+                   std::vector<float>* normed_out) override {
     if (!weights_.mtp) throw EngineError(artifact_->path() + ": this model has no MTP head");
     const int64_t n = item.n_tokens, start = item.start;
     const int32_t* next_tokens = item.tokens;
@@ -158,9 +172,14 @@ class DecoderModel final : public Model {
 
     float* normed = scratch_.get(Buf::OutRows, n * h);
     backend_->rmsnorm(u, n, h, h, m.norm.data(), kind, eps, normed, h);
-    logits.resize(size_t(n * config_.vocab_size));
+    if (normed_out) {
+      normed_out->resize(size_t(n * h));
+      backend_->memory().to_host(normed_out->data(), normed, normed_out->size() * sizeof(float));
+    }
+    const int64_t logit_rows = item.all_logits ? n : 1;
+    logits.resize(size_t(logit_rows * config_.vocab_size));
     float* out = output_buffer(logits, Buf::Logits);
-    backend_->linear(normed, n, *weights_.lm_head, out);
+    backend_->linear(normed + (n - logit_rows) * h, logit_rows, *weights_.lm_head, out);
     copy_output(logits, out);
   }
 
@@ -186,6 +205,21 @@ class DecoderModel final : public Model {
   }
   void copy_output(std::vector<float>& host, const float* written) {
     if (written != host.data()) backend_->memory().to_host(host.data(), written, host.size() * sizeof(float));
+  }
+
+  // Every row of the all_hidden items, final-normed, into out.all_hidden (the MTP head reads a prompt's rows).
+  void all_hidden_out(std::span<const ForwardItem> batch, ForwardOutput& out, const float* hidden, int64_t rows) {
+    const int64_t h = config_.hidden_size;
+    out.all_hidden.resize(size_t(rows * h));
+    int64_t* index = scratch_.row_index(rows);
+    for (size_t i = 0, o = 0, row0 = 0; i < batch.size(); row0 += size_t(batch[i].n_tokens), ++i)
+      if (batch[i].all_hidden)
+        for (int64_t t = 0; t < batch[i].n_tokens; ++t) index[o++] = int64_t(row0) + t;
+    float* rows_out = scratch_.get(Buf::MtpHidden, rows * h);
+    backend_->gather_rows(hidden, h, index, rows, rows_out);
+    const NormKind kind = config_.norm_offset ? NormKind::Offset : NormKind::Plain;
+    backend_->rmsnorm(rows_out, rows, h, h, weights_.final_norm.data(), kind, float(config_.rms_norm_eps), rows_out, h);
+    backend_->memory().to_host(out.all_hidden.data(), rows_out, out.all_hidden.size() * sizeof(float));
   }
 
   // The candidate logits of the items that asked for them: their lm-head rows gathered (embed reads a row in any
@@ -251,6 +285,14 @@ class DecoderModel final : public Model {
                             ") outside the item's " + std::to_string(item.n_tokens) + " tokens");
       if (stateful && !slots.insert(item.state_slot).second)
         throw EngineError("two sequences of one batch use state slot " + std::to_string(item.state_slot));
+      if (!item.step_slots.empty() && int64_t(item.step_slots.size()) != item.n_tokens)
+        throw EngineError("a verify item of " + std::to_string(item.n_tokens) + " tokens has " +
+                          std::to_string(item.step_slots.size()) + " step slots");
+      if (!item.step_slots.empty() && (!item.candidates.empty() || !item.embeddings.empty() || item.mrope_positions))
+        throw EngineError("a verify item takes draft tokens only (no candidates, media rows or M-RoPE positions)");
+      for (int32_t slot : item.step_slots)
+        if (stateful && !slots.insert(slot).second)
+          throw EngineError("two sequences of one batch use state slot " + std::to_string(slot));
     }
   }
 

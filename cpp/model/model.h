@@ -40,6 +40,11 @@ struct ForwardItem {
   std::span<const int32_t> pages;  // page p holds positions [64p, 64p + 64)
   int32_t state_slot = -1;         // GDN state slot; -1 for models without linear attention
   bool all_logits = false;         // logits (and hidden) for every token, or only for the last
+  bool all_hidden = false;         // also every token's final-normed hidden, in ForwardOutput::all_hidden
+  // A verify item (runtime/speculative.h): n_tokens slots; row t runs as a decode step would, from the state after
+  // row t - 1 (the item's own slot for row 0) into step_slots[t], and the item's own slot is left as it was, so
+  // the caller picks the state of the last accepted row afterwards.
+  std::span<const int32_t> step_slots;
   // Non-empty: the last token's row is projected onto these lm-head rows only (out.candidate_logits), with no
   // full-vocabulary logits row (a decision readout). Such an item has one output row and no all_logits.
   std::span<const int32_t> candidates;
@@ -64,6 +69,10 @@ struct ForwardOutput {
   std::vector<float> candidate_logits;
   std::vector<float> hidden;        // [rows, hidden_size], after the final norm (the MTP head's input)
   const float* device_logits = nullptr;  // [rows, vocab] in device memory, valid until the next pass
+  // Items with all_hidden: all_hidden_offset[i] is item i's first row in all_hidden ([rows, hidden_size]; -1 for
+  // items without), its n_tokens rows following.
+  std::vector<int64_t> all_hidden_offset;
+  std::vector<float> all_hidden;
 };
 
 class Model {
@@ -89,7 +98,8 @@ class Model {
   // The MTP head (Qwen3.5): draft logits for position t from the main model's final-normed hidden at t and the
   // token at t + 1. `hidden` is [n, hidden_size]; item.tokens are the next tokens, at positions item.start ..
   // item.start + n - 1 in the MTP layer's own KV (part of the same pages). Throws EngineError when the model has
-  // no MTP head.
+  // no MTP head. Logits for every row when item.all_logits, else for the last; `normed`, when given, gets every
+  // row's mtp.norm output (a next draft step's hidden).
   virtual bool has_mtp() const = 0;
 
   // The vision tower (ModelOptions::vision). encode_vision turns patches into the rows a ForwardItem's
@@ -98,7 +108,7 @@ class Model {
   virtual void encode_vision(std::span<const float> patches, std::span<const VisionGrid> grids,
                              std::vector<float>& out) = 0;
   virtual void mtp_forward(const float* hidden, const ForwardItem& item, CachePools& pools,
-                           std::vector<float>& logits) = 0;
+                           std::vector<float>& logits, std::vector<float>* normed = nullptr) = 0;
 };
 
 }  // namespace ninfer

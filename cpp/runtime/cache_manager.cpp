@@ -20,7 +20,7 @@ bool CacheManager::take_pages(int64_t n) {
 }
 
 std::optional<CacheAdmission> CacheManager::admit(int64_t reserve_tokens, std::span<const int32_t> prompt,
-                                                  std::span<const uint64_t> salts, bool reuse) {
+                                                  std::span<const uint64_t> salts, bool reuse, int32_t step_slots) {
   PrefixCache::Match match;
   const bool look = prefix_ && reuse && !prompt.empty();
   if (look) match = prefix_->match(prompt, salts, int64_t(prompt.size()) - 1);
@@ -29,8 +29,8 @@ std::optional<CacheAdmission> CacheManager::admit(int64_t reserve_tokens, std::s
   // The reused pages are held before anything is evicted, so none of them (nor the snapshot's block) can be.
   for (int32_t p : match.pages) pages_.retain(p);
   const int32_t keep_node = match.snapshot >= 0 ? match.cursor.node : -1;
-  const bool slot_free = !slots_ || slots_->free() > 0 ||
-                         (prefix_ && prefix_->snapshots() > (keep_node >= 0 ? 1 : 0));
+  const int64_t evictable_snapshots = prefix_ ? prefix_->snapshots() - (keep_node >= 0 ? 1 : 0) : 0;
+  const bool slot_free = !slots_ || slots_->free() + evictable_snapshots >= 1 + step_slots;
   if (!slot_free || !take_pages(fresh)) {
     pages_.release(match.pages);
     return std::nullopt;
@@ -39,8 +39,9 @@ std::optional<CacheAdmission> CacheManager::admit(int64_t reserve_tokens, std::s
   a.cache.pages = std::move(match.pages);
   pages_.acquire(fresh, a.cache.pages);
   if (slots_) {
-    if (slots_->free() == 0) prefix_->evict_snapshot(keep_node);
+    while (slots_->free() < 1 + step_slots) prefix_->evict_snapshot(keep_node);  // cannot fail: counted above
     a.cache.state_slot = slots_->acquire();
+    for (int32_t i = 0; i < step_slots; ++i) a.cache.step_slots.push_back(slots_->acquire());
     if (match.snapshot >= 0) {
       contents_.copy_state(match.snapshot, a.cache.state_slot);
       ++restores_;
@@ -88,7 +89,7 @@ void CacheManager::take_state_snapshot(SequenceCache& cache, SnapshotUse use) {
   if (use == SnapshotUse::Frontier && c.frontier_serial && prefix_->snapshot_serial(c.frontier_node) == c.frontier_serial)
     prefix_->drop_snapshot(c.frontier_node);  // superseded by this one
   if (prefix_->snapshot_of(c.node) >= 0) return;
-  const int32_t idle_lanes = std::max(0, options_.lanes - held_);
+  const int32_t idle_lanes = std::max(0, options_.lanes - held_) * (1 + options_.step_slots);
   if (slots_->free() <= idle_lanes && !prefix_->evict_snapshot()) return;
   if (slots_->free() <= idle_lanes) return;
   const int32_t slot = slots_->acquire();
@@ -103,8 +104,12 @@ void CacheManager::take_state_snapshot(SequenceCache& cache, SnapshotUse use) {
 void CacheManager::release(SequenceCache& cache) {
   pages_.release(cache.pages);
   cache.pages.clear();
-  if (slots_) slots_->release(cache.state_slot);
+  if (slots_) {
+    slots_->release(cache.state_slot);
+    for (int32_t slot : cache.step_slots) slots_->release(slot);
+  }
   cache.state_slot = -1;
+  cache.step_slots.clear();
   if (cache.held) --held_;
   cache.held = false;
   cache.published = {};

@@ -26,6 +26,9 @@ namespace ninfer {
 struct SequenceCache {
   std::vector<int32_t> pages;  // KV pages in order; page p holds positions [64p, 64p + 64)
   int32_t state_slot = -1;     // GDN state slot, -1 for models without linear attention
+  // Speculative decoding: a verify pass writes the state after each of its rows into these (ForwardItem::
+  // step_slots), and the accepted row's then becomes state_slot, the old state_slot taking its place here.
+  std::vector<int32_t> step_slots;
   BlockCursor published;       // its blocks in the prefix cache (the first published.blocks pages are shared)
   bool held = false;           // admitted or forked, not yet released
 };
@@ -55,6 +58,9 @@ struct CacheManagerOptions {
   bool prefix_cache = false;
   uint64_t model_key = 0;    // prefix_model_key
   int32_t lanes = 1;         // sequences that may run at once: their state slots are never taken by snapshots
+  // Speculative decoding's step slots per lane (admit's step_slots): an idle lane's are kept from snapshots too
+  // (counted for every lane, decision lanes included, which never draft: a conservative reserve).
+  int32_t step_slots = 0;
   SnapshotPolicy snapshots;  // where commit takes state snapshots
 };
 
@@ -63,12 +69,13 @@ class CacheManager {
   // `slots` is null for models without linear attention (no state to keep).
   CacheManager(PageTable& pages, SlotTable* slots, CacheContents& contents, const CacheManagerOptions& options = {});
 
-  // Pages for `reserve_tokens` tokens and a state slot; nullopt, changing nothing, when they do not fit now (after
+  // Pages for `reserve_tokens` tokens, a state slot and `step_slots` more (speculative decoding's verify rows; none
+  // for models without linear attention); nullopt, changing nothing, when they do not fit now (after
   // evicting what the prefix cache may). With `reuse` and the prefix cache on, the longest cached prefix of
   // `prompt` (before its last token) is shared and its state restored; else the state is zeroed. `salts` salt the
   // prompt's blocks (PrefixCache::match).
   std::optional<CacheAdmission> admit(int64_t reserve_tokens, std::span<const int32_t> prompt = {},
-                                      std::span<const uint64_t> salts = {}, bool reuse = true);
+                                      std::span<const uint64_t> salts = {}, bool reuse = true, int32_t step_slots = 0);
   // The sequence's first `computed` tokens (`tokens`) are in its pages and its state is the state after them:
   // publishes its new whole blocks, then takes the snapshot `use` asks for (when `computed` is a block boundary
   // and a slot is free or can be freed). Nothing when the prefix cache is off.

@@ -53,6 +53,9 @@ void validate_engine_options(const EngineOptions& o) {
     fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0; 0 = max_context * max_concurrency)");
   if (o.cuda_gemm != "auto" && o.cuda_gemm != "twin")
     fail("cuda_gemm = \"" + o.cuda_gemm + "\" (must be auto or twin)");
+  if (o.spec != "none" && o.spec != "mtp") fail("spec = \"" + o.spec + "\" (must be none or mtp)");
+  if (o.spec == "mtp" && (o.draft_tokens < 1 || o.draft_tokens > kMaxDraftTokens))
+    fail("draft_tokens = " + std::to_string(o.draft_tokens) + " (must be 1.." + std::to_string(kMaxDraftTokens) + ")");
   if (o.device_state_slots != 0 && o.device_state_slots < o.max_concurrency)
     fail("device_state_slots = " + std::to_string(o.device_state_slots) + " (must be 0 = auto or at least " +
          "max_concurrency = " + std::to_string(o.max_concurrency) + ": one per lane)");
@@ -90,14 +93,21 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   // their pages from the same pool (they count against the admission budget), with a share chat cannot take.
   const int32_t lanes = options_.max_concurrency + options_.decision_lanes;
   int64_t kv_tokens = options_.kv_capacity > 0 ? options_.kv_capacity : options_.max_context * lanes;
-  // State slots: the chat lanes' and the prefix cache's snapshots (device_state_slots), and per decision lane one
-  // for its context and one per question row.
-  const int32_t state_slots = options_.device_state_slots + options_.decision_lanes * (1 + options_.decision_rows);
+  // State slots: the chat lanes' and the prefix cache's snapshots (device_state_slots), per decision lane one for
+  // its context and one per question row, and with speculative decoding K + 1 per chat lane for its verify rows
+  // (decision lanes never draft).
+  const bool speculative = options_.spec == "mtp";
+  const int32_t draft_tokens = speculative ? options_.draft_tokens : 0;
+  const int32_t step_slots = speculative ? draft_tokens + 1 : 0;
+  const int32_t state_slots = options_.device_state_slots + options_.decision_lanes * (1 + options_.decision_rows) +
+                              options_.max_concurrency * step_slots;
   mo.threads = options_.threads;
   mo.verify_checksums = options_.verify_checksums;
   mo.vision = options_.vision;
   std::shared_ptr<const Artifact> artifact = Artifact::open(path, options_.verify_checksums);
   device_ = dynamic_cast<DeviceRuntime*>(backend.get());
+  if (options_.spec == "mtp" && device_)  // (before the weights go to the device)
+    throw EngineError("invalid engine option: spec = \"mtp\" runs on the CPU backend only for now");
   if (device_) {
     const ModelConfig config = ModelConfig::from_json(artifact->config(), path);
     const DeviceMemoryUse use = device_->upload_weights(*artifact);
@@ -120,21 +130,25 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   cache_options.model_key = prefix_model_key(artifact->manifest_text(), options_.kv_dtype);
   cache_options.lanes = lanes;  // decision lanes' contexts too (their rows' slots are reserved at admission)
   cache_options.snapshots.interval = options_.snapshot_interval;
+  cache_options.step_slots = step_slots;
   model_ = Model::load(std::move(artifact), mo, std::move(backend));
   config_ = model_->config();
+  if (speculative && !model_->has_mtp())
+    throw EngineError("invalid engine option: spec = \"mtp\" but " + path + " has no MTP head");
   CacheCapacity capacity;
   capacity.device_pages = kv_pages_for(kv_tokens);
   capacity.device_state_slots = state_slots;
   pools_ = std::make_unique<CachePools>(model_->cache_layout(), capacity, options_.kv_dtype, model_->memory());
   cache_ = std::make_unique<CacheManager>(pools_->pages(), pools_->states() ? &pools_->slots() : nullptr, *pools_,
                                           cache_options);
+  if (speculative) drafter_ = std::make_unique<Drafter>(*model_, *pools_);
   // The decision lanes' share of the pool: a context each, less whatever leaves one context's room for chat.
   const int64_t context_pages = kv_pages_for(options_.max_context);
   decision_share_pages_ =
       std::clamp<int64_t>(options_.decision_lanes * context_pages, 0, capacity.device_pages - context_pages);
   scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.decision_lanes, options_.prefill_chunk,
-                                           decision_share_pages_, *cache_);
-  executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling);
+                                           decision_share_pages_, *cache_, draft_tokens);
+  executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling, drafter_.get());
   outputs_ = std::make_unique<OutputProcessor>(
       *scheduler_, [this](EngineEvent ev) { publish(std::move(ev)); }, [this](JobOutput output) {
         --(output == JobOutput::Decide ? decisions_in_flight_ : in_flight_);
@@ -366,6 +380,7 @@ void Engine::close() {
   // The pools live in the backend's memory: they go before the model that owns the backend.
   outputs_.reset();
   executor_.reset();
+  drafter_.reset();
   scheduler_.reset();
   cache_.reset();
   pools_.reset();
@@ -415,6 +430,8 @@ void Engine::refresh_stats() {
   stats_.requests_finished = outputs_->counters().requests_finished;
   stats_.tokens_generated = outputs_->counters().tokens_generated;
   stats_.tokens_prefilled = outputs_->counters().tokens_prefilled;
+  stats_.draft_tokens = outputs_->counters().draft_tokens;
+  stats_.draft_tokens_accepted = outputs_->counters().draft_tokens_accepted;
 }
 
 // Asks the caller for the mask of every constrained lane that samples this step; sent before the forward, so the
@@ -472,6 +489,17 @@ std::vector<SliceInput> Engine::gather_inputs(const StepPlan& plan) {
     in.tokens = lane.tokens.data();
     in.total_tokens = static_cast<int64_t>(lane.tokens.size());
     in.host_sampler = needs_host_sampler(lane.job.request.sampling);
+    if (lane.speculative) {
+      in.drafts = &lane.drafts;
+      if (s.kind == SliceKind::Verify) {  // the drafter fills in the tokens
+        in.item.n_tokens = s.drafts + 1;
+        in.item.all_logits = true;
+        if (!lane.cache.step_slots.empty())  // (none for a model without linear attention: no state to keep)
+          in.item.step_slots = std::span(lane.cache.step_slots).first(size_t(s.drafts + 1));
+      } else {
+        in.item.all_hidden = true;
+      }
+    }
     inputs.push_back(in);
   }
   return inputs;

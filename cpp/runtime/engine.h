@@ -68,6 +68,10 @@ struct EngineOptions {
   int64_t snapshot_interval = 0;
   // The CUDA backend times every op of its eager passes with CUDA events (a profiling mode: DeviceRuntime::op_times).
   bool cuda_op_times = false;
+  // Speculative decoding: "none", or "mtp" (the model's MTP head drafts `draft_tokens`, 1..5, per round; the CPU
+  // backend only for now). Lossless: see runtime/speculative.h and docs/speculative-decoding.md.
+  std::string spec = "none";
+  int32_t draft_tokens = 3;
   bool vision = false;           // load the vision tower (images and video in prompts); CPU backend only for now
 };
 inline constexpr int64_t kKvCapacityAuto = -1;
@@ -88,6 +92,7 @@ struct EngineStats {
   int64_t prefix_lookups = 0, prefix_hits = 0, prefix_cached_tokens = 0, prefix_restores = 0;
   int64_t prefix_evicted_blocks = 0, prefix_evicted_snapshots = 0;
   int64_t requests_finished = 0, tokens_generated = 0, tokens_prefilled = 0;
+  int64_t draft_tokens = 0, draft_tokens_accepted = 0;  // speculative decoding, over all requests
   int64_t resident_bytes = 0;  // the process's resident memory
 };
 
@@ -154,6 +159,7 @@ class Engine {
   MemoryPlan memory_plan_;
   std::unique_ptr<CachePools> pools_;
   std::unique_ptr<CacheManager> cache_;
+  std::unique_ptr<Drafter> drafter_;       // spec "mtp" only
   std::unique_ptr<Scheduler> scheduler_;  // touched only under mu_ (admission, cancel) or by the thread
   std::unique_ptr<StepExecutor> executor_;
   std::unique_ptr<OutputProcessor> outputs_;

@@ -57,8 +57,8 @@ int64_t workspace_bytes(const ModelConfig& config, int64_t rows, int32_t sequenc
 // cuBLASLt workspace. Part of the planned workspace.
 int64_t gemm_scratch_bytes(const ModelConfig& config, int64_t rows);
 
-// Plans the pools after the weights for `slots` lanes and `state_slots` GDN state slots (lanes', snapshots' and
-// decision rows').
+// Plans the pools after the weights for `slots` lanes and `state_slots` GDN state slots (lanes', snapshots',
+// decision rows' and speculative verify rows').
 // `kv_capacity_tokens` < 0 asks for the largest capacity that fits with
 // kMemoryHeadroomBytes to spare (whole pages, at most max_context * slots); otherwise that capacity is checked.
 // Throws OutOfMemoryError with every number when the request does not fit (or, for auto, not one sequence).

@@ -39,6 +39,8 @@ void OutputProcessor::end_lane(int32_t index, FinishReason reason, const std::st
   ev.error_message = error_message;
   const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
   ev.usage = {prompt, lane.cached, lane.generated};
+  ev.timings.draft_n = lane.drafts.drafted;
+  ev.timings.draft_n_accepted = lane.drafts.accepted;
   ev.timings.queue_s = seconds(lane.admitted - lane.job.submitted);
   ev.timings.total_s = seconds(now - lane.job.submitted);
   if (lane.generated > 0) {
@@ -79,6 +81,11 @@ void OutputProcessor::absorb_row(const PlannedSlice& slice, SliceResult result) 
 
 void OutputProcessor::absorb_slice(const PlannedSlice& slice, const SliceResult& result) {
   Lane& lane = *scheduler_.lane(slice.lane);
+  lane.drafts.pending_hidden.insert(lane.drafts.pending_hidden.end(), result.hidden.begin(), result.hidden.end());
+  if (slice.kind == SliceKind::Verify) {
+    absorb_verified(lane, slice, result);
+    return;
+  }
   counters_.tokens_prefilled += slice.end - slice.begin;
   lane.computed = slice.end;
   scheduler_.commit(slice.lane);  // only a completed pass's blocks become reusable
@@ -99,6 +106,25 @@ void OutputProcessor::absorb_slice(const PlannedSlice& slice, const SliceResult&
     return;
   }
   take_token(lane, slice.lane, *result.token);
+}
+
+// A verify round: the lane keeps the cache of its last token and the accepted drafts, then takes the round's
+// tokens one by one (a stop token or the length ends it there, so nothing past either is emitted).
+void OutputProcessor::absorb_verified(Lane& lane, const PlannedSlice& slice, const SliceResult& result) {
+  const int32_t accepted = int32_t(result.verified.size()) - 1;
+  lane.computed = slice.begin + accepted + 1;
+  keep_accepted_state(lane.cache, accepted);
+  lane.drafts.drafted += slice.drafts;
+  lane.drafts.accepted += accepted;
+  counters_.draft_tokens += slice.drafts;
+  counters_.draft_tokens_accepted += accepted;
+  for (const SampledToken& token : result.verified) {
+    take_token(lane, slice.lane, token);
+    if (!scheduler_.lane(slice.lane)) return;  // it ended (this round's blocks are not published)
+  }
+  // Once the accepted tokens are in lane.tokens: commit publishes blocks by their tokens. (A frontier snapshot
+  // is taken only when a round ends on a block boundary.)
+  scheduler_.commit(slice.lane);
 }
 
 void OutputProcessor::take_token(Lane& lane, int32_t index, const SampledToken& s) {

@@ -15,6 +15,7 @@ namespace ninfer {
 
 struct OutputCounters {
   int64_t requests_finished = 0, tokens_generated = 0, tokens_prefilled = 0;
+  int64_t draft_tokens = 0, draft_tokens_accepted = 0;  // speculative decoding's, over all requests
 };
 
 class OutputProcessor {
@@ -33,6 +34,7 @@ class OutputProcessor {
 
  private:
   void absorb_slice(const PlannedSlice& slice, const SliceResult& result);
+  void absorb_verified(Lane& lane, const PlannedSlice& slice, const SliceResult& result);
   void absorb_row(const PlannedSlice& slice, SliceResult result);
   void take_token(Lane& lane, int32_t index, const SampledToken& s);
   void report_progress(const Lane& lane, const PlannedSlice& slice);

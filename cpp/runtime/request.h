@@ -53,6 +53,7 @@ struct Timings {
   double prefill_tokens_per_s = 0;  // prompt tokens computed (the cached ones not) over the time to compute them
   double decode_tokens_per_s = 0;  // tokens after the first over the time after the first
   double total_s = 0;
+  int64_t draft_n = 0, draft_n_accepted = 0;  // speculative decoding: drafts verified and accepted (llama.cpp's)
 };
 
 // How far a request's prompt has been prefilled, after one of its prefill chunks.

@@ -21,8 +21,9 @@ void add_prefill(const PlannedSlice& slice, int64_t budget, std::vector<PlannedS
 }  // namespace
 
 Scheduler::Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
-                     CacheManager& cache)
-    : prefill_chunk_(prefill_chunk), cache_(cache), chat_lanes_(num_lanes), decision_pages_(decision_pages),
+                     CacheManager& cache, int32_t draft_tokens)
+    : prefill_chunk_(prefill_chunk), draft_tokens_(draft_tokens), cache_(cache), chat_lanes_(num_lanes),
+      decision_pages_(decision_pages),
       lanes_(num_lanes + decision_lanes) {}
 
 int64_t Scheduler::decision_pages_unused() const {
@@ -58,13 +59,17 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
     if (lanes_[i]) continue;
     const Job& head = queue.front();
     const bool deciding = head.output == JobOutput::Decide;
+    // Media prompts decode plainly: their positions follow M-RoPE's, which the MTP head's catch-up does not take.
+    const bool speculative = draft_tokens_ > 0 && head.output == JobOutput::Generate && !head.request.constrained &&
+                             !head.request.media;
     // What only the prefix cache holds counts as free: admission evicts it on demand.
     if (!deciding && cache_.reclaimable().first - kv_pages_for(head.reservation) < decision_pages_unused()) break;
     // Scoring needs every prompt position's logits: it computes them all (and publishes them for others). A
     // decision context starts afresh (its forks' suffixes are planned from the context's start), and so does a
     // prompt with media: the blocks carry no media hash yet, so the same token ids may hold different pictures.
     const bool reuse = head.output == JobOutput::Generate && !head.request.media;
-    std::optional<CacheAdmission> admission = cache_.admit(head.reservation, head.request.prompt, {}, reuse);
+    std::optional<CacheAdmission> admission =
+        cache_.admit(head.reservation, head.request.prompt, {}, reuse, speculative ? draft_tokens_ + 1 : 0);
     if (!admission) break;
     std::optional<CacheReserve> reserve;
     if (deciding) {
@@ -81,6 +86,10 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
     lane.computed = lane.cached = admission->computed;
     lane.tokens = lane.job.request.prompt;
     lane.admitted = Clock::now();
+    lane.speculative = speculative;
+    // The MTP head catches up from the first token this lane computes: the hidden rows of a prefix already in the
+    // cache are not recomputed, so neither are that prefix's MTP rows.
+    lane.drafts.mtp_next = lane.computed;
     if (lane.job.output == JobOutput::Generate) {
       lane.sampler.emplace(lane.job.request.sampling);
       lane.history.add_prompt(lane.tokens);
@@ -136,6 +145,16 @@ StepPlan Scheduler::plan() const {
       if (deciding) plan_rows(i, lane, prefills, prefill_tokens);
       continue;
     }
+    if (lane.speculative && lane.generated > 0) {  // decoding: verify the last token and this round's drafts
+      const int32_t drafts = drafts_this_round(draft_tokens_, lane.job.request.max_new_tokens - lane.generated,
+                                               lane.job.reservation - begin);
+      if (drafts > 0) {
+        PlannedSlice verify{i, begin, target, SliceKind::Verify, SliceOutput::Sample};
+        verify.drafts = drafts;
+        plan.slices.push_back(verify);
+        continue;
+      }
+    }
     const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
     const int64_t end = std::min(chunk_end(begin, target, prefill_chunk_), cache_.next_snapshot(begin, prompt));
     const bool scoring = lane.job.output == JobOutput::PromptLogprobs;
@@ -163,9 +182,10 @@ void Scheduler::plan_rows(int32_t index, const Lane& lane, std::vector<PlannedSl
     if (!row) continue;
     const int64_t target = context + static_cast<int64_t>(lane.job.decision.questions[size_t(row->question)].suffix.size());
     const int64_t end = chunk_end(row->computed, target, prefill_chunk_);
-    add_prefill({index, row->computed, end, SliceKind::Prefill,
-                 end == target ? SliceOutput::CandidateLogprobs : SliceOutput::None, int32_t(r)},
-                prefill_chunk_, prefills, prefill_tokens);
+    PlannedSlice slice{index, row->computed, end, SliceKind::Prefill,
+                       end == target ? SliceOutput::CandidateLogprobs : SliceOutput::None};
+    slice.row = int32_t(r);
+    add_prefill(slice, prefill_chunk_, prefills, prefill_tokens);
   }
 }
 

@@ -17,6 +17,7 @@
 #include "runtime/cache_manager.h"
 #include "runtime/request.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 #include "runtime/step_plan.h"
 
 namespace ninfer {
@@ -72,6 +73,9 @@ struct Lane {
   TokenHistory history;
   LaneMask mask;                      // used only when job.request.constrained
   std::vector<float> score_logprobs;  // output PromptLogprobs: logprob of tokens[i + 1], filled chunk by chunk
+  // It drafts with the MTP head (a generation lane, unconstrained, without media, spec on)
+  bool speculative = false;
+  LaneDrafts drafts;                          // speculative lanes only
   std::shared_ptr<const EncodedMedia> media;  // the prompt's media rows, encoded at its first slice
   Clock::time_point admitted, first_token;
   // output Decide: the rows in flight (job.decision_rows places), the reserve they fork from, the next question
@@ -87,9 +91,10 @@ class Scheduler {
  public:
   // `decision_lanes` more lanes, after the others, run decision jobs only (their own queue too), and chat jobs
   // leave `decision_pages` KV pages (less what decision jobs hold) free for them: chat traffic cannot starve
-  // decisions, nor decisions chat.
+  // decisions, nor decisions chat. `draft_tokens` > 0: speculative decoding with that many MTP drafts per round
+  // (each speculative lane then holds draft_tokens + 1 step slots for the verify pass's states).
   Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
-            CacheManager& cache);
+            CacheManager& cache, int32_t draft_tokens = 0);
 
   void enqueue(Job job) { (job.output == JobOutput::Decide ? decision_queue_ : queue_).push_back(std::move(job)); }
   // Removes a queued job and returns it; nullopt when `id` is not queued.
@@ -126,6 +131,7 @@ class Scheduler {
   int64_t decision_pages_unused() const;  // the decision share's pages no decision job holds
 
   int64_t prefill_chunk_;
+  int32_t draft_tokens_;
   CacheManager& cache_;
   int32_t chat_lanes_;
   int64_t decision_pages_;

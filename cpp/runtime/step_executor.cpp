@@ -30,19 +30,23 @@ void catching(StepResult& result, Work&& work) {
 
 }  // namespace
 
-StepExecutor::StepExecutor(Model& model, CachePools& pools, DeviceRuntime* device, bool device_sampling)
-    : model_(model), pools_(pools), device_(device), device_sampling_(device_sampling) {}
+StepExecutor::StepExecutor(Model& model, CachePools& pools, DeviceRuntime* device, bool device_sampling,
+                           Drafter* drafter)
+    : model_(model), pools_(pools), device_(device), device_sampling_(device_sampling), drafter_(drafter) {}
 
 StepResult StepExecutor::run_pass(const StepPlan& plan, std::span<const SliceInput> inputs) {
   std::vector<ForwardItem> items;
   for (const SliceInput& in : inputs) items.push_back(in.item);
+  StepResult result;
+  if (drafter_)
+    catching(result, [&] { draft(plan, inputs, items); });
+  if (result.failed()) return result;
   // A device backend samples on the device unless a slice needs every row's logits on the host (scoring) or its
   // lane uses a sampler stage only the host sampler has.
   bool host_logits = false;
   for (size_t i = 0; i < plan.slices.size(); ++i)
     host_logits = host_logits || plan.slices[i].output == SliceOutput::PromptLogprobs || inputs[i].host_sampler;
   out_.keep_on_device = device_ && device_sampling_ && !host_logits;
-  StepResult result;
   catching(result, [&] {
     if (!device_) {
       model_.forward(items, pools_, out_);
@@ -61,6 +65,18 @@ StepResult StepExecutor::run_pass(const StepPlan& plan, std::span<const SliceInp
     if (out_.device_logits) device_->launch_pass();  // it runs while the caller computes masks
   });
   return result;
+}
+
+// The MTP head catches up with each speculative lane's new target rows, and drafts for its Verify slice.
+void StepExecutor::draft(const StepPlan& plan, std::span<const SliceInput> inputs, std::vector<ForwardItem>& items) {
+  for (size_t i = 0; i < plan.slices.size(); ++i) {
+    const SliceInput& in = inputs[i];
+    if (!in.drafts) continue;
+    const PlannedSlice& s = plan.slices[i];
+    const int32_t drafts = s.kind == SliceKind::Verify ? s.drafts : 0;
+    drafter_->prepare(*in.drafts, std::span(in.tokens, size_t(s.end)), in.item.pages, drafts);
+    if (s.kind == SliceKind::Verify) items[i].tokens = in.drafts->verify_tokens.data();
+  }
 }
 
 void StepExecutor::collect(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result) {
@@ -113,7 +129,14 @@ void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceIn
     const SliceInput& in = inputs[i];
     if (!in.item.candidates.empty()) continue;  // no logits rows: collect_candidates reads it
     const float* rows = out_.logits.data() + out_.row_offset[i] * vocab;
-    if (s.output == SliceOutput::PromptLogprobs && in.tokens) {
+    if (in.drafts) keep_hidden(i, s, result.slices[i]);
+    if (s.kind == SliceKind::Verify && in.sample) {
+      const std::span<const int32_t> drafts(in.drafts->verify_tokens.data() + 1, size_t(s.drafts));
+      const int32_t accepted = verify_drafts(std::span(rows, size_t((s.drafts + 1) * vocab)), vocab, drafts,
+                                             *in.sampler, *in.history, result.slices[i].verified);
+      // The lane keeps the rows up to the last accepted one.
+      result.slices[i].hidden.resize(size_t((accepted + 1) * out_.hidden_size));
+    } else if (s.output == SliceOutput::PromptLogprobs && in.tokens) {
       for (int64_t p = s.begin; p < s.end && p + 1 < in.total_tokens; ++p) {
         const std::vector<float> lp = log_softmax(std::span<const float>(rows + (p - s.begin) * vocab, vocab));
         result.slices[i].prompt_logprobs.push_back(lp[in.tokens[p + 1]]);
@@ -129,6 +152,15 @@ void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceIn
       result.slices[i].token = in.sampler->sample(logits, *in.history);
     }
   }
+}
+
+// A speculative lane's target hidden rows, for the MTP head: a prefill slice's every row, a verify slice's every
+// row (the caller cuts them to the accepted ones).
+void StepExecutor::keep_hidden(size_t slice, const PlannedSlice& s, SliceResult& result) const {
+  const int64_t h = out_.hidden_size, rows = s.kind == SliceKind::Verify ? s.drafts + 1 : s.end - s.begin;
+  const float* first = s.kind == SliceKind::Verify ? out_.hidden.data() + out_.row_offset[slice] * h
+                                                   : out_.all_hidden.data() + out_.all_hidden_offset[slice] * h;
+  result.hidden.assign(first, first + rows * h);
 }
 
 }  // namespace ninfer

@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "runtime/device_runtime.h"
 #include "runtime/sampler.h"
+#include "runtime/speculative.h"
 #include "runtime/step_plan.h"
 
 namespace ninfer {
@@ -28,12 +29,15 @@ struct SliceInput {
   const TokenHistory* history = nullptr;
   uint64_t counter = 0;          // tokens the lane generated so far (the device sampler's RNG counter)
   std::span<const uint32_t> mask;  // empty: unconstrained
+  LaneDrafts* drafts = nullptr;    // a speculative lane's: its MTP rows catch up before the pass (kind Verify: drafts)
 };
 
 class StepExecutor {
  public:
   // `device`: the model's backend when it has its own memory; it samples there when `device_sampling`.
-  StepExecutor(Model& model, CachePools& pools, DeviceRuntime* device, bool device_sampling);
+  // `drafter`: speculative decoding's MTP side (null without).
+  StepExecutor(Model& model, CachePools& pools, DeviceRuntime* device, bool device_sampling,
+               Drafter* drafter = nullptr);
 
   // The plan's forward pass; a failure comes back as the result's error (its slices stay empty).
   StepResult run_pass(const StepPlan& plan, std::span<const SliceInput> inputs);
@@ -43,12 +47,15 @@ class StepExecutor {
  private:
   void sample_on_device(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
   void collect_on_host(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
+  void draft(const StepPlan& plan, std::span<const SliceInput> inputs, std::vector<ForwardItem>& items);
+  void keep_hidden(size_t slice, const PlannedSlice& s, SliceResult& result) const;
   void collect_candidates(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
 
   Model& model_;
   CachePools& pools_;
   DeviceRuntime* device_;
   bool device_sampling_;
+  Drafter* drafter_;
   ForwardOutput out_;
 };
 

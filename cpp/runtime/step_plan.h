@@ -14,6 +14,7 @@ namespace ninfer {
 enum class SliceKind : uint8_t {
   Prefill,  // several tokens (a prompt chunk), or any slice of a scoring job
   Decode,   // one token (the one sampled last step, or a prompt's last): a pass of only these can run as a graph
+  Verify,   // speculative decoding: the last sampled token and `drafts` MTP drafts, one output row each
 };
 
 enum class SliceOutput : uint8_t {
@@ -31,6 +32,7 @@ struct PlannedSlice {
   int64_t begin = 0, end = 0;
   SliceKind kind = SliceKind::Prefill;
   SliceOutput output = SliceOutput::None;
+  int32_t drafts = 0;  // kind Verify: the drafts after tokens[begin] (the slice forwards drafts + 1 tokens)
   int32_t row = -1;  // a decision lane's question row (a fork of the lane's context); -1: the lane's own sequence
 };
 
@@ -41,6 +43,10 @@ struct StepPlan {
 struct SliceResult {
   std::optional<SampledToken> token;  // output Sample, unless the lane's mask left nothing to sample
   std::vector<float> prompt_logprobs;  // output PromptLogprobs: one per row with a next prompt token
+  // Kind Verify: every token the round emits (the accepted drafts, then the correction or bonus token).
+  std::vector<SampledToken> verified;
+  // Speculative lanes: the target's final-normed hidden of the rows the lane keeps (the MTP head's next input).
+  std::vector<float> hidden;
   std::vector<float> candidate_logprobs;  // output CandidateLogprobs: one per candidate, in the question's order
 };
 

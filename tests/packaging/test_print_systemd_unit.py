@@ -118,11 +118,11 @@ def test_printed_unit_passes_systemd_analyze_verify(name, tmp_path):
 
 def test_print_systemd_unit_refuses_what_the_server_refuses():
     result = subprocess.run(
-        [str(NINFER_SERVE), "--print-systemd-unit", "--spec", "mtp"],
+        [str(NINFER_SERVE), "--print-systemd-unit", "--spec", "draft"],
         check=False,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
-    assert "--spec: speculative decoding is not implemented yet" in result.stderr
+    assert "--spec draft: a separate draft model is not implemented yet" in result.stderr

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_helpers import run_alone
+from engine_helpers import run_alone, run_together
 from ninfer import errors
 from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
@@ -98,3 +98,18 @@ def test_media_that_does_not_fit_the_prompt_is_refused(checkpoint):
             run_alone(engine, [greedy(prompt, short)])
         with pytest.raises(errors.EngineError, match="prompt token 0 is a vision pad token of no medium"):
             run_alone(engine, [stray])
+
+
+def test_speculative_engine_decodes_media_prompts_plainly_and_text_ones_with_drafts(checkpoint):
+    # The MTP head's catch-up runs on 1-D positions, so a prompt with media (M-RoPE positions) never drafts; its
+    # tokens stay HF's, while a text prompt beside it in the same engine drafts.
+    path, reference = checkpoint
+    prompt = build_prompt(MEDIA, patch_values(reference), seed=33)
+    options = EngineOptions(backend="cpu", max_context=256, prefill_chunk=64, kv_dtype="f32", threads=2, vision=True,
+                            max_concurrency=2, spec="mtp", draft_tokens=2)
+    with Engine.open_sync(path, options) as engine:
+        (media_tokens, media_last), (_, text_last) = run_together(
+            engine, [greedy(prompt, engine_media(prompt)), greedy(prompt, None)])
+    assert media_tokens == hf_greedy(reference, prompt, NEW_TOKENS)
+    assert media_last.timings.draft_n == 0
+    assert text_last.timings.draft_n > 0

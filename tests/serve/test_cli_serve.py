@@ -17,7 +17,7 @@ import httpx
 import live_servers
 import openai
 import pytest
-from ninfer.cli.serve import _check, _router_config, build_parser, main
+from ninfer.cli.serve import _check, _engine_options, _router_config, build_parser, main
 from ninfer.errors import NinferError
 
 STARTUP_TIMEOUT_S = 120.0
@@ -31,15 +31,16 @@ def _serve_command(*args: str) -> list[str]:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--spec", "mtp"], "--spec: speculative decoding is not implemented yet"),
-        (["--spec", "draft"], "--spec: speculative decoding is not implemented yet"),
+        (["--spec", "draft"], "--spec draft: a separate draft model is not implemented yet"),
+        (["--draft-tokens", "4"], "--draft-tokens needs --spec mtp"),
+        (["--spec", "mtp", "--draft-tokens", "0"], "--draft-tokens must be in 1..5, got 0"),
+        (["--spec", "mtp", "--draft-tokens", "6"], "--draft-tokens must be in 1..5, got 6"),
         (["--host-kv-mib", "512"], "--host-kv-mib: host KV offload is not implemented yet"),
         (["--reserve-gib", "0"], "--reserve-gib:"),
         (["--device-state-slots", "2", "--max-concurrency", "4"],
          "--device-state-slots (2) must be 0 (auto) or at least --max-concurrency (4): one per lane"),
         (["--snapshot-interval", "100"], "--snapshot-interval must be a multiple of 64"),
         (["--host-state-slots", "4"], "--host-state-slots:"),
-        (["--draft-tokens", "4"], "--draft-tokens:"),
         (["--lm-head-draft", "8"], "--lm-head-draft:"),
         (["--max-concurrency", "9"], "--max-concurrency must be in 1..8"),
         (["--prefill-chunk", "100"], "--prefill-chunk must be a multiple of 64"),
@@ -59,7 +60,7 @@ def test_refused_options_are_one_line_errors(args, message, capsys):
 
 
 @pytest.mark.parametrize(
-    "args", [["--draft-tokens", "0"], ["--reserve-gib", "-1"], ["--port", "x"], ["--kv-dtype", "q3"],
+    "args", [["--draft-tokens", "x"], ["--reserve-gib", "-1"], ["--port", "x"], ["--kv-dtype", "q3"],
              ["--kv-capacity", "most"], ["--kv-capacity", "0"]]
 )
 def test_invalid_values_are_one_line_usage_errors(args, capsys):
@@ -70,10 +71,14 @@ def test_invalid_values_are_one_line_usage_errors(args, capsys):
     assert line.startswith(f"ninfer-serve: error: argument {args[0]}") and line.endswith("(see ninfer-serve --help)")
 
 
-def test_spec_none_is_accepted_as_no_speculative_decoding():
-    """`--spec none` asks for what the server does anyway (no speculative decoding): it passes validation, where
-    `mtp` and `draft` are refused (above)."""
-    _check(build_parser().parse_args(["--spec", "none"]))  # raises CliError for a refused option
+def test_spec_options_reach_the_engine_options():
+    """`--spec none` is no speculative decoding; `--spec mtp` drafts 3 per round unless --draft-tokens says."""
+    for argv, expected in ((["--spec", "none"], ("none", 3)), (["--spec", "mtp"], ("mtp", 3)),
+                           (["--spec", "mtp", "--draft-tokens", "5"], ("mtp", 5))):
+        args = build_parser().parse_args(argv)
+        _check(args)  # raises CliError for a refused option
+        options = _engine_options(args)
+        assert (options.spec, options.draft_tokens) == expected
 
 
 def _config_of_two(tmp_path: Path, second: dict) -> Path:

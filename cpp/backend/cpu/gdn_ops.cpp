@@ -11,9 +11,11 @@ namespace ninfer::cpu {
 void CpuBackend::gdn_conv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
                           const float* weight, StatePool& states, int32_t layer, float* out) {
   const int64_t c = shape.conv_channels();
-  for (const SequenceRows& s : seqs)
+  for (const SequenceRows& s : seqs) {
+    if (s.source_slot >= 0) states.copy_conv(s.source_slot, s.state_slot, layer);
     gdn_causal_conv(mixed + s.row0 * c, s.n, c, weight, shape.conv_kernel, states.conv(s.state_slot, layer),
                     out + s.row0 * c);
+  }
 }
 
 void CpuBackend::gdn_conv_qkv(const float* mixed, std::span<const SequenceRows> seqs, const GdnShape& shape,
@@ -51,6 +53,7 @@ void CpuBackend::gdn_rule(const float* q, const float* k, const float* v, const 
   const int64_t hv = shape.num_value_heads;
   for (const SequenceRows& s : seqs) {
     const int64_t r = s.row0;
+    if (s.source_slot >= 0) states.copy_recurrent(s.source_slot, s.state_slot, layer);
     float* state = states.recurrent(s.state_slot, layer);
     if (s.n == 1)
       gdn_recurrent(dims, 1, q + r * qk, k + r * qk, v + r * vd, g + r * hv, beta + r * hv, state, out + r * vd);

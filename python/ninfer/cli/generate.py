@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ninfer.cli.main import CliError
+from ninfer.cli.spec_options import add_spec_arguments, check_spec_arguments, spec_options
 from ninfer.engine import (
     KV_DTYPES,
     Engine,
@@ -48,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sample among the K likeliest tokens, 0 = off (default: the model's)")
     parser.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
     parser.add_argument("--no-think", action="store_true", help="turn the model's thinking off")
+    add_spec_arguments(parser)
 
 
 def resolve_model(model: str | None) -> Path:
@@ -62,15 +64,16 @@ def resolve_model(model: str | None) -> Path:
     return path
 
 
-def open_engine(args: argparse.Namespace, max_concurrency: int = 1, vision: bool = False) -> Engine:
+def open_engine(args: argparse.Namespace, max_concurrency: int = 1, **options: Any) -> Engine:
+    """The engine for MODEL and the shared engine arguments; `options`: more EngineOptions fields."""
     if args.max_context < 1:
         raise CliError(f"--max-context must be >= 1, got {args.max_context}")
     path = resolve_model(args.model)
-    options = EngineOptions(max_context=args.max_context, kv_dtype=args.kv_dtype, threads=args.threads,
-                            max_concurrency=max_concurrency, vision=vision)
+    engine_options = EngineOptions(max_context=args.max_context, kv_dtype=args.kv_dtype, threads=args.threads,
+                                   max_concurrency=max_concurrency, **options)
     if sys.stderr.isatty():
         print(f"loading {path.name} ...", end="\r", file=sys.stderr, flush=True)
-    engine = Engine.open_sync(path, options)
+    engine = Engine.open_sync(path, engine_options)
     if sys.stderr.isatty():
         print(" " * (len(path.name) + 12), end="\r", file=sys.stderr, flush=True)
     return engine
@@ -117,8 +120,16 @@ def _report(engine: Engine, last: GenerationEvent) -> None:
     stats = engine.stats()
     print(f"\n[{last.finish_reason}] prompt {usage.prompt_tokens} tokens, generated {usage.generated_tokens}; "
           f"TTFT {t.ttft_s * 1000:.0f} ms, prefill {t.prefill_tokens_per_s:.1f} tok/s, "
-          f"decode {t.decode_tokens_per_s:.1f} tok/s; resident memory {stats.resident_bytes / 2**20:.0f} MiB",
+          f"decode {t.decode_tokens_per_s:.1f} tok/s{_draft_report(t)}; "
+          f"resident memory {stats.resident_bytes / 2**20:.0f} MiB",
           file=sys.stderr)
+
+
+def _draft_report(t: Any) -> str:
+    """Speculative decoding's acceptance, when it drafted."""
+    if not t.draft_n:
+        return ""
+    return f"; drafts accepted {t.draft_n_accepted}/{t.draft_n} ({100 * t.draft_n_accepted / t.draft_n:.0f}%)"
 
 
 async def _generate(engine: Engine, args: argparse.Namespace, messages: list[dict[str, Any]]) -> GenerationEvent:
@@ -154,10 +165,11 @@ def _show(reasoning: str, content: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.max_new < 1:
         raise CliError(f"--max-new must be >= 1, got {args.max_new}")
+    check_spec_arguments(args)
     messages = _messages(args)
     # The tower is loaded only for a prompt with media (it costs load time and memory otherwise).
     vision = bool(extract_media(messages, allow_files=True)[1])
-    with open_engine(args, vision=vision) as engine:
+    with open_engine(args, vision=vision, **spec_options(args)) as engine:
         last = asyncio.run(_generate(engine, args, messages))
         _report(engine, last)
     return 0

@@ -1,9 +1,8 @@
 """`ninfer-serve [MODEL] [options]`: the HTTP server (Litestar on uvicorn). Argument parsing and validation only;
 the app is ninfer.serve.app. With no MODEL it serves the embedded default model (imported once into the cache).
 
-Options that later issues implement (speculative decoding, state offload, memory reservations) are parsed
-and validated now, and refused with a one-line error when given, so scripts and the Nix module fail clearly
-(`--spec none`, which asks for no speculative decoding, is accepted: it is what the server does).
+Options that later issues implement (the MTP draft's lm-head shortlist, state offload, memory reservations) are
+parsed and validated now, and refused with a one-line error when given, so scripts and the Nix module fail clearly.
 """
 
 from __future__ import annotations
@@ -19,18 +18,16 @@ from typing import Any
 
 from ninfer.cli.generate import KV_DTYPES, resolve_model
 from ninfer.cli.main import CliError, OneLineErrorParser
+from ninfer.cli.spec_options import add_spec_arguments, check_spec_arguments, spec_options
 from ninfer.errors import NinferError
 from ninfer.serve.auth import read_api_keys
 from ninfer.serve.shutdown import DEFAULT_GRACE_S
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-SPEC_METHODS = ("none", "mtp", "draft")
 
 # option dest -> the issue that brings it (for the refusal message)
 NOT_YET = {
-    "spec": "speculative decoding",
-    "draft_tokens": "speculative decoding",
-    "lm_head_draft": "speculative decoding",
+    "lm_head_draft": "the MTP draft's lm-head shortlist",
     "host_state_slots": "GDN state offload",
     "host_kv_mib": "host KV offload",
     "reserve_gib": "GPU memory planning",
@@ -168,9 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep earlier assistant turns' reasoning in the prompt (templates that support it)",
     )
+    add_spec_arguments(engine)
     later = p.add_argument_group("options of later releases (validated, refused for now)")
-    later.add_argument("--spec", choices=SPEC_METHODS, help="speculative decoding method")
-    later.add_argument("--draft-tokens", type=_positive("--draft-tokens"), metavar="N")
     later.add_argument("--lm-head-draft", type=_positive("--lm-head-draft"), metavar="N")
     later.add_argument("--host-state-slots", type=_positive("--host-state-slots", 0), metavar="N")
     later.add_argument("--host-kv-mib", type=_positive("--host-kv-mib", 0), metavar="MIB")
@@ -198,10 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
+    check_spec_arguments(args)
     for dest, feature in NOT_YET.items():
         given = getattr(args, dest)
-        if dest == "spec" and given == "none":
-            continue  # no speculative decoding: what the server does anyway
         if given is not None and given is not False:  # (not `in (None, False)`: 0 == False, and 0 is given)
             flag = "--" + dest.replace("_", "-")
             raise CliError(f"{flag}: {feature} is not implemented yet in this build")
@@ -257,6 +252,7 @@ def _engine_options(args: argparse.Namespace) -> Any:
         prefix_cache=args.prefix_cache == "on",
         device_state_slots=args.device_state_slots,
         snapshot_interval=args.snapshot_interval,
+        **spec_options(args),
     )
 
 

@@ -41,6 +41,13 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(
             "ninfer_resident_bytes", "Resident memory of the engine", value=s.resident_bytes
         )
+        yield CounterMetricFamily(
+            "ninfer_draft_tokens", "Speculative decoding: MTP drafts verified by the engine", value=s.draft_tokens
+        )
+        yield CounterMetricFamily(
+            "ninfer_draft_tokens_accepted", "Speculative decoding: MTP drafts the engine accepted",
+            value=s.draft_tokens_accepted,
+        )
         p = s.prefix
         yield GaugeMetricFamily("ninfer_prefix_cache_blocks", "64-token KV blocks in the prefix cache",
                                 value=p.cached_blocks)

@@ -218,6 +218,9 @@ def timings_json(result: GenerationResult) -> dict[str, Any]:
     timings = _llama_timings(u.prompt_tokens - u.cached_tokens, t.ttft_s - t.queue_s, u.cached_tokens,
                              u.completion_tokens, max(t.total_s - t.ttft_s, 0.0))
     timings["queue_ms"] = t.queue_s * 1000
+    if t.draft_n:  # llama.cpp's speculative decoding fields, there only when the request drafted
+        timings["draft_n"] = t.draft_n
+        timings["draft_n_accepted"] = t.draft_n_accepted
     return timings
 
 

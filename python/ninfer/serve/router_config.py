@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ninfer.engine import OPTION_CHOICES, EngineOptions, SamplingParams, native_sampling
+from ninfer.engine import MAX_DRAFT_TOKENS, OPTION_CHOICES, EngineOptions, SamplingParams, native_sampling
 from ninfer.errors import NinferError
 from ninfer.frontend.sampling_defaults import OVERRIDABLE
 from ninfer.serve.state import DEFAULT_MAX_TOKENS
@@ -27,8 +27,7 @@ DEFAULT_SSE_PING_S = 5.0  # keepalives of /models/sse
 # Engine keys a model entry may carry, besides the router's own keys below.
 ENGINE_KEYS = {f.name for f in fields(EngineOptions)} - {"verify_checksums"}
 # Options of later issues: accepted by name so configs written for them fail with a clear message.
-NOT_YET_KEYS = {"spec": "speculative decoding", "draft_tokens": "speculative decoding",
-                "lm_head_draft": "speculative decoding",
+NOT_YET_KEYS = {"lm_head_draft": "the MTP draft's lm-head shortlist",
                 "host_state_slots": "GDN state offload",
                 "host_kv_mib": "host KV offload", "reserve_gib": "GPU memory planning"}
 MODEL_KEYS = {"path", "aliases", "ttl", "preserve_thinking", "description", "sampling", "max_tokens"}
@@ -138,6 +137,8 @@ def _engine_options(entry: Mapping[str, Any], defaults: EngineOptions, where: st
         raise RouterConfigError(f"{where}.max_concurrency must be in 1..8, got {options.max_concurrency}")
     if options.max_context < 1:
         raise RouterConfigError(f"{where}.max_context must be >= 1, got {options.max_context}")
+    if options.spec == "mtp" and not 1 <= options.draft_tokens <= MAX_DRAFT_TOKENS:
+        raise RouterConfigError(f"{where}.draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {options.draft_tokens}")
     if options.prefill_chunk % 64:
         raise RouterConfigError(f"{where}.prefill_chunk must be a positive multiple of 64 or 0 (auto), "
                                 f"got {options.prefill_chunk}")

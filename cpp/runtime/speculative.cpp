@@ -1,0 +1,81 @@
+#include "runtime/speculative.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "errors.h"
+
+namespace ninfer {
+namespace {
+
+int32_t argmax(std::span<const float> row) {
+  return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+// An MTP item: `n` rows from position `start`, logits of the last (the head's KV lives in the lane's pages).
+ForwardItem mtp_item(const int32_t* next_tokens, int64_t n, int64_t start, std::span<const int32_t> pages) {
+  ForwardItem item;
+  item.tokens = next_tokens;
+  item.n_tokens = n;
+  item.start = start;
+  item.pages = pages;
+  return item;
+}
+
+}  // namespace
+
+int32_t drafts_this_round(int32_t draft_tokens, int64_t tokens_left, int64_t positions_left) {
+  return int32_t(std::clamp<int64_t>(std::min(tokens_left, positions_left) - 1, 0, draft_tokens));
+}
+
+Drafter::Drafter(Model& model, CachePools& pools) : model_(model), pools_(pools) {}
+
+void Drafter::prepare(LaneDrafts& d, std::span<const int32_t> tokens, std::span<const int32_t> pages,
+                      int32_t drafts) {
+  const int64_t h = model_.config().hidden_size, vocab = model_.config().vocab_size;
+  const int64_t rows = int64_t(d.pending_hidden.size()) / h;
+  if (d.mtp_next + rows >= int64_t(tokens.size()))
+    throw EngineError("MTP rows up to position " + std::to_string(d.mtp_next + rows - 1) + " need " +
+                      std::to_string(d.mtp_next + rows + 1) + " tokens; the lane has " +
+                      std::to_string(tokens.size()));
+  d.verify_tokens.assign(1, tokens.back());
+  if (rows == 0) {
+    if (drafts > 0) throw EngineError("a lane drafts without the target's hidden row of its last token");
+    return;
+  }
+  // Step 0: the rows the target computed since, with the tokens after them; the last row drafts the first token.
+  const ForwardItem item = mtp_item(tokens.data() + d.mtp_next + 1, rows, d.mtp_next, pages);
+  model_.mtp_forward(d.pending_hidden.data(), item, pools_, logits_, drafts > 1 ? &normed_ : nullptr);
+  const int64_t last = d.mtp_next + rows - 1;  // the position of the target's last computed token
+  d.mtp_next += rows;
+  d.pending_hidden.clear();
+  if (drafts == 0) return;
+  if (last + 2 != int64_t(tokens.size()))
+    throw EngineError("a lane drafts with " + std::to_string(tokens.size() - last - 2) + " tokens not yet verified");
+  d.verify_tokens.push_back(argmax(logits_));
+  // Steps 1..: the head's own output as the hidden, the draft before as the token, one position on.
+  std::vector<float> hidden;
+  for (int32_t j = 1; j < drafts; ++j) {
+    hidden.assign(normed_.end() - h, normed_.end());
+    const ForwardItem step = mtp_item(&d.verify_tokens.back(), 1, last + j, pages);
+    model_.mtp_forward(hidden.data(), step, pools_, logits_, j + 1 < drafts ? &normed_ : nullptr);
+    d.verify_tokens.push_back(argmax(std::span<const float>(logits_.data(), size_t(vocab))));
+  }
+}
+
+int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts, Sampler& sampler,
+                      TokenHistory history, std::vector<SampledToken>& tokens) {
+  tokens.clear();
+  for (size_t row = 0; row <= drafts.size(); ++row) {
+    tokens.push_back(sampler.sample(logits.subspan(row * size_t(vocab), size_t(vocab)), history));
+    if (row == drafts.size() || tokens.back().token != drafts[row]) break;
+    history.add_generated(tokens.back().token);
+  }
+  return int32_t(tokens.size()) - 1;
+}
+
+void keep_accepted_state(SequenceCache& cache, int32_t accepted) {
+  if (cache.state_slot >= 0) std::swap(cache.state_slot, cache.step_slots.at(size_t(accepted)));
+}
+
+}  // namespace ninfer
