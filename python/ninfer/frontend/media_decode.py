@@ -14,14 +14,16 @@ import io
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import av
-import av.error
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ninfer.errors import MediaError
 from ninfer.frontend.media_limits import MediaLimits
+
+if TYPE_CHECKING:
+    import av
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 _WHITE = (255, 255, 255)
@@ -81,6 +83,10 @@ FrameSampler = Callable[[int, float], np.ndarray]
 
 def decode_video(data: bytes, *, part: str, limits: MediaLimits, sample: FrameSampler) -> DecodedVideo:
     """The frames `sample` picks from the first video stream, as RGB arrays."""
+    # PyAV (FFmpeg) is loaded with the first video, not with the engine: text and images never need it.
+    import av
+    import av.error
+
     _check_size(part, data, limits)
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
