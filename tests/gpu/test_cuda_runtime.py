@@ -302,7 +302,8 @@ def test_prefill_chunk_auto_runs_a_long_prompt_in_one_pass(tiny_artifacts):
     with Engine.open_sync(path, _options(prefill_chunk=0, max_context=4096)) as engine:
         plan = engine.memory_plan()
         assert plan["prefill_chunk"] == 4096, plan
-        assert f"{4096 + 3} rows" in plan["summary"], plan["summary"]
+        lanes = engine.options.max_concurrency + engine.options.decision_lanes  # decision lanes pass rows too
+        assert f"{4096 + lanes} rows" in plan["summary"], plan["summary"]
         prompt = np.random.default_rng(3).integers(0, engine.info.vocab_size, 1500).tolist()
         whole = _run(engine, [prompt], 8)
     with Engine.open_sync(path, _options(prefill_chunk=64, max_context=4096)) as engine:
