@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 
 from ninfer.artifact.convert import QWEN35_EOS, QWEN35_PAD, Source, SourceTensor, decoder_config
+from ninfer.artifact.format import QWEN35_FAMILY
 from ninfer.artifact.gguf_blocks import NativeTensor
 from ninfer.artifact.gguf_file import ATTENTION_NAMES, TOP_NAMES
 from ninfer.errors import ConversionError
 
 # GGUF architecture -> the artifact's.
-QWEN35_GGUF_ARCHS = {"qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
+QWEN35_GGUF_ARCHS = dict(zip(("qwen35", "qwen35moe"), QWEN35_FAMILY, strict=True))  # dense, MoE
 
 _LAYER_NAMES = {
     **ATTENTION_NAMES,
