@@ -39,7 +39,7 @@ from ninfer.artifact.hf_int4 import (
 from ninfer.errors import ConversionError
 
 # model_type of text-only Qwen3.5 checkpoints (what Qwen3_5ForCausalLM saves) -> the family's arch name.
-_QWEN35_TEXT_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+_QWEN35_TEXT_TYPES = {f"{arch}_text": arch for arch in QWEN35_FAMILY}  # a text-only checkpoint of each
 # Sampling fields of generation_config.json carried into frontend.generation_defaults.
 _GENERATION_KEYS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                     "presence_penalty", "frequency_penalty")
