@@ -167,7 +167,7 @@ def test_logits_match_hf_on_the_producers_dequantised_weights(packed):
 
 
 def test_groups_that_do_not_line_up_are_re_encoded_with_the_error_printed(tmp_path, caplog):
-    """Groups of 16 have no artifact counterpart: the weights are re-encoded into int4 g128 from their dequantised
+    """Groups of 16 have no artifact counterpart: the weights are re-encoded into int8 g128 from their dequantised
     values, and the converter says so with the added error."""
     write_packed(tmp_path / "ckpt", _weight_args(True, "group", 16), torch.bfloat16)
     recipe = tmp_path / "int4.json"
@@ -175,7 +175,7 @@ def test_groups_that_do_not_line_up_are_re_encoded_with_the_error_printed(tmp_pa
     with caplog.at_level(logging.WARNING, logger="ninfer.artifact.convert"):
         convert(tmp_path / "ckpt", tmp_path / "m.ninfer", recipe=str(recipe), progress=False)
     reports = [r.getMessage() for r in caplog.records if "layers.0.mlp.down:" in r.getMessage()]
-    assert len(reports) == 1 and "re-encoded as int4 g128, relative error" in reports[0]
+    assert len(reports) == 1 and "re-encoded as int8 g128, relative error" in reports[0]
     assert float(reports[0].rsplit(" ", 1)[1]) > 1e-3
 
 
