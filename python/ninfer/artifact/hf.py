@@ -29,7 +29,12 @@ from ninfer.artifact.format import PLAIN_DECODERS, QWEN35_FAMILY
 from ninfer.artifact.gguf_blocks import NativeTensor
 from ninfer.artifact.hf_gptq import gptq_layout
 from ninfer.artifact.hf_int4 import packed_int4_scheme
-from ninfer.artifact.hf_nvfp4 import COMPRESSED_NVFP4_FORMAT, compressed_nvfp4_layout, modelopt_layout, stack_nvfp4
+from ninfer.artifact.hf_nvfp4 import (
+    COMPRESSED_NVFP4_FORMAT,
+    compressed_nvfp4_layout,
+    modelopt_layout,
+    stack_nvfp4,
+)
 from ninfer.artifact.hf_quantized import QuantizedLayout, QuantizedWeight
 from ninfer.errors import ConversionError
 
@@ -127,6 +132,9 @@ class _SafetensorsIndex:
         self.quantized: dict[str, QuantizedWeight] = {}
         if layout is not None:
             self.quantized = layout.weights(self.shape_of, self.dtype_of, self._read, folder)
+            if not self.quantized:
+                raise ConversionError(f"{folder}: the quantization config names a pre-quantised layout, but no "
+                                      "checkpoint tensor is stored in it")
         for weight, quantized in self.quantized.items():
             self.file_of[weight], self.shape_of[weight] = self.file_of[quantized.anchor], quantized.shape
             self.auxiliary |= quantized.parts - {weight}

@@ -28,7 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ninfer.artifact.hf_quantized import GroupedInt4, QuantizedWeight, Read, quantized_int4, unpack_int32_nibbles
+from ninfer.artifact.hf_quantized import (
+    GroupedInt4,
+    QuantizedWeight,
+    Read,
+    quantized_int4,
+    unpack_int32_nibbles,
+)
 from ninfer.errors import ConversionError
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k of an AWQ word holds column 8w + AWQ_ORDER[k]

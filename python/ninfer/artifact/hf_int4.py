@@ -19,7 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ninfer.artifact.hf_quantized import GroupedInt4, QuantizedWeight, Read, quantized_int4, unpack_int32_nibbles
+from ninfer.artifact.hf_quantized import (
+    GroupedInt4,
+    QuantizedWeight,
+    Read,
+    quantized_int4,
+    unpack_int32_nibbles,
+)
 from ninfer.errors import ConversionError
 
 PACKED_SUFFIX = "_packed"  # `X.weight_packed` packs `X.weight`
