@@ -29,6 +29,8 @@ from compressed_tensors.quantization import (
 from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp, generate_gparam
 from ninfer import _engine
 from ninfer.artifact.convert import convert
+from ninfer.artifact.encodings import decode, encode
+from ninfer.artifact.hf_nvfp4 import stack_nvfp4
 from ninfer.artifact.reader import read_artifact
 from ninfer.errors import ConversionError
 from safetensors.torch import load_file, save_file
@@ -181,6 +183,25 @@ def test_the_producers_decompressor_agrees_with_the_f32_reading(compressed):
     theirs = NVFP4PackedCompressor.decompress(dict(local), scheme)["weight"].float()
     ours = _decompress_f32(dict(local), scheme)
     assert torch.allclose(ours.to(torch.bfloat16).float(), theirs, rtol=1e-2, atol=0)
+
+
+def test_stacked_experts_share_one_global_scale():
+    """Per-expert nvfp4 weights stacked into one [E, ...] tensor: with equal global scales the blobs are kept as
+    they are; with different ones the smaller experts' block scales are re-rounded against the largest global scale,
+    within e4m3's rounding of the values."""
+    rng = np.random.default_rng(11)
+    experts = [encode(rng.normal(0, scale, (32, 64)).astype(np.float32), "nvfp4", None) for scale in (1.0, 0.3)]
+    same = stack_nvfp4([experts[0], experts[0]])
+    np.testing.assert_array_equal(same["scale"], np.stack([experts[0]["scale"]] * 2))
+    assert same["global_scale"][0] == experts[0]["global_scale"][0]
+    stacked = stack_nvfp4(experts)
+    assert stacked["global_scale"][0] == max(e["global_scale"][0] for e in experts)
+    np.testing.assert_array_equal(stacked["q"], np.stack([e["q"] for e in experts]))
+    together = decode(stacked, "nvfp4", (2, 32, 64), None)
+    for index, expert in enumerate(experts):
+        alone = decode(expert, "nvfp4", (32, 64), None)
+        error = np.linalg.norm(together[index] - alone) / np.linalg.norm(alone)
+        assert error == 0 if index == 0 else 0 < error < 0.05
 
 
 # --- ModelOpt ------------------------------------------------------------------------------------------------
