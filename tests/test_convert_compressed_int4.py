@@ -29,12 +29,9 @@ from ninfer.artifact.convert import convert
 from ninfer.artifact.encodings import unpack_nibbles
 from ninfer.artifact.reader import read_artifact
 from ninfer.errors import ConversionError
+from quantized_llama import CONFIG
 from safetensors.torch import load_file, save_file
 
-# 384 columns: groups of 32, 64 and 128 all divide it, and a 128-group scale spans whole artifact groups.
-CONFIG = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "initializer_range": 0.05,
-          "tie_word_embeddings": False}
 # int4 for the packed linears (the native codes are kept), f32 for the rest: only the producer's rounding remains.
 INT4_RECIPE = {"rules": [{"pattern": "layers.*", "encoding": "int4", "ndim": 2}, {"pattern": "*", "encoding": "f32"}]}
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",

@@ -18,23 +18,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ninfer import _engine
 from ninfer.artifact.convert import convert
 from ninfer.artifact.encodings import decode, unpack_nibbles
 from ninfer.artifact.reader import read_artifact
 from ninfer.errors import ConversionError
+from quantized_llama import CONFIG, assert_logits_match, convert_layers_as
 from safetensors.torch import load_file, save_file
 
-# 384 columns: groups of 32, 64 and 128 divide it; q/k/v/o/gate/up take 256 inputs, down 384.
-CONFIG = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "initializer_range": 0.05,
-          "tie_word_embeddings": False}
-INT4_RECIPE = {"rules": [{"pattern": "layers.*", "encoding": "int4", "ndim": 2}, {"pattern": "*", "encoding": "f32"}]}
 LINEARS = {"self_attn.q_proj": "attn.q_proj", "self_attn.k_proj": "attn.k_proj", "self_attn.v_proj": "attn.v_proj",
            "self_attn.o_proj": "attn.o_proj", "mlp.gate_proj": "mlp.gate", "mlp.up_proj": "mlp.up",
            "mlp.down_proj": "mlp.down"}
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ's WQLinear_GEMM: nibble k of a word holds column 8w + AWQ_ORDER[k]
-F32_TOL = 1e-4
 # name -> (method, group_size (-1: one group), symmetric, checkpoint format, desc_act)
 SCHEMES = {
     "gptq-sym-g128": ("gptq", 128, True, "gptq", False),
@@ -139,17 +133,11 @@ def write_checkpoint(folder: Path, scheme: tuple) -> dict[str, Quantised]:
     return quantised
 
 
-def convert_int4(folder: Path, out: Path) -> Path:
-    recipe = out.with_suffix(".json")
-    recipe.write_text(json.dumps(INT4_RECIPE))
-    return convert(folder, out, recipe=str(recipe), progress=False)
-
-
 @pytest.fixture(scope="module", params=sorted(SCHEMES))
 def packed(request, tmp_path_factory) -> tuple[str, Path, dict[str, Quantised], Path]:
     root = tmp_path_factory.mktemp(request.param)
     quantised = write_checkpoint(root / "ckpt", SCHEMES[request.param])
-    return request.param, root / "ckpt", quantised, convert_int4(root / "ckpt", root / "m.ninfer")
+    return request.param, root / "ckpt", quantised, convert_layers_as("int4", root / "ckpt", root / "m.ninfer")
 
 
 def test_the_packers_write_the_documented_layout(packed):
@@ -192,29 +180,17 @@ def test_codes_scales_and_zero_points_are_the_checkpoints(packed):
                 np.testing.assert_array_equal(blobs["zero"], q.zero[:, first])
 
 
-def reference_logits(folder: Path, quantised: dict[str, Quantised], tokens: np.ndarray) -> np.ndarray:
-    """HF transformers on the checkpoint's dequantised weights (f32)."""
-    import transformers
-
+def dequantised_weights(folder: Path, quantised: dict[str, Quantised]) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights with each packed one as its dequantised values (f32)."""
     state = {name: value.float() for name, value in load_file(folder / "model.safetensors").items()
              if not name.endswith(("qweight", "qzeros", "scales", "g_idx"))}
     state.update({name: torch.from_numpy(q.dequantized()) for name, q in quantised.items()})
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
-    model.load_state_dict(state)
-    with torch.no_grad():
-        return model(torch.tensor(tokens[None].astype(np.int64))).logits[0].numpy()
-
-
-def engine_logits(artifact: Path, tokens: np.ndarray) -> np.ndarray:
-    model = _engine.Model.open(str(artifact), kv_dtype="f32", threads=2, max_context=256)
-    return model.prefill(model.new_sequence(), tokens, all_logits=True)
+    return state
 
 
 def test_logits_match_hf_on_the_dequantised_weights(packed):
     _, folder, quantised, out = packed
-    tokens = np.random.default_rng(3).integers(0, CONFIG["vocab_size"], 24).astype(np.int32)
-    theirs = reference_logits(folder, quantised, tokens)
-    assert np.abs(engine_logits(out, tokens) - theirs).max() <= F32_TOL * np.abs(theirs).max()
+    assert_logits_match(out, dequantised_weights(folder, quantised))
 
 
 def test_act_order_is_re_encoded_with_the_error_printed(tmp_path, caplog):
@@ -223,7 +199,7 @@ def test_act_order_is_re_encoded_with_the_error_printed(tmp_path, caplog):
     adds ~0.5%), and the converter prints the error."""
     quantised = write_checkpoint(tmp_path / "ckpt", ("gptq", 128, False, "gptq", True))
     with caplog.at_level(logging.INFO, logger="ninfer.artifact.convert"):
-        out = convert_int4(tmp_path / "ckpt", tmp_path / "m.ninfer")
+        out = convert_layers_as("int4", tmp_path / "ckpt", tmp_path / "m.ninfer")
     reports = [r.getMessage() for r in caplog.records if "layers.0.mlp.down:" in r.getMessage()]
     assert len(reports) == 1 and "re-encoded as int8 g128, relative error" in reports[0]
     printed = float(reports[0].rsplit(" ", 1)[1])

@@ -27,21 +27,15 @@ from compressed_tensors.quantization import (
     preset_name_to_scheme,
 )
 from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp, generate_gparam
-from ninfer import _engine
 from ninfer.artifact.convert import convert
 from ninfer.artifact.encodings import decode, encode
 from ninfer.artifact.hf_nvfp4 import stack_nvfp4
 from ninfer.artifact.reader import read_artifact
 from ninfer.errors import ConversionError
+from quantized_llama import CONFIG, assert_logits_match, convert_layers_as
 from safetensors.torch import load_file, save_file
 
-CONFIG = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "initializer_range": 0.05,
-          "tie_word_embeddings": False}
-NVFP4_RECIPE = {"rules": [{"pattern": "layers.*", "encoding": "nvfp4", "ndim": 2},
-                          {"pattern": "*", "encoding": "f32"}]}
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # magnitudes of codes 0..7; bit 3 is the sign
-F32_TOL = 1e-4
 
 
 def new_llama():
@@ -74,26 +68,6 @@ def write_compressed(folder: Path, preset: str) -> None:
     compressor.update_config(folder)
 
 
-def convert_nvfp4(folder: Path, out: Path) -> Path:
-    recipe = out.with_suffix(".json")
-    recipe.write_text(json.dumps(NVFP4_RECIPE))
-    return convert(folder, out, recipe=str(recipe), progress=False)
-
-
-def reference_logits(weights: dict[str, torch.Tensor], tokens: np.ndarray) -> np.ndarray:
-    import transformers
-
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
-    model.load_state_dict(weights)
-    with torch.no_grad():
-        return model(torch.tensor(tokens[None].astype(np.int64))).logits[0].numpy()
-
-
-def engine_logits(artifact: Path, tokens: np.ndarray) -> np.ndarray:
-    model = _engine.Model.open(str(artifact), kv_dtype="f32", threads=2, max_context=256)
-    return model.prefill(model.new_sequence(), tokens, all_logits=True)
-
-
 @pytest.fixture(scope="module", params=["NVFP4A16", "NVFP4"])
 def compressed(request, tmp_path_factory) -> tuple[Path, Path, list[str]]:
     root = tmp_path_factory.mktemp(request.param)
@@ -102,7 +76,7 @@ def compressed(request, tmp_path_factory) -> tuple[Path, Path, list[str]]:
     handler = _Collect()
     logging.getLogger("ninfer.artifact").addHandler(handler)
     try:
-        out = convert_nvfp4(root / "ckpt", root / "m.ninfer")
+        out = convert_layers_as("nvfp4", root / "ckpt", root / "m.ninfer")
     finally:
         logging.getLogger("ninfer.artifact").removeHandler(handler)
     return root / "ckpt", out, handler.messages
@@ -156,9 +130,7 @@ def test_logits_match_hf_on_the_producers_dequantised_weights(compressed):
         module = name[: -len(".weight_packed")]
         local = {key[len(module) + 1:]: value for key, value in state.items() if key.startswith(module + ".")}
         weights[module + ".weight"] = _decompress_f32(local, scheme)
-    tokens = np.random.default_rng(3).integers(0, CONFIG["vocab_size"], 24).astype(np.int32)
-    theirs = reference_logits(weights, tokens)
-    assert np.abs(engine_logits(out, tokens) - theirs).max() <= F32_TOL * np.abs(theirs).max()
+    assert_logits_match(out, weights)
 
 
 def _decompress_f32(local: dict[str, torch.Tensor], scheme) -> torch.Tensor:
@@ -268,7 +240,7 @@ def test_the_modelopt_packer_writes_the_documented_layout(tmp_path):
 
 def test_modelopt_checkpoint_converts_exactly_and_matches_hf(tmp_path):
     weights = write_modelopt(tmp_path / "ckpt")
-    out = convert_nvfp4(tmp_path / "ckpt", tmp_path / "m.ninfer")
+    out = convert_layers_as("nvfp4", tmp_path / "ckpt", tmp_path / "m.ninfer")
     state = load_file(tmp_path / "ckpt" / "model.safetensors")
     with read_artifact(out) as artifact:
         blobs = artifact.tensor_bytes("layers.1.attn.q_proj")
@@ -279,9 +251,7 @@ def test_modelopt_checkpoint_converts_exactly_and_matches_hf(tmp_path):
     reference = {name: value.float() for name, value in state.items()
                  if not name.endswith(("weight_scale", "weight_scale_2", "input_scale"))}
     reference.update(weights)
-    tokens = np.random.default_rng(3).integers(0, CONFIG["vocab_size"], 24).astype(np.int32)
-    theirs = reference_logits(reference, tokens)
-    assert np.abs(engine_logits(out, tokens) - theirs).max() <= F32_TOL * np.abs(theirs).max()
+    assert_logits_match(out, reference)
 
 
 def test_other_modelopt_algorithms_are_refused_by_name(tmp_path):
