@@ -9,7 +9,7 @@ f16 scales: the codes are the packed bytes as they are and the zero points shift
 when its groups line up (the producer's group a multiple of 32, 64 or 128 and of nothing coarser than `cols`; a
 per-channel scale is one group of `cols`, repeated) and its scales are f16 values (f16 ones always; bf16 ones inside
 f16's range). Otherwise the codes are kept with the scales rounded to f16, or (groups that do not line up) the
-weight is re-encoded from its dequantised values; the converter prints the error either adds.
+weight is re-encoded (as int8) from its dequantised values; the converter prints the error either adds.
 """
 
 from __future__ import annotations
