@@ -29,12 +29,9 @@ from ninfer.artifact.convert import convert
 from ninfer.artifact.encodings import unpack_nibbles
 from ninfer.artifact.reader import read_artifact
 from ninfer.errors import ConversionError
+from quantized_llama import CONFIG
 from safetensors.torch import load_file, save_file
 
-# 384 columns: groups of 32, 64 and 128 all divide it, and a 128-group scale spans whole artifact groups.
-CONFIG = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384, "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "initializer_range": 0.05,
-          "tie_word_embeddings": False}
 # int4 for the packed linears (the native codes are kept), f32 for the rest: only the producer's rounding remains.
 INT4_RECIPE = {"rules": [{"pattern": "layers.*", "encoding": "int4", "ndim": 2}, {"pattern": "*", "encoding": "f32"}]}
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -167,7 +164,7 @@ def test_logits_match_hf_on_the_producers_dequantised_weights(packed):
 
 
 def test_groups_that_do_not_line_up_are_re_encoded_with_the_error_printed(tmp_path, caplog):
-    """Groups of 16 have no artifact counterpart: the weights are re-encoded into int4 g128 from their dequantised
+    """Groups of 16 have no artifact counterpart: the weights are re-encoded into int8 g128 from their dequantised
     values, and the converter says so with the added error."""
     write_packed(tmp_path / "ckpt", _weight_args(True, "group", 16), torch.bfloat16)
     recipe = tmp_path / "int4.json"
@@ -175,7 +172,7 @@ def test_groups_that_do_not_line_up_are_re_encoded_with_the_error_printed(tmp_pa
     with caplog.at_level(logging.WARNING, logger="ninfer.artifact.convert"):
         convert(tmp_path / "ckpt", tmp_path / "m.ninfer", recipe=str(recipe), progress=False)
     reports = [r.getMessage() for r in caplog.records if "layers.0.mlp.down:" in r.getMessage()]
-    assert len(reports) == 1 and "re-encoded as int4 g128, relative error" in reports[0]
+    assert len(reports) == 1 and "re-encoded as int8 g128, relative error" in reports[0]
     assert float(reports[0].rsplit(" ", 1)[1]) > 1e-3
 
 

@@ -123,10 +123,14 @@ def test_a_scale_of_the_wrong_shape_is_refused(fp8_folder, tmp_path):
 def test_other_pre_quantised_formats_are_refused_by_name(fp8_folder, tmp_path):
     folder, _ = fp8_folder
     config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
-    other = tmp_path / "gptq"
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    other = tmp_path / "bnb"
     other.mkdir()
     (other / "model.safetensors").symlink_to(folder / "model.safetensors")
     (other / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConversionError, match='"quant_method": "gptq".*not supported'):
+    with pytest.raises(ConversionError, match='"quant_method": "bitsandbytes".*not supported'):
+        convert(other, tmp_path / "out.ninfer", progress=False)
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConversionError, match="no checkpoint tensor is stored in it"):
         convert(other, tmp_path / "out.ninfer", progress=False)

@@ -28,6 +28,9 @@ What the checkpoints look like and why:
   redrawn so that every convention (1+w vs w, exp(A_log), softplus(a + dt_bias)) changes the output.
 - Every weight is rounded to a bf16-representable value, so a bf16 artifact holds exactly the reference weights.
   Tensors are stored as bf16 (llama as fp32, to exercise an fp32 source).
+- The plain kinds are written by transformers' save_pretrained (the layout published checkpoints have); the Qwen3.5
+  kinds here are written tensor by tensor in the VLM layout with fused experts (transformers' in-memory layout,
+  which the converter also reads), and build_saved_checkpoint gives them as save_pretrained writes them.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from safetensors.torch import load_file, save_file
 
 TINY_KINDS = ("qwen3_5", "qwen3_5_moe", "llama", "qwen2", "qwen3")
 # Bump when the builder changes what it writes, so cached checkpoints are rebuilt.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 
 QWEN35_VOCAB = 248320
 QWEN35_TEXT_PREFIX = "model.language_model."
@@ -259,12 +262,8 @@ def _build_plain(kind: str, folder: Path, seed: int) -> None:
     torch.manual_seed(seed)
     model = _causal_lm_class(kind)(_text_config_object(kind, text))
     _perturb(model, generator)
-    dtype = torch.float32 if kind == "llama" else torch.bfloat16
-    state = model.state_dict()
-    if text["tie_word_embeddings"]:
-        state.pop("lm_head.weight")  # tied checkpoints do not store the head
-    save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, folder / "model.safetensors")
-    _write_json(folder / "config.json", text)
+    # transformers' own writer: the published layout (a tied head is not stored), config and generation config.
+    model.to(torch.float32 if kind == "llama" else torch.bfloat16).save_pretrained(folder)
 
 
 def _write_json(path: Path, value: dict) -> None:

@@ -177,7 +177,8 @@ def _write_tensor(writer: ArtifactWriter, path: Path, tensor: SourceTensor, plan
     error = relative_error(decode(blobs, plan.encoding, plan.shape, plan.group_size), values)
     # Measured exact (e.g. bf16 scales that f16 holds): nothing was lost, so nothing to warn about.
     report = log.warning if error else log.info
-    report("%s: %s as %s g%d, relative error %.2e", tensor.name, how, plan.encoding, plan.group_size, error)
+    grouping = f" g{plan.group_size}" if plan.group_size else ""
+    report("%s: %s as %s%s, relative error %.2e", tensor.name, how, plan.encoding, grouping, error)
     writer.write_encoded(tensor.name, blobs)
 
 

@@ -27,15 +27,15 @@ from ninfer.artifact.convert import (
 )
 from ninfer.artifact.format import PLAIN_DECODERS, QWEN35_FAMILY
 from ninfer.artifact.gguf_blocks import NativeTensor
-from ninfer.artifact.hf_int4 import (
-    PackedInt4,
-    PackedTensor,
-    check_parts,
-    consumed_names,
-    native_int4,
-    packed_int4_scheme,
-    packed_weights,
+from ninfer.artifact.hf_gptq import gptq_layout
+from ninfer.artifact.hf_int4 import packed_int4_scheme
+from ninfer.artifact.hf_nvfp4 import (
+    COMPRESSED_NVFP4_FORMAT,
+    compressed_nvfp4_layout,
+    modelopt_layout,
+    stack_nvfp4,
 )
+from ninfer.artifact.hf_quantized import QuantizedLayout, QuantizedWeight
 from ninfer.errors import ConversionError
 
 # model_type of text-only Qwen3.5 checkpoints (what Qwen3_5ForCausalLM saves) -> the family's arch name.
@@ -102,9 +102,9 @@ class _SafetensorsIndex:
     """Which file holds each checkpoint tensor, and its shape; reads tensors lazily, one at a time."""
 
     def __init__(self, folder: Path, block_size: tuple[int, int] | None = None,
-                 int4: PackedInt4 | None = None) -> None:
-        """`block_size`: the checkpoint is block-wise FP8 (see fp8_block_scales); `int4`: compressed-tensors
-        pack-quantized (hf_int4.py)."""
+                 layout: QuantizedLayout | None = None) -> None:
+        """`block_size`: the checkpoint is block-wise FP8 (see fp8_block_scales); `layout`: its other
+        pre-quantisation scheme (hf_quantized.py)."""
         from safetensors import safe_open
 
         self._safe_open = safe_open
@@ -123,51 +123,45 @@ class _SafetensorsIndex:
                         self.shape_of[name], self.dtype_of[name] = tuple(tensor.get_shape()), tensor.get_dtype()
             except Exception as exc:  # safetensors raises its own error types for a damaged header
                 raise ConversionError(f"{file}: not a readable safetensors file: {exc}") from exc
-        self.int4 = int4
-        self.packed: set[str] = set()  # pack-quantized weights, `X.weight` for `X.weight_packed`
+        self.stored = set(self.file_of)  # the checkpoint's own tensor names
         self.auxiliary: set[str] = set()  # checkpoint tensors read as part of another (scales, packed parts)
         if block_size is not None:
             self.scale_of = fp8_block_scales(self.shape_of, block_size, folder)
             self.auxiliary |= set(self.scale_of.values())
-        if int4 is not None:
-            self._index_packed(folder)
-
-    def _index_packed(self, folder: Path) -> None:
-        """Each packed weight takes its logical name `X.weight` and its unpacked shape (`X.weight_shape`)."""
-        for weight in packed_weights(self.shape_of, self.dtype_of, self.int4, folder):
-            shape = tuple(int(d) for d in self._read(weight + "_shape").tolist())
-            check_parts(weight, shape, self.shape_of, self.int4, folder)
-            self.file_of[weight], self.shape_of[weight] = self.file_of[weight + "_packed"], shape
-            self.packed.add(weight)
-            self.auxiliary |= set(consumed_names(weight)) & self.file_of.keys()
-
-    def _packed_tensor(self, weight: str) -> PackedTensor:
-        import torch
-
-        zero = weight + "_zero_point"
-        shape = self.shape_of[weight]
-        return PackedTensor(shape, self.int4.group_size or shape[-1], self._read(weight + "_packed").numpy(),
-                            self._read(weight + "_scale").to(torch.float32).numpy(),
-                            self._read(zero).numpy() if zero in self.file_of else None)
+        # Pre-quantised weights under their plain names `X.weight`, read through their layout.
+        self.quantized: dict[str, QuantizedWeight] = {}
+        if layout is not None:
+            self.quantized = layout.weights(self.shape_of, self.dtype_of, self._read, folder)
+            if not self.quantized:
+                raise ConversionError(f"{folder}: the quantization config names a pre-quantised layout, but no "
+                                      "checkpoint tensor is stored in it")
+        for weight, quantized in self.quantized.items():
+            self.file_of[weight], self.shape_of[weight] = self.file_of[quantized.anchor], quantized.shape
+            self.auxiliary |= quantized.parts - {weight}
 
     def native(self, name: str) -> NativeTensor | None:
-        """A packed weight's own int4 form (hf_int4.native_int4); None for any other tensor."""
-        if name not in self.packed:
-            return None
-        scale_is_f16 = self.dtype_of[name + "_scale"] == "F16"
-        return native_int4(lambda: self._packed_tensor(name), self.shape_of[name], self.int4, scale_is_f16)
+        """A pre-quantised weight's own artifact form; None for any other tensor."""
+        quantized = self.quantized.get(name)
+        return quantized.native if quantized is not None else None
 
     def stacked_native(self, names: list[str]) -> NativeTensor | None:
-        """`native` of per-expert weights stacked like stacked_loader: each blob gets the new leading axis."""
+        """`native` of per-expert weights stacked like stacked_loader: each blob gets the new leading axis (nvfp4's
+        one global scale: see stack_nvfp4)."""
         natives = [self.native(name) for name in names]
         first = natives[0]
         if first is None or first.blobs is None:
             return first
+        nvfp4 = first.encoding == "nvfp4"
+
         def blobs() -> dict[str, np.ndarray]:
             experts = [native.blobs() for native in natives]
+            if nvfp4:
+                return stack_nvfp4(experts)
             return {key: np.stack([expert[key] for expert in experts]) for key in experts[0]}
 
-        return NativeTensor(first.encoding, blobs, exact=first.exact, group_size=first.group_size)
+        # nvfp4 experts with different global scales are re-rounded: measured, never assumed exact.
+        exact = first.exact and not nvfp4 and all(native.exact for native in natives)
+        return NativeTensor(first.encoding, blobs, exact=exact, group_size=first.group_size)
 
     def stacked_loader(self, names: list[str]) -> Callable[[], np.ndarray]:
         """A function reading tensors `names` (same shape) as one float32 array with a new leading axis."""
@@ -182,8 +176,8 @@ class _SafetensorsIndex:
         scale = self.scale_of.get(name)
 
         def load() -> np.ndarray:
-            if name in self.packed:
-                values = self._packed_tensor(name).dequantized()
+            if name in self.quantized:
+                values = self.quantized[name].dequantized()
                 values = values[:, rows] if rows is not None else values
                 return transform(values) if transform is not None else values
             with self._safe_open(self.file_of[name], framework="pt") as f:
@@ -260,7 +254,7 @@ def _check_index(index: _SafetensorsIndex, folder: Path) -> None:
     if listed is None:
         return
     weight_map = {str(k): folder / str(v) for k, v in listed["weight_map"].items()}
-    stored = index.file_of.keys() - index.packed  # a packed weight's own name is no checkpoint tensor
+    stored = index.stored
     wrong = sorted(name for name in weight_map.keys() | stored if weight_map.get(name) != index.file_of.get(name))
     if wrong:
         raise ConversionError(f"{folder}: {_INDEX_FILE} disagrees with the shards about {len(wrong)} tensors, e.g. "
@@ -275,7 +269,7 @@ def _split_layer(name: str) -> tuple[int, str] | None:
 def _layer_tensors(index: _SafetensorsIndex, ckpt: str, prefix: str, rest: str) -> list[SourceTensor]:
     shape = index.shape_of[ckpt]
     if rest == _FUSED_EXPERTS:
-        if ckpt in index.packed:  # splitting its rows would lose the codes: they would be re-quantised
+        if ckpt in index.quantized:  # splitting its rows would lose the codes: they would be re-quantised
             raise ConversionError(f"{ckpt}: fused pack-quantized experts are not supported (per-expert ones are)")
         half = shape[1] // 2
         return [
@@ -487,11 +481,25 @@ def _chat_template(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def _quantization(config: dict, folder: Path) -> tuple[tuple[int, int] | None, PackedInt4 | None]:
-    """(rows, cols) of a block-wise FP8 checkpoint's scale blocks, and the scheme of a compressed-tensors
-    pack-quantized int4 one; (None, None) for an unquantised checkpoint. Other pre-quantised formats are refused by
-    name (their packed tensors would otherwise read as unknown names)."""
+def _quantization_config(config: dict, folder: Path) -> dict | None:
+    """The checkpoint's quantization config: config.json's quantization_config (top level or the VLM's
+    text_config), else what older checkpoints keep beside it: GPTQ's quantize_config.json, ModelOpt's
+    hf_quant_config.json."""
     quantization = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if quantization:
+        return quantization
+    gptq = _read_json(folder / "quantize_config.json")
+    if gptq is not None:
+        return {"quant_method": "gptq", **gptq}
+    return _read_json(folder / "hf_quant_config.json")
+
+
+def _quantization(config: dict, folder: Path) -> tuple[tuple[int, int] | None, QuantizedLayout | None]:
+    """(rows, cols) of a block-wise FP8 checkpoint's scale blocks, and the layout of any other pre-quantised one
+    (compressed-tensors int4 pack-quantized or NVFP4, GPTQ, AWQ, ModelOpt NVFP4); (None, None) for an unquantised
+    checkpoint. Other pre-quantised formats are refused by name (their packed tensors would otherwise read as
+    unknown names)."""
+    quantization = _quantization_config(config, folder)
     if not quantization:
         return None, None
     method = quantization.get("quant_method")
@@ -500,10 +508,19 @@ def _quantization(config: dict, folder: Path) -> tuple[tuple[int, int] | None, P
         if len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block):
             return (int(block[0]), int(block[1])), None
     if method == "compressed-tensors":
+        groups = (quantization.get("config_groups") or {}).values()
+        formats = {group.get("format") or quantization.get("format") for group in groups}
+        if formats == {COMPRESSED_NVFP4_FORMAT}:
+            return None, compressed_nvfp4_layout(quantization, folder)
         return None, packed_int4_scheme(quantization, folder)
+    if method in ("gptq", "awq"):
+        return None, gptq_layout(quantization, folder)
+    # ModelOpt: a flat config (quant_method "modelopt") or its export's {"producer", "quantization"} sections.
+    if method == "modelopt" or (quantization.get("producer") or {}).get("name") == "modelopt":
+        return None, modelopt_layout(quantization.get("quantization") or quantization, folder)
     raise ConversionError(f"{folder}: pre-quantised checkpoints with quantization_config {json.dumps(quantization)} "
-                          "are not supported (block-wise FP8 e4m3 with weight_block_size, and compressed-tensors "
-                          "int4 pack-quantized, are)")
+                          "are not supported (block-wise FP8 e4m3 with weight_block_size; compressed-tensors int4 "
+                          "pack-quantized and nvfp4-pack-quantized; GPTQ and AWQ int4; ModelOpt NVFP4 are)")
 
 
 def open_hf_folder(folder: Path) -> Source:

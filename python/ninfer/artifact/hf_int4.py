@@ -9,19 +9,23 @@ f16 scales: the codes are the packed bytes as they are and the zero points shift
 when its groups line up (the producer's group a multiple of 32, 64 or 128 and of nothing coarser than `cols`; a
 per-channel scale is one group of `cols`, repeated) and its scales are f16 values (f16 ones always; bf16 ones inside
 f16's range). Otherwise the codes are kept with the scales rounded to f16, or (groups that do not line up) the
-weight is re-encoded from its dequantised values; the converter prints the error either adds.
+weight is re-encoded (as int8) from its dequantised values; the converter prints the error either adds.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from ninfer.artifact.encodings import GROUP_SIZES
-from ninfer.artifact.gguf_blocks import NativeTensor
+from ninfer.artifact.hf_quantized import (
+    GroupedInt4,
+    QuantizedWeight,
+    Read,
+    quantized_int4,
+    unpack_int32_nibbles,
+)
 from ninfer.errors import ConversionError
 
 PACKED_SUFFIX = "_packed"  # `X.weight_packed` packs `X.weight`
@@ -30,16 +34,26 @@ _CODE_OFFSET = 8  # the producer stores a signed int4 code q as the nibble q + 8
 
 
 class PackedInt4:
-    """The pack-quantized scheme of a checkpoint: group size (None: one scale per row) and symmetry."""
+    """The pack-quantized scheme of a checkpoint: group size (None: one scale per row) and symmetry; a
+    QuantizedLayout (hf_quantized.py)."""
 
     def __init__(self, group_size: int | None, symmetric: bool) -> None:
         self.group_size = group_size
         self.symmetric = symmetric
 
-    def artifact_group(self, cols: int) -> int | None:
-        """The largest artifact group size that divides both the producer's groups and `cols`, or None."""
-        producer = self.group_size or cols
-        return next((g for g in sorted(GROUP_SIZES, reverse=True) if producer % g == 0 and cols % g == 0), None)
+    def weights(self, shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], read: Read,
+                folder: Path) -> dict[str, QuantizedWeight]:
+        """Each `X.weight_packed` as `X.weight`, with the unpacked shape its `X.weight_shape` gives."""
+        found = {}
+        for weight in _packed_weights(shapes, dtypes, self, folder):
+            shape = tuple(int(d) for d in read(weight + "_shape").tolist())
+            _check_parts(weight, shape, shapes, self, folder)
+            size = self.group_size or shape[-1]
+            found[weight] = quantized_int4(shape, weight + PACKED_SUFFIX, set(_consumed_names(weight)) & shapes.keys(),
+                                           np.arange(shape[-1]) // size, dtypes[weight + "_scale"],
+                                           lambda weight=weight, shape=shape, size=size: _read_packed(
+                                               read, weight, shape, size, self.symmetric))
+        return found
 
 
 def packed_int4_scheme(quantization: dict, folder: Path) -> PackedInt4:
@@ -68,7 +82,7 @@ def packed_int4_scheme(quantization: dict, folder: Path) -> PackedInt4:
     return PackedInt4(size, symmetric)
 
 
-def packed_weights(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], scheme: PackedInt4,
+def _packed_weights(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], scheme: PackedInt4,
                    folder: Path) -> list[str]:
     """The packed weights (`X.weight` of each `X.weight_packed`), checking that each has its other parts."""
     found = []
@@ -86,7 +100,7 @@ def packed_weights(shapes: dict[str, tuple[int, ...]], dtypes: dict[str, str], s
     return found
 
 
-def check_parts(weight: str, shape: tuple[int, ...], shapes: dict[str, tuple[int, ...]], scheme: PackedInt4,
+def _check_parts(weight: str, shape: tuple[int, ...], shapes: dict[str, tuple[int, ...]], scheme: PackedInt4,
                 folder: Path) -> None:
     """The packed codes, scales and zero points of `weight` (unpacked `shape`) must have the scheme's shapes."""
     if len(shape) < 2:
@@ -103,65 +117,20 @@ def check_parts(weight: str, shape: tuple[int, ...], shapes: dict[str, tuple[int
                                   f"{list(shape)} with {scales} needs {list(want)}")
 
 
-def consumed_names(prefix: str) -> list[str]:
+def _consumed_names(prefix: str) -> list[str]:
     return [prefix + part for part in _PARTS]
 
 
-def _codes(packed: np.ndarray) -> np.ndarray:
-    """The artifact's int4 bytes of a packed int32 array: its little-endian bytes, nibbles already in column order."""
-    return np.ascontiguousarray(packed, dtype="<i4").view(np.uint8)
+def _read_packed(read: Read, weight: str, shape: tuple[int, ...], group_size: int, symmetric: bool) -> GroupedInt4:
+    """One packed weight's codes, scales and zero points: the stored nibbles are the signed values + 8, so they are
+    the unsigned codes and zero points as they are (a symmetric scheme's zero point is 0, nibble 8)."""
+    import torch
 
-
-def _unpack(packed: np.ndarray) -> np.ndarray:
-    """Unsigned nibbles (code + 8) of a packed int32 array, column order along its last axis."""
-    raw = _codes(packed)
-    out = np.empty(raw.shape[:-1] + (raw.shape[-1] * 2,), dtype=np.uint8)
-    out[..., 0::2], out[..., 1::2] = raw & 0xF, raw >> 4
-    return out
-
-
-class PackedTensor:
-    """One pack-quantized weight's tensors (numpy; scales as float32, exactly as stored), its unpacked shape and
-    the columns each scale covers (the last group possibly partial)."""
-
-    def __init__(self, shape: tuple[int, ...], group_size: int, packed: np.ndarray, scale: np.ndarray,
-                 zero_point: np.ndarray | None) -> None:
-        self.shape = shape
-        self.group_size = group_size
-        self.packed = packed
-        self.scale = scale
-        if zero_point is None:
-            self.zero = np.full(scale.shape, _CODE_OFFSET, dtype=np.uint8)
-        else:  # packed along the rows: unpack the transposed words, then cut the rows' padding
-            self.zero = np.swapaxes(_unpack(np.swapaxes(zero_point, -1, -2)), -1, -2)[..., : shape[-2], :]
-
-    def _per_column(self, values: np.ndarray) -> np.ndarray:
-        return np.repeat(values, self.group_size, axis=-1)[..., : self.shape[-1]]
-
-    def dequantized(self) -> np.ndarray:
-        """(q - zero) * scale in float32, the producer's own definition of the weight (each product exact)."""
-        codes = _unpack(self.packed)[..., : self.shape[-1]].astype(np.float32)
-        return (codes - self._per_column(self.zero).astype(np.float32)) * self._per_column(self.scale)
-
-    def blobs(self, group_size: int) -> dict[str, np.ndarray]:
-        """int4 blobs with `group_size` (dividing the producer's groups and cols): codes as packed, scales and zero
-        points repeated over the artifact groups a producer group spans."""
-        repeat = self.group_size // group_size
-        with np.errstate(over="ignore"):
-            scale = np.repeat(self.scale.astype(np.float16), repeat, axis=-1)
-        if not np.all(np.isfinite(scale)):
-            raise ConversionError("int4 scales beyond f16's range (+-65504)")
-        return {"q": _codes(self.packed)[..., : self.shape[-1] // 2], "scale": scale,
-                "zero": np.repeat(self.zero, repeat, axis=-1)}
-
-
-def native_int4(read: Callable[[], PackedTensor], shape: tuple[int, ...], scheme: PackedInt4,
-                scale_is_f16: bool) -> NativeTensor | None:
-    """How a packed weight is stored: its codes kept when the groups line up (exact with f16 scales; other scales
-    are rounded to f16 and measured), else re-encoded from its dequantised values; None when no int4 group fits
-    `cols` (the recipe decides, as for an unquantised weight)."""
-    group = scheme.artifact_group(shape[-1])
-    if group is None:
-        fallback = next((g for g in sorted(GROUP_SIZES, reverse=True) if shape[-1] % g == 0), None)
-        return NativeTensor("int4", None, group_size=fallback) if fallback else None
-    return NativeTensor("int4", lambda: read().blobs(group), exact=scale_is_f16, group_size=group)
+    codes = unpack_int32_nibbles(read(weight + "_packed").numpy())[..., : shape[-1]]
+    scale = read(weight + "_scale").to(torch.float32).numpy()
+    if symmetric:
+        zero = np.full(scale.shape, _CODE_OFFSET, dtype=np.uint8)
+    else:  # packed along the rows: unpack the transposed words, then cut the rows' padding
+        packed_zero = read(weight + "_zero_point").numpy()
+        zero = np.swapaxes(unpack_int32_nibbles(np.swapaxes(packed_zero, -1, -2)), -1, -2)[..., : shape[-2], :]
+    return GroupedInt4(codes, scale, zero, np.arange(shape[-1]) // group_size)

@@ -14,7 +14,9 @@ from ninfer.frontend.templates import TEMPLATE_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", help="a Hugging Face model folder (config.json + *.safetensors) or a .gguf file")
+    parser.add_argument("src", help="a Hugging Face model folder (config.json + *.safetensors: bf16 / fp16 / fp32, or "
+                                    "pre-quantised block FP8, GPTQ, AWQ, compressed-tensors int4 or NVFP4, ModelOpt "
+                                    "NVFP4; see docs/conversion.md) or a .gguf file")
     parser.add_argument("out", help="the .ninfer file to write")
     parser.add_argument("--recipe", default="bf16",
                         help=f"built-in recipe ({', '.join(BUILTIN_RECIPES)}) or a JSON recipe file (default bf16)")
