@@ -3,7 +3,7 @@ weights, bench/synthetic.py) with the released vision tower (or the tiny test on
 
 Workloads are patch grids as the preprocessor makes them with the released geometry (16-px patches, 2 frames per
 temporal patch): one 1024 x 1024 image (64 x 64 patches), four of them in one call, and a 10 s 720p video at the
-default 2 fps (20 frames, 10 temporal groups, resized by the video rule). Encode time is `Model.encode_vision`
+released checkpoints' video settings (2 fps: 20 frames, 10 temporal groups, resized by the video rule). Encode time is `Model.encode_vision`
 (patches in from the host, rows back to the host), median of --repeats after a warm-up. TTFT (--ttft) is the encode
 plus the prefill of the prompt around the image (16 text tokens, the image's placeholders, 16 text tokens) in one
 pass, through the last token's logits on the host; the engine's scheduler adds no device work to that.
@@ -37,9 +37,16 @@ from synthetic import MODELS, VISION_TOKEN_IDS, with_layers, with_vision, write_
 PATCH, MERGE, TEMPORAL = 16, 2, 2  # the released geometry the workloads are laid out in
 
 
+# The released checkpoints' preprocessor settings (Qwen3.8-27B's preprocessor_config.json and
+# video_preprocessor_config.json; tests/vision_media.py has the same).
+RELEASED_IMAGE = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5] * 3,
+                  "image_std": [0.5] * 3, "size": {"shortest_edge": 65536, "longest_edge": 16777216}}
+RELEASED_VIDEO = RELEASED_IMAGE | {"size": {"shortest_edge": 4096, "longest_edge": 25165824}}
+
+
 def video_grid(seconds: float, height: int, width: int) -> tuple[int, int, int]:
-    """The grid of a `seconds` long clip under the preprocessor's default video settings."""
-    settings = VisionPreprocessor.from_configs({}, None).video_settings
+    """The grid of a `seconds` long clip under the released checkpoints' video settings."""
+    settings = VisionPreprocessor.from_configs(RELEASED_IMAGE, RELEASED_VIDEO).video_settings
     frames = min(max(int(seconds * settings.fps), settings.min_frames), settings.max_frames)
     frames += frames % TEMPORAL
     h, w = smart_resize_video(frames, height, width, factor=PATCH * MERGE, temporal_factor=TEMPORAL,
