@@ -102,8 +102,10 @@ def test_segment_attention(ops, heads, head_dim, segments, rows):
     assert np.isnan(got[outside]).all(), "rows outside every segment were written"
     inside = ~outside
     assert_close(got[inside], want[inside], 1e-5, 1e-5, "segment_attention vs float64")
+    # Each twin is within (1e-5, 1e-5) of the float64 result, so of each other within twice that (one run saw the
+    # CPU's and the GPU's errors add up past the single bound in 2 of 345,600 values).
     mine = cpu.segment_attention(q, k, v, stride, segments, heads, head_dim, scale)
-    assert_close(got[inside], mine[inside].astype(np.float64), 1e-5, 1e-5, "segment_attention vs cpu")
+    assert_close(got[inside], mine[inside].astype(np.float64), 2e-5, 2e-5, "segment_attention vs cpu")
 
 
 def test_segment_attention_refuses_what_it_cannot_take(ops):

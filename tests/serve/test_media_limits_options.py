@@ -69,7 +69,7 @@ def test_router_config_refuses_bad_media_limits(limits, message):
     with pytest.raises(RouterConfigError) as info:
         parse_config({"models": {"a": {"path": "a.ninfer", "media_limits": limits}}}, defaults=EngineOptions(),
                      source="models.json")
-    assert str(info.value).startswith(message), str(info.value)
+    assert str(info.value).startswith("models.json: " + message), str(info.value)
 
 
 def png_url(seed: int) -> str:

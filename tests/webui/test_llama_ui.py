@@ -371,6 +371,7 @@ def test_attach_an_image_and_see_an_answer(browser, vision_ui_server) -> None:
     image = png_bytes(96, 96)
     attach(page, "noise.png", image, "image/png")
     prompt_before, _ = server.router.metrics.prompt_token_totals()
+    generated_before = server.router.metrics.generated_token_total()
     send(page, "What is in this picture?")
     page.wait_for_function(f"(document.querySelector('{ASSISTANT}')?.innerText || '').trim().length > 0",
                            timeout=ANSWER_TIMEOUT_MS)
@@ -387,6 +388,8 @@ def test_attach_an_image_and_see_an_answer(browser, vision_ui_server) -> None:
     wait_until(lambda: server.router.metrics.prompt_token_totals()[0] - prompt_before > vision_tokens + 2,
                lambda: f"the generation's prompt counted {server.router.metrics.prompt_token_totals()[0] - prompt_before}"
                        f" tokens, not the image's {vision_tokens} and its markers plus the text")
+    # The answer is the model's (the tiny random model reasons until max_tokens: llama-ui shows its reasoning).
+    assert server.router.metrics.generated_token_total() - generated_before == 24
     page.screenshot(path=str(SCREENSHOTS / "webui-image.png"))
     context.close()
 
