@@ -41,7 +41,55 @@ MODELS = {
     "qwen3.5-35b-a3b": _config(2048, 40, 16, 2, 16, 32, None,
                                {"num_experts": 256, "top_k": 8, "intermediate_size": 512,
                                 "shared_intermediate_size": 512}),
+    # Not published: a small text model in the same layout, for CPU figures (bench/vision_tower.py's tiny tower).
+    "tiny": _config(64, 4, 4, 2, 2, 4, 128, None),
 }
+
+
+# The released vision tower (reference section 1.5; its out_hidden_size is the text model's hidden size) and the
+# tiny one of tests/tiny_models.py, for CPU figures. Token ids are the real tokenizer's.
+VISION_TOWERS = {
+    "released": {"depth": 27, "hidden_size": 1152, "num_heads": 16, "intermediate_size": 4304, "in_channels": 3,
+                 "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                 "num_position_embeddings": 2304},
+    "tiny": {"depth": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32, "in_channels": 3,
+             "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2, "num_position_embeddings": 16},
+}
+VISION_TOKEN_IDS = {"vision_start_token_id": 248053, "vision_end_token_id": 248054, "image_token_id": 248056,
+                    "video_token_id": 248057}
+
+
+def with_vision(config: dict, tower: str) -> dict:
+    """The text config plus the named vision tower, projecting into the text model's width."""
+    vision = VISION_TOWERS[tower] | VISION_TOKEN_IDS | {"out_hidden_size": config["hidden_size"],
+                                                        "hidden_act": "gelu_pytorch_tanh", "rope_theta": 10000.0}
+    return config | {"vision": vision}
+
+
+def with_layers(config: dict, layers: int) -> dict:
+    """The config cut to its first `layers` layers (a multiple of 4 keeps the linear / full pattern)."""
+    return config | {"num_layers": layers, "layer_types": config["layer_types"][:layers]}
+
+
+def vision_tensor_shapes(vision: dict) -> dict[str, tuple[int, ...]]:
+    d, inner, merged = vision["hidden_size"], vision["intermediate_size"], 4 * vision["hidden_size"]
+    shapes: dict[str, tuple[int, ...]] = {
+        "visual.patch_embed.proj.weight": (d, vision["in_channels"], vision["temporal_patch_size"],
+                                           vision["patch_size"], vision["patch_size"]),
+        "visual.patch_embed.proj.bias": (d,), "visual.pos_embed.weight": (vision["num_position_embeddings"], d),
+        "visual.merger.norm.weight": (d,), "visual.merger.norm.bias": (d,),
+        "visual.merger.linear_fc1.weight": (merged, merged), "visual.merger.linear_fc1.bias": (merged,),
+        "visual.merger.linear_fc2.weight": (vision["out_hidden_size"], merged),
+        "visual.merger.linear_fc2.bias": (vision["out_hidden_size"],),
+    }
+    for i in range(vision["depth"]):
+        p = f"visual.blocks.{i}."
+        shapes |= {p + "norm1.weight": (d,), p + "norm1.bias": (d,), p + "norm2.weight": (d,), p + "norm2.bias": (d,),
+                   p + "attn.qkv.weight": (3 * d, d), p + "attn.qkv.bias": (3 * d,), p + "attn.proj.weight": (d, d),
+                   p + "attn.proj.bias": (d,), p + "mlp.linear_fc1.weight": (inner, d),
+                   p + "mlp.linear_fc1.bias": (inner,), p + "mlp.linear_fc2.weight": (d, inner),
+                   p + "mlp.linear_fc2.bias": (d,)}
+    return shapes
 
 
 def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
@@ -74,6 +122,8 @@ def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         else:
             inter = config["intermediate_size"]
             shapes |= {p + "mlp.gate": (inter, h), p + "mlp.up": (inter, h), p + "mlp.down": (h, inter)}
+    if config.get("vision"):
+        shapes |= vision_tensor_shapes(config["vision"])
     return shapes
 
 
@@ -110,8 +160,10 @@ def control_values(name: str, shape: tuple[int, ...], rng: np.random.Generator) 
     return (rng.standard_normal(shape) * 0.05).astype(np.float32)
 
 
-def write_synthetic(model: str, recipe_name: str, out: Path, progress: bool = True) -> Path:
-    config = MODELS[model]
+def write_synthetic(model: str, recipe_name: str, out: Path, progress: bool = True,
+                    config: dict | None = None) -> Path:
+    """`model`'s artifact (`config`: a variant of MODELS[model], e.g. with_vision / with_layers of it)."""
+    config = config or MODELS[model]
     recipe = load_recipe(recipe_name)
     shapes = tensor_shapes(config)
     plans = [TensorPlan(name, shape, *recipe.plan(name, shape)) for name, shape in shapes.items()]

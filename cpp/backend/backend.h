@@ -5,7 +5,7 @@
 //
 // Pointers: activations (x, y, out, q, k, v, g, beta, logits, ids, weights of moe_*) and pools live in the
 // backend's memory(). Host-side tables are always host memory: token ids, positions, row indices, SequenceRows
-// (and its pages), RopeSpec::inv_freq. Model weights (TensorViews and the small f32 vectors: norms, biases, conv
+// (and its pages), RopeSpec::inv_freq and freq_stream, RowSegments, add_embedding_mix's ids and weights. Model weights (TensorViews and the small f32 vectors: norms, biases, conv
 // taps, gates) may be given as host pointers that stay valid and unchanged for the backend's life; a backend
 // with its own memory copies each once (in its stored encoding) and reuses the copy.
 #pragma once
@@ -196,6 +196,10 @@ class Backend {
   // embedding (the vision tower's bilinear position embedding) added to `rows` rows of table.cols() values.
   virtual void add_embedding_mix(const int32_t* ids, const float* weights, int64_t rows, int32_t taps,
                                  const TensorView& table, float* inout);
+  // Throws EngineError unless each of the `count` ids is a row of a table of `table_rows` rows (add_embedding_mix's
+  // check, the same in every backend).
+  static void check_embedding_taps(const int32_t* ids, int64_t count, int64_t table_rows);
+
   // Softmax attention without a mask inside each segment: every row of a segment attends to all rows of it, no
   // row to another segment's. q, k, v: head h of row r at x + r * row_stride + h * head_dim; out
   // [rows, heads * head_dim].

@@ -2,10 +2,12 @@
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -223,13 +225,73 @@ class Ops {
     return {get(g, {rows, heads}), get(beta, {rows, heads})};
   }
 
+  // With freq_stream (one stream index per frequency): positions holds rows x streams values, stream s of row r
+  // at r * streams + s, streams = positions.size() / rows.
   FloatArray rope(In<float> x, int64_t rows, int32_t heads, int64_t head_stride, int64_t row_stride,
-                  In<int64_t> positions, In<float> inv_freq, bool interleaved) {
+                  In<int64_t> positions, In<float> inv_freq, bool interleaved, std::optional<In<uint8_t>> freq_stream) {
+    const int32_t streams = freq_stream ? int32_t(positions.size() / size_t(std::max<int64_t>(rows, 1))) : 1;
+    if (int64_t(positions.size()) != rows * streams || (freq_stream && freq_stream->size() != inv_freq.size()))
+      throw EngineError("rope: positions must be rows x streams, freq_stream one per frequency");
+    if (freq_stream)
+      for (size_t i = 0; i < freq_stream->size(); ++i)
+        if (freq_stream->data()[i] >= streams) throw EngineError("rope: a frequency names a stream past the last");
     MemoryBlock dx = put(x);
     const RopeSpec spec{interleaved ? RopePairing::Interleaved : RopePairing::Half, int32_t(2 * inv_freq.size()),
-                        inv_freq.data()};
+                        inv_freq.data(), streams, freq_stream ? freq_stream->data() : nullptr};
     run([&] { be_->rope(dx.get<float>(), rows, heads, head_stride, row_stride, positions.data(), spec); });
     return get(dx, {rows, row_stride});
+  }
+
+  // --- the vision tower's ops ---
+  FloatArray layernorm(In<float> x, int64_t rows, int64_t dim, In<float> w, In<float> b, float eps) {
+    if (int64_t(x.size()) != rows * dim || int64_t(w.size()) != dim || int64_t(b.size()) != dim)
+      throw EngineError("layernorm: x must be rows x dim, w and b dim values");
+    MemoryBlock dx = put(x), dw = put(w), db = put(b), out = poisoned<float>(rows * dim);
+    run([&] { be_->layernorm(dx.get<float>(), rows, dim, dw.get<float>(), db.get<float>(), eps, out.get<float>()); });
+    return get(out, {rows, dim});
+  }
+
+  // kind: "tanh" or "erf".
+  FloatArray gelu(In<float> x, const std::string& kind) {
+    if (kind != "tanh" && kind != "erf") throw EngineError("gelu: kind must be \"tanh\" or \"erf\"");
+    const int64_t n = int64_t(x.size());
+    MemoryBlock dx = put(x), out = poisoned<float>(n);
+    run([&] { be_->gelu(dx.get<float>(), n, kind == "tanh" ? GeluKind::Tanh : GeluKind::Erf, out.get<float>()); });
+    return get(out, {n});
+  }
+
+  // x [rows, cols of the table] plus the mix of the named table's rows; ids and weights [rows, taps] (host tables).
+  FloatArray add_embedding_mix(In<float> x, In<int32_t> ids, In<float> weights, int32_t taps, const ArtifactHandle& art,
+                               const std::string& name) {
+    const TensorView& table = art.get()->tensor(name);
+    const int64_t rows = rows_of(x, table.cols(), "x");
+    if (taps <= 0 || int64_t(ids.size()) != rows * taps || weights.size() != ids.size())
+      throw EngineError("add_embedding_mix: ids and weights must be rows x taps");
+    MemoryBlock dx = put(x);
+    run([&] { be_->add_embedding_mix(ids.data(), weights.data(), rows, taps, table, dx.get<float>()); });
+    return get(dx, {rows, table.cols()});
+  }
+
+  // q, k, v [rows, row_stride] each, head h of a row at h * head_dim; segments (row0, n). Returns out
+  // [rows, heads * head_dim]; rows outside every segment keep the poison.
+  FloatArray segment_attention(In<float> q, In<float> k, In<float> v, int64_t row_stride,
+                               const std::vector<std::pair<int64_t, int64_t>>& segments, int32_t heads,
+                               int32_t head_dim, float scale) {
+    const int64_t rows = row_stride > 0 ? int64_t(q.size()) / row_stride : 0;
+    if (rows * row_stride != int64_t(q.size()) || k.size() != q.size() || v.size() != q.size() ||
+        int64_t(heads) * head_dim > row_stride)
+      throw EngineError("segment_attention: q, k, v must be rows x row_stride, heads x head_dim <= row_stride");
+    std::vector<RowSegment> segs;
+    for (const auto& [row0, n] : segments) {
+      if (row0 < 0 || n < 0 || row0 + n > rows) throw EngineError("segment_attention: a segment outside the rows");
+      segs.push_back({row0, n});
+    }
+    MemoryBlock dq = put(q), dk = put(k), dv = put(v), out = poisoned<float>(rows * heads * head_dim);
+    run([&] {
+      be_->segment_attention(dq.get<float>(), dk.get<float>(), dv.get<float>(), row_stride, segs, heads, head_dim,
+                             scale, out.get<float>());
+    });
+    return get(out, {rows, int64_t(heads) * head_dim});
   }
 
   // Writes each sequence's history rows (positions 0..start-1) and then its new rows into a fresh pool, in one
@@ -442,7 +504,13 @@ void bind_backend_ops(nb::module_& m) {
       .def("gated_rmsnorm", &Ops::gated_rmsnorm)
       .def("l2norm_heads", &Ops::l2norm_heads)
       .def("gdn_gates", &Ops::gdn_gates)
-      .def("rope", &Ops::rope)
+      .def("rope", &Ops::rope, nb::arg("x"), nb::arg("rows"), nb::arg("heads"), nb::arg("head_stride"),
+           nb::arg("row_stride"), nb::arg("positions"), nb::arg("inv_freq"), nb::arg("interleaved"),
+           nb::arg("freq_stream").none() = nb::none())
+      .def("layernorm", &Ops::layernorm)
+      .def("gelu", &Ops::gelu)
+      .def("add_embedding_mix", &Ops::add_embedding_mix)
+      .def("segment_attention", &Ops::segment_attention)
       .def("attention", &Ops::attention)
       .def("moe_route", &Ops::moe_route)
       .def("moe_experts", &Ops::moe_experts, nb::arg("x"), nb::arg("rows"), nb::arg("hidden"), nb::arg("ids"),

@@ -38,7 +38,7 @@ void axis_taps(int64_t i, int64_t size, int64_t side, int32_t taps[2], float wei
 VisionTower::VisionTower(const Artifact& artifact, const VisionConfig& config, Backend& backend)
     : config_(config), backend_(backend), scratch_(backend.memory()) {
   if (!backend.has_vision_ops())
-    throw EngineError("this backend has no vision kernels yet: the vision tower runs on the CPU backend only");
+    throw EngineError("this backend has no vision kernels: the vision tower runs on the CPU and CUDA backends");
   const int64_t d = config.hidden_size, inner = config.intermediate_size, merged = d * config.merge_unit();
   auto matrix = [&](const std::string& name, std::vector<int64_t> shape) {
     const TensorView* t = &artifact.tensor(name, shape);

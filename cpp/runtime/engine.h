@@ -72,7 +72,7 @@ struct EngineOptions {
   // backend only for now). Lossless: see runtime/speculative.h and docs/speculative-decoding.md.
   std::string spec = "none";
   int32_t draft_tokens = 3;
-  bool vision = false;           // load the vision tower (images and video in prompts); CPU backend only for now
+  bool vision = false;           // load the vision tower (images and video in prompts)
 };
 inline constexpr int64_t kKvCapacityAuto = -1;
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from ninfer import _engine, errors
 from ninfer.artifact.reader import read_artifact
+from ninfer.frontend.media_limits import MediaLimits
 from ninfer.frontend.text import Frontend
 from ninfer.frontend.vision_prompt import PromptMedia
 
@@ -76,7 +77,8 @@ class EngineOptions:
     # the cpu backend only for now: docs/speculative-decoding.md)
     spec: str = "none"
     draft_tokens: int = 3
-    vision: bool = False  # load the vision tower: prompts may carry images and video (cpu backend for now)
+    vision: bool = False  # load the vision tower: prompts may carry images and video
+    media_limits: MediaLimits = field(default_factory=MediaLimits)  # what media may cost (with vision)
     # exact-prefix reuse: 64-token KV blocks (and Gated DeltaNet state snapshots) stay cached for later prompts that
     # start with them (docs/prefix-cache.md)
     prefix_cache: bool = True
@@ -507,7 +509,8 @@ class Engine:
         report(LOAD_PROGRESS["weights"])
         self.options = options
         try:
-            self.frontend = Frontend(artifact.frontend, native.eos_token_ids, vision=options.vision)
+            self.frontend = Frontend(artifact.frontend, native.eos_token_ids, vision=options.vision,
+                                     media_limits=options.media_limits)
         except errors.ArtifactError as exc:
             native.close()  # its memory now, not at garbage collection
             raise errors.ArtifactError(f"{path}: {exc}") from None

@@ -55,3 +55,13 @@ def thinking_server(pytestconfig, tiny_qwen3_5, llama_ui_bundle):
     config = {"models": {"thinker": {"path": str(artifact_for(pytestconfig, tiny_qwen3_5)), "max_context": 1024}}}
     with serve_router(config, webui_dir=str(llama_ui_bundle)) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def vision_ui_server(pytestconfig, tiny_qwen3_5, llama_ui_bundle):
+    """The tiny random Qwen3.5 model twice: `seer` with its vision tower loaded, `plain` without (text only)."""
+    path = str(artifact_for(pytestconfig, tiny_qwen3_5))
+    config = {"models": {"seer": {"path": path, "max_context": 1024, "vision": True},
+                         "plain": {"path": path, "max_context": 1024}}}
+    with serve_router(config, webui_dir=str(llama_ui_bundle)) as server:
+        yield server

@@ -54,10 +54,10 @@ def statuses(server) -> dict[str, str]:
     return {r["id"]: r["status"]["value"] for r in rows}
 
 
-def choose_model(page, name: str) -> None:
+def choose_model(page, name: str, models: tuple[str, ...] = ("alpha", "beta")) -> None:
     # The chat form's model selector comes after the messages, whose own model badges are buttons too: take the last.
-    page.get_by_role("button", name="Select model").or_(page.locator("button:has-text('alpha'), "
-                                                                   "button:has-text('beta')")).last.click()
+    shown = ", ".join(f"button:has-text('{m}')" for m in models)
+    page.get_by_role("button", name="Select model").or_(page.locator(shown)).last.click()
     page.get_by_text(name, exact=True).last.click()
 
 
@@ -341,4 +341,67 @@ def test_skip_reasoning_ends_it_and_the_answer_follows(browser, thinking_server)
         pass
     wait_until(lambda: not any(s["is_processing"] for s in client.get("/slots").json()),
                lambda: "the generation still holds its lane")
+    context.close()
+
+
+def png_bytes(width: int, height: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng().integers(0, 256, (height, width, 3), dtype=np.uint8)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def attach(page, name: str, data: bytes, mime: str) -> None:
+    """As the attachment button's file chooser hands llama-ui a file (its hidden file input's change event)."""
+    page.locator('input[type="file"]').first.set_input_files(files=[{"name": name, "mimeType": mime, "buffer": data}])
+
+
+def test_attach_an_image_and_see_an_answer(browser, vision_ui_server) -> None:
+    server = vision_ui_server
+    context = chat_context(browser, {"max_tokens": 24, "temperature": 0})
+    page = context.new_page()
+    bodies: list[dict] = []
+    page.on("request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
+    page.goto(server.url + "/")
+    choose_model(page, "seer", ("seer", "plain"))
+    image = png_bytes(96, 96)
+    attach(page, "noise.png", image, "image/png")
+    prompt_before, _ = server.router.metrics.prompt_token_totals()
+    generated_before = server.router.metrics.generated_token_total()
+    send(page, "What is in this picture?")
+    page.wait_for_function(f"(document.querySelector('{ASSISTANT}')?.innerText || '').trim().length > 0",
+                           timeout=ANSWER_TIMEOUT_MS)
+    page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
+    assert page.get_by_text("File Upload Error").count() == 0
+    # llama-ui sent the picture as an OpenAI image_url data URL part, and the server answered with it in the prompt:
+    # the generation's prompt counted the image's vision tokens (96 x 96 pixels: 144 here) besides the text's.
+    (body,) = bodies
+    parts = body["messages"][-1]["content"]
+    urls = [p["image_url"]["url"] for p in parts if isinstance(p, dict) and p.get("type") == "image_url"]
+    assert len(urls) == 1 and urls[0].startswith("data:image/png;base64,"), parts
+    (entry,) = [e for e in server.router.entries if e.name == "seer"]
+    vision_tokens = entry.served.engine.frontend.vision.image(image, part="x").num_tokens
+    wait_until(lambda: server.router.metrics.prompt_token_totals()[0] - prompt_before > vision_tokens + 2,
+               lambda: f"the generation's prompt counted {server.router.metrics.prompt_token_totals()[0] - prompt_before}"
+                       f" tokens, not the image's {vision_tokens} and its markers plus the text")
+    # The answer is the model's (the tiny random model reasons until max_tokens: llama-ui shows its reasoning).
+    assert server.router.metrics.generated_token_total() - generated_before == 24
+    page.screenshot(path=str(SCREENSHOTS / "webui-image.png"))
+    context.close()
+
+
+def test_a_text_only_model_refuses_the_image_clearly(browser, vision_ui_server) -> None:
+    context = chat_context(browser)
+    page = context.new_page()
+    page.goto(vision_ui_server.url + "/")
+    choose_model(page, "plain", ("seer", "plain"))
+    attach(page, "noise.png", png_bytes(32, 32), "image/png")
+    dialog = page.get_by_role("alertdialog")
+    dialog.wait_for(timeout=SETTLE_MS)
+    text = dialog.inner_text()
+    assert "File Upload Error" in text and "noise.png" in text and "Images require a vision-capable model" in text
     context.close()

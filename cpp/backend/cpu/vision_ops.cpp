@@ -46,10 +46,7 @@ void CpuBackend::gelu(const float* x, int64_t n, GeluKind kind, float* out) {
 void CpuBackend::add_embedding_mix(const int32_t* ids, const float* weights, int64_t rows, int32_t taps,
                                    const TensorView& table, float* inout) {
   const int64_t dim = table.cols(), table_rows = table.rows();
-  for (int64_t i = 0; i < rows * taps; ++i)
-    if (ids[i] < 0 || ids[i] >= table_rows)
-      throw EngineError("add_embedding_mix: row " + std::to_string(ids[i]) + " outside the table of " +
-                        std::to_string(table_rows));
+  check_embedding_taps(ids, rows * taps, table_rows);
 #pragma omp parallel
   {
     std::vector<float> row(static_cast<size_t>(dim)), mix(static_cast<size_t>(dim));

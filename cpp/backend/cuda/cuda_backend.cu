@@ -178,9 +178,20 @@ const TensorView& CudaBackend::resident(const TensorView& w) {
   auto it = weights_.find(w.data);
   if (it == weights_.end()) it = weights_.emplace(w.data, upload_weight(w)).first;
   const TensorView& d = it->second.view;
-  if (d.encoding != w.encoding || d.shape != w.shape)
+  if (d.encoding == w.encoding && d.shape == w.shape) return d;
+  // A dense weight may be read with another shape over the same elements (the vision tower's Conv3d kernel as
+  // the [hidden, patch values] matrix it is): row-major data does not change with the view, scales would.
+  const bool dense = w.encoding == Encoding::F32 || w.encoding == Encoding::F16 || w.encoding == Encoding::BF16;
+  if (d.encoding != w.encoding || !dense || d.numel() != w.numel())
     throw EngineError("CUDA backend: host weight " + w.name + " changed shape or encoding after its upload");
-  return d;
+  const ReshapedKey key{w.data, w.shape};
+  auto view = reshaped_.find(key);
+  if (view == reshaped_.end()) {
+    TensorView reshaped = d;
+    reshaped.shape = w.shape;
+    view = reshaped_.emplace(key, reshaped).first;
+  }
+  return view->second;
 }
 
 const float* CudaBackend::resident(const float* values, int64_t count) {

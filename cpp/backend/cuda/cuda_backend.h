@@ -1,18 +1,21 @@
-// The CUDA backend: every Backend op on device pointers, queued on one stream. Ops are spread over files by job
-// like the CPU twins (cuda_backend.cu: memory, weights, matrices, elementwise; norm.cu, rope.cu, attention.cu,
-// moe.cu, gdn_ops.cu; prefill GEMM in prefill_gemm.cu (cuBLASLt) with its f32 twin in gemm.cu, decode GEMV in
-// gemv.cu (CUDA cores) and gemv_mma.cu (tensor cores), GDN decode step in gdn_decode.cu, GDN chunked prefill in
-// gdn_prefill.cu, fast attention in flash_prefill.cu and flash_decode.cu). The first version was correct first:
-// simple kernels (tiled f32 GEMM, one block per row and head for attention, a per-token loop for the delta rule);
-// the fast paths replace them one at a time against these, which stay as twins (set_reference_kernels).
+// The CUDA backend: every Backend op on device pointers, queued on one stream. Ops are spread over files by job like
+// the CPU twins (cuda_backend.cu: memory, weights, matrices, elementwise; norm.cu, rope.cu, attention.cu, moe.cu,
+// gdn_ops.cu; the vision tower's in gelu.cu, embedding_mix.cu, segment_attention.cu and norm.cu; prefill GEMM in
+// prefill_gemm.cu (cuBLASLt) with its f32 twin in gemm.cu, decode GEMV in gemv.cu (CUDA cores) and gemv_mma.cu (tensor
+// cores), GDN decode step in gdn_decode.cu, GDN chunked prefill in gdn_prefill.cu, fast attention in flash_prefill.cu
+// and flash_decode.cu). The first version was correct first: simple kernels (tiled f32 GEMM, one block per row and head
+// for attention, a per-token loop for the delta rule); the fast paths replace them one at a time against these, which
+// stay as twins (set_reference_kernels).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -129,6 +132,17 @@ class CudaBackend : public Backend, public DeviceRuntime {
   void gated_rmsnorm(const float* x, const float* z, int64_t rows, int32_t heads, int32_t dim, const float* w,
                      float eps, float* out) override;
 
+  // The vision tower's ops (norm.cu, gelu.cu, embedding_mix.cu, segment_attention.cu).
+  bool has_vision_ops() const override { return true; }
+  void layernorm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
+                 float* out) override;
+  void gelu(const float* x, int64_t n, GeluKind kind, float* out) override;
+  void add_embedding_mix(const int32_t* ids, const float* weights, int64_t rows, int32_t taps,
+                         const TensorView& table, float* inout) override;
+  void segment_attention(const float* q, const float* k, const float* v, int64_t row_stride,
+                         std::span<const RowSegment> segments, int32_t heads, int32_t head_dim, float scale,
+                         float* out) override;
+
  private:
   // The device copy of a weight: itself when it already holds device pointers, else uploaded once (stored
   // encoding) and kept for the backend's life, keyed by its host data pointer.
@@ -160,6 +174,8 @@ class CudaBackend : public Backend, public DeviceRuntime {
   cudaStream_t stream_ = nullptr;
   DeviceMemory memory_;
   std::unordered_map<const void*, DeviceWeight> weights_;
+  using ReshapedKey = std::pair<const void*, std::vector<int64_t>>;  // (host data, shape read as)
+  std::map<ReshapedKey, TensorView> reshaped_;                        // dense weights read in another shape
   std::unordered_map<const float*, DeviceBuffer> constants_;
   StepTables tables_;
   DecodeGraphs graphs_;

@@ -1,5 +1,5 @@
 // Normalisations of the CUDA backend: RMSNorm in both conventions (alone, or after a residual add), the GDN gated
-// RMSNorm, per-head L2 norm. One block per vector (gated RMSNorm: one warp per vector where float4 fits); each thread
+// RMSNorm, per-head L2 norm, the vision tower's LayerNorm. One block per vector (gated RMSNorm: one warp per vector where float4 fits); each thread
 // reads its elements before writing them, so `out` may alias `x`.
 #include <utility>
 
@@ -28,6 +28,21 @@ __global__ void rmsnorm_kernel(const float* x, int64_t dim, int64_t x_stride, co
   float* yr = out + int64_t(blockIdx.x) * out_stride;
   const float inv = 1.0f / sqrtf(sum_of_squares(xr, dim) / float(dim) + eps);
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = xr[j] * inv * (offset + w[j]);
+}
+
+// LayerNorm with weight and bias, two passes over the row (mean, then the centred variance) as the CPU twin
+// takes them: the one-pass E[x^2] - E[x]^2 loses digits on rows far from zero mean.
+__global__ void layernorm_kernel(const float* x, int64_t dim, const float* w, const float* b, float eps, float* out) {
+  chain_start();
+  const float* xr = x + int64_t(blockIdx.x) * dim;
+  float* yr = out + int64_t(blockIdx.x) * dim;
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) s += xr[j];
+  const float mean = block_reduce(s, SumOp{}) / float(dim);
+  float c = 0.0f;
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) c += (xr[j] - mean) * (xr[j] - mean);
+  const float inv = 1.0f / sqrtf(block_reduce(c, SumOp{}) / float(dim) + eps);
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = (xr[j] - mean) * inv * w[j] + b[j];
 }
 
 // Rows of V-float vectors: V = 4 moves 16 bytes per access where the row length and addresses allow it.
@@ -222,6 +237,14 @@ void CudaBackend::gated_rmsnorm(const float* x, const float* z, int64_t rows, in
     launch_chained(gated_rmsnorm_kernel, dim3(unsigned(vectors)), dim3(kNormThreads), 0, stream_, x, z, dim, dw, eps,
                    out);
   }
+}
+
+void CudaBackend::layernorm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
+                            float* out) {
+  if (rows <= 0 || tables_only()) return;
+  check_grid(rows, "layernorm");
+  launch_chained(layernorm_kernel, dim3(unsigned(rows)), dim3(kNormThreads), 0, stream_, x, dim, resident(w, dim),
+                 resident(b, dim), eps, out);
 }
 
 void CudaBackend::l2norm_heads(const float* x, int64_t rows, int32_t heads, int32_t dim, int64_t x_stride,

@@ -221,6 +221,26 @@ class TimedCudaBackend final : public CudaBackend {
     OpTimer::Scope s(timer_, "gated_rmsnorm");
     CudaBackend::gated_rmsnorm(x, z, rows, heads, dim, w, eps, out);
   }
+  void layernorm(const float* x, int64_t rows, int64_t dim, const float* w, const float* b, float eps,
+                 float* out) override {
+    OpTimer::Scope s(timer_, "layernorm");
+    CudaBackend::layernorm(x, rows, dim, w, b, eps, out);
+  }
+  void gelu(const float* x, int64_t n, GeluKind kind, float* out) override {
+    OpTimer::Scope s(timer_, "gelu");
+    CudaBackend::gelu(x, n, kind, out);
+  }
+  void add_embedding_mix(const int32_t* ids, const float* weights, int64_t rows, int32_t taps,
+                         const TensorView& table, float* inout) override {
+    OpTimer::Scope s(timer_, "add_embedding_mix");
+    CudaBackend::add_embedding_mix(ids, weights, rows, taps, table, inout);
+  }
+  void segment_attention(const float* q, const float* k, const float* v, int64_t row_stride,
+                         std::span<const RowSegment> segments, int32_t heads, int32_t head_dim, float scale,
+                         float* out) override {
+    OpTimer::Scope s(timer_, "segment_attention");
+    CudaBackend::segment_attention(q, k, v, row_stride, segments, heads, head_dim, scale, out);
+  }
 
  private:
   mutable OpTimer timer_;

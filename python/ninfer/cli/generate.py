@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ninfer.cli.main import CliError
+from ninfer.cli.media_options import add_media_arguments, media_limits
 from ninfer.cli.spec_options import add_spec_arguments, check_spec_arguments, spec_options
 from ninfer.engine import (
     KV_DTYPES,
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
     parser.add_argument("--no-think", action="store_true", help="turn the model's thinking off")
     add_spec_arguments(parser)
+    add_media_arguments(parser)
 
 
 def resolve_model(model: str | None) -> Path:
@@ -169,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     messages = _messages(args)
     # The tower is loaded only for a prompt with media (it costs load time and memory otherwise).
     vision = bool(extract_media(messages, allow_files=True)[1])
-    with open_engine(args, vision=vision, **spec_options(args)) as engine:
+    with open_engine(args, vision=vision, media_limits=media_limits(args), **spec_options(args)) as engine:
         last = asyncio.run(_generate(engine, args, messages))
         _report(engine, last)
     return 0

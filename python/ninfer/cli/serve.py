@@ -18,6 +18,7 @@ from typing import Any
 
 from ninfer.cli.generate import KV_DTYPES, resolve_model
 from ninfer.cli.main import CliError, OneLineErrorParser
+from ninfer.cli.media_options import add_media_arguments, media_limits
 from ninfer.cli.spec_options import add_spec_arguments, check_spec_arguments, spec_options
 from ninfer.errors import NinferError
 from ninfer.serve.auth import read_api_keys
@@ -157,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--vision",
         action="store_true",
-        help="load the vision tower: requests may carry images and video (Qwen3.5 artifacts; CPU backend only "
-        "for now, the CUDA backend refuses it at startup); without it a request with media is a 400",
+        help="load the vision tower: requests may carry images and video (Qwen3.5 artifacts; docs/vision.md); "
+        "without it a request with media is a 400",
     )
     engine.add_argument(
         "--preserve-thinking",
@@ -166,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep earlier assistant turns' reasoning in the prompt (templates that support it)",
     )
     add_spec_arguments(engine)
+    add_media_arguments(p)
     later = p.add_argument_group("options of later releases (validated, refused for now)")
     later.add_argument("--lm-head-draft", type=_positive("--lm-head-draft"), metavar="N")
     later.add_argument("--host-state-slots", type=_positive("--host-state-slots", 0), metavar="N")
@@ -195,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> None:
     check_spec_arguments(args)
+    media_limits(args)  # a bad limit is refused here, before anything loads
     for dest, feature in NOT_YET.items():
         given = getattr(args, dest)
         if given is not None and given is not False:  # (not `in (None, False)`: 0 == False, and 0 is given)
@@ -249,6 +252,7 @@ def _engine_options(args: argparse.Namespace) -> Any:
         prefill_chunk=args.prefill_chunk,
         threads=args.threads,
         vision=args.vision,
+        media_limits=media_limits(args),
         prefix_cache=args.prefix_cache == "on",
         device_state_slots=args.device_state_slots,
         snapshot_interval=args.snapshot_interval,

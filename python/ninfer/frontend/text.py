@@ -12,6 +12,7 @@ import tokenizers
 from ninfer import errors
 from ninfer.frontend.chat import ChatTemplate, RenderedPrompt
 from ninfer.frontend.chat_media import MediaPart, load_media
+from ninfer.frontend.media_limits import MediaLimits
 from ninfer.frontend.vision import VisionPreprocessor
 from ninfer.frontend.vision_prompt import PromptMedia, VisionTokenIds, expand_placeholders, prompt_media
 
@@ -31,7 +32,8 @@ def _tokenizer(source: Any) -> tokenizers.Tokenizer:
 class Frontend:
     """What the artifact says about text: tokenizer, chat template, special tokens and generation defaults."""
 
-    def __init__(self, frontend: Mapping[str, Any], eos_token_ids: Sequence[int], *, vision: bool = False) -> None:
+    def __init__(self, frontend: Mapping[str, Any], eos_token_ids: Sequence[int], *, vision: bool = False,
+                 media_limits: MediaLimits | None = None) -> None:
         source = frontend.get("tokenizer_json")
         # Artifacts converted from a checkpoint without a tokenizer take and give token ids only.
         self.tokenizer = None if source is None else _tokenizer(source)
@@ -50,7 +52,8 @@ class Frontend:
         self.vision: VisionPreprocessor | None = None
         if vision:
             preprocessing = frontend.get("preprocessing") or {}
-            self.vision = VisionPreprocessor.from_configs(preprocessing.get("image"), preprocessing.get("video"))
+            self.vision = VisionPreprocessor.from_configs(preprocessing.get("image"), preprocessing.get("video"),
+                                                          media_limits)
             self._vision_ids = VisionTokenIds.lookup(self._require_tokenizer().token_to_id)
 
     @functools.cached_property

@@ -9,7 +9,8 @@
     GET  /slots[?model=]           -> one object per configured lane of the model
     GET  /running, GET /unload     -> llama-swap
 
-`model_rows` gives the `/v1/models` rows with their router `status` (ninfer.serve.misc serves them).
+`model_rows` gives the `/v1/models` rows with their router `status` and `architecture.input_modalities`
+(ninfer.serve.misc serves them).
 """
 
 from __future__ import annotations
@@ -75,8 +76,12 @@ def model_rows(router: ModelRouter, loaded_row: Callable[[ServedModel], dict[str
             "id": spec.name, "object": "model", "created": int(router.started), "owned_by": "ninfer",
             "meta": {"n_ctx": spec.options.max_context, "kv_dtype": spec.options.kv_dtype,
                      "max_concurrency": spec.options.max_concurrency}}
+        # llama.cpp's router field for every model, loaded or not: llama-ui lets a chat attach images only to a
+        # model whose input modalities have them.
+        inputs = ["text", "image", "video"] if spec.options.vision else ["text"]
         row.update(status=_status(entry), in_cache=spec.path.is_file(), path=str(spec.path),
-                   aliases=list(spec.aliases), tags=[], description=spec.description)
+                   aliases=list(spec.aliases), tags=[], description=spec.description,
+                   architecture={"input_modalities": inputs})
         rows.append(row)
     return rows
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ninfer.engine import MAX_DRAFT_TOKENS, OPTION_CHOICES, EngineOptions, SamplingParams, native_sampling
 from ninfer.errors import NinferError
+from ninfer.frontend.media_limits import MediaLimits
 from ninfer.frontend.sampling_defaults import OVERRIDABLE
 from ninfer.serve.state import DEFAULT_MAX_TOKENS
 
@@ -105,12 +106,27 @@ def _sampling(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _media_limits(value: Any, default: MediaLimits, where: str) -> MediaLimits:
+    """A model entry's "media_limits" object: some of MediaLimits' fields, the rest from `default`."""
+    if not isinstance(value, Mapping):
+        raise RouterConfigError(f"{where} must be an object of media limits, got {json.dumps(value)}")
+    known = {f.name for f in fields(MediaLimits)}
+    for name, limit in value.items():
+        if name not in known:
+            raise RouterConfigError(f"{where}: unknown limit {name!r} (known: {', '.join(sorted(known))})")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise RouterConfigError(f"{where}.{name} must be an integer >= 1, got {json.dumps(limit)}")
+    return replace(default, **value)
+
+
 def _engine_value(key: str, value: Any, default: Any, where: str) -> Any:
     """One engine key of a model entry, checked as EngineOptions' field `key` needs it (the engine itself would only
     refuse it at the model's first load)."""
     def refuse(allowed: str) -> RouterConfigError:
         return RouterConfigError(f"{where}.{key} must be {allowed}, got {json.dumps(value)}")
 
+    if key == "media_limits":
+        return _media_limits(value, default, f"{where}.{key}")
     if key == "kv_capacity":
         if value is None or value == "auto":
             return value
