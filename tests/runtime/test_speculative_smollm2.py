@@ -10,9 +10,10 @@ from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
 PROMPTS = ("Write a Python function that returns the largest of three numbers.",
            "Explain why the sky is blue in two sentences.")
-# Measured on these two prompts with the committed head (K = 3): see bench/NOTES-cpu.md. A head that drafted at
-# chance would accept well under 1 %; the bound is far below what the head gives and far above chance.
-MIN_ACCEPTANCE = 0.25
+# Measured on these two prompts with the committed head at K = 3: 25 of 199 drafts accepted (12.6 %; over the
+# benchmark's prompt set 16.5 %, bench/NOTES-cpu.md). A head drafting at chance over 49,152 tokens accepts next to
+# none; the bound is half the measured share.
+MIN_ACCEPTANCE = 0.06
 
 
 def test_the_default_model_carries_the_head_it_was_shipped_with(smollm2_default_artifact):
