@@ -198,7 +198,7 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=150, help="file-text conversations (code, json, prose: 2:1:1)")
     ap.add_argument("--max-new", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-positions", type=int, default=42000, help="hidden rows to keep (the carry budget)")
+    ap.add_argument("--max-positions", type=int, default=38000, help="hidden rows to keep (the carry budget)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     artifact = base_artifact()
