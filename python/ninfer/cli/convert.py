@@ -1,4 +1,4 @@
-"""`ninfer convert SRC OUT --recipe NAME|FILE [--template NAME]`: argument parsing only (the work is in
+"""`ninfer convert SRC OUT --recipe NAME|FILE [--template NAME] [--mtp-head FILE]`: argument parsing only (the work is in
 ninfer.artifact.convert)."""
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--template", default=AUTO_TEMPLATE, choices=(AUTO_TEMPLATE, *TEMPLATE_NAMES),
                         help="chat template: 'auto' keeps the checkpoint's own, else qwen3_5 for the Qwen3.5 "
                              "family and chatml for plain models; a name forces that project template")
+    parser.add_argument("--mtp-head", metavar="FILE", default=None,
+                        help="attach this MTP draft head (safetensors, logical names) to a model without one, "
+                             "for --spec mtp (docs/speculative-decoding.md)")
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
 
 
@@ -30,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="ninfer: %(message)s")
     try:
         out = convert(args.src, args.out, recipe=args.recipe, template=args.template,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, mtp_head=args.mtp_head)
     except NinferError as exc:
         raise CliError(str(exc)) from exc
     print(f"wrote {out}")
