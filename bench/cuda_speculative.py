@@ -26,11 +26,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from cuda_engine import graph_pass_split, run_batch  # noqa: E402
-from cuda_kernels import source_commit  # noqa: E402
-from synthetic import MODELS, write_synthetic  # noqa: E402
-
-from ninfer.engine import Engine, EngineOptions  # noqa: E402
+from cuda_engine import graph_pass_split, run_batch
+from cuda_kernels import source_commit
+from ninfer.engine import Engine, EngineOptions
+from synthetic import MODELS, write_synthetic
 
 ACCEPTANCE_LENGTHS = (2.5, 3.2)
 

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from ninfer.artifact.encodings import blob_specs
 from ninfer.artifact.recipes import load_recipe
 from ninfer.artifact.writer import ArtifactWriter, TensorPlan

@@ -19,10 +19,9 @@ from pathlib import Path
 import agreeing_mtp
 import numpy as np
 import pytest
-from test_cuda_backend import GDN_TF32_REL, assert_close, assert_gdn_rule_close, gdn_rule_inputs
-
 from ninfer import _engine
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+from test_cuda_backend import GDN_TF32_REL, assert_close, assert_gdn_rule_close, gdn_rule_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -131,7 +130,8 @@ def _options(k: int, **kw) -> EngineOptions:
     spec = {"spec": "mtp", "draft_tokens": k} if k else {}
     # The prefill GEMM's f32 twin: its fast paths round activations to bf16, and a pass of more than 8 rows (three
     # lanes verifying three drafts each) takes it, so the verify rows would differ from decode steps by that.
-    base = dict(backend="cuda", max_context=MAX_CONTEXT, max_concurrency=3, kv_dtype="f32", cuda_gemm="twin")
+    base = {"backend": "cuda", "max_context": MAX_CONTEXT, "max_concurrency": 3, "kv_dtype": "f32",
+            "cuda_gemm": "twin"}
     return EngineOptions(**(base | spec | kw))
 
 
