@@ -46,6 +46,11 @@ MODELS = {
 }
 
 
+def with_mtp(config: dict) -> dict:
+    """The config with the MTP head every released Qwen3.5 checkpoint carries (one decoder layer)."""
+    return config | {"mtp": {"num_layers": 1}}
+
+
 # The released vision tower (reference section 1.5; its out_hidden_size is the text model's hidden size) and the
 # tiny one of tests/tiny_models.py, for CPU figures. Token ids are the real tokenizer's.
 VISION_TOWERS = {
@@ -95,35 +100,43 @@ def vision_tensor_shapes(vision: dict) -> dict[str, tuple[int, ...]]:
 def tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """Every logical tensor the engine needs (docs/artifact-format.md) with its shape."""
     h, v = config["hidden_size"], config["vocab_size"]
+    shapes: dict[str, tuple[int, ...]] = {"embed": (v, h), "lm_head": (v, h), "final_norm": (h,)}
+    for i, kind in enumerate(config["layer_types"]):
+        shapes |= _layer_shapes(config, f"layers.{i}.", kind)
+    if config.get("mtp"):
+        shapes |= {"mtp.fc": (h, 2 * h), "mtp.pre_fc_norm_embedding": (h,), "mtp.pre_fc_norm_hidden": (h,),
+                   "mtp.norm": (h,)} | _layer_shapes(config, "mtp.layers.0.", "full_attention")
+    if config.get("vision"):
+        shapes |= vision_tensor_shapes(config["vision"])
+    return shapes
+
+
+def _layer_shapes(config: dict, p: str, kind: str) -> dict[str, tuple[int, ...]]:
+    h = config["hidden_size"]
     la = config["linear_attention"]
     kd, vd = la["num_key_heads"] * 128, la["num_value_heads"] * 128
     q_rows = config["num_heads"] * 256 * 2
     kv_rows = config["num_kv_heads"] * 256
-    shapes: dict[str, tuple[int, ...]] = {"embed": (v, h), "lm_head": (v, h), "final_norm": (h,)}
-    for i, kind in enumerate(config["layer_types"]):
-        p = f"layers.{i}."
-        shapes[p + "input_norm"] = shapes[p + "post_attn_norm"] = (h,)
-        if kind == "full_attention":
-            shapes |= {p + "attn.q_proj": (q_rows, h), p + "attn.k_proj": (kv_rows, h), p + "attn.v_proj": (kv_rows, h),
-                       p + "attn.o_proj": (h, q_rows // 2), p + "attn.q_norm": (256,), p + "attn.k_norm": (256,)}
-        else:
-            shapes |= {p + "gdn.in_qkv": (2 * kd + vd, h), p + "gdn.in_z": (vd, h),
-                       p + "gdn.in_b": (la["num_value_heads"], h), p + "gdn.in_a": (la["num_value_heads"], h),
-                       p + "gdn.conv": (2 * kd + vd, 4), p + "gdn.A_log": (la["num_value_heads"],),
-                       p + "gdn.dt_bias": (la["num_value_heads"],), p + "gdn.norm": (128,),
-                       p + "gdn.out_proj": (h, vd)}
-        if config["moe"]:
-            m = config["moe"]
-            e, inter, shared = m["num_experts"], m["intermediate_size"], m["shared_intermediate_size"]
-            shapes |= {p + "moe.router": (e, h), p + "moe.experts_gate": (e, inter, h),
-                       p + "moe.experts_up": (e, inter, h), p + "moe.experts_down": (e, h, inter),
-                       p + "moe.shared_gate": (shared, h), p + "moe.shared_up": (shared, h),
-                       p + "moe.shared_down": (h, shared), p + "moe.shared_expert_gate": (1, h)}
-        else:
-            inter = config["intermediate_size"]
-            shapes |= {p + "mlp.gate": (inter, h), p + "mlp.up": (inter, h), p + "mlp.down": (h, inter)}
-    if config.get("vision"):
-        shapes |= vision_tensor_shapes(config["vision"])
+    shapes: dict[str, tuple[int, ...]] = {p + "input_norm": (h,), p + "post_attn_norm": (h,)}
+    if kind == "full_attention":
+        shapes |= {p + "attn.q_proj": (q_rows, h), p + "attn.k_proj": (kv_rows, h), p + "attn.v_proj": (kv_rows, h),
+                   p + "attn.o_proj": (h, q_rows // 2), p + "attn.q_norm": (256,), p + "attn.k_norm": (256,)}
+    else:
+        shapes |= {p + "gdn.in_qkv": (2 * kd + vd, h), p + "gdn.in_z": (vd, h),
+                   p + "gdn.in_b": (la["num_value_heads"], h), p + "gdn.in_a": (la["num_value_heads"], h),
+                   p + "gdn.conv": (2 * kd + vd, 4), p + "gdn.A_log": (la["num_value_heads"],),
+                   p + "gdn.dt_bias": (la["num_value_heads"],), p + "gdn.norm": (128,),
+                   p + "gdn.out_proj": (h, vd)}
+    if config["moe"]:
+        m = config["moe"]
+        e, inter, shared = m["num_experts"], m["intermediate_size"], m["shared_intermediate_size"]
+        shapes |= {p + "moe.router": (e, h), p + "moe.experts_gate": (e, inter, h),
+                   p + "moe.experts_up": (e, inter, h), p + "moe.experts_down": (e, h, inter),
+                   p + "moe.shared_gate": (shared, h), p + "moe.shared_up": (shared, h),
+                   p + "moe.shared_down": (h, shared), p + "moe.shared_expert_gate": (1, h)}
+    else:
+        inter = config["intermediate_size"]
+        shapes |= {p + "mlp.gate": (inter, h), p + "mlp.up": (inter, h), p + "mlp.down": (h, inter)}
     return shapes
 
 
@@ -161,9 +174,12 @@ def control_values(name: str, shape: tuple[int, ...], rng: np.random.Generator) 
 
 
 def write_synthetic(model: str, recipe_name: str, out: Path, progress: bool = True,
-                    config: dict | None = None) -> Path:
-    """`model`'s artifact (`config`: a variant of MODELS[model], e.g. with_vision / with_layers of it)."""
+                    config: dict | None = None, mtp: bool = False) -> Path:
+    """`model`'s artifact (`config`: a variant of MODELS[model], e.g. with_vision / with_layers of it); with `mtp`,
+    its MTP head too (with_mtp)."""
     config = config or MODELS[model]
+    if mtp:
+        config = with_mtp(config)
     recipe = load_recipe(recipe_name)
     shapes = tensor_shapes(config)
     plans = [TensorPlan(name, shape, *recipe.plan(name, shape)) for name, shape in shapes.items()]

@@ -34,8 +34,8 @@ struct SequenceRows {
   int32_t state_slot = -1;
   // >= 0: the rows continue from this slot's state, not state_slot's own: each op copies that layer's state into
   // state_slot first (an MTP verify row starts from the row before it; runtime/speculative.h). Ops handle the
-  // sequences in order, so a sequence may continue from the slot an earlier one of the same call just wrote.
-  // The CPU backend only, for now: the engine refuses speculative decoding on other backends.
+  // sequences in order, so a sequence may continue from the slot an earlier one of the same call just wrote (the
+  // CUDA backend runs such a chain of one-row sequences in one kernel, its state in registers between the rows).
   int32_t source_slot = -1;
 };
 

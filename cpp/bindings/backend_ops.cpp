@@ -357,15 +357,17 @@ class Ops {
   }
 
   // Sequence i holds rows n_0 + .. + n_{i-1} onwards and uses state slot slots[i]; states_in [slots, floats].
+  // `sources` (empty, or one per sequence): SequenceRows::source_slot (-1: none).
   std::tuple<FloatArray, FloatArray> gdn_conv(In<float> mixed, const std::vector<int64_t>& ns,
                                               const std::vector<int32_t>& slots, int64_t channels, In<float> weight,
-                                              int32_t kernel, In<float> states_in) {
+                                              int32_t kernel, In<float> states_in,
+                                              const std::vector<int32_t>& sources) {
     const GdnShape shape = conv_shape(channels, kernel);
     const int64_t conv_floats = channels * (kernel - 1);
     StatePool states(int32_t(states_in.size() / std::max<int64_t>(conv_floats, 1)), 1, conv_floats, 1,
                      be_->memory());
     load_states(states, states_in, conv_floats, [&](int32_t s) { return states.conv(s, 0); });
-    const std::vector<SequenceRows> seqs = sequences(ns, slots);
+    const std::vector<SequenceRows> seqs = sequences(ns, slots, sources);
     const int64_t rows = total(ns);
     MemoryBlock dm = put(mixed), dw = put(weight), out = poisoned<float>(rows * channels);
     run([&] { be_->gdn_conv(dm.get<float>(), seqs, shape, dw.get<float>(), states, 0, out.get<float>()); });
@@ -376,14 +378,15 @@ class Ops {
   // states out).
   std::tuple<FloatArray, FloatArray, FloatArray, FloatArray> gdn_conv_qkv(
       In<float> mixed, const std::vector<int64_t>& ns, const std::vector<int32_t>& slots, int32_t hk, int32_t hv,
-      int32_t dk, int32_t dv, In<float> weight, int32_t kernel, float q_scale, In<float> states_in) {
+      int32_t dk, int32_t dv, In<float> weight, int32_t kernel, float q_scale, In<float> states_in,
+      const std::vector<int32_t>& sources) {
     const GdnShape shape{hk, hv, dk, dv, kernel, 64};
     const int64_t channels = shape.conv_channels(), conv_floats = channels * (kernel - 1);
     const int64_t qk_width = int64_t(hk) * dk, v_width = int64_t(hv) * dv;
     StatePool states(int32_t(states_in.size() / std::max<int64_t>(conv_floats, 1)), 1, conv_floats, 1,
                      be_->memory());
     load_states(states, states_in, conv_floats, [&](int32_t s) { return states.conv(s, 0); });
-    const std::vector<SequenceRows> seqs = sequences(ns, slots);
+    const std::vector<SequenceRows> seqs = sequences(ns, slots, sources);
     const int64_t rows = total(ns);
     MemoryBlock dm = put(mixed), dw = put(weight), q = poisoned<float>(rows * qk_width),
                 k = poisoned<float>(rows * qk_width), v = poisoned<float>(rows * v_width);
@@ -398,12 +401,12 @@ class Ops {
   std::tuple<FloatArray, FloatArray> gdn_rule(In<float> q, In<float> k, In<float> v, In<float> g, In<float> beta,
                                               const std::vector<int64_t>& ns, const std::vector<int32_t>& slots,
                                               int32_t hk, int32_t hv, int32_t dk, int32_t dv, int32_t chunk,
-                                              In<float> states_in) {
+                                              In<float> states_in, const std::vector<int32_t>& sources) {
     const GdnShape shape{hk, hv, dk, dv, 4, chunk};
     const int64_t state_floats = int64_t(hv) * dk * dv;
     StatePool states(int32_t(states_in.size() / state_floats), 1, 1, state_floats, be_->memory());
     load_states(states, states_in, state_floats, [&](int32_t s) { return states.recurrent(s, 0); });
-    const std::vector<SequenceRows> seqs = sequences(ns, slots);
+    const std::vector<SequenceRows> seqs = sequences(ns, slots, sources);
     const int64_t rows = total(ns);
     MemoryBlock dq = put(q), dk_ = put(k), dv_ = put(v), dg = put(g), db = put(beta),
                 out = poisoned<float>(rows * hv * dv);
@@ -455,12 +458,16 @@ class Ops {
     for (int64_t n : ns) t += n;
     return t;
   }
-  static std::vector<SequenceRows> sequences(const std::vector<int64_t>& ns, const std::vector<int32_t>& slots) {
+  static std::vector<SequenceRows> sequences(const std::vector<int64_t>& ns, const std::vector<int32_t>& slots,
+                                             const std::vector<int32_t>& sources) {
     if (ns.size() != slots.size()) throw EngineError("one state slot per sequence");
+    if (!sources.empty() && sources.size() != ns.size()) throw EngineError("one source slot per sequence, or none");
     std::vector<SequenceRows> seqs;
     int64_t row0 = 0;
     for (size_t i = 0; i < ns.size(); ++i) {
-      seqs.push_back({row0, ns[i], 0, nullptr, slots[i]});
+      // Positions: a one-row sequence that continues the one before sits one position after it (a verify chain).
+      const int64_t start = i > 0 && !sources.empty() && sources[i] == slots[i - 1] ? seqs.back().start + seqs.back().n : 0;
+      seqs.push_back({row0, ns[i], start, nullptr, slots[i], sources.empty() ? -1 : sources[i]});
       row0 += ns[i];
     }
     return seqs;
@@ -516,9 +523,14 @@ void bind_backend_ops(nb::module_& m) {
       .def("moe_experts", &Ops::moe_experts, nb::arg("x"), nb::arg("rows"), nb::arg("hidden"), nb::arg("ids"),
            nb::arg("weights"), nb::arg("top_k"), nb::arg("artifact"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
            nb::arg("shared_out").none() = nb::none(), nb::arg("shared_logit").none() = nb::none())
-      .def("gdn_conv", &Ops::gdn_conv)
-      .def("gdn_conv_qkv", &Ops::gdn_conv_qkv)
-      .def("gdn_rule", &Ops::gdn_rule);
+      .def("gdn_conv", &Ops::gdn_conv, nb::arg("mixed"), nb::arg("ns"), nb::arg("slots"), nb::arg("channels"),
+           nb::arg("weight"), nb::arg("kernel"), nb::arg("states_in"), nb::arg("sources") = std::vector<int32_t>{})
+      .def("gdn_conv_qkv", &Ops::gdn_conv_qkv, nb::arg("mixed"), nb::arg("ns"), nb::arg("slots"), nb::arg("hk"),
+           nb::arg("hv"), nb::arg("dk"), nb::arg("dv"), nb::arg("weight"), nb::arg("kernel"), nb::arg("q_scale"),
+           nb::arg("states_in"), nb::arg("sources") = std::vector<int32_t>{})
+      .def("gdn_rule", &Ops::gdn_rule, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
+           nb::arg("ns"), nb::arg("slots"), nb::arg("hk"), nb::arg("hv"), nb::arg("dk"), nb::arg("dv"),
+           nb::arg("chunk"), nb::arg("states_in"), nb::arg("sources") = std::vector<int32_t>{});
 }
 
 }  // namespace ninfer::bindings

@@ -486,7 +486,7 @@ std::tuple<double, double> bench_prefill_op(const std::string& op, int64_t rows,
   }
   // The first call warms up (and uploads the weight); each call is one pass of the backend's own.
   const double micros = median_event_micros(backend.stream(), iterations, [&](int) { call(); },
-                                            [&](int) { backend.begin_pass(0); });
+                                            [&](int) { backend.begin_pass({}); });
   return {micros, bytes};
 }
 
@@ -531,7 +531,7 @@ std::tuple<double, double> bench_attention(int32_t heads, int32_t kv_heads, int3
     backend.attention(q.as<float>(), int64_t(heads) * head_dim, head_dim, seqs, pool, 0, shape, out.as<float>());
   };
   attend();                // grows the decode partials outside the capture
-  backend.begin_pass(0);   // synchronises, empties the table arena
+  backend.begin_pass({});   // synchronises, empties the table arena
   const double micros = median_graph_micros(backend.stream(), iterations, [&] {
     for (int32_t c = 0; c < calls; ++c) attend();
   }) / calls;

@@ -108,7 +108,7 @@ class DecoderModel final : public Model {
     decoder_layers(pass, weights_.layers, hidden);
 
     const bool on_device = out.keep_on_device && !backend_->memory().host_accessible();
-    out.hidden.resize(on_device ? 0 : size_t(out_rows * h));
+    out.hidden.resize(on_device && !out.hidden_to_host ? 0 : size_t(out_rows * h));
     out.logits.resize(on_device ? 0 : size_t(full_rows * config_.vocab_size));
     float* final_hidden =
         on_device ? scratch_.get(Buf::OutRows, out_rows * h) : output_buffer(out.hidden, Buf::OutRows);
@@ -123,6 +123,8 @@ class DecoderModel final : public Model {
     if (!on_device) {
       copy_output(out.hidden, final_hidden);
       copy_output(out.logits, logits);
+    } else if (out.hidden_to_host) {
+      backend_->memory().to_host(out.hidden.data(), final_hidden, out.hidden.size() * sizeof(float));
     }
     // After the output rows' gather: this reuses its row index.
     out.all_hidden.clear();

@@ -59,6 +59,8 @@ struct ForwardOutput {
   // Set by the caller: leave logits and hidden in the backend's memory when it is not the host's (a device
   // sampler reads them there); then `logits` and `hidden` stay empty and device_logits points at the logits.
   bool keep_on_device = false;
+  // With keep_on_device: still bring `hidden` to the host (the MTP head's input after a verify pass).
+  bool hidden_to_host = false;
   int64_t vocab = 0, hidden_size = 0;
   // Item i's first output row; its rows follow contiguously. Items with candidates come after all the others'
   // rows (their hidden rows are last), so `logits` holds only the rows of the items without.

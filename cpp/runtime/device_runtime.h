@@ -3,6 +3,7 @@
 // dynamic_cast, so the CPU backend and the Backend interface stay as they are.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -27,6 +28,13 @@ struct GraphPassTimings {
   double capture_host_us = 0, replay_host_us = 0, device_us = 0;
 };
 
+// The shape of a pass a CUDA graph can run: `lanes` sequences, each `rows` new tokens that run as decode steps
+// (rows 1: a decode pass; rows K + 1: an MTP verify pass, runtime/speculative.h). lanes 0: any other pass.
+struct GraphPassShape {
+  int32_t lanes = 0, rows = 1;
+  auto operator<=>(const GraphPassShape&) const = default;
+};
+
 // One row of device logits to sample from, with what the CPU Sampler would read for it.
 struct DeviceSampleRow {
   int64_t logits_row = 0;                // the row of the [rows, vocab] logits
@@ -49,14 +57,14 @@ class DeviceRuntime {
   virtual ~DeviceRuntime() = default;
   // Copies every tensor of `artifact` to the device now (not at first use) and measures the bytes taken.
   virtual DeviceMemoryUse upload_weights(const Artifact& artifact) = 0;
-  // Announces the next pass: `decode_batch` > 0 when it is exactly that many sequences of one new token each
-  // (then it may run as the captured graph of that batch size), 0 for any other pass (eager).
-  virtual void begin_pass(int32_t decode_batch) = 0;
+  // Announces the next pass: a shape with lanes > 0 when it is exactly that many sequences of `rows` decode steps
+  // each (then it may run as the captured graph of that shape), the default shape for any other pass (eager).
+  virtual void begin_pass(GraphPassShape shape) = 0;
   virtual void set_graphs_enabled(bool enabled) = 0;
   // The most tokens one sequence holds (the engine's max_context): bounds the page tables of a decode graph.
   virtual void set_max_sequence_tokens(int64_t tokens) = 0;
   virtual int64_t graph_bytes() const = 0;     // device memory the instantiated graphs took (measured)
-  virtual int32_t graphs_captured() const = 0; // batch sizes with a graph
+  virtual int32_t graphs_captured() const = 0; // pass shapes with a graph
   virtual int64_t graph_replays() const = 0;   // passes run as graph launches
   virtual GraphPassTimings graph_timings() const = 0;
   // Starts the pass queued since begin_pass (a captured decode pass: its graph launch) without waiting for it.

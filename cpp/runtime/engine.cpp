@@ -106,8 +106,6 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   mo.vision = options_.vision;
   std::shared_ptr<const Artifact> artifact = Artifact::open(path, options_.verify_checksums);
   device_ = dynamic_cast<DeviceRuntime*>(backend.get());
-  if (options_.spec == "mtp" && device_)  // (before the weights go to the device)
-    throw EngineError("invalid engine option: spec = \"mtp\" runs on the CPU backend only for now");
   if (device_) {
     const ModelConfig config = ModelConfig::from_json(artifact->config(), path);
     const DeviceMemoryUse use = device_->upload_weights(*artifact);

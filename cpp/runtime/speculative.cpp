@@ -22,6 +22,18 @@ ForwardItem mtp_item(const int32_t* next_tokens, int64_t n, int64_t start, std::
   return item;
 }
 
+// The tokens of a verify round: draw(row) for rows 0, 1, .. in order until a draw differs from its row's draft
+// (that draw is the last) or every row is drawn. Returns how many drafts were accepted.
+template <class Draw>
+int32_t accept_in_order(std::span<const int32_t> drafts, std::vector<SampledToken>& tokens, Draw&& draw) {
+  tokens.clear();
+  for (size_t row = 0; row <= drafts.size(); ++row) {
+    tokens.push_back(draw(row));
+    if (row == drafts.size() || tokens.back().token != drafts[row]) break;
+  }
+  return int32_t(tokens.size()) - 1;
+}
+
 }  // namespace
 
 int32_t drafts_this_round(int32_t draft_tokens, int64_t tokens_left, int64_t positions_left) {
@@ -65,13 +77,18 @@ void Drafter::prepare(LaneDrafts& d, std::span<const int32_t> tokens, std::span<
 
 int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts, Sampler& sampler,
                       TokenHistory history, std::vector<SampledToken>& tokens) {
-  tokens.clear();
-  for (size_t row = 0; row <= drafts.size(); ++row) {
-    tokens.push_back(sampler.sample(logits.subspan(row * size_t(vocab), size_t(vocab)), history));
-    if (row == drafts.size() || tokens.back().token != drafts[row]) break;
-    history.add_generated(tokens.back().token);
-  }
-  return int32_t(tokens.size()) - 1;
+  return accept_in_order(drafts, tokens, [&](size_t row) {
+    if (row > 0) history.add_generated(drafts[row - 1]);  // the row before was accepted
+    return sampler.sample(logits.subspan(row * size_t(vocab), size_t(vocab)), history);
+  });
+}
+
+int32_t accept_drawn(std::span<const SampledToken> drawn, std::span<const int32_t> drafts,
+                     std::vector<SampledToken>& tokens) {
+  if (drawn.size() != drafts.size() + 1)
+    throw EngineError("a verify round of " + std::to_string(drafts.size()) + " drafts drew " +
+                      std::to_string(drawn.size()) + " rows");
+  return accept_in_order(drafts, tokens, [&](size_t row) { return drawn[row]; });
 }
 
 void keep_accepted_state(SequenceCache& cache, int32_t accepted) {

@@ -60,6 +60,12 @@ class Drafter {
 int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts, Sampler& sampler,
                       TokenHistory history, std::vector<SampledToken>& tokens);
 
+// verify_drafts for rows a device sampler drew all at once: row i with the history grown by the drafts before it
+// (and its RNG counter by i), the draw plain decoding would make had drafts 0..i-1 been emitted. A counter-based
+// draw has no state, so rows past the first rejection cost nothing but their draw. Same result as verify_drafts.
+int32_t accept_drawn(std::span<const SampledToken> drawn, std::span<const int32_t> drafts,
+                     std::vector<SampledToken>& tokens);
+
 // After a verify round that accepted `accepted` drafts: the state of that row becomes the lane's (a slot swap).
 void keep_accepted_state(SequenceCache& cache, int32_t accepted);
 

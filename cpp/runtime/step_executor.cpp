@@ -1,17 +1,25 @@
 #include "runtime/step_executor.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "errors.h"
 
 namespace ninfer {
 namespace {
 
-// The lane count when every slice of the plan is one decode token (a pass a decode graph can run), else 0.
-int32_t decode_batch(const StepPlan& plan) {
-  for (const PlannedSlice& s : plan.slices)
-    if (s.kind != SliceKind::Decode) return 0;
-  return int32_t(plan.slices.size());
+// The pass's shape when every slice of the plan is one decode token, or every one a verify slice of the same draft
+// count (a pass a decode graph can run); else the default shape (eager).
+GraphPassShape graph_shape(const StepPlan& plan) {
+  if (plan.slices.empty()) return {};
+  const PlannedSlice& first = plan.slices.front();
+  const int32_t rows = first.kind == SliceKind::Verify ? first.drafts + 1 : 1;
+  for (const PlannedSlice& s : plan.slices) {
+    const bool decode_step = s.kind == SliceKind::Decode && rows == 1;
+    const bool same_verify = s.kind == SliceKind::Verify && s.drafts + 1 == rows;
+    if (!decode_step && !same_verify) return {};
+  }
+  return {int32_t(plan.slices.size()), rows};
 }
 
 // Runs `work`, turning an exception into the result's error (the lanes of the step end with it).
@@ -47,19 +55,22 @@ StepResult StepExecutor::run_pass(const StepPlan& plan, std::span<const SliceInp
   for (size_t i = 0; i < plan.slices.size(); ++i)
     host_logits = host_logits || plan.slices[i].output == SliceOutput::PromptLogprobs || inputs[i].host_sampler;
   out_.keep_on_device = device_ && device_sampling_ && !host_logits;
+  // A verify slice's hidden rows go to the MTP head, which reads them from the host (Drafter::prepare).
+  out_.hidden_to_host = std::any_of(plan.slices.begin(), plan.slices.end(),
+                                    [](const PlannedSlice& s) { return s.kind == SliceKind::Verify; });
   catching(result, [&] {
     if (!device_) {
       model_.forward(items, pools_, out_);
       return;
     }
-    device_->begin_pass(decode_batch(plan));
+    device_->begin_pass(graph_shape(plan));
     try {
       model_.forward(items, pools_, out_);
     } catch (...) {
       // Leave the broken pass now, not at the next one: a decode graph's capture left open on the stream would
       // swallow the device work queued in between (admitting a lane zeroes its state slot there: the lane would
       // start from another sequence's recurrent state).
-      device_->begin_pass(0);
+      device_->begin_pass({});
       throw;
     }
     if (out_.device_logits) device_->launch_pass();  // it runs while the caller computes masks
@@ -100,26 +111,50 @@ void StepExecutor::collect_candidates(const StepPlan& plan, std::span<const Slic
   }
 }
 
+// A verify slice's rows are all drawn at once, row j with the history and counter it would have after drafts
+// 0..j-1 (accept_drawn); the host only compares tokens (no logits come back).
 void StepExecutor::sample_on_device(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result) {
   std::vector<DeviceSampleRow> rows;
   std::vector<size_t> slice_of_row;
+  std::deque<TokenHistory> draft_histories;  // (a deque: rows point at its entries as more are added)
   for (size_t i = 0; i < plan.slices.size(); ++i) {
     const SliceInput& in = inputs[i];
+    if (in.drafts) keep_hidden(i, plan.slices[i], result.slices[i]);
     if (!in.sample) continue;
-    DeviceSampleRow row;
-    row.logits_row = out_.row_offset[i];  // sampling slices have one output row, the last token's
-    row.params = in.params;
-    row.seed = in.sampler->seed();
-    row.counter = in.counter;
-    row.history = in.history;
-    row.mask = in.mask;
-    rows.push_back(row);
-    slice_of_row.push_back(i);
+    const int32_t drafts = plan.slices[i].kind == SliceKind::Verify ? plan.slices[i].drafts : 0;
+    for (int32_t j = 0; j <= drafts; ++j) {
+      DeviceSampleRow row;
+      row.logits_row = out_.row_offset[i] + j;  // sampling slices have one output row (the last token's) or, verify
+      row.params = in.params;                   // slices, one per verified token
+      row.seed = in.sampler->seed();
+      row.counter = in.counter + uint64_t(j);
+      row.history = in.history;
+      if (j > 0) {
+        draft_histories.push_back(j == 1 ? *in.history : draft_histories.back());
+        draft_histories.back().add_generated(in.drafts->verify_tokens[size_t(j)]);
+        row.history = &draft_histories.back();
+      }
+      row.mask = in.mask;
+      rows.push_back(row);
+      slice_of_row.push_back(i);
+    }
   }
   if (rows.empty()) return;
   std::vector<SampledToken> tokens;
   device_->sample(out_.device_logits, out_.vocab, rows, tokens);
-  for (size_t r = 0; r < rows.size(); ++r) result.slices[slice_of_row[r]].token = std::move(tokens[r]);
+  for (size_t r = 0; r < rows.size();) {
+    const size_t i = slice_of_row[r];
+    const PlannedSlice& s = plan.slices[i];
+    if (s.kind != SliceKind::Verify) {
+      result.slices[i].token = std::move(tokens[r++]);
+      continue;
+    }
+    const std::span<const SampledToken> drawn(tokens.data() + r, size_t(s.drafts + 1));
+    const std::span<const int32_t> drafts(inputs[i].drafts->verify_tokens.data() + 1, size_t(s.drafts));
+    const int32_t accepted = accept_drawn(drawn, drafts, result.slices[i].verified);
+    result.slices[i].hidden.resize(size_t((accepted + 1) * out_.hidden_size));  // the rows the lane keeps
+    r += drawn.size();
+  }
 }
 
 void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result) {

@@ -151,7 +151,7 @@ DeviceMemoryUse CudaBackend::upload_weights(const Artifact& artifact) {
   return {int64_t(total), int64_t(free_before) - int64_t(free_after), int64_t(free_after)};
 }
 
-void CudaBackend::begin_pass(int32_t decode_batch) {
+void CudaBackend::begin_pass(GraphPassShape shape) {
   bind_calling_thread();
   // The previous pass threw before its outputs were read.
   if (graphs_.mode() != DecodeGraphs::Mode::eager) graphs_.abandon(stream_);
@@ -159,7 +159,7 @@ void CudaBackend::begin_pass(int32_t decode_batch) {
   graphs_.collect_timing();
   tables_.reset();
   pass_seqs_.clear();
-  graphs_.begin(stream_, decode_batch, device_allocation_epoch());
+  graphs_.begin(stream_, shape, device_allocation_epoch());
 }
 
 void CudaBackend::launch_pass() { graphs_.launch(stream_, tables_, device_allocation_epoch()); }
@@ -247,8 +247,9 @@ CudaBackend::SequenceSlots CudaBackend::sequence_tables(std::span<const Sequence
     rows = std::max(rows, s.row0 + s.n);
   }
   if (fixed) {
-    // No sequence holds more pages than max_context needs, and all together no more than the pool has.
-    int64_t bound = pool.total_pages();
+    // No sequence holds more pages than max_context needs, and all together no more than the pool has (each
+    // page listed once per row of a verify pass: its rows are sequences of one row over the same pages).
+    int64_t bound = pool.total_pages() * graphs_.shape().rows;
     if (max_sequence_tokens_ > 0)
       bound = std::min(bound, int64_t(seqs.size()) * ((max_sequence_tokens_ + kKvPageTokens - 1) / kKvPageTokens));
     if (int64_t(pages.size()) > bound)

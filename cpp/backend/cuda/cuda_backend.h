@@ -62,7 +62,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   cudaStream_t stream() const { return stream_; }
 
   DeviceMemoryUse upload_weights(const Artifact& artifact) override;
-  void begin_pass(int32_t decode_batch) override;
+  void begin_pass(GraphPassShape shape) override;
   void set_graphs_enabled(bool enabled) override { graphs_.enabled = enabled; }
   void set_max_sequence_tokens(int64_t tokens) override { max_sequence_tokens_ = tokens; }
   int64_t graph_bytes() const override { return graphs_.bytes(); }

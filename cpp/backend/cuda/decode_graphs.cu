@@ -32,23 +32,24 @@ void discard_capture(cudaStream_t stream) {
 }  // namespace
 
 DecodeGraphs::~DecodeGraphs() {
-  for (Batch& b : batches_)
+  for (auto& [shape, b] : batches_)
     if (b.exec) cudaGraphExecDestroy(b.exec);
   if (launch_start_) cudaEventDestroy(launch_start_);
   if (launch_end_) cudaEventDestroy(launch_end_);
 }
 
-DecodeGraphs::Mode DecodeGraphs::begin(cudaStream_t stream, int32_t batch, uint64_t epoch) {
+DecodeGraphs::Mode DecodeGraphs::begin(cudaStream_t stream, GraphPassShape shape, uint64_t epoch) {
   mode_ = Mode::eager;
-  batch_ = 0;
-  warming_ = 0;
-  if (!enabled || batch <= 0 || size_t(batch) >= batches_.size()) return mode_;
-  Batch& b = batches_[size_t(batch)];
+  batch_ = {};
+  warming_ = {};
+  if (!enabled || shape.lanes <= 0 || shape.lanes > max_batch_ || shape.rows < 1 || shape.rows > max_rows_)
+    return mode_;
+  Batch& b = batches_[shape];
   if (!b.warm) {
-    warming_ = batch;  // warm once this pass reaches launch(); one that throws leaves the batch cold
+    warming_ = shape;  // warm once this pass reaches launch(); one that throws leaves the shape cold
     return mode_;
   }
-  batch_ = batch;
+  batch_ = shape;
   epoch_at_begin_ = epoch;
   started_ = std::chrono::steady_clock::now();
   mode_ = b.exec && b.replayable && b.epoch == epoch ? Mode::replay : Mode::capture;
@@ -80,10 +81,10 @@ void DecodeGraphs::install(cudaStream_t stream, Batch& b, cudaGraph_t graph) {
 
 void DecodeGraphs::launch(cudaStream_t stream, const StepTables& tables, uint64_t epoch) {
   if (mode_ == Mode::eager) {
-    if (warming_) batches_[size_t(std::exchange(warming_, 0))].warm = true;
+    if (warming_.lanes > 0) batches_[std::exchange(warming_, GraphPassShape{})].warm = true;
     return;
   }
-  Batch& b = batches_[size_t(batch_)];
+  Batch& b = batches_[batch_];
   const Mode mode = mode_;
   mode_ = Mode::eager;  // the pass is over whatever happens below
   cudaGraph_t graph = nullptr;
@@ -103,7 +104,8 @@ void DecodeGraphs::launch(cudaStream_t stream, const StepTables& tables, uint64_
     b.layout = tables.layout();
   } else if (epoch != epoch_at_begin_ || tables.layout() != b.layout) {
     b.replayable = false;
-    throw EngineError(std::string("CUDA decode graph of batch ") + std::to_string(batch_) + ": the replayed pass " +
+    throw EngineError(std::string("CUDA decode graph of ") + std::to_string(batch_.lanes) + " lanes x " +
+                      std::to_string(batch_.rows) + " rows: the replayed pass " +
                       (epoch != epoch_at_begin_ ? "allocated device memory" : "wrote other step tables") +
                       " than its capture (a bug: the graph would read the wrong addresses)");
   }
@@ -141,14 +143,14 @@ void DecodeGraphs::collect_timing() {
 void DecodeGraphs::abandon(cudaStream_t stream) {
   discard_capture(stream);
   cudaGetLastError();
-  if (mode_ == Mode::capture) batches_[size_t(batch_)].replayable = false;
+  if (mode_ == Mode::capture) batches_[batch_].replayable = false;
   mode_ = Mode::eager;
-  warming_ = 0;
+  warming_ = {};
 }
 
 int32_t DecodeGraphs::captured() const {
   int32_t n = 0;
-  for (const Batch& b : batches_) n += b.exec != nullptr;
+  for (const auto& [shape, b] : batches_) n += b.exec != nullptr;
   return n;
 }
 

@@ -1,7 +1,8 @@
-// Exact-batch CUDA graphs of the decode pass: one executable graph per batch size (1..max lanes), captured once
-// and then replayed step after step.
+// Exact-shape CUDA graphs of the decode pass: one executable graph per pass shape (GraphPassShape: lanes 1..max,
+// and rows per lane: 1 for plain decode steps, K + 1 for an MTP verify pass), captured once and then replayed step
+// after step.
 //
-// A decode pass of batch B goes through three modes:
+// A decode pass of shape B goes through three modes:
 //   - eager: B's first pass (the warm-up). It makes every weight constant resident and grows the activation
 //     buffers, neither of which may happen inside a capture.
 //   - capture: B's second pass, or the first after any device buffer was allocated or freed (the allocation
@@ -21,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <vector>
 
@@ -33,20 +35,21 @@ class DecodeGraphs {
  public:
   enum class Mode { eager, capture, replay };
 
-  explicit DecodeGraphs(int32_t max_batch = 64) : batches_(size_t(max_batch) + 1) {}
+  explicit DecodeGraphs(int32_t max_batch = 64, int32_t max_rows = 8) : max_batch_(max_batch), max_rows_(max_rows) {}
   ~DecodeGraphs();
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
 
-  // Starts a pass of `batch` lanes (0: not a decode batch) and says how it runs; `epoch` is
+  // Starts a pass of `shape` (lanes 0: not a decode pass) and says how it runs; `epoch` is
   // device_allocation_epoch() now. The stream must be idle (nothing queued reads the step tables).
-  Mode begin(cudaStream_t stream, int32_t batch, uint64_t epoch);
+  Mode begin(cudaStream_t stream, GraphPassShape shape, uint64_t epoch);
   Mode mode() const { return mode_; }
   // Whether the pass's ops write their tables without launching kernels (a replay).
   bool tables_only() const { return mode_ == Mode::replay; }
   // Whether the pass's tables must keep the layout fixed for its batch (capture and replay).
   bool fixed_layout() const { return mode_ != Mode::eager; }
-  int32_t batch() const { return batch_; }
+  // The shape of the captured or replayed pass (lanes 0 in an eager one).
+  GraphPassShape shape() const { return batch_; }
   // Ends a captured or replayed pass: copies `tables` to the device and launches the batch's graph. Nothing
   // for an eager pass. Throws EngineError when a replay's tables or buffers differ from the capture's.
   void launch(cudaStream_t stream, const StepTables& tables, uint64_t epoch);
@@ -74,10 +77,11 @@ class DecodeGraphs {
   void install(cudaStream_t stream, Batch& b, cudaGraph_t graph);
   void launch_timed(cudaStream_t stream, cudaGraphExec_t exec);
 
-  std::vector<Batch> batches_;
+  int32_t max_batch_, max_rows_;
+  std::map<GraphPassShape, Batch> batches_;  // (a map: its entries stay where they are as others are added)
   Mode mode_ = Mode::eager;
-  int32_t batch_ = 0;
-  int32_t warming_ = 0;  // the batch whose warm-up pass is running (0: none)
+  GraphPassShape batch_;
+  GraphPassShape warming_;  // the shape whose warm-up pass is running (lanes 0: none)
   uint64_t epoch_at_begin_ = 0;
   int64_t bytes_ = 0;
   GraphPassTimings timings_;

@@ -25,52 +25,61 @@ __global__ void __launch_bounds__(kColumnsPerBlock * kRowSplits) gdn_decode_kern
   const int column = blockIdx.y * kColumnsPerBlock + lane;
   const int Dv = a.value_head_dim;
   const int key_head = head / (a.num_value_heads / a.num_key_heads);
+  const GdnDecodeRun run = a.runs ? a.runs[seq] : GdnDecodeRun{seq, 1, 0};
 
   __shared__ float k_shared[DK], q_shared[DK], partial[kRowSplits][kColumnsPerBlock];
-  const float* k = a.k + (int64_t(seq) * a.num_key_heads + key_head) * DK;
-  const float* q = a.q + (int64_t(seq) * a.num_key_heads + key_head) * DK;
-  for (int i = threadIdx.x; i < DK; i += blockDim.x) {
-    k_shared[i] = k[i];
-    q_shared[i] = q[i];
-  }
   const bool active = column < Dv;
-  const int64_t seq_head = int64_t(seq) * a.num_value_heads + head;
-  float* state = a.states[seq] + int64_t(head) * DK * Dv + int64_t(part) * kRows * Dv + column;
+  const int64_t offset = int64_t(head) * DK * Dv + int64_t(part) * kRows * Dv + column;
+  const float* state_in = a.states[seq] + offset;
   float s[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) s[r] = active ? state[int64_t(r) * Dv] : 0.0f;
-  const float decay = __expf(a.g[seq_head]);
-  const float beta = a.beta[seq_head];
-  const float v = active ? a.v[seq_head * Dv + column] : 0.0f;
-  __syncthreads();  // k, q in shared memory
+  for (int r = 0; r < kRows; ++r) s[r] = active ? state_in[int64_t(r) * Dv] : 0.0f;
 
-  float prediction = 0.0f;  // this warp's rows of (S^T k), before the decay
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) prediction = fmaf(s[r], k_shared[part * kRows + r], prediction);
-  partial[part][lane] = prediction;
-  __syncthreads();
-  prediction = partial[0][lane];
-#pragma unroll
-  for (int p = 1; p < kRowSplits; ++p) prediction += partial[p][lane];
-  const float delta = beta * (v - decay * prediction);
+  // The run's steps one after another, the state in registers between them.
+  for (int t = 0; t < run.n; ++t) {
+    const int64_t row = run.row0 + t;
+    if (t > 0) __syncthreads();  // every warp is done with the previous step's k, q and partials
+    const float* k = a.k + (row * a.num_key_heads + key_head) * DK;
+    const float* q = a.q + (row * a.num_key_heads + key_head) * DK;
+    for (int i = threadIdx.x; i < DK; i += blockDim.x) {
+      k_shared[i] = k[i];
+      q_shared[i] = q[i];
+    }
+    const int64_t row_head = row * a.num_value_heads + head;
+    const float decay = __expf(a.g[row_head]);
+    const float beta = a.beta[row_head];
+    const float v = active ? a.v[row_head * Dv + column] : 0.0f;
+    __syncthreads();  // k, q in shared memory
 
-  float o = 0.0f;
+    float prediction = 0.0f;  // this warp's rows of (S^T k), before the decay
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    s[r] = fmaf(k_shared[part * kRows + r], delta, s[r] * decay);
-    o = fmaf(s[r], q_shared[part * kRows + r], o);
-  }
-  if (active) {
+    for (int r = 0; r < kRows; ++r) prediction = fmaf(s[r], k_shared[part * kRows + r], prediction);
+    partial[part][lane] = prediction;
+    __syncthreads();
+    prediction = partial[0][lane];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) state[int64_t(r) * Dv] = s[r];
-  }
-  __syncthreads();  // every warp has read the predictions
-  partial[part][lane] = o;
-  __syncthreads();
-  if (part == 0 && active) {
+    for (int p = 1; p < kRowSplits; ++p) prediction += partial[p][lane];
+    const float delta = beta * (v - decay * prediction);
+
+    float o = 0.0f;
 #pragma unroll
-    for (int p = 1; p < kRowSplits; ++p) o += partial[p][lane];
-    a.out[seq_head * Dv + column] = o;
+    for (int r = 0; r < kRows; ++r) {
+      s[r] = fmaf(k_shared[part * kRows + r], delta, s[r] * decay);
+      o = fmaf(s[r], q_shared[part * kRows + r], o);
+    }
+    if (active) {
+      float* state_out = (a.runs ? a.step_states[run.out_first + t] : a.states[seq]) + offset;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) state_out[int64_t(r) * Dv] = s[r];
+    }
+    __syncthreads();  // every warp has read the predictions
+    partial[part][lane] = o;
+    __syncthreads();
+    if (part == 0 && active) {
+#pragma unroll
+      for (int p = 1; p < kRowSplits; ++p) o += partial[p][lane];
+      a.out[row_head * Dv + column] = o;
+    }
   }
 }
 

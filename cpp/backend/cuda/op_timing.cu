@@ -110,8 +110,8 @@ class TimedCudaBackend final : public CudaBackend {
  public:
   explicit TimedCudaBackend(int device) : CudaBackend(device), timer_(stream()) {}
 
-  void begin_pass(int32_t decode_batch) override {
-    CudaBackend::begin_pass(decode_batch);  // the stream has finished the previous pass's ops
+  void begin_pass(GraphPassShape shape) override {
+    CudaBackend::begin_pass(shape);  // the stream has finished the previous pass's ops
     timer_.collect();
   }
   std::vector<OpTime> op_times() const override { return timer_.totals(); }

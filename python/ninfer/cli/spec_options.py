@@ -17,7 +17,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser | Any) -> None:
     parser.add_argument(
         "--spec", choices=SPEC_METHODS, default="none",
         help="speculative decoding: mtp = the model's MTP head drafts tokens the model then verifies in one pass; "
-        "lossless (the same tokens as without; docs/speculative-decoding.md); CPU backend only for now "
+        "lossless (the same tokens as without; docs/speculative-decoding.md); CPU and CUDA backends "
         "(default none)",
     )
     parser.add_argument(

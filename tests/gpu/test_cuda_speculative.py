@@ -1,0 +1,206 @@
+"""MTP speculative decoding on the CUDA backend (docs/speculative-decoding.md).
+
+- The ops: a verify pass hands the Gated DeltaNet ops chains of one-row sequences, each continuing from the state
+  slot the one before writes (SequenceRows::source_slot). The fast kernels run a chain in one launch (the state in
+  registers between rows); the slow twins ("cuda-reference") and the CPU backend copy each row's source first and
+  run the rows in order. All three agree, on fresh random inputs with prefill and plain decode rows in the same call.
+- The model: a verify pass's rows are plain decode steps within the backend's bound, and the state it keeps is the
+  decoded sequence's.
+- The engine: greedy output with --spec mtp is token for token plain decoding for K = 1..5, dense and MoE, three
+  lanes, prompts ending on and off 64-token pages; seeded sampling too (verify rows drawn by the device sampler with
+  the counter and history plain decoding has there); verify passes replayed as CUDA graphs equal eager ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import agreeing_mtp
+import numpy as np
+import pytest
+from ninfer import _engine
+from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+from test_cuda_backend import GDN_TF32_REL, assert_close, assert_gdn_rule_close, gdn_rule_inputs
+
+pytestmark = pytest.mark.gpu
+
+MAX_CONTEXT = 512
+
+
+def _chain_layout(rng: np.random.Generator, lanes: int) -> tuple[list[int], list[int], list[int], int]:
+    """(ns, slots, sources, slot count) of one call: a prefill sequence, then per lane a plain decode row and a
+    verify chain of 2..6 rows (row 0 continues from the lane's own slot, row t from row t - 1's), in a shuffled
+    slot order so that no layout happens to be the identity."""
+    free = list(rng.permutation(64))
+    ns, slots, sources = [int(rng.integers(2, 40))], [free.pop()], [-1]
+    for _ in range(lanes):
+        ns.append(1)
+        slots.append(free.pop())
+        sources.append(-1)
+        source = free.pop()  # the lane's slot: read, never written
+        for _ in range(int(rng.integers(2, 7))):
+            ns.append(1)
+            slots.append(free.pop())
+            sources.append(source)
+            source = slots[-1]
+    return ns, slots, sources, 64
+
+
+@pytest.mark.parametrize("shape", [(16, 48, 128, 128), (2, 4, 32, 16)], ids=["27b", "tiny"])
+def test_verify_chains_in_the_delta_rule_match_the_twins(shape):
+    hk, hv, dk, dv = shape
+    rng = np.random.default_rng()
+    ns, slots, sources, count = _chain_layout(rng, lanes=2)
+    q, k, v, g, beta, _ = gdn_rule_inputs(hk, hv, dk, dv, ns)
+    states = (rng.standard_normal((count, hv * dk * dv)) * 0.1).astype(np.float32)
+    runs = {name: _engine.cuda.Ops(name).gdn_rule(q, k, v, g, beta, ns, slots, hk, hv, dk, dv, 64, states, sources)
+            for name in ("cuda", "cuda-reference", "cpu")}
+    # The prefill sequence takes the chunked form (its tensor-core scan from dk 64 on): the tf32 bound for it.
+    rel = GDN_TF32_REL if dk >= 64 else 2e-4
+    assert_gdn_rule_close(runs["cuda"], runs["cpu"], "verify chains, fast vs cpu", rel)
+    assert_gdn_rule_close(runs["cuda-reference"], runs["cpu"], "verify chains, twin vs cpu")
+    # The chains' rows alone are decode steps: the f32 bound, against the twin.
+    chain_rows = np.arange(ns[0], sum(ns))
+    fast_out, twin_out = runs["cuda"][0][chain_rows], runs["cuda-reference"][0][chain_rows]
+    assert_close(fast_out, twin_out, 0, "chain rows", atol=2e-4 * np.abs(twin_out).max())
+    # Every source slot is read only: each chain's lane slot keeps its input state.
+    lane_slots = [s for s, prev in zip(sources, [-1, *slots[:-1]], strict=True) if s >= 0 and s != prev]
+    np.testing.assert_array_equal(runs["cuda"][1][lane_slots], states[lane_slots])
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["conv", "conv_qkv"])
+def test_verify_chains_in_the_causal_conv_match_the_twins(fused):
+    hk, hv, dk, dv, kernel = 2, 4, 32, 16, 4
+    channels = 2 * hk * dk + hv * dv
+    rng = np.random.default_rng()
+    ns, slots, sources, count = _chain_layout(rng, lanes=3)
+    mixed = rng.standard_normal((sum(ns), channels)).astype(np.float32)
+    w = rng.standard_normal((channels, kernel)).astype(np.float32)
+    states = rng.standard_normal((count, channels * (kernel - 1))).astype(np.float32)
+    runs = {}
+    for name in ("cuda", "cuda-reference", "cpu"):
+        ops = _engine.cuda.Ops(name)
+        if fused:
+            runs[name] = ops.gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, dk ** -0.5, states, sources)
+        else:
+            runs[name] = ops.gdn_conv(mixed, ns, slots, channels, w, kernel, states, sources)
+    for name in ("cuda", "cuda-reference"):
+        for got, want in zip(runs[name], runs["cpu"], strict=True):
+            assert_close(np.asarray(got), np.asarray(want), 0, f"{name} conv", atol=1e-5 * np.abs(want).max())
+
+
+@pytest.fixture(scope="session")
+def artifacts(tiny_artifacts, tmp_path_factory, tiny_qwen3_5) -> dict[str, Path]:
+    """The tiny dense and MoE artifacts, and the dense one with an agreeing MTP head (tests/agreeing_mtp.py: whole
+    rounds accepted) and with 5 % of its Gated DeltaNet output kept (rounds stop anywhere)."""
+    folder = tmp_path_factory.mktemp("agreeing")
+    return {"dense": tiny_artifacts["qwen3_5"], "moe": tiny_artifacts["qwen3_5_moe"],
+            "agreeing": agreeing_mtp.agreeing_artifact(folder, tiny_qwen3_5),
+            "partly": agreeing_mtp.agreeing_artifact(folder, tiny_qwen3_5, gdn_scale=0.05)}
+
+
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_a_verify_pass_is_decode_steps_row_for_row(artifacts, model):
+    """Every verify row's logits are the decode step's within the CUDA backend's bound (different row counts take
+    different GEMV tiles: f32 sums in another order), and the state kept after row `keep` continues as the decoded
+    sequence's does."""
+    rng = np.random.default_rng()
+    m = _engine.Model.open(str(artifacts[model]), max_context=256, max_sequences=12, kv_dtype="f32", backend="cuda")
+    vocab = m.config["vocab_size"]
+    prompt = rng.integers(0, vocab, size=int(rng.integers(1, 130))).astype(np.int32)
+    rows = rng.integers(0, vocab, size=int(rng.integers(2, 7))).astype(np.int32)
+    keep = int(rng.integers(0, len(rows)))
+    after = int(rng.integers(0, vocab))
+    verified, decoded, kept = m.new_sequence(), m.new_sequence(), m.new_sequence()
+    for seq in (verified, decoded, kept):
+        m.prefill(seq, prompt)
+    logits = np.asarray(m.verify(verified, rows, keep))
+    steps = np.concatenate([np.asarray(m.decode(decoded, int(t))) for t in rows])
+    assert_close(logits, steps, 0, "verify rows vs decode steps", atol=1e-3 * np.abs(steps).max())
+    for t in rows[:keep + 1]:
+        m.decode(kept, int(t))
+    a, b = np.asarray(m.decode(verified, after)), np.asarray(m.decode(kept, after))
+    assert_close(a, b, 0, "after the kept row", atol=1e-3 * np.abs(b).max())
+    for seq in (verified, decoded, kept):
+        m.release(seq)
+
+
+def _options(k: int, **kw) -> EngineOptions:
+    spec = {"spec": "mtp", "draft_tokens": k} if k else {}
+    # The prefill GEMM's f32 twin: its fast paths round activations to bf16, and a pass of more than 8 rows (three
+    # lanes verifying three drafts each) takes it, so the verify rows would differ from decode steps by that.
+    base = {"backend": "cuda", "max_context": MAX_CONTEXT, "max_concurrency": 3, "kv_dtype": "f32",
+            "cuda_gemm": "twin"}
+    return EngineOptions(**(base | spec | kw))
+
+
+def _run(artifact: Path, options: EngineOptions, prompts, new_tokens: int, **sampling):
+    async def one(engine, prompt):
+        tokens, logprobs, last = [], [], None
+        request = Request(prompt, SamplingParams(**sampling), max_new_tokens=new_tokens, stop_token_ids=(),
+                          logprobs=True)
+        async for ev in engine.generate(request):
+            tokens += ev.token_ids
+            logprobs += ev.logprobs or ()
+            last = ev
+        return tokens, logprobs, last
+
+    async def everything(engine):
+        return await asyncio.gather(*(one(engine, p) for p in prompts))
+
+    with Engine.open_sync(artifact, options) as engine:
+        results = asyncio.run(everything(engine))
+        return results, engine.stats(), engine.memory_plan()
+
+
+def _prompts(rng: np.random.Generator, vocab: int, lengths) -> list[list[int]]:
+    return [rng.integers(0, vocab, size=n).tolist() for n in lengths]
+
+
+def _vocab(artifact: Path) -> int:
+    return _engine.Model.open(str(artifact), max_context=64).config["vocab_size"]
+
+
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_greedy_output_is_plain_decoding_for_every_draft_count(artifacts, model):
+    rng = np.random.default_rng()
+    prompts = _prompts(rng, _vocab(artifacts[model]), (64, 63, 129))  # on, before and after a page boundary
+    plain, _, _ = _run(artifacts[model], _options(0), prompts, 20, temperature=0)
+    for k in range(1, 6):
+        spec, stats, _ = _run(artifacts[model], _options(k), prompts, 20, temperature=0)
+        assert [r[0] for r in spec] == [r[0] for r in plain], f"K = {k}"
+        assert stats.draft_tokens > 0
+        for (_, lp_plain, _), (_, lp_spec, last) in zip(plain, spec, strict=True):
+            np.testing.assert_allclose(lp_spec, lp_plain, rtol=0, atol=2e-3)
+            assert last.timings.draft_n > 0
+
+
+@pytest.mark.parametrize("artifact", ["agreeing", "partly"])
+def test_accepted_runs_keep_the_state_of_their_last_row(artifacts, artifact):
+    """With drafts accepted (all of them, or some), greedy and seeded-sampled output equal plain decoding's: the
+    kept state is the last accepted row's and sampled verify rows are the draws plain decoding makes there."""
+    rng = np.random.default_rng()
+    prompts = _prompts(rng, _vocab(artifacts[artifact]), (30, 64, 90))
+    seed = int(rng.integers(1 << 30))
+    for sampling in ({"temperature": 0}, {"temperature": 0.8, "top_k": 20, "top_p": 0.95, "seed": seed,
+                                          "presence_penalty": 0.3}):
+        plain, _, _ = _run(artifacts[artifact], _options(0), prompts, 40, **sampling)
+        for k in (2, 5):
+            spec, stats, _ = _run(artifacts[artifact], _options(k), prompts, 40, **sampling)
+            assert [r[0] for r in spec] == [r[0] for r in plain], f"K = {k}, {sampling}"
+            assert stats.draft_tokens_accepted > 0
+            if artifact == "agreeing" and sampling["temperature"] == 0:
+                assert stats.draft_tokens_accepted >= 0.9 * stats.draft_tokens
+
+
+def test_verify_passes_replayed_as_graphs_equal_eager_passes(artifacts):
+    rng = np.random.default_rng()
+    prompts = _prompts(rng, _vocab(artifacts["partly"]), (20, 64, 100))
+    graphs, _, plan = _run(artifacts["partly"], _options(3), prompts, 40, temperature=0)
+    eager, _, eager_plan = _run(artifacts["partly"], _options(3, cuda_graphs=False), prompts, 40, temperature=0)
+    # Same kernels on the same data: the same tokens and bit-identical logprobs.
+    assert [r[:2] for r in graphs] == [r[:2] for r in eager]
+    # Three lanes verifying 3 drafts each is one shape, (3 lanes, 4 rows); (2, 4) and (1, 4) once lanes end.
+    assert plan["graph_replays"] > 0 and plan["graphs_captured"] >= 1, plan
+    assert eager_plan["graph_replays"] == 0
