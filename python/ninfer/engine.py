@@ -89,6 +89,17 @@ class EngineOptions:
 # The sampler's stage names (llama.cpp's), and the order a request that names none runs them in.
 SAMPLER_STAGES: tuple[str, ...] = tuple(_engine.SamplerStage.__members__)
 DEFAULT_SAMPLER_ORDER: tuple[str, ...] = tuple(stage.name for stage in _engine.sampler_default_order())
+# llama.cpp's other spellings of the stage names (common_sampler_types_from_names).
+SAMPLER_ALIASES = {"nucleus": "top_p", "top-p": "top_p", "top-k": "top_k", "typical_p": "typ_p", "typical": "typ_p",
+                   "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p", "temp": "temperature",
+                   "top-n-sigma": "top_n_sigma"}
+
+
+def sampler_stages(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """llama.cpp's sampler names (a request's `samplers`, a GGUF file's general.sampling.sequence) as stage names,
+    and the names among them that the sampler has no stage for."""
+    order = [SAMPLER_ALIASES.get(n, n) for n in names]
+    return order, [n for n, stage in zip(names, order, strict=True) if stage not in SAMPLER_STAGES]
 
 
 @dataclass(frozen=True)
