@@ -2,6 +2,8 @@
 # python/ninfer/serve/webui/pin.json names the llama-cpp-python sdist and its sha256; the UI source is
 # vendor/llama.cpp/tools/ui inside it, and its lockfile pins every npm package by `resolved` URL and `integrity`,
 # so importNpmLock fetches them without an npmDepsHash.
+# ninfer's patches to that source (python/ninfer/serve/webui/patches/*.patch, in name order, as `make webui` applies
+# them) are applied before the build.
 # `ninfer-serve --webui-dir ${webui}` serves it (the NixOS module can pass that flag through extraFlags).
 #
 # Note: importNpmLock reads the lockfile of the unpacked sdist, an import-from-derivation; it cannot be built or
@@ -16,6 +18,10 @@
 }:
 let
   pin = builtins.fromJSON (builtins.readFile ../python/ninfer/serve/webui/pin.json);
+  patchDir = ../python/ninfer/serve/webui/patches;
+  patchNames = lib.sort lib.lessThan (
+    lib.filter (lib.hasSuffix ".patch") (builtins.attrNames (builtins.readDir patchDir))
+  );
 
   sdist = fetchPypi {
     pname = "llama_cpp_python";
@@ -37,6 +43,7 @@ buildNpmPackage {
   pname = "llama-ui";
   inherit (pin) version;
   src = uiSource;
+  patches = map (name: patchDir + "/${name}") patchNames;
   inherit nodejs;
   npmDeps = importNpmLock { npmRoot = uiSource; };
   npmConfigHook = importNpmLock.npmConfigHook;

@@ -53,6 +53,7 @@ class LiveServer:
     app: Any
     engine: Engine | None = None  # the one-model servers: the engine itself, for direct calls and stats
     model_id: str | None = None
+    loop: asyncio.AbstractEventLoop | None = None  # serve_router's: the server's event loop, to run its coroutines
 
 
 def artifact_for(pytestconfig: pytest.Config, src: Path) -> Path:
@@ -113,14 +114,15 @@ def serve_parsed_config(parsed: RouterConfig, *, webui_dir: str | None = None, p
                         open_engine: OpenEngine = Engine.open,
                         api_keys: frozenset[str] = frozenset()) -> Iterator[LiveServer]:
     """A router over a config as ninfer-serve builds it (e.g. `ninfer.cli.serve._router_config` of its arguments)."""
-    holder: dict[str, ModelRouter] = {}
+    holder: dict[str, Any] = {}
 
     async def open_router() -> ModelRouter:
         holder["router"] = ModelRouter(parsed, open_engine=open_engine)
+        holder["loop"] = asyncio.get_running_loop()
         return holder["router"]
 
     with _serve(open_router, webui_dir=webui_dir, port=port, api_keys=api_keys) as (url, app):
-        yield LiveServer(url, holder["router"], app)
+        yield LiveServer(url, holder["router"], app, loop=holder["loop"])
 
 
 @contextlib.contextmanager

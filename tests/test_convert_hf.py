@@ -128,7 +128,7 @@ def test_qwen35_config_and_frontend(tiny_qwen3_5, tmp_path):
     assert config["eos_token_ids"] == [248046, 248044] and config["bos_token_id"] is None
     assert frontend["special_tokens"] == {"bos": None, "eos": [248046, 248044], "pad": 248044}
     assert frontend["chat_templates"] == {"default": load_chat_template("qwen3_5")}
-    assert frontend["generation_defaults"] == {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 20}
+    assert frontend["generation_defaults"] == {"temperature": 1.0, "top_p": 0.95, "top_k": 20}  # do_sample: not carried
     assert frontend["preprocessing"]["image"]["patch_size"] == 4
     from tokenizers import Tokenizer
 

@@ -3,11 +3,13 @@
     python webui/build_llama_ui.py [--dest DIR] [--work DIR]
 
 Steps, each checked: `pip download` the exact sdist named in python/ninfer/serve/webui/pin.json (`--no-binary :all:
---no-deps`), verify its size and sha256, extract only the UI folder, check that its lockfile pins every package by
-`resolved` URL and `integrity` hash (what Nix's importNpmLock needs) and holds the pin's `lockfile_entries` packages
-(the count goes into the bundle as LOCKFILE_RECORD), `npm ci && npm run build` there, and copy `dist/` to DEST
-(default: the user cache, see ninfer.serve.webui_bundle). A bundle already installed for this pin, with its
-LOCKFILE_RECORD, is kept: the build runs once per pin. A check that fails stops the build with a message saying what
+--no-deps`), verify its size and sha256, extract only the UI folder, apply ninfer's patches to it
+(python/ninfer/serve/webui/patches/*.patch, in name order, each of which must apply cleanly), check that its
+lockfile pins every package by `resolved` URL and `integrity` hash (what Nix's importNpmLock needs) and holds the
+pin's `lockfile_entries` packages (the count goes into the bundle as LOCKFILE_RECORD), `npm ci && npm run build`
+there, and copy `dist/` to DEST (default: the user cache, see ninfer.serve.webui_bundle, whose folder name carries
+the pin and the patches' digest). A bundle already installed there, with its LOCKFILE_RECORD, is kept: the build
+runs once per pin and patch set. A check that fails stops the build with a message saying what
 it found and what the pin says (tests/packaging/test_build_llama_ui.py)."""
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "python"))  # run from a checkout without installing
 
-from ninfer.serve.webui_bundle import PIN, bundle_dir  # noqa: E402
+from ninfer.serve.webui_bundle import PIN, bundle_dir, ui_patches  # noqa: E402
 
 
 def _sha256(path: Path) -> str:
@@ -73,6 +75,19 @@ def extract_ui(sdist: Path, work: Path, ui_dir: str) -> Path:
     return work / "src" / prefix
 
 
+def apply_patches(ui: Path, patches: list[Path]) -> None:
+    """Applies each patch to the extracted UI (`patch -p1`); refuses the build at the first that does not apply
+    cleanly (no fuzz, no reversed or already-applied hunks), naming it and what `patch` said."""
+    if patches and shutil.which("patch") is None:
+        raise BuildRefused("`patch` is not installed: install Debian's `patch` package, then run `make webui` again")
+    for patch in patches:
+        done = subprocess.run(["patch", "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch",
+                               "-i", str(patch)], check=False, cwd=ui, capture_output=True, text=True)
+        if done.returncode != 0:
+            said = " ".join((done.stdout + done.stderr).split())
+            raise BuildRefused(f"{patch.name} does not apply to the pinned UI source: {said}")
+
+
 LOCKFILE_RECORD = "ninfer-lockfile.json"
 
 
@@ -111,6 +126,7 @@ def build_bundle(dest: Path, work: Path) -> None:
     """Fetches, checks and builds the pin in `work`, then installs `dist/` at `dest` (an atomic rename)."""
     require_npm()
     ui = extract_ui(verify_sdist(download_sdist(work), PIN["size"], PIN["sha256"]), work, PIN["ui_dir"])
+    apply_patches(ui, ui_patches())
     record = check_lockfile(ui, PIN["lockfile_entries"])
     dist = build(ui)
     (dist / LOCKFILE_RECORD).write_text(json.dumps(record))
@@ -132,7 +148,8 @@ def main() -> int:
     args = parser.parse_args()
     # A bundle without the lockfile record was built before that check existed: build it again.
     if (args.dest / "index.html").is_file() and (args.dest / LOCKFILE_RECORD).is_file():
-        print(f"build_llama_ui: {args.dest} is already built for llama-cpp-python {PIN['version']}", file=sys.stderr)
+        print(f"build_llama_ui: {args.dest} is already built for llama-cpp-python {PIN['version']} and these "
+              "patches", file=sys.stderr)
         return 0
     with tempfile.TemporaryDirectory(prefix="llama-ui-") as tmp:
         work = args.work or Path(tmp)

@@ -91,6 +91,17 @@ class EngineOptions:
 # The sampler's stage names (llama.cpp's), and the order a request that names none runs them in.
 SAMPLER_STAGES: tuple[str, ...] = tuple(_engine.SamplerStage.__members__)
 DEFAULT_SAMPLER_ORDER: tuple[str, ...] = tuple(stage.name for stage in _engine.sampler_default_order())
+# llama.cpp's other spellings of the stage names (common_sampler_types_from_names).
+SAMPLER_ALIASES = {"nucleus": "top_p", "top-p": "top_p", "top-k": "top_k", "typical_p": "typ_p", "typical": "typ_p",
+                   "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p", "temp": "temperature",
+                   "top-n-sigma": "top_n_sigma"}
+
+
+def sampler_stages(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """llama.cpp's sampler names (a request's `samplers`, a GGUF file's general.sampling.sequence) as stage names,
+    and the names among them that the sampler has no stage for."""
+    order = [SAMPLER_ALIASES.get(n, n) for n in names]
+    return order, [n for n, stage in zip(names, order, strict=True) if stage not in SAMPLER_STAGES]
 
 
 @dataclass(frozen=True)
@@ -429,6 +440,11 @@ class GenerationObserver(Protocol):
 
     def ended(self) -> None: ...  # the stream is closed, finished or not, or the submit was refused
 
+    # The engine let go of the request: its lane (or queue place) and KV are free, as engine.stats() counts them.
+    # After its last event was read, at once; for a stream closed early, when the cancel's final event arrives
+    # (later than `ended`, at the engine's next step); for a refused submit, with `ended`.
+    def released(self) -> None: ...
+
 
 class RequestStream:
     """The events of one submitted request (`Engine.submit`), in order; the last has `finish_reason`. An engine
@@ -442,6 +458,7 @@ class RequestStream:
         self._queue = queue
         self._observer = observer
         self._on_cancel_freed = on_cancel_freed
+        self._loop = asyncio.get_running_loop()  # where the observer is told `released`
         self._received = 0
         self._finished = False
         self._closed = False
@@ -454,6 +471,8 @@ class RequestStream:
             raise StopAsyncIteration
         ev = await self._queue.get()
         self._finished = ev.finish != "none"
+        if self._finished and self._observer is not None:
+            self._observer.released()
         if ev.finish == "error":
             error = _error(ev.error_type, ev.error_message)
             self._engine._report_failure(error, started=self._received > 0)
@@ -470,22 +489,43 @@ class RequestStream:
     def __del__(self) -> None:
         # A stream dropped unread (a response that never began reading it) must not leave its request running.
         if not (self._finished or self._closed):
-            self._engine.cancel(self.request_id)
+            self._cancel()
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._finished:
+            with self._engine._pump.lock:
+                self._engine._pump.routes.pop(self.request_id, None)
+        else:
+            self._cancel()
+        if self._observer is not None:
+            self._observer.ended()
+
+    def _cancel(self) -> None:
+        """Cancels the unfinished request. When its final event arrives (its lane is free then), the pump thread
+        calls `on_cancel_freed` and tells the observer `released`; at once, if it had ended already."""
         pump = self._engine._pump
         with pump.lock:
             pump.routes.pop(self.request_id, None)
-            if not self._finished and self._on_cancel_freed is not None:  # before the cancel, whose event may
-                pump.freed_watchers[self.request_id] = self._on_cancel_freed  # come at once
-        if not self._finished and not self._engine.cancel(self.request_id):
+            pump.freed_watchers[self.request_id] = self._cancel_freed  # before the cancel, whose event may come at once
+        if not self._engine.cancel(self.request_id):
             with pump.lock:  # it had ended already: no final event is coming
                 pump.freed_watchers.pop(self.request_id, None)
+            self._tell_released()
+
+    def _cancel_freed(self, at: float) -> None:
+        if self._on_cancel_freed is not None:
+            self._on_cancel_freed(at)
+        self._tell_released()
+
+    def _tell_released(self) -> None:
         if self._observer is not None:
-            self._observer.ended()
+            try:
+                self._loop.call_soon_threadsafe(self._observer.released)
+            except RuntimeError:  # its event loop is closed: nobody is watching any more
+                pass
 
 
 # The share of a load done after each of its steps, as `Engine(..., progress=)` reports it. The native loader has no
@@ -566,6 +606,7 @@ class Engine:
         except errors.NinferError as exc:
             self._report_failure(exc, started=False)
             if observer is not None:
+                observer.released()
                 observer.ended()
             raise
         if observer is not None:

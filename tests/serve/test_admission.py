@@ -22,6 +22,8 @@ from live_servers import (
     released_within_bound,
     wait_until,
 )
+from ninfer.engine import Request
+from ninfer.serve.calls import Activity
 
 LONG = 900  # tokens: longer than any test waits for (seconds of generation, even on an idle machine)
 
@@ -165,3 +167,55 @@ def test_a_disconnect_frees_its_lane_within_a_second(qwen35_server):
         freed_s = time.monotonic() - closed_at
     assert freed_s < RELEASE_BOUND_S, f"the lane was freed {freed_s:.3f} s after the client closed its socket"
     assert released_within_bound(qwen35_server, before)
+
+
+def test_slots_show_a_left_lane_busy_until_the_engine_frees_it(smollm2_server):
+    """Issue 18, item 9: /slots counts the lanes as the engine does (the count /metrics and the KV figures follow),
+    so a lane whose client left is shown busy until the engine frees it, never before. The client leaves while its
+    long prompt is being read (SmolLM2's forward pass over ~1,800 tokens, which a cancel cannot cut
+    short), so the engine
+    holds the lane for a while after the server saw the client go. Each /slots answer is taken between two
+    readings of the engine's count; the count only falls here (nothing else runs), so the busy lanes /slots shows
+    lie between the two: at most the first, at least the second."""
+    engine = smollm2_server.engine
+    samples: list[tuple[int, int, int]] = []
+
+    def sample() -> bool:
+        before = engine.stats().busy_lanes
+        shown = sum(slot["is_processing"] for slot in httpx.get(f"{smollm2_server.url}/slots", timeout=30).json())
+        after = engine.stats().busy_lanes
+        samples.append((before, shown, after))
+        return before == shown == after == 0
+
+    long_prompt = [{"role": "user", "content": "hello " * 1800}]
+    with httpx.Client(timeout=30) as http:
+        request = http.build_request("POST", f"{smollm2_server.url}/v1/chat/completions",
+                                     json={"messages": long_prompt, "max_tokens": LONG, "stream": True})
+        response = http.send(request, stream=True)
+        assert response.status_code == 200, response.read()
+        assert wait_until(lambda: engine.stats().busy_lanes == 1, pause=lambda: None)
+        response.close()  # while the prompt is read
+        assert wait_until(sample, pause=lambda: None), samples[-5:]
+    assert any(shown == 1 for _, shown, _ in samples), "the lane was free before the first look"
+    assert all(after <= shown <= before for before, shown, after in samples), [
+        s for s in samples if not s[2] <= s[1] <= s[0]]
+
+
+def test_an_activity_holds_its_lane_until_the_engines_final_event(qwen35_server):
+    """The observer's side of the test above: a stream closed early (the client left) is done for control at once
+    (its finish reason is `cancelled`), but it holds the engine until the cancel's final event arrives, which only
+    comes at the engine's next step, after the close; by then the engine's count is free."""
+    engine = qwen35_server.engine
+
+    async def leave_early() -> tuple[bool, str | None, int]:
+        activity = Activity(engine, n_prompt=3)
+        stream = engine.submit(Request(prompt_tokens=[9419, 220, 846], max_new_tokens=LONG), observer=activity)
+        await anext(stream)
+        await stream.aclose()
+        held_at_close = activity.holds_engine  # no await since the close: the final event cannot have been read
+        while activity.holds_engine:
+            await asyncio.sleep(0.001)
+        return held_at_close, activity.finish_reason, engine.stats().busy_lanes
+
+    held_at_close, reason, busy_after = asyncio.run(asyncio.wait_for(leave_early(), 30))
+    assert held_at_close and reason == "cancelled" and busy_after == 0

@@ -110,7 +110,7 @@ def _server_errors(operations: list) -> list[str]:
 
         try:
             no_server_error()
-        except Exception as exc:  # noqa: BLE001 - go on: one report naming every operation that failed
+        except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - go on: one report naming every operation that failed
             failures.append(f"{operation.method.upper()} {operation.path}: {str(exc)[:1500]}")
     return failures
 

@@ -20,6 +20,7 @@ from ninfer.artifact.convert import Source, SourceTensor, decoder_config, unsupp
 from ninfer.artifact.gguf_blocks import native_tensor
 from ninfer.artifact.gguf_file import ATTENTION_NAMES, TOP_NAMES, GGUFFile
 from ninfer.artifact.gguf_qwen35 import QWEN35_GGUF_ARCHS, map_tensors, qwen35_config, qwen35_source
+from ninfer.artifact.sampling_source import gguf_sampling_defaults
 from ninfer.artifact.tokenizer_build import gguf_tokenizer_json
 from ninfer.errors import ConversionError
 
@@ -46,6 +47,10 @@ def _required(reader, path: Path, key: str) -> object:
     if value is None:
         raise ConversionError(f"{path}: GGUF metadata lacks {key}")
     return value
+
+
+def _sampling(reader: GGUFFile, path: Path) -> dict:
+    return gguf_sampling_defaults(lambda key: _field(reader, key), str(path))
 
 
 def logical_name(name: str) -> str | None:
@@ -180,6 +185,7 @@ def _open_checked(path: Path) -> Source:
         tensors=tensors,
         tokenizer_json=_tokenizer(reader, path),
         chat_template=_field(reader, "tokenizer.chat_template"),
+        generation_defaults=_sampling(reader, path),
         special_tokens={"bos": bos_id, "eos": eos_ids, "pad": None if pad is None else int(pad)},
     )
 
@@ -198,4 +204,5 @@ def _open_qwen35(reader, path: Path, arch: str) -> Source:
     tensors = map_tensors(named, config, num_layers, path)
     return qwen35_source(path, arch, config, tensors, eos=_field(reader, "tokenizer.ggml.eos_token_id"),
                          pad=_field(reader, "tokenizer.ggml.padding_token_id"),
-                         tokenizer_json=_tokenizer(reader, path), chat_template=_field(reader, "tokenizer.chat_template"))
+                         tokenizer_json=_tokenizer(reader, path), chat_template=_field(reader, "tokenizer.chat_template"),
+                         generation_defaults=_sampling(reader, path))

@@ -267,11 +267,12 @@ def qwen35_config(arch: str, meta: Callable[[str, object], object], required: Ca
 
 
 def qwen35_source(path: Path, arch: str, config: dict, tensors: list[SourceTensor], eos: int | None,
-                  pad: int | None, tokenizer_json: str, chat_template: str | None) -> Source:
+                  pad: int | None, tokenizer_json: str, chat_template: str | None,
+                  generation_defaults: dict) -> Source:
     # As for HF sources: the family's tokenizer adds no BOS and a turn ends at <|im_end|> or <|endoftext|>.
     eos_ids = list(QWEN35_EOS) + ([int(eos)] if eos is not None and int(eos) not in QWEN35_EOS else [])
     pad_id = QWEN35_PAD if pad is None else int(pad)
     config.update(bos_token_id=None, eos_token_ids=eos_ids)
     return Source(kind="gguf", path=path.resolve(), architecture=arch, config=config, tensors=tensors,
-                  tokenizer_json=tokenizer_json, chat_template=chat_template,
+                  tokenizer_json=tokenizer_json, chat_template=chat_template, generation_defaults=generation_defaults,
                   special_tokens={"bos": None, "eos": eos_ids, "pad": pad_id})

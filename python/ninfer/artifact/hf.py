@@ -36,13 +36,11 @@ from ninfer.artifact.hf_nvfp4 import (
     stack_nvfp4,
 )
 from ninfer.artifact.hf_quantized import QuantizedLayout, QuantizedWeight
+from ninfer.artifact.sampling_source import hf_sampling_defaults
 from ninfer.errors import ConversionError
 
 # model_type of text-only Qwen3.5 checkpoints (what Qwen3_5ForCausalLM saves) -> the family's arch name.
 _QWEN35_TEXT_TYPES = {f"{arch}_text": arch for arch in QWEN35_FAMILY}  # a text-only checkpoint of each
-# Sampling fields of generation_config.json carried into frontend.generation_defaults.
-_GENERATION_KEYS = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                    "presence_penalty", "frequency_penalty")
 _IGNORED = re.compile(r"(.*\.)?rotary_emb\.inv_freq$")  # a buffer older llama checkpoints saved
 
 # Per-layer checkpoint names (after `layers.{i}.`) -> logical names (after `layers.{i}.`).
@@ -576,7 +574,7 @@ def open_hf_folder(folder: Path) -> Source:
         tensors=tensors,
         tokenizer_json=tokenizer.read_text(encoding="utf-8") if tokenizer.is_file() else None,
         chat_template=_chat_template(folder),
-        generation_defaults={k: generation[k] for k in _GENERATION_KEYS if k in generation},
+        generation_defaults=hf_sampling_defaults(generation, f"{folder}/generation_config.json"),
         preprocessing=preprocessing,
         special_tokens={"bos": bos, "eos": eos, "pad": pad},
     )

@@ -8,9 +8,10 @@ Layers, later ones winning:
    writes nonsense with small models).
 2. For the Qwen3.5 family (Qwen3.5 / 3.6 / 3.8 share the model card's advice): the card's recommended values for
    general tasks, in thinking and non-thinking mode.
-3. The artifact's own `generation_defaults` (the source's generation_config.json). For Qwen3.5 those are the
-   thinking-mode values, so a chat request with thinking off keeps the card's non-thinking ones (plain prompts count
-   as thinking mode: the artifact's values apply).
+3. The artifact's own `generation_defaults`, which `ninfer convert` took from its source (the HF checkpoint's
+   generation_config.json, a GGUF file's general.sampling.* keys, stage order included: ninfer.artifact.
+   sampling_source). For Qwen3.5 those are the thinking-mode values, so a chat request with thinking off keeps the
+   card's non-thinking ones (plain prompts count as thinking mode: the artifact's values apply).
 4. The router config's per-model `sampling` object.
 """
 
@@ -31,6 +32,8 @@ QWEN35_THINKING: dict[str, Any] = {"temperature": 1.0, "top_p": 0.95, "top_k": 2
 QWEN35_NON_THINKING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0}
 # What a router config's `sampling` may set: the numeric fields of SamplingParams (not the seed, breakers or order).
 OVERRIDABLE = tuple(f.name for f in fields(SamplingParams) if f.type in ("float", "int"))
+# What an artifact's generation_defaults may set: those and the stage order (a GGUF file's sequence).
+ARTIFACT_FIELDS = (*OVERRIDABLE, "order")
 
 
 def recommended_sampling(arch: str, artifact: Mapping[str, Any], override: Mapping[str, Any], *,
@@ -40,6 +43,6 @@ def recommended_sampling(arch: str, artifact: Mapping[str, Any], override: Mappi
     if qwen35:
         values.update(QWEN35_THINKING if thinking else QWEN35_NON_THINKING)
     if thinking or not qwen35:
-        values.update({k: v for k, v in artifact.items() if k in OVERRIDABLE})
+        values.update({k: v for k, v in artifact.items() if k in ARTIFACT_FIELDS})
     values.update(override)
-    return SamplingParams(**values)
+    return SamplingParams(**{**values, "order": tuple(values.get("order", ()))})

@@ -28,6 +28,14 @@ class Activity:
     finish_reason: str | None = None
     cancel_requested: bool = False
     reasoning: ReasoningControl | None = None  # armed by the request's reasoning_control
+    # The engine let go of it (GenerationObserver.released): a generation whose client left is done for control as
+    # soon as its stream closes, but it holds its lane and KV until the engine's step boundary frees them.
+    engine_released: bool = False
+
+    @property
+    def holds_engine(self) -> bool:
+        """Submitted and not yet let go by the engine: in a lane or queued, as engine.stats() counts it."""
+        return self.request_id is not None and not self.engine_released
 
     def cancel(self) -> bool:
         self.cancel_requested = True
@@ -47,6 +55,9 @@ class Activity:
     def ended(self) -> None:
         if self.finish_reason is None:
             self.finish_reason = "cancelled"
+
+    def released(self) -> None:
+        self.engine_released = True
 
 
 @dataclass(eq=False)
@@ -71,6 +82,10 @@ class Call:
     def cancel(self) -> int:
         """Cancels this request's running generations; returns how many were asked to stop."""
         return sum(g.cancel() for g in self.generations if g.finish_reason is None)
+
+    def holds_engine(self, engine: Engine | None) -> bool:
+        """Whether `engine` still holds one of this request's generations (Activity.holds_engine)."""
+        return any(g.holds_engine and g.engine is engine for g in self.generations)
 
     def reasoning_controls(self) -> list[ReasoningControl]:
         """The reasoning controls of this request's running generations (those sent with reasoning_control)."""

@@ -200,11 +200,13 @@ async def props(router: RouterDependency, model: FromQuery[str | None] = None,
 
 
 def slot_rows(router: ModelRouter, entry: ModelEntry) -> list[dict[str, Any]]:
+    """The lanes as the engine counts them (its busy lanes: the same figure /metrics and the KV counts follow), each
+    busy one shown with a generation the engine still holds (one whose client left stays until the engine frees
+    its lane)."""
     n_ctx = entry.spec.options.max_context
     lanes = entry.spec.options.max_concurrency
-    running = [(call, g) for call in entry.calls for g in call.generations
-               if g.finish_reason is None and g.request_id is not None]
     busy = router.resident_stats().busy_lanes if entry.served is not None else 0
+    running = [(call, g) for call in entry.lane_holders() for g in call.generations if g.holds_engine]
     slots = []
     for lane in range(lanes):
         call, gen = running[lane] if lane < min(busy, len(running)) else (None, None)

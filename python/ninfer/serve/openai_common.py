@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from ninfer.engine import SAMPLER_STAGES, SamplingParams
+from ninfer.engine import SAMPLER_STAGES, SamplingParams, sampler_stages
 from ninfer.errors import NinferError
 from ninfer.serve.errors import InvalidRequestError, describe, openai_body
 from ninfer.serve.fields import (
@@ -112,20 +112,13 @@ def refuse_logit_bias(logit_bias: dict[str, float] | None) -> None:
         )
 
 
-# llama.cpp's other spellings of the stage names (common_sampler_types_from_names).
-SAMPLER_ALIASES = {"nucleus": "top_p", "top-p": "top_p", "top-k": "top_k", "typical_p": "typ_p", "typical": "typ_p",
-                   "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p", "temp": "temperature",
-                   "top-n-sigma": "top_n_sigma"}
-
-
 def sampler_order(samplers: str | list[str] | None) -> list[str] | None:
     """llama.cpp's `samplers` (a list, or one string of names separated by ';') as stage names; 400 for a name the
     sampler has no stage for."""
     if samplers is None:
         return None
     names = [n.strip() for n in (samplers.split(";") if isinstance(samplers, str) else samplers) if n.strip()]
-    order = [SAMPLER_ALIASES.get(n, n) for n in names]
-    unknown = [n for n, stage in zip(names, order, strict=True) if stage not in SAMPLER_STAGES]
+    order, unknown = sampler_stages(names)
     if unknown:
         raise InvalidRequestError(f"samplers: {unknown[0]!r} is not a sampler this server has (it has "
                                   f"{', '.join(SAMPLER_STAGES)})", param="samplers")

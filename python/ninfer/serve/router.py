@@ -78,10 +78,25 @@ class ModelEntry:
     load_cancelled: bool = False  # /models/unload arrived while it loaded: close it as soon as the load ends
     waiting: str | None = None  # why its wanted load has not started: "waiting for N requests on MODEL"
     calls: list[Call] = field(default_factory=list)  # in-flight HTTP requests pinning it, oldest first
+    # HTTP requests that ended while the engine still held a generation of theirs (a client that left: the engine
+    # frees its lane at its next step): /slots shows them until then, as the engine's counters do
+    leaving: list[Call] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def call_ended(self, call: Call) -> None:
+        self.calls.remove(call)
+        self.leaving.append(call)
+        self.lane_holders()
+
+    def lane_holders(self) -> list[Call]:
+        """The calls whose generations the resident engine may still hold in a lane or its queue: those in flight,
+        and those that ended before the engine let go (dropped here once it has, or once their engine is gone)."""
+        engine = self.served.engine if self.served is not None else None
+        self.leaving = [call for call in self.leaving if call.holds_engine(engine)]
+        return self.calls + self.leaving
 
 
 @dataclass(eq=False)
@@ -122,7 +137,7 @@ class Lease:
         if not self._released:
             self._released = True
             if self.call is not None and self.call in self.entry.calls:
-                self.entry.calls.remove(self.call)
+                self.entry.call_ended(self.call)
             await self._router._release(self.entry)
 
     async def __aenter__(self) -> ServedModel:
