@@ -9,7 +9,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from prefix_cache_checks import SnapshotRules, assert_same, cancel_mid_prefill, run_one
+from prefix_cache_checks import SnapshotRules, assert_same, cancel_mid_prefill, decide_twice, run_one
 
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
@@ -79,14 +79,11 @@ def test_a_decision_again_restores_its_context_on_the_device(tiny_artifacts, con
     with _open(tiny_artifacts["qwen3_5"], prefix_cache=False) as off:
         want = asyncio.run(off.decide(context, questions))
     with _open(tiny_artifacts["qwen3_5"]) as on:
-        prefilled = []
-        for _ in range(2):
-            before = on.stats().tokens_prefilled
-            got = asyncio.run(on.decide(context, questions))
-            prefilled.append(on.stats().tokens_prefilled - before)
-            for lps, ref in zip(got, want, strict=True):
-                np.testing.assert_allclose(lps, ref, atol=5e-4)
+        answers, prefilled = decide_twice(on, context, questions)
         s = on.stats()
+    for got in answers:
+        for lps, ref in zip(got, want, strict=True):
+            np.testing.assert_allclose(lps, ref, atol=5e-4)
     boundary = context_tokens // 64 * 64
     assert prefilled == [context_tokens + suffixes, context_tokens - boundary + suffixes]
     assert (s.prefix.hits, s.prefix.cached_tokens, s.prefix.restores) == (1, boundary, 1)

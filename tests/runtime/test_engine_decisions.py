@@ -12,6 +12,7 @@ import random
 import pytest
 from ninfer import errors
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+from prefix_cache_checks import decide_twice
 
 VOCAB_SAMPLE = 5000  # random ids from the low part of the vocabulary (any id is a valid token)
 
@@ -80,15 +81,12 @@ def test_a_decision_again_prefills_only_the_context_tail_the_cache_lacks(tiny_qw
         want = asyncio.run(off.decide(context, questions))
     with _engine(tiny_qwen35_artifact) as on:
         idle = _idle(on)
-        prefilled = []
-        for _ in range(2):
-            before = on.stats().tokens_prefilled
-            got = asyncio.run(on.decide(context, questions))
-            prefilled.append(on.stats().tokens_prefilled - before)
-            for lps, ref in zip(got, want, strict=True):
-                assert lps == pytest.approx(ref, abs=2e-4)
+        answers, prefilled = decide_twice(on, context, questions)
         s = on.stats()
         assert _idle(on) == idle
+    for got in answers:
+        for lps, ref in zip(got, want, strict=True):
+            assert lps == pytest.approx(ref, abs=2e-4)
     boundary = context_tokens // 64 * 64
     assert prefilled == [context_tokens + suffixes, context_tokens - boundary + suffixes]
     assert (s.prefix.hits, s.prefix.cached_tokens, s.prefix.restores) == (1, boundary, 1)
