@@ -39,6 +39,16 @@ async def cancel_mid_prefill(engine, request, after_tokens: int):
     return ev
 
 
+def decide_twice(engine, context, questions):
+    """The same decision run twice on `engine`: both runs' answers and the tokens the engine prefilled for each."""
+    answers, prefilled = [], []
+    for _ in range(2):
+        before = engine.stats().tokens_prefilled
+        answers.append(asyncio.run(engine.decide(context, questions)))
+        prefilled.append(engine.stats().tokens_prefilled - before)
+    return answers, prefilled
+
+
 def assert_same(cached, uncached):
     (tokens, top), (ref_tokens, ref_top) = cached, uncached
     assert tokens == ref_tokens

@@ -180,14 +180,6 @@ def test_video_without_a_frame_count_in_its_header() -> None:
     assert webm.timestamps == pytest.approx((0.35, 1.85))
 
 
-def test_digest_follows_content() -> None:
-    rng = np.random.default_rng(7)
-    preprocessor = VisionPreprocessor.from_configs(TINY_IMAGE_CONFIG, None)
-    one, other = (encode_image(random_pixels(rng, 32, 32), "PNG") for _ in range(2))
-    assert preprocessor.image(one, part="a").digest == preprocessor.image(one, part="b").digest
-    assert preprocessor.image(one, part="a").digest != preprocessor.image(other, part="a").digest
-
-
 def test_settings_from_a_converted_artifact_equal_hf(tiny_qwen3_5, tmp_path) -> None:
     """The artifact carries the checkpoint's preprocessor config; preprocessing from it equals HF's processor
     built from the checkpoint's own file."""

@@ -3,7 +3,7 @@ as the chat template and `expand_placeholders` write them, random patches, and H
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -41,11 +41,12 @@ class MediaPrompt:
 
 
 def build_prompt(media: list[tuple[str, tuple[int, int, int]]], patch_values: int, seed: int,
-                 text_between: int = 5) -> MediaPrompt:
-    """Text, then each (kind, grid) medium with `text_between` text tokens after it. A video gets one block per
-    temporal group, each after a few (timestamp-like) text tokens, as expand_placeholders writes it."""
+                 text_between: int = 5, text_before: int = 7) -> MediaPrompt:
+    """`text_before` text tokens, then each (kind, grid) medium with `text_between` text tokens after it. A video
+    gets one block per temporal group, each after a few (timestamp-like) text tokens, as expand_placeholders
+    writes it."""
     rng = np.random.default_rng(seed)
-    tokens = list(rng.integers(0, TEXT_IDS, 7))
+    tokens = list(rng.integers(0, TEXT_IDS, text_before))
     spans = []
     for item, (kind, (t, h, w)) in enumerate(media):
         for group in range(t):
@@ -61,6 +62,14 @@ def build_prompt(media: list[tuple[str, tuple[int, int, int]]], patch_values: in
     return MediaPrompt(np.asarray(tokens, dtype=np.int32), [g for _, g in media], [k for k, _ in media],
                        rng.uniform(-1, 1, (rows, patch_values)).astype(np.float32), spans,
                        np.ascontiguousarray(positions.T), delta)
+
+
+def extended(prompt: MediaPrompt, text: list[int]) -> MediaPrompt:
+    """The same prompt with `text` tokens after it (a later turn that sends it back with more), positions and
+    delta recomputed."""
+    tokens = np.concatenate([prompt.tokens, np.asarray(text, dtype=np.int32)])
+    positions, delta = mrope_positions(len(tokens), prompt.spans)
+    return replace(prompt, tokens=tokens, positions=np.ascontiguousarray(positions.T), delta=delta)
 
 
 def media_rows(prompt: MediaPrompt, encoded: np.ndarray) -> list[tuple[int, np.ndarray]]:

@@ -20,10 +20,11 @@ bool CacheManager::take_pages(int64_t n) {
 }
 
 std::optional<CacheAdmission> CacheManager::admit(int64_t reserve_tokens, std::span<const int32_t> prompt,
-                                                  std::span<const uint64_t> salts, bool reuse, int32_t step_slots) {
+                                                  std::span<const uint64_t> salts, bool reuse, int32_t step_slots,
+                                                  bool whole_prompt) {
   PrefixCache::Match match;
   const bool look = prefix_ && reuse && !prompt.empty();
-  if (look) match = prefix_->match(prompt, salts, int64_t(prompt.size()) - 1);
+  if (look) match = prefix_->match(prompt, salts, int64_t(prompt.size()) - (whole_prompt ? 0 : 1));
   const int64_t fresh = kv_pages_for(reserve_tokens) - match.blocks;
   if (fresh < 0) throw EngineError("admitting a sequence shorter than its cached prefix");
   // The reused pages are held before anything is evicted, so none of them (nor the snapshot's block) can be.

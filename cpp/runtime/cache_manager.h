@@ -72,10 +72,12 @@ class CacheManager {
   // Pages for `reserve_tokens` tokens, a state slot and `step_slots` more (speculative decoding's verify rows; none
   // for models without linear attention); nullopt, changing nothing, when they do not fit now (after
   // evicting what the prefix cache may). With `reuse` and the prefix cache on, the longest cached prefix of
-  // `prompt` (before its last token) is shared and its state restored; else the state is zeroed. `salts` salt the
-  // prompt's blocks (PrefixCache::match).
+  // `prompt` (before its last token, or all of it with `whole_prompt`: a prompt whose last token's logits are not
+  // needed) is shared and its state restored; else the state is zeroed. `salts` salt the prompt's blocks
+  // (PrefixCache::match).
   std::optional<CacheAdmission> admit(int64_t reserve_tokens, std::span<const int32_t> prompt = {},
-                                      std::span<const uint64_t> salts = {}, bool reuse = true, int32_t step_slots = 0);
+                                      std::span<const uint64_t> salts = {}, bool reuse = true, int32_t step_slots = 0,
+                                      bool whole_prompt = false);
   // The sequence's first `computed` tokens (`tokens`) are in its pages and its state is the state after them:
   // publishes its new whole blocks, then takes the snapshot `use` asks for (when `computed` is a block boundary
   // and a slot is free or can be freed). Nothing when the prefix cache is off.

@@ -261,9 +261,15 @@ uint64_t Engine::submit_decision(DecisionRequest request) {
 }
 
 uint64_t Engine::submit(GenerationRequest request) {
+  // Hashing the media's pixels takes a while: before the lock, which the scheduler thread takes every step.
+  std::vector<uint64_t> salts;
+  if (request.media && config_.vision)
+    salts = media_block_salts(*request.media, int64_t(request.prompt.size()), config_.vision->merge_unit());
   std::unique_lock lock(mu_);
   if (closed_) throw EngineError("the engine is closed");
-  return enqueue(make_job(std::move(request), false), in_flight_, options_.max_concurrency, "lanes");
+  Job job = make_job(std::move(request), false);
+  job.block_salts = std::move(salts);
+  return enqueue(std::move(job), in_flight_, options_.max_concurrency, "lanes");
 }
 
 std::vector<float> Engine::score(std::vector<int32_t> tokens) {
@@ -555,7 +561,7 @@ StepResult Engine::add_media(const StepPlan& plan, std::vector<SliceInput>& inpu
       const auto& media = lane.job.request.media;
       if (!media) continue;
       if (!lane.media)
-        lane.media = std::make_shared<EncodedMedia>(*model_, media, int64_t(lane.job.request.prompt.size()));
+        lane.media = std::make_shared<EncodedMedia>(*model_, media, int64_t(lane.job.request.prompt.size()), s.begin);
       lane.media->fill(inputs[i].item, s.begin, s.end, slice_media_rows_[i], slice_positions_[i]);
     }
   } catch (const EngineError& e) {

@@ -139,6 +139,7 @@ void OutputProcessor::take_token(Lane& lane, int32_t index, const SampledToken& 
     EngineEvent ev;
     ev.request_id = lane.job.id;
     ev.tokens = {s.token};
+    ev.usage.cached_tokens = lane.cached;  // known since admission: what /slots shows while it runs
     if (req.sampling.logprobs || req.sampling.top_logprobs > 0) ev.logprobs = {s.logprob};
     if (req.sampling.top_logprobs > 0) ev.top_logprobs = {s.top};
     publish_(std::move(ev));

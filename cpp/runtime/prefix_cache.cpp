@@ -4,23 +4,15 @@
 #include <string>
 
 #include "errors.h"
+#include "runtime/content_hash.h"
 
 namespace ninfer {
 namespace {
 
-// splitmix64's finalizer: every input bit moves every output bit.
-uint64_t mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 uint64_t block_hash(uint64_t parent, uint64_t salt, std::span<const int32_t> block) {
-  uint64_t h = mix(parent + 0x9e3779b97f4a7c15ULL);
-  h = mix(h ^ salt);
-  for (int32_t t : block) h = mix(h + uint32_t(t));
+  uint64_t h = hash_mix(parent + 0x9e3779b97f4a7c15ULL);
+  h = hash_mix(h ^ salt);
+  for (int32_t t : block) h = hash_mix(h + uint32_t(t));
   return h;
 }
 
@@ -29,7 +21,7 @@ uint64_t block_hash(uint64_t parent, uint64_t salt, std::span<const int32_t> blo
 uint64_t prefix_model_key(std::string_view model_identity, KvDtype dtype) {
   uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the bytes, then mixed with the dtype
   for (unsigned char c : model_identity) h = (h ^ c) * 0x100000001b3ULL;
-  return mix(h ^ (uint64_t(dtype) + 1));
+  return hash_mix(h ^ (uint64_t(dtype) + 1));
 }
 
 SnapshotUse SnapshotPolicy::at(int64_t position, int64_t prompt_tokens) const {

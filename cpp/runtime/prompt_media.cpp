@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <string>
 
+#include "cache/kv_dtype.h"
 #include "errors.h"
 #include "model/model.h"
+#include "runtime/content_hash.h"
 
 namespace ninfer {
 namespace {
@@ -63,18 +65,54 @@ void check_prompt_media(const PromptMedia& media, std::span<const int32_t> promp
       throw EngineError("prompt token " + std::to_string(t) + " is a vision pad token of no medium");
 }
 
-EncodedMedia::EncodedMedia(Model& model, std::shared_ptr<const PromptMedia> media, int64_t prompt_tokens)
+uint64_t media_content_hash(const MediaInput& item) {
+  const int64_t grid[3] = {item.grid.t, item.grid.h, item.grid.w};
+  const uint64_t seed = hash_bytes(std::as_bytes(std::span(grid)));
+  return hash_bytes(std::as_bytes(std::span(item.patches)), seed);
+}
+
+std::vector<uint64_t> media_block_salts(const PromptMedia& media, int64_t prompt_tokens, int32_t merge_unit) {
+  std::vector<uint64_t> salts;
+  const bool positioned = int64_t(media.mrope_positions.size()) == 3 * prompt_tokens;
+  for (const MediaInput& item : media.items) {
+    if (item.group_starts.empty()) continue;
+    const uint64_t content = media_content_hash(item);
+    const int64_t per_group = int64_t(item.grid.h) * item.grid.w / std::max(1, merge_unit);
+    int64_t row = 0;  // which of the medium's rows
+    for (const int64_t start : item.group_starts)
+      for (int64_t t = start; t < start + per_group; ++t, ++row) {
+        if (t < 0 || t >= prompt_tokens) continue;
+        const size_t block = size_t(t / kKvPageTokens);
+        if (salts.size() <= block) salts.resize(block + 1, 0);
+        uint64_t h = hash_mix(salts[block] ^ content);
+        h = hash_mix(h + uint64_t(row));
+        for (int64_t k = 0; positioned && k < 3; ++k) h = hash_mix(h + uint64_t(media.mrope_positions[size_t(t * 3 + k)]));
+        salts[block] = h;
+      }
+  }
+  return salts;
+}
+
+EncodedMedia::EncodedMedia(Model& model, std::shared_ptr<const PromptMedia> media, int64_t prompt_tokens,
+                           int64_t first_computed)
     : media_(std::move(media)), prompt_tokens_(prompt_tokens), width_(model.config().hidden_size) {
+  const int32_t unit = model.config().vision->merge_unit();
+  const auto needed = [&](const MediaInput& item) {
+    const int64_t per_group = int64_t(item.grid.h) * item.grid.w / unit;
+    return std::any_of(item.group_starts.begin(), item.group_starts.end(),
+                       [&](int64_t start) { return start + per_group > first_computed; });
+  };
   std::vector<float> patches;
   std::vector<VisionGrid> grids;
   for (const MediaInput& item : media_->items) {
+    if (!needed(item)) continue;
     patches.insert(patches.end(), item.patches.begin(), item.patches.end());
     grids.push_back(item.grid);
   }
-  model.encode_vision(patches, grids, rows_);
-  const int32_t unit = model.config().vision->merge_unit();
+  if (!grids.empty()) model.encode_vision(patches, grids, rows_);
   int64_t row = 0;
   for (const MediaInput& item : media_->items) {
+    if (!needed(item)) continue;
     const int64_t per_group = int64_t(item.grid.h) * item.grid.w / unit;
     for (const int64_t start : item.group_starts) {
       runs_.push_back({start, per_group, row});

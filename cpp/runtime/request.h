@@ -82,7 +82,7 @@ struct EngineEvent {
   std::string error_type, error_message;  // finish == Error: the typed error's class name and message
   // A decision job's final event (finish Stop): per question, in order, the log-softmax over its candidates.
   std::vector<std::vector<float>> decision_logprobs;
-  Usage usage;
+  Usage usage;  // on the last event; a token event carries usage.cached_tokens only
   Timings timings;
 };
 

@@ -64,12 +64,12 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
                              !head.request.media;
     // What only the prefix cache holds counts as free: admission evicts it on demand.
     if (!deciding && cache_.reclaimable().first - kv_pages_for(head.reservation) < decision_pages_unused()) break;
-    // Scoring needs every prompt position's logits: it computes them all (and publishes them for others). A
-    // decision context starts afresh (its forks' suffixes are planned from the context's start), and so does a
-    // prompt with media: the blocks carry no media hash yet, so the same token ids may hold different pictures.
-    const bool reuse = head.output == JobOutput::Generate && !head.request.media;
-    std::optional<CacheAdmission> admission =
-        cache_.admit(head.reservation, head.request.prompt, {}, reuse, speculative ? draft_tokens_ + 1 : 0);
+    // Scoring needs every prompt position's logits: it computes them all (and publishes them for others). Media
+    // blocks are told apart by their salts (the same placeholder ids hold different pictures). A decision
+    // context's last token needs no logits (its rows read the answers), so all of it may come from the cache.
+    const bool reuse = head.output != JobOutput::PromptLogprobs;
+    std::optional<CacheAdmission> admission = cache_.admit(head.reservation, head.request.prompt, head.block_salts,
+                                                           reuse, speculative ? draft_tokens_ + 1 : 0, deciding);
     if (!admission) break;
     std::optional<CacheReserve> reserve;
     if (deciding) {
@@ -191,10 +191,9 @@ void Scheduler::plan_rows(int32_t index, const Lane& lane, std::vector<PlannedSl
 
 void Scheduler::commit(int32_t index) {
   Lane& lane = *lanes_[index];
-  // Media lanes publish nothing: their blocks would carry no media hash yet (see admit_from).
-  if (lane.job.request.media) return;
   const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
-  cache_.commit(lane.cache, lane.tokens, lane.computed, cache_.snapshot_use(lane.computed, prompt));
+  cache_.commit(lane.cache, lane.tokens, lane.computed, cache_.snapshot_use(lane.computed, prompt),
+                lane.job.block_salts);
 }
 
 void Scheduler::finish(int32_t index) {

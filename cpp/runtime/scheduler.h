@@ -35,6 +35,8 @@ struct Job {
   JobOutput output = JobOutput::Generate;
   std::shared_ptr<std::promise<std::vector<float>>> score_result;  // output PromptLogprobs: the result goes here
   int64_t reservation = 0;  // KV tokens reserved at admission: prompt + max_new_tokens, capped at max_context
+  // The prefix cache's salt of each prompt block (media_block_salts; empty for a text prompt: all 0)
+  std::vector<uint64_t> block_salts;
   Clock::time_point submitted;
   // output Decide: the request (its context is also request.prompt), how many questions run at once, and the
   // pages those rows need beyond the context (reserved at admission with `rows` state slots)

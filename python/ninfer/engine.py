@@ -196,6 +196,7 @@ class GenerationEvent:
     usage: Usage | None = None
     timings: Timings | None = None
     progress: PrefillProgress | None = None
+    cached_tokens: int = 0  # prompt tokens the prefix cache served the request (on every event with tokens too)
 
 
 @dataclass(frozen=True)
@@ -351,6 +352,7 @@ def _event(ev: Any) -> GenerationEvent:
         timings=Timings(ev.timings.queue_s, ev.timings.ttft_s, ev.timings.prefill_tokens_per_s,
                         ev.timings.decode_tokens_per_s, ev.timings.total_s, ev.timings.draft_n,
                         ev.timings.draft_n_accepted) if finished else None,
+        cached_tokens=ev.usage.cached_tokens,
     )
 
 

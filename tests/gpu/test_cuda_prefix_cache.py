@@ -9,7 +9,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from prefix_cache_checks import SnapshotRules, assert_same, cancel_mid_prefill, run_one
+from prefix_cache_checks import SnapshotRules, assert_same, cancel_mid_prefill, decide_twice, run_one
 
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
@@ -65,3 +65,25 @@ def test_a_cancelled_prefill_sharing_pages_leaks_nothing_on_the_device(tiny_arti
         got, last = run_one(on, _greedy(follow_up))
     assert last.usage.cached_tokens >= 512
     assert_same(got, reference)
+
+
+@pytest.mark.parametrize("context_tokens", [300, 320])
+def test_a_decision_again_restores_its_context_on_the_device(tiny_artifacts, context_tokens):
+    # The second decision over the same context restores the snapshot at its last block boundary (a device copy)
+    # and computes only the tail (none at 320), with the answers of the cache-off engine.
+    rng = np.random.default_rng()
+    context = rng.integers(3, 5000, context_tokens).tolist()
+    questions = [(rng.integers(3, 5000, int(rng.integers(1, 20))).tolist(),
+                  rng.choice(5000, 4, replace=False).tolist()) for _ in range(10)]
+    suffixes = sum(len(suffix) for suffix, _ in questions)
+    with _open(tiny_artifacts["qwen3_5"], prefix_cache=False) as off:
+        want = asyncio.run(off.decide(context, questions))
+    with _open(tiny_artifacts["qwen3_5"]) as on:
+        answers, prefilled = decide_twice(on, context, questions)
+        s = on.stats()
+    for got in answers:
+        for lps, ref in zip(got, want, strict=True):
+            np.testing.assert_allclose(lps, ref, atol=5e-4)
+    boundary = context_tokens // 64 * 64
+    assert prefilled == [context_tokens + suffixes, context_tokens - boundary + suffixes]
+    assert (s.prefix.hits, s.prefix.cached_tokens, s.prefix.restores) == (1, boundary, 1)

@@ -145,6 +145,24 @@ def test_control_cancels_only_its_target(server) -> None:
     assert gone.status_code == 404
 
 
+def test_slots_show_the_prompt_tokens_the_prefix_cache_served(server) -> None:
+    client = httpx.Client(base_url=server.url, timeout=120)
+    story = "Tell me a long story about a lighthouse keeper and the ships she saw. " * 12
+    body = {"model": "smol", **LONG, "max_tokens": 800, "messages": [{"role": "user", "content": story}]}
+    client.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 1}).raise_for_status()
+    out: dict = {}
+    started = threading.Event()
+    thread = threading.Thread(target=_stream_until_done, args=(client, body, out, "a", started))
+    thread.start()
+    assert started.wait(60)
+    (busy,) = [s for s in client.get("/slots").json() if s["is_processing"]]
+    # SmolLM2 is a plain decoder: the prompt's every whole block before its last token came from the first request.
+    assert busy["n_prompt_tokens_cache"] == (busy["n_prompt_tokens"] - 1) // 64 * 64 > 0
+    assert client.post("/v1/chat/completions/control", json={"id": out["a-id"], "action": "stop"}).json()["cancelled"]
+    thread.join(120)
+    assert out["a"] == "cancelled"
+
+
 def test_control_addressed_by_conversation_id_cancels_only_that_generation(server) -> None:
     """llama-ui's stop button addresses a generation by its X-Conversation-Id: exactly that one stops."""
     client = httpx.Client(base_url=server.url, timeout=120)

@@ -12,6 +12,7 @@ import random
 import pytest
 from ninfer import errors
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
+from prefix_cache_checks import decide_twice
 
 VOCAB_SAMPLE = 5000  # random ids from the low part of the vocabulary (any id is a valid token)
 
@@ -66,6 +67,29 @@ def test_a_question_alone_equals_the_same_question_among_fifty(engine):
     for i in (0, 17, 49):
         alone = asyncio.run(engine.decide(context, [batch[i]]))[0]
         assert alone == pytest.approx(together[i], abs=1e-6)
+
+
+@pytest.mark.parametrize("context_tokens", [300, 320])
+def test_a_decision_again_prefills_only_the_context_tail_the_cache_lacks(tiny_qwen35_artifact, context_tokens):
+    # The context's last block boundary holds a snapshot after the first run: the second restores it and computes
+    # only the tokens after it (none at 320: a context's last token needs no logits), then forks as before.
+    rng = random.Random()
+    context = _random_ids(rng, context_tokens)
+    questions = [(_random_ids(rng, rng.randrange(1, 20)), rng.sample(range(VOCAB_SAMPLE), 4)) for _ in range(10)]
+    suffixes = sum(len(suffix) for suffix, _ in questions)
+    with _engine(tiny_qwen35_artifact, prefix_cache=False) as off:
+        want = asyncio.run(off.decide(context, questions))
+    with _engine(tiny_qwen35_artifact) as on:
+        idle = _idle(on)
+        answers, prefilled = decide_twice(on, context, questions)
+        s = on.stats()
+        assert _idle(on) == idle
+    for got in answers:
+        for lps, ref in zip(got, want, strict=True):
+            assert lps == pytest.approx(ref, abs=2e-4)
+    boundary = context_tokens // 64 * 64
+    assert prefilled == [context_tokens + suffixes, context_tokens - boundary + suffixes]
+    assert (s.prefix.hits, s.prefix.cached_tokens, s.prefix.restores) == (1, boundary, 1)
 
 
 def test_rounds_give_the_answers_of_one_round(tiny_qwen35_artifact, engine):

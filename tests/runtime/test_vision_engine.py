@@ -4,6 +4,8 @@ Qwen3_5ForConditionalGeneration's greedy continuation, and the engine refuses me
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -13,8 +15,9 @@ from ninfer.artifact.convert import convert
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.frontend.vision import VisionInput
 from ninfer.frontend.vision_prompt import PromptMedia
+from prefix_cache_checks import assert_same, run_one
 from tiny_models import build_saved_checkpoint, load_saved_reference
-from vision_prompts import MERGE, build_prompt
+from vision_prompts import MERGE, build_prompt, extended
 
 MEDIA = [("image", (1, 16, 12)), ("video", (2, 6, 8))]  # 72 placeholder tokens: the 64-token chunks cut them
 NEW_TOKENS = 5
@@ -113,3 +116,51 @@ def test_speculative_engine_decodes_media_prompts_plainly_and_text_ones_with_dra
     assert media_tokens == hf_greedy(reference, prompt, NEW_TOKENS)
     assert media_last.timings.draft_n == 0
     assert text_last.timings.draft_n > 0
+
+
+# The prefix cache with media: a snapshot at every block boundary, so a reuse stops exactly where the blocks differ.
+CACHE_OPTIONS = {"backend": "cpu", "max_context": 512, "prefill_chunk": 64, "kv_dtype": "f32", "threads": 2,
+                 "vision": True, "snapshot_interval": 64, "device_state_slots": 32}
+
+
+def scored(prompt, media):
+    return Request(prompt.tokens.tolist(), SamplingParams(temperature=0), max_new_tokens=NEW_TOKENS,
+                   stop_token_ids=(), top_logprobs=3, media=media)
+
+
+def test_the_same_media_again_is_served_from_the_cache_and_other_pixels_are_not(checkpoint):
+    # The same token ids behind other pixels: the blocks before the first medium's block are shared, none after.
+    path, reference = checkpoint
+    prompt = build_prompt(MEDIA, patch_values(reference), seed=41, text_before=70, text_between=40)
+    other = replace(prompt, patches=np.random.default_rng().uniform(-1, 1, prompt.patches.shape).astype(np.float32))
+    with Engine.open_sync(path, EngineOptions(**CACHE_OPTIONS, prefix_cache=False)) as off:
+        ref_same, ref_other = (run_one(off, scored(p, engine_media(p)))[0] for p in (prompt, other))
+    with Engine.open_sync(path, EngineOptions(**CACHE_OPTIONS)) as on:
+        runs = [run_one(on, scored(p, engine_media(p))) for p in (prompt, prompt, other, prompt)]
+    n, first_medium = len(prompt.tokens), prompt.spans[0].start
+    assert first_medium >= 64
+    reused = (n - 1) // 64 * 64
+    assert [last.usage.cached_tokens for _, last in runs] == [0, reused, first_medium // 64 * 64, reused]
+    for (got, _), ref in zip(runs, [ref_same, ref_same, ref_other, ref_same], strict=True):
+        assert_same(got, ref)
+    assert ref_same[1] != ref_other[1]  # the pixels change the answer's logprobs
+
+
+def test_media_in_a_later_turn_reuses_the_text_before_it_and_then_itself(checkpoint):
+    path, reference = checkpoint
+    rng = np.random.default_rng()
+    with_image = build_prompt(MEDIA[:1], patch_values(reference), seed=43, text_before=150, text_between=20)
+    text_before = with_image.tokens[:with_image.spans[0].start - 1]  # up to the vision start marker
+    later = extended(with_image, rng.integers(0, 240000, 50).tolist())
+    turns = [Request(text_before.tolist(), SamplingParams(temperature=0), max_new_tokens=NEW_TOKENS,
+                     stop_token_ids=(), top_logprobs=3),
+             scored(with_image, engine_media(with_image)), scored(later, engine_media(later))]
+    with Engine.open_sync(path, EngineOptions(**CACHE_OPTIONS, prefix_cache=False)) as off:
+        reference_runs = [run_one(off, r)[0] for r in turns]
+    with Engine.open_sync(path, EngineOptions(**CACHE_OPTIONS)) as on:
+        runs = [run_one(on, r) for r in turns]
+    assert [last.usage.cached_tokens for _, last in runs] == [
+        0, len(text_before) // 64 * 64, len(with_image.tokens) // 64 * 64]
+    assert len(with_image.tokens) // 64 * 64 > with_image.spans[0].start  # the third turn reused the image's blocks
+    for (got, _), ref in zip(runs, reference_runs, strict=True):
+        assert_same(got, ref)

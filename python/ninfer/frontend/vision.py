@@ -14,10 +14,9 @@ pixels; sizes, sampling, order and normalisation are the same.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -76,7 +75,6 @@ class VisionInput:
     merge_size: int
     # Video only: the time (seconds) of each temporal patch group, as the prompt states it.
     timestamps: tuple[float, ...] = ()
-    digest: str = field(default="")  # sha256 of what the tower sees (grid and pixels): the prefix-cache key
 
     @property
     def tokens_per_group(self) -> int:
@@ -162,12 +160,6 @@ def patchify(frames: np.ndarray, geometry: PatchGeometry) -> tuple[np.ndarray, t
     return np.ascontiguousarray(blocks.reshape(gt * gh * gw, c * tp * p * p)), (gt, gh, gw)
 
 
-def _digest(kind: str, grid: tuple[int, int, int], pixels: np.ndarray) -> str:
-    hasher = hashlib.sha256(f"{kind}:{grid}".encode())
-    hasher.update(pixels.tobytes())
-    return hasher.hexdigest()
-
-
 def _resize_frame(frame: Image.Image, size: tuple[int, int], settings: ImageSettings) -> np.ndarray:
     height, width = size
     if frame.size != (width, height):
@@ -207,7 +199,7 @@ class VisionPreprocessor:
         frames = _resize_frame(picture, size, settings)[None]
         # A still image fills every frame of its temporal patch.
         pixels, grid = patchify(normalise(frames, settings), settings.geometry)
-        return VisionInput("image", pixels, grid, settings.geometry.merge_size, (), _digest("image", grid, pixels))
+        return VisionInput("image", pixels, grid, settings.geometry.merge_size)
 
     def video(self, data: bytes, *, part: str) -> VisionInput:
         settings = self.video_settings
@@ -226,8 +218,7 @@ class VisionPreprocessor:
         frames = np.stack([_resize_frame(Image.fromarray(f), size, settings) for f in decoded.frames])
         pixels, grid = patchify(normalise(frames, settings), settings.geometry)
         timestamps = group_timestamps(decoded.indices, decoded.fps, temporal)
-        return VisionInput("video", pixels, grid, settings.geometry.merge_size, timestamps,
-                           _digest("video", grid, pixels))
+        return VisionInput("video", pixels, grid, settings.geometry.merge_size, timestamps)
 
 
 def _video_budget(settings: VideoSettings, num_frames: int) -> VideoSettings:

@@ -25,6 +25,7 @@ class Activity:
     n_prompt: int
     request_id: int | None = None
     n_decoded: int = 0
+    n_cached: int = 0  # prompt tokens the prefix cache served (known from its first event)
     finish_reason: str | None = None
     cancel_requested: bool = False
     reasoning: ReasoningControl | None = None  # armed by the request's reasoning_control
@@ -50,6 +51,7 @@ class Activity:
 
     def received(self, event: GenerationEvent) -> None:
         self.n_decoded += len(event.token_ids)
+        self.n_cached = event.progress.cached if event.progress is not None else event.cached_tokens
         self.finish_reason = event.finish_reason
 
     def ended(self) -> None:

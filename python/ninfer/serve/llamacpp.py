@@ -217,6 +217,7 @@ def slot_rows(router: ModelRouter, entry: ModelEntry) -> list[dict[str, Any]]:
             "conversation_id": call.conversation_id if call is not None else None,
             "n_prompt_tokens": gen.n_prompt if gen is not None else 0,
             "n_decoded": gen.n_decoded if gen is not None else 0,
+            "n_prompt_tokens_cache": gen.n_cached if gen is not None else 0,  # served by the prefix cache
             "tokens": gen.n_prompt + gen.n_decoded if gen is not None else 0,
             "model": entry.name,
         })
