@@ -359,7 +359,8 @@ void bind_runtime(nb::module_& m) {
              new (self) Engine(path, options, std::move(backend), std::move(host_tier));
            },
            nb::arg("path"), nb::arg("options"), nb::arg("host_tier").none() = nb::none(), Release())
-      .def_prop_ro("host_tier", &Engine::host_tier, "The prefix cache's host tier (None without one).")
+      .def_prop_ro("host_tier", [](const Engine& e) { return e.host_tier(); },  // shared: it outlives the engine
+                   "The prefix cache's host tier (None without one).")
       .def("memory_plan", &memory_plan, "Device memory plan and CUDA-graph figures (bytes), with a summary line.")
       .def("submit", &Engine::submit, Release())
       .def("cancel", &Engine::cancel, Release())

@@ -114,24 +114,29 @@ void PrefixCache::restore(Match& m) {
     std::vector<int32_t> page;
     if (!pages_->acquire(1, page)) throw EngineError("restoring a host block without a free device page");
     contents_->load_page(n.host_page, page[0]);
-    // Its parent is on the device by now (restored in order), and gains a device child.
-    if (n.parent >= 0) {
-      unindex(n.parent);
-      ++nodes_[size_t(n.parent)].device_children;
-      index(n.parent);
-    }
-    unindex(id);
-    host_.pages->release(n.host_page);
-    n.host_page = -1;
-    n.page = page[0];
-    --host_blocks_;
-    ++blocks_;
-    index(id);
+    to_device(id, page[0]);  // (its parent is on the device by now: restored in order)
     m.pages[size_t(d)] = page[0];
     ++counters_.host_restored_blocks;
   }
   m.host_blocks = 0;
   if (m.host_snapshot >= 0) ++counters_.host_restored_snapshots;
+}
+
+// A host block's KV is in device page `page` now (one reference, the index's): its host page is free again.
+void PrefixCache::to_device(int32_t id, int32_t page) {
+  Node& n = nodes_[size_t(id)];
+  if (n.parent >= 0) {
+    unindex(n.parent);
+    ++nodes_[size_t(n.parent)].device_children;
+    index(n.parent);
+  }
+  unindex(id);
+  host_.pages->release(n.host_page);
+  n.host_page = -1;
+  n.page = page;
+  --host_blocks_;
+  ++blocks_;
+  index(id);
 }
 
 void PrefixCache::set_used(int32_t id, uint64_t tick) {
@@ -201,19 +206,8 @@ int32_t PrefixCache::publish(BlockCursor& cursor, std::span<const int32_t> block
     id = it->second;
     Node& n = nodes_[size_t(id)];
     if (n.page < 0) {  // on the host: the sequence's own device copy takes its place
-      if (n.parent >= 0) {
-        unindex(n.parent);
-        ++nodes_[size_t(n.parent)].device_children;
-        index(n.parent);
-      }
-      unindex(id);
-      host_.pages->release(n.host_page);
-      n.host_page = -1;
-      n.page = page;
       pages_->retain(page);
-      --host_blocks_;
-      ++blocks_;
-      index(id);
+      to_device(id, page);
     }
     kept = n.page;
   } else {

@@ -179,6 +179,7 @@ class PrefixCache {
   int32_t host_page();  // a free host page, evicting the lowest-priority host leaf; -1 when none can be had
   int32_t host_slot();  // the same for snapshots
   void demote_block(int32_t id);
+  void to_device(int32_t id, int32_t page);
   void demote_snapshot(int32_t id);
 
   PageTable* pages_;
