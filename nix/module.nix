@@ -34,6 +34,8 @@ let
     "--webui-dir" = "webui.directory";
     "--spec" = "speculative.method";
     "--draft-tokens" = "speculative.draftTokens";
+    "--host-kv-mib" = "hostTier.kvMib";
+    "--host-state-slots" = "hostTier.stateSlots";
   };
   # Speculative decoding's flags (none when it is off).
   specFlags = lib.optionals (cfg.speculative.method != "none") [
@@ -42,6 +44,16 @@ let
     "--draft-tokens"
     (toString cfg.speculative.draftTokens)
   ];
+  # The prefix cache's host tier (none when both are 0): the default of every model, which `engine` may override.
+  hostTierFlags =
+    lib.optionals (cfg.hostTier.kvMib > 0) [
+      "--host-kv-mib"
+      (toString cfg.hostTier.kvMib)
+    ]
+    ++ lib.optionals (cfg.hostTier.stateSlots > 0) [
+      "--host-state-slots"
+      (toString cfg.hostTier.stateSlots)
+    ];
   flagName = flag: builtins.head (builtins.split "=" flag);
   misusedFlags = builtins.filter (flag: managedFlags ? ${flagName flag}) cfg.extraFlags;
 
@@ -62,11 +74,14 @@ let
           prefix_cache = true;
           device_state_slots = 16;
           snapshot_interval = 4096;
+          host_kv_mib = 16384;
+          host_state_slots = 32;
         };
         description = ''
           Engine presets of this model, written next to `path` in its entry of the router config: the router
           config's engine keys (docs/router.md), e.g. `max_context`, `kv_dtype`, `max_concurrency`, and the prefix
-          cache's `prefix_cache` (true/false), `device_state_slots` and `snapshot_interval` (docs/prefix-cache.md).
+          cache's `prefix_cache` (true/false), `device_state_slots`, `snapshot_interval`, and its host tier's
+          `host_kv_mib` and `host_state_slots` (docs/prefix-cache.md).
         '';
       };
     };
@@ -99,7 +114,7 @@ let
           stateDirectory
           cacheDirectory
           ;
-        extraFlags = specFlags ++ cfg.extraFlags;
+        extraFlags = specFlags ++ hostTierFlags ++ cfg.extraFlags;
         configFile = if usesRouterConfig then configFile else null;
         webui = cfg.webui.enable;
         webuiDir = cfg.webui.directory;
@@ -294,6 +309,29 @@ in
         type = types.ints.between 1 5;
         default = 3;
         description = "Drafts per round with `speculative.method = \"mtp\"`.";
+      };
+    };
+
+    hostTier = {
+      kvMib = mkOption {
+        type = types.ints.unsigned;
+        default = 0;
+        example = 16384;
+        description = ''
+          MiB of host memory (page-locked on a GPU) for the prefix-cache KV blocks the GPU evicts: restored from
+          there instead of recomputed, and kept when the router swaps the model out, so it comes back warm. Every
+          model that uses it keeps its own tier for the server's lifetime: host memory is bounded by the sum of the
+          models' tiers. 0: none. A model's `engine.host_kv_mib` overrides it. See docs/prefix-cache.md.
+        '';
+      };
+      stateSlots = mkOption {
+        type = types.ints.unsigned;
+        default = 0;
+        example = 32;
+        description = ''
+          Gated DeltaNet state snapshots the host tier holds beside `kvMib`, one state image each (about 147 MiB
+          for Qwen3.5-27B, 61 MiB for 35B-A3B). 0: none. A model's `engine.host_state_slots` overrides it.
+        '';
       };
     };
 

@@ -75,3 +75,40 @@ class SnapshotRules:
 
     def reuse(self, n: int) -> int:
         return max((p for p in self.points if p <= n - 1), default=0)
+
+
+# A device tier of 10 pages and one snapshot slot beside one lane, and a host tier: three 300-token conversations
+# push the first one's deeper blocks and its snapshot to the host; max_context leaves room for its follow-ups.
+HOST_TIER_BUDGET = {"max_context": 384, "kv_capacity": 640, "max_concurrency": 1, "decision_lanes": 0,
+                    "device_state_slots": 2, "snapshot_interval": 4096}
+
+
+def host_tier_round_trip(open_engine, greedy) -> dict:
+    """Conversation A, then B and C, which move A's deeper blocks (and its snapshot) to the host tier; A continued is
+    restored from there; then the engine is closed and a new one opened on the same host tier: A continued again is
+    restored from what the first engine left. Every answer equals the cache-off engine's. `open_engine(**options)`
+    opens the backend's engine; `greedy(prompt)` makes the request. Returns the two engines' prefix stats."""
+    with open_engine(prefix_cache=False, **HOST_TIER_BUDGET) as off:
+        rng = np.random.default_rng()
+        a, b, c = (rng.integers(3, off.info.vocab_size, size=300).tolist() for _ in range(3))
+        a2 = a + rng.integers(3, off.info.vocab_size, size=20).tolist()
+        a3 = a2 + rng.integers(3, off.info.vocab_size, size=20).tolist()
+        reference = [run_one(off, greedy(p))[0] for p in (a, b, c, a2, a3)]
+    tiered = HOST_TIER_BUDGET | {"host_kv_mib": 16, "host_state_slots": 8}
+    with open_engine(**tiered) as first:
+        results = [run_one(first, greedy(p)) for p in (a, b, c, a2)]
+        before_close = first.stats()
+        tier = first.host_tier
+    assert [last.usage.cached_tokens for _, last in results] == [0, 0, 0, 256]
+    assert tier.stats()["parked"]
+    with open_engine(host_tier=tier, **tiered) as second:
+        assert not tier.stats()["parked"]
+        got, last = run_one(second, greedy(a3))
+        after_reopen = second.stats()
+        assert tier.stats()["used_pages"] == after_reopen.prefix.host_blocks
+    assert last.usage.cached_tokens == 320  # a2's blocks and its prompt-end snapshot, all from the host
+    for (mine, _), ref in zip([*results, (got, last)], reference, strict=True):
+        assert_same(mine, ref)
+    s = after_reopen
+    assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
+    return {"first": before_close.prefix, "second": after_reopen.prefix}

@@ -29,6 +29,10 @@ class HostMemory final : public MemoryResource {
 
 }  // namespace
 
+std::shared_ptr<void> MemoryResource::allocate_pinned(size_t bytes, const std::string& what) {
+  return std::shared_ptr<void>(host_memory().allocate(bytes, what), [](void* p) { host_memory().deallocate(p); });
+}
+
 MemoryResource& host_memory() {
   static HostMemory memory;
   return memory;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -23,6 +24,16 @@ class MemoryResource {
   virtual void to_host(void* host, const void* src, size_t bytes) = 0;
   // Whether the host may read and write this memory directly (then the transfers are plain copies).
   virtual bool host_accessible() const = 0;
+
+  // The host tier (cache/host_pool.h): host memory this memory copies to and from at full speed (page-locked for a
+  // device; the allocation frees itself, so it may outlive this resource), and copies between the two that are
+  // queued, not waited for: after everything queued on this memory before them, and before everything queued
+  // after fence_pinned_copies(). wait_pinned_copies() returns once they are done. The host resource copies at once.
+  virtual std::shared_ptr<void> allocate_pinned(size_t bytes, const std::string& what);
+  virtual void copy_to_pinned(void* pinned, const void* src, size_t bytes) { to_host(pinned, src, bytes); }
+  virtual void copy_from_pinned(void* dst, const void* pinned, size_t bytes) { from_host(dst, pinned, bytes); }
+  virtual void fence_pinned_copies() {}
+  virtual void wait_pinned_copies() {}
 };
 
 MemoryResource& host_memory();

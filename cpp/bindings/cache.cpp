@@ -1,6 +1,7 @@
 // ninfer._engine.SimulatedCache: the runtime's CacheManager over simulated pools (bookkeeping only; the contents'
 // copies are recorded, not made), so tests check exact page ids, slot numbers, reference counts and copies.
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -24,11 +25,22 @@ class RecordedContents final : public CacheContents {
   void zero_state(int32_t slot) override { ops.emplace_back("zero_state", slot, slot); }
   void copy_state(int32_t from, int32_t to) override { ops.emplace_back("copy_state", from, to); }
   void copy_page(int32_t from, int32_t to) override { ops.emplace_back("copy_page", from, to); }
+  void store_page(int32_t page, int32_t host_page) override { ops.emplace_back("store_page", page, host_page); }
+  void load_page(int32_t host_page, int32_t page) override { ops.emplace_back("load_page", host_page, page); }
+  void store_state(int32_t slot, int32_t host_slot) override { ops.emplace_back("store_state", slot, host_slot); }
+  void load_state(int32_t host_slot, int32_t slot) override { ops.emplace_back("load_state", host_slot, slot); }
+  void fence_host_copies() override {}
+  void wait_host_copies() override {}
   std::vector<ContentsOp> ops;
 };
 
-CacheManagerOptions simulated_options(bool prefix_cache, int32_t lanes, int64_t snapshot_interval) {
+// A simulated page and state slot take one byte: a HostTier(kv_bytes = n, ...) holds n pages.
+CacheManagerOptions simulated_options(bool prefix_cache, int32_t lanes, int64_t snapshot_interval, HostTier* host,
+                                      bool state) {
   CacheManagerOptions o;
+  o.host = host;
+  o.page_bytes = 1;
+  o.state_bytes = state ? 1 : 0;
   o.prefix_cache = prefix_cache;
   o.model_key = prefix_model_key("simulated", KvDtype::BF16);
   o.lanes = lanes;
@@ -45,10 +57,12 @@ SnapshotUse parse_snapshot_use(const std::string& use) {
 
 class SimulatedCache {
  public:
-  SimulatedCache(int64_t pages, int32_t state_slots, bool prefix_cache, int32_t lanes, int64_t snapshot_interval)
-      : pages_(pages), slots_(state_slots),
+  SimulatedCache(int64_t pages, int32_t state_slots, bool prefix_cache, int32_t lanes, int64_t snapshot_interval,
+                 std::shared_ptr<HostTier> host)
+      : host_(std::move(host)), pages_(pages), slots_(state_slots),
         manager_(pages_, state_slots > 0 ? &slots_ : nullptr, contents_,
-                 simulated_options(prefix_cache, lanes, snapshot_interval)) {}
+                 simulated_options(prefix_cache, lanes, snapshot_interval, host_.get(), state_slots > 0)) {}
+  void close() { manager_.close(); }
 
   std::optional<std::tuple<SequenceCache, int64_t>> admit(int64_t reserve_tokens, const std::vector<int32_t>& prompt,
                                                           const std::vector<uint64_t>& salts, bool reuse) {
@@ -97,12 +111,23 @@ class SimulatedCache {
     d["restores"] = s.restores;
     d["evicted_blocks"] = s.evicted_blocks;
     d["evicted_snapshots"] = s.evicted_snapshots;
+    d["host_blocks"] = s.host_blocks;
+    d["host_snapshots"] = s.host_snapshots;
+    d["host_pages"] = s.host_pages;
+    d["host_slots"] = s.host_slots;
+    d["host_stored_blocks"] = s.host_stored_blocks;
+    d["host_stored_snapshots"] = s.host_stored_snapshots;
+    d["host_evicted_blocks"] = s.host_evicted_blocks;
+    d["host_evicted_snapshots"] = s.host_evicted_snapshots;
+    d["host_restored_blocks"] = s.host_restored_blocks;
+    d["host_restored_snapshots"] = s.host_restored_snapshots;
     return d;
   }
   int32_t refcount(int32_t page) const { return pages_.refcount(page); }
   std::vector<ContentsOp> take_ops() { return std::exchange(contents_.ops, {}); }
 
  private:
+  std::shared_ptr<HostTier> host_;  // outlives manager_
   PageTable pages_;
   SlotTable slots_;
   RecordedContents contents_;
@@ -118,8 +143,11 @@ void bind_cache(nb::module_& m) {
       .def_prop_ro("published_blocks", [](const SequenceCache& c) { return c.published.blocks; });
 
   nb::class_<SimulatedCache>(m, "SimulatedCache", "The cache manager over simulated pools, for tests.")
-      .def(nb::init<int64_t, int32_t, bool, int32_t, int64_t>(), nb::arg("pages"), nb::arg("state_slots"),
-           nb::arg("prefix_cache") = true, nb::arg("lanes") = 1, nb::arg("snapshot_interval") = 4096)
+      .def(nb::init<int64_t, int32_t, bool, int32_t, int64_t, std::shared_ptr<HostTier>>(), nb::arg("pages"),
+           nb::arg("state_slots"), nb::arg("prefix_cache") = true, nb::arg("lanes") = 1,
+           nb::arg("snapshot_interval") = 4096, nb::arg("host_tier").none() = nb::none(),
+           "host_tier: a HostTier(kv_bytes = host pages, state_slots) (simulated pages and slots take one byte)")
+      .def("close", &SimulatedCache::close, "Hands the prefix cache to the host tier (CacheManager::close).")
       .def("admit", &SimulatedCache::admit, nb::arg("reserve_tokens"), nb::arg("prompt") = std::vector<int32_t>{},
            nb::arg("salts") = std::vector<uint64_t>{}, nb::arg("reuse") = true, "(cache, computed) or None")
       .def("commit", &SimulatedCache::commit, nb::arg("cache"), nb::arg("tokens"), nb::arg("computed"),

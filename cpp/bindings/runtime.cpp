@@ -3,6 +3,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -136,7 +137,9 @@ void bind_structs(nb::module_& m) {
             .def_rw("vision", &EngineOptions::vision)
       .def_rw("prefix_cache", &EngineOptions::prefix_cache)
       .def_rw("device_state_slots", &EngineOptions::device_state_slots)
-      .def_rw("snapshot_interval", &EngineOptions::snapshot_interval);
+      .def_rw("snapshot_interval", &EngineOptions::snapshot_interval)
+      .def_rw("host_kv_mib", &EngineOptions::host_kv_mib)
+      .def_rw("host_state_slots", &EngineOptions::host_state_slots);
 
   nb::class_<Usage>(m, "Usage")
       .def_ro("prompt_tokens", &Usage::prompt_tokens)
@@ -198,6 +201,16 @@ void bind_structs(nb::module_& m) {
       .def_ro("prefix_restores", &EngineStats::prefix_restores)
       .def_ro("prefix_evicted_blocks", &EngineStats::prefix_evicted_blocks)
       .def_ro("prefix_evicted_snapshots", &EngineStats::prefix_evicted_snapshots)
+      .def_ro("host_blocks", &EngineStats::host_blocks)
+      .def_ro("host_snapshots", &EngineStats::host_snapshots)
+      .def_ro("host_pages", &EngineStats::host_pages)
+      .def_ro("host_slots", &EngineStats::host_slots)
+      .def_ro("host_stored_blocks", &EngineStats::host_stored_blocks)
+      .def_ro("host_stored_snapshots", &EngineStats::host_stored_snapshots)
+      .def_ro("host_evicted_blocks", &EngineStats::host_evicted_blocks)
+      .def_ro("host_evicted_snapshots", &EngineStats::host_evicted_snapshots)
+      .def_ro("host_restored_blocks", &EngineStats::host_restored_blocks)
+      .def_ro("host_restored_snapshots", &EngineStats::host_restored_snapshots)
       .def_ro("requests_finished", &EngineStats::requests_finished)
       .def_ro("tokens_generated", &EngineStats::tokens_generated)
       .def_ro("tokens_prefilled", &EngineStats::tokens_prefilled)
@@ -269,6 +282,13 @@ nb::dict memory_plan(const Engine& e) {
   d["prefix_cache"] = e.options().prefix_cache;
   d["state_slots"] = e.config().linear_attention ? e.options().device_state_slots : 0;  // resolved
   d["snapshot_interval"] = e.options().snapshot_interval;                              // resolved
+  const HostTierStats host = e.host_tier() ? e.host_tier()->stats() : HostTierStats{};
+  d["host_tier_bytes"] = host.bytes;
+  d["host_kv_pages"] = host.pages;
+  d["host_kv_page_bytes"] = host.page_bytes;
+  d["host_kv_tokens"] = host.pages * kKvPageTokens;
+  d["host_state_slots"] = host.slots;
+  d["host_state_slot_bytes"] = host.slot_bytes;
   d["graph_bytes"] = e.device() ? e.device()->graph_bytes() : 0;
   d["graphs_captured"] = e.device() ? e.device()->graphs_captured() : 0;
   d["graph_replays"] = e.device() ? e.device()->graph_replays() : 0;
@@ -303,19 +323,44 @@ nb::dict memory_plan(const Engine& e) {
                             std::to_string(o.max_concurrency) + " for lanes, the rest snapshots; interior snapshot every " +
                             std::to_string(o.snapshot_interval) + " tokens)"
                       : std::string("on (KV blocks)"));
+  if (e.host_tier())
+    d["summary"] = nb::cast<std::string>(d["summary"]) + "; host tier " + std::to_string(host.bytes >> 20) + " MiB (" +
+                   std::to_string(host.pages) + " KV pages = " + std::to_string(host.pages * kKvPageTokens) +
+                   " tokens, " + std::to_string(host.slots) + " state slots)";
   return d;
 }
 
 void bind_runtime(nb::module_& m) {
   bind_structs(m);
+  nb::class_<HostTier>(m, "HostTier",
+                       "The prefix cache's host tier: kept by the caller, it carries a model's cache from one engine to "
+                       "the next.")
+      .def(nb::init<int64_t, int32_t>(), nb::arg("kv_bytes"), nb::arg("state_slots"))
+      .def_prop_ro("kv_bytes", &HostTier::kv_bytes)
+      .def_prop_ro("state_slots", &HostTier::state_slots)
+      .def("stats", [](const HostTier& t) {
+        const HostTierStats s = t.stats();
+        nb::dict d;
+        d["pages"] = s.pages;
+        d["used_pages"] = s.used_pages;
+        d["page_bytes"] = s.page_bytes;
+        d["slots"] = s.slots;
+        d["used_slots"] = s.used_slots;
+        d["slot_bytes"] = s.slot_bytes;
+        d["bytes"] = s.bytes;
+        d["parked"] = s.parked;
+        return d;
+      });
   bind_test_hooks(m);
   nb::class_<Engine>(m, "Engine")
       .def("__init__",
-           [](Engine* self, const std::string& path, EngineOptions options) {
+           [](Engine* self, const std::string& path, EngineOptions options, std::shared_ptr<HostTier> host_tier) {
              std::unique_ptr<Backend> backend = engine_backend(options);
-             new (self) Engine(path, options, std::move(backend));
+             new (self) Engine(path, options, std::move(backend), std::move(host_tier));
            },
-           Release())
+           nb::arg("path"), nb::arg("options"), nb::arg("host_tier").none() = nb::none(), Release())
+      .def_prop_ro("host_tier", [](const Engine& e) { return e.host_tier(); },  // shared: it outlives the engine
+                   "The prefix cache's host tier (None without one).")
       .def("memory_plan", &memory_plan, "Device memory plan and CUDA-graph figures (bytes), with a summary line.")
       .def("submit", &Engine::submit, Release())
       .def("cancel", &Engine::cancel, Release())

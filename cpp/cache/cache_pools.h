@@ -1,6 +1,6 @@
 // The pools the runtime owns, in one place: the KV pool and Gated DeltaNet state pool in the backend's memory, with
-// their bookkeeping. The model gives the layout (Model::cache_layout); the runtime chooses the capacities. (A host
-// tier comes with the prefix cache that restores from it.)
+// their bookkeeping, and the copies to and from the host tier (HostPool). The model gives the layout
+// (Model::cache_layout); the runtime chooses the capacities.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include "backend/memory.h"
 #include "cache/kv_dtype.h"
 #include "cache/kv_pool.h"
+#include "cache/host_pool.h"
 #include "cache/page_table.h"
 #include "cache/state_pool.h"
 
@@ -34,12 +35,24 @@ class CacheContents {
   virtual void zero_state(int32_t slot) = 0;
   virtual void copy_state(int32_t from, int32_t to) = 0;
   virtual void copy_page(int32_t from, int32_t to) = 0;
+  // The host tier: a device page or state slot into a host one and back. They are queued (on the CUDA backend on a
+  // copy stream, after the work queued before them); fence_host_copies() makes the work queued after it wait for
+  // them, wait_host_copies() waits for them on the host (before host memory they read or write changes hands).
+  virtual void store_page(int32_t page, int32_t host_page) = 0;
+  virtual void load_page(int32_t host_page, int32_t page) = 0;
+  virtual void store_state(int32_t slot, int32_t host_slot) = 0;
+  virtual void load_state(int32_t host_slot, int32_t slot) = 0;
+  virtual void fence_host_copies() = 0;
+  virtual void wait_host_copies() = 0;
 };
 
 // kv() always exists, states() only for GDN models.
 class CachePools final : public CacheContents {
  public:
   CachePools(const CacheLayout& layout, const CacheCapacity& capacity, KvDtype dtype, MemoryResource& device);
+  // The host tier's storage (its pages of kv().page_bytes(), its slots of state_bytes()), once it has some.
+  void set_host(HostPool* host) { host_ = host; }
+  size_t state_bytes() const { return states_ ? states_->slot_bytes() : 0; }
 
   KvPool& kv() { return *kv_; }
   StatePool* states() { return states_.get(); }
@@ -49,8 +62,16 @@ class CachePools final : public CacheContents {
   void zero_state(int32_t slot) override { states_->zero(slot); }
   void copy_state(int32_t from, int32_t to) override { states_->copy(from, to); }
   void copy_page(int32_t from, int32_t to) override { kv_->copy_page(from, to); }
+  void store_page(int32_t page, int32_t host_page) override;
+  void load_page(int32_t host_page, int32_t page) override;
+  void store_state(int32_t slot, int32_t host_slot) override;
+  void load_state(int32_t host_slot, int32_t slot) override;
+  void fence_host_copies() override { device_.fence_pinned_copies(); }
+  void wait_host_copies() override { device_.wait_pinned_copies(); }
 
  private:
+  MemoryResource& device_;
+  HostPool* host_ = nullptr;
   std::unique_ptr<KvPool> kv_;
   std::unique_ptr<StatePool> states_;
   PageTable pages_;

@@ -28,6 +28,7 @@ class KvPool {
   int64_t page_bytes() const { return page_bytes_; }  // page p + 1 starts page_bytes() after page p
 
   void copy_page(int32_t from, int32_t to);
+  void* page_data(int32_t page) { return row_ptr(page, 0, 0); }  // page_bytes() from here
 
   // Start of the K (or V) row of token `offset` (0..63) of `page` for `layer`; rows of one page and layer are
   // contiguous, so a page holds kKvPageTokens consecutive rows per (layer, K|V).

@@ -16,6 +16,8 @@ class StatePool {
             MemoryResource& memory = host_memory());
 
   int32_t total_slots() const { return slots_; }
+  size_t slot_bytes() const { return size_t(slot_floats_) * sizeof(float); }
+  float* slot_data(int32_t slot) { return slot_base(slot); }  // slot_bytes() from here
 
   void copy(int32_t from, int32_t to);
   void zero(int32_t slot);  // a fresh sequence's state

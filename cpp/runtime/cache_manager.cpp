@@ -9,7 +9,26 @@ namespace ninfer {
 CacheManager::CacheManager(PageTable& pages, SlotTable* slots, CacheContents& contents,
                            const CacheManagerOptions& options)
     : pages_(pages), slots_(slots), contents_(contents), options_(options) {
-  if (options_.prefix_cache) prefix_ = std::make_unique<PrefixCache>(pages_, slots_, options_.model_key);
+  if (!options_.prefix_cache) return;
+  if (options_.host)
+    prefix_ = options_.host->attach(options_.model_key, options_.page_bytes, options_.state_bytes,
+                                    options_.host_memory, pages_, slots_, contents_);
+  else
+    prefix_ = std::make_unique<PrefixCache>(pages_, slots_, options_.model_key);
+}
+
+CacheManager::~CacheManager() {
+  try {
+    close();
+  } catch (const std::exception&) {
+    // (a device error while copying to the host tier: what it held is lost with the engine)
+  }
+}
+
+void CacheManager::close() {
+  if (!options_.host || !prefix_) return;
+  prefix_->detach();
+  options_.host->park(std::move(prefix_));
 }
 
 bool CacheManager::take_pages(int64_t n) {
@@ -25,31 +44,43 @@ std::optional<CacheAdmission> CacheManager::admit(int64_t reserve_tokens, std::s
   PrefixCache::Match match;
   const bool look = prefix_ && reuse && !prompt.empty();
   if (look) match = prefix_->match(prompt, salts, int64_t(prompt.size()) - (whole_prompt ? 0 : 1));
+  else if (prefix_) match.cursor = prefix_->root();  // publishes from the chain's root (the model key), as lookups start
   const int64_t fresh = kv_pages_for(reserve_tokens) - match.blocks;
   if (fresh < 0) throw EngineError("admitting a sequence shorter than its cached prefix");
-  // The reused pages are held before anything is evicted, so none of them (nor the snapshot's block) can be.
-  for (int32_t p : match.pages) pages_.retain(p);
-  const int32_t keep_node = match.snapshot >= 0 ? match.cursor.node : -1;
-  const int64_t evictable_snapshots = prefix_ ? prefix_->snapshots() - (keep_node >= 0 ? 1 : 0) : 0;
+  // The reused device pages are held, and the match pinned, before anything is evicted, so none of its blocks (nor
+  // its snapshot) can be; its host blocks need device pages too.
+  const std::vector<int32_t> matched = match.pages;
+  for (int32_t p : matched)
+    if (p >= 0) pages_.retain(p);
+  if (look) prefix_->pin(match, 1);
+  const int64_t evictable_snapshots = prefix_ ? prefix_->evictable_snapshots() : 0;
   const bool slot_free = !slots_ || slots_->free() + evictable_snapshots >= 1 + step_slots;
-  if (!slot_free || !take_pages(fresh)) {
-    pages_.release(match.pages);
+  if (!slot_free || !take_pages(fresh + match.host_blocks)) {
+    for (int32_t p : matched)
+      if (p >= 0) pages_.release(std::span<const int32_t>(&p, 1));
+    if (look) prefix_->pin(match, -1);
     return std::nullopt;
   }
+  if (look) prefix_->restore(match);
+  for (size_t i = 0; i < matched.size(); ++i)
+    if (matched[i] < 0) pages_.retain(match.pages[i]);  // restored: the index's page, now the sequence's too
   CacheAdmission a;
   a.cache.pages = std::move(match.pages);
   pages_.acquire(fresh, a.cache.pages);
   if (slots_) {
-    while (slots_->free() < 1 + step_slots) prefix_->evict_snapshot(keep_node);  // cannot fail: counted above
+    while (slots_->free() < 1 + step_slots) prefix_->evict_snapshot();  // cannot fail: counted above
     a.cache.state_slot = slots_->acquire();
     for (int32_t i = 0; i < step_slots; ++i) a.cache.step_slots.push_back(slots_->acquire());
     if (match.snapshot >= 0) {
       contents_.copy_state(match.snapshot, a.cache.state_slot);
       ++restores_;
+    } else if (match.host_snapshot >= 0) {
+      contents_.load_state(match.host_snapshot, a.cache.state_slot);  // (counted by the prefix cache's restore)
     } else {
       contents_.zero_state(a.cache.state_slot);
     }
   }
+  if (look) prefix_->pin(match, -1);
   if (prefix_) a.cache.published = match.cursor;
   a.cache.held = true;
   ++held_;
@@ -62,6 +93,7 @@ std::optional<CacheAdmission> CacheManager::admit(int64_t reserve_tokens, std::s
       prefix_->touch(std::span<const int32_t>(match.path.data(), size_t(match.blocks)));
     }
   }
+  contents_.fence_host_copies();
   return a;
 }
 
@@ -82,6 +114,7 @@ void CacheManager::commit(SequenceCache& cache, std::span<const int32_t> tokens,
   }
   if (use != SnapshotUse::None && slots_ && c.open && c.blocks * kKvPageTokens == computed && c.blocks > 0)
     take_state_snapshot(cache, use);
+  contents_.fence_host_copies();
 }
 
 // Snapshot slots never take the slot a sequence yet to be admitted needs: at least one per idle lane stays free.
@@ -89,7 +122,7 @@ void CacheManager::take_state_snapshot(SequenceCache& cache, SnapshotUse use) {
   BlockCursor& c = cache.published;
   if (use == SnapshotUse::Frontier && c.frontier_serial && prefix_->snapshot_serial(c.frontier_node) == c.frontier_serial)
     prefix_->drop_snapshot(c.frontier_node);  // superseded by this one
-  if (prefix_->snapshot_of(c.node) >= 0) return;
+  if (prefix_->has_snapshot(c.node)) return;
   const int32_t idle_lanes = std::max(0, options_.lanes - held_) * (1 + options_.step_slots);
   if (slots_->free() <= idle_lanes && !prefix_->evict_snapshot()) return;
   if (slots_->free() <= idle_lanes) return;
@@ -125,7 +158,7 @@ std::optional<SequenceCache> CacheManager::fork(const SequenceCache& parent, int
   const int64_t shared = tokens / kKvPageTokens;  // full pages: read-only for both from now on
   const int64_t fresh = kv_pages_for(reserve_tokens) - shared;
   if (from ? fresh > int64_t(from->pages.size()) || (slots_ && from->slots.empty())
-           : slots_ && slots_->free() == 0 && !(prefix_ && prefix_->snapshots() > 0))
+           : slots_ && slots_->free() == 0 && !(prefix_ && prefix_->evictable_snapshots() > 0))
     return std::nullopt;
   for (int64_t i = 0; i < shared; ++i) pages_.retain(parent.pages[size_t(i)]);
   if (!from && !take_pages(fresh)) {
@@ -154,6 +187,7 @@ std::optional<SequenceCache> CacheManager::fork(const SequenceCache& parent, int
   if (prefix_) child.published = prefix_->ancestor(parent.published, std::min(shared, parent.published.blocks));
   child.held = true;
   ++held_;
+  contents_.fence_host_copies();
   return child;
 }
 
@@ -172,13 +206,14 @@ void CacheManager::return_fork(SequenceCache& child, int64_t tokens, CacheReserv
 std::optional<CacheReserve> CacheManager::reserve(int64_t pages, int32_t slots) {
   if (!slots_) slots = 0;
   // What only the prefix cache holds counts as free: its snapshots and blocks are evicted for the reserve.
-  const int64_t spare_slots = slots_ ? slots_->free() + (prefix_ ? prefix_->snapshots() : 0) : 0;
+  const int64_t spare_slots = slots_ ? slots_->free() + (prefix_ ? prefix_->evictable_snapshots() : 0) : 0;
   if (slots > spare_slots || !take_pages(pages)) return std::nullopt;
   while (slots_ && slots_->free() < slots)
     if (!prefix_->evict_snapshot()) return std::nullopt;  // (only evictions happened)
   CacheReserve r;
   pages_.acquire(pages, r.pages);
   for (int32_t i = 0; i < slots; ++i) r.slots.push_back(slots_->acquire());
+  contents_.fence_host_copies();
   return r;
 }
 
@@ -218,7 +253,7 @@ SnapshotUse CacheManager::snapshot_use(int64_t position, int64_t prompt_tokens) 
 
 std::pair<int64_t, int32_t> CacheManager::reclaimable() const {
   const int64_t pages = pages_.free() + (prefix_ ? prefix_->evictable_blocks() : 0);
-  const int32_t slots = slots_ ? slots_->free() + int32_t(prefix_ ? prefix_->snapshots() : 0) : 0;
+  const int32_t slots = slots_ ? slots_->free() + int32_t(prefix_ ? prefix_->evictable_snapshots() : 0) : 0;
   return {pages, slots};
 }
 
@@ -239,6 +274,16 @@ CacheStats CacheManager::stats() const {
     s.snapshots += int32_t(p.snapshots);
     s.evicted_blocks = p.evicted_blocks;
     s.evicted_snapshots = p.evicted_snapshots;
+    s.host_blocks = p.host_blocks;
+    s.host_snapshots = p.host_snapshots;
+    s.host_pages = p.host_pages;
+    s.host_slots = p.host_slots;
+    s.host_stored_blocks = p.stored_blocks;
+    s.host_stored_snapshots = p.stored_snapshots;
+    s.host_evicted_blocks = p.host_evicted_blocks;
+    s.host_evicted_snapshots = p.host_evicted_snapshots;
+    s.host_restored_blocks = p.host_restored_blocks;
+    s.host_restored_snapshots = p.host_restored_snapshots;
   }
   s.lookups = lookups_;
   s.hits = hits_;

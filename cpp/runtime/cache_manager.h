@@ -6,7 +6,9 @@
 // slot.
 //
 // It works on the pools' bookkeeping (PageTable, SlotTable) and asks CacheContents for the copies, so tests run it
-// over simulated pools and check exact page ids and slot numbers.
+// over simulated pools and check exact page ids and slot numbers. With a host tier (runtime/host_tier.h) the prefix
+// cache's evictions move blocks and snapshots there and admission restores from it; close() leaves the index to the
+// host tier for the next engine of the model.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@
 
 #include "cache/cache_pools.h"
 #include "cache/page_table.h"
+#include "runtime/host_tier.h"
 #include "runtime/prefix_cache.h"
 
 namespace ninfer {
@@ -50,8 +53,12 @@ struct CacheStats {
   int32_t total_state_slots = 0, free_state_slots = 0, snapshots = 0;  // snapshots: every slot not a lane's
   // The prefix cache (all zero when it is off).
   int64_t cached_blocks = 0, cached_snapshots = 0;
-  int64_t lookups = 0, hits = 0, cached_tokens = 0, restores = 0;  // admissions that looked, reused, tokens, copies
-  int64_t evicted_blocks = 0, evicted_snapshots = 0;
+  int64_t lookups = 0, hits = 0, cached_tokens = 0, restores = 0;  // admissions that looked, reused, tokens, device copies
+  int64_t evicted_blocks = 0, evicted_snapshots = 0;  // that left the device tier
+  // The host tier (all zero without one; PrefixCacheStats): held now, room, moved in, forgotten, restored.
+  int64_t host_blocks = 0, host_snapshots = 0, host_pages = 0, host_slots = 0;
+  int64_t host_stored_blocks = 0, host_stored_snapshots = 0, host_evicted_blocks = 0, host_evicted_snapshots = 0;
+  int64_t host_restored_blocks = 0, host_restored_snapshots = 0;
 };
 
 struct CacheManagerOptions {
@@ -62,12 +69,23 @@ struct CacheManagerOptions {
   // (counted for every lane, decision lanes included, which never draft: a conservative reserve).
   int32_t step_slots = 0;
   SnapshotPolicy snapshots;  // where commit takes state snapshots
+  // The host tier (with the prefix cache only), its storage in `host_memory` (null: bookkeeping only), and the
+  // sizes of one page and one state slot, for its storage and its GDSF.
+  HostTier* host = nullptr;
+  MemoryResource* host_memory = nullptr;
+  size_t page_bytes = 0, state_bytes = 0;
 };
 
 class CacheManager {
  public:
   // `slots` is null for models without linear attention (no state to keep).
   CacheManager(PageTable& pages, SlotTable* slots, CacheContents& contents, const CacheManagerOptions& options = {});
+  ~CacheManager();
+  CacheManager(const CacheManager&) = delete;
+  CacheManager& operator=(const CacheManager&) = delete;
+  // Hands the prefix cache to the host tier (what the device holds moves there as far as it has room); nothing
+  // without one. Every sequence must be released first. Idempotent; the destructor calls it.
+  void close();
 
   // Pages for `reserve_tokens` tokens, a state slot and `step_slots` more (speculative decoding's verify rows; none
   // for models without linear attention); nullopt, changing nothing, when they do not fit now (after

@@ -61,6 +61,11 @@ void validate_engine_options(const EngineOptions& o) {
          "max_concurrency = " + std::to_string(o.max_concurrency) + ": one per lane)");
   if (o.snapshot_interval < 0 || o.snapshot_interval % kKvPageTokens)
     fail("snapshot_interval = " + std::to_string(o.snapshot_interval) + " (must be a multiple of 64, or 0 = auto)");
+  if (o.host_kv_mib < 0) fail("host_kv_mib = " + std::to_string(o.host_kv_mib) + " (must be >= 0; 0 = no host KV)");
+  if (o.host_state_slots < 0)
+    fail("host_state_slots = " + std::to_string(o.host_state_slots) + " (must be >= 0; 0 = no host snapshots)");
+  if (!o.prefix_cache && (o.host_kv_mib > 0 || o.host_state_slots > 0))
+    fail("host_kv_mib / host_state_slots need the prefix cache (prefix_cache is off)");
   if (o.prefill_chunk != kPrefillChunkAuto && (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens))
     fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64, or 0 = auto)");
 }
@@ -84,8 +89,9 @@ const char* event_kind_name(EventKind k) {
   return "?";
 }
 
-Engine::Engine(const std::string& path, const EngineOptions& options, std::unique_ptr<Backend> backend)
-    : options_(options) {
+Engine::Engine(const std::string& path, const EngineOptions& options, std::unique_ptr<Backend> backend,
+               std::shared_ptr<HostTier> host_tier)
+    : options_(options), host_tier_(std::move(host_tier)) {
   validate_engine_options(options_);
   options_.device_state_slots = resolve_state_slots(options_);
   ModelOptions mo;
@@ -137,8 +143,28 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   capacity.device_pages = kv_pages_for(kv_tokens);
   capacity.device_state_slots = state_slots;
   pools_ = std::make_unique<CachePools>(model_->cache_layout(), capacity, options_.kv_dtype, model_->memory());
+  if (host_tier_ && (host_tier_->kv_bytes() != options_.host_kv_mib << 20 ||
+                     host_tier_->state_slots() != options_.host_state_slots))
+    throw EngineError("invalid engine option: the host tier given holds " + std::to_string(host_tier_->kv_bytes() >> 20) +
+                      " MiB and " + std::to_string(host_tier_->state_slots()) + " state slots, the options ask for " +
+                      std::to_string(options_.host_kv_mib) + " and " + std::to_string(options_.host_state_slots));
+  if (!host_tier_ && options_.prefix_cache && (options_.host_kv_mib > 0 || options_.host_state_slots > 0))
+    host_tier_ = std::make_shared<HostTier>(options_.host_kv_mib << 20, options_.host_state_slots);
+  if (host_tier_ && options_.prefix_cache) {
+    cache_options.host = host_tier_.get();
+    cache_options.host_memory = &model_->memory();
+    cache_options.page_bytes = size_t(pools_->kv().page_bytes());
+    cache_options.state_bytes = pools_->state_bytes();
+  }
   cache_ = std::make_unique<CacheManager>(pools_->pages(), pools_->states() ? &pools_->slots() : nullptr, *pools_,
                                           cache_options);
+  if (cache_options.host) {
+    pools_->set_host(host_tier_->storage());
+    const HostTierStats h = host_tier_->stats();
+    std::fprintf(stderr, "ninfer: host tier %lld MiB: %lld KV pages (%lld tokens), %d state slots of %.1f MiB%s\n",
+                 (long long)(h.bytes >> 20), (long long)h.pages, (long long)(h.pages * kKvPageTokens), h.slots,
+                 double(h.slot_bytes) / double(1 << 20), h.used_pages + h.used_slots ? " (resuming what it held)" : "");
+  }
   if (speculative) drafter_ = std::make_unique<Drafter>(*model_, *pools_);
   // The decision lanes' share of the pool: a context each, less whatever leaves one context's room for chat.
   const int64_t context_pages = kv_pages_for(options_.max_context);
@@ -386,7 +412,7 @@ void Engine::close() {
   executor_.reset();
   drafter_.reset();
   scheduler_.reset();
-  cache_.reset();
+  cache_.reset();  // (with a host tier: the prefix cache moves there, as far as it has room)
   pools_.reset();
   model_.reset();
   in_flight_ = decisions_in_flight_ = 0;
@@ -431,6 +457,16 @@ void Engine::refresh_stats() {
   stats_.prefix_restores = c.restores;
   stats_.prefix_evicted_blocks = c.evicted_blocks;
   stats_.prefix_evicted_snapshots = c.evicted_snapshots;
+  stats_.host_blocks = c.host_blocks;
+  stats_.host_snapshots = c.host_snapshots;
+  stats_.host_pages = c.host_pages;
+  stats_.host_slots = c.host_slots;
+  stats_.host_stored_blocks = c.host_stored_blocks;
+  stats_.host_stored_snapshots = c.host_stored_snapshots;
+  stats_.host_evicted_blocks = c.host_evicted_blocks;
+  stats_.host_evicted_snapshots = c.host_evicted_snapshots;
+  stats_.host_restored_blocks = c.host_restored_blocks;
+  stats_.host_restored_snapshots = c.host_restored_snapshots;
   stats_.requests_finished = outputs_->counters().requests_finished;
   stats_.tokens_generated = outputs_->counters().tokens_generated;
   stats_.tokens_prefilled = outputs_->counters().tokens_prefilled;

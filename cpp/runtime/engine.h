@@ -21,6 +21,7 @@
 #include "cache/kv_dtype.h"
 #include "runtime/cache_manager.h"
 #include "runtime/device_runtime.h"
+#include "runtime/host_tier.h"
 #include "runtime/memory_plan.h"
 #include "runtime/output_processor.h"
 #include "runtime/request.h"
@@ -66,6 +67,11 @@ struct EngineOptions {
   // Tokens between interior state snapshots of a long prompt (a multiple of 64; a prefill chunk ends at each), so a
   // branch or an edited message reuses the part before it. 0 = auto: max(4096, 2 * prefill_chunk).
   int64_t snapshot_interval = 0;
+  // The prefix cache's host tier (runtime/host_tier.h), 0 and 0 = none: MiB of host memory for KV blocks and state
+  // snapshots the device evicts (page-locked on the CUDA backend), and where admission restores them from. It
+  // outlives the engine when the caller keeps it (Engine::host_tier): a model loaded again resumes from it.
+  int64_t host_kv_mib = 0;
+  int32_t host_state_slots = 0;
   // The CUDA backend times every op of its eager passes with CUDA events (a profiling mode: DeviceRuntime::op_times).
   bool cuda_op_times = false;
   // Speculative decoding: "none", or "mtp" (the model's MTP head drafts `draft_tokens`, 1..5, per round; the CPU
@@ -91,6 +97,10 @@ struct EngineStats {
   int64_t cached_blocks = 0, cached_snapshots = 0;
   int64_t prefix_lookups = 0, prefix_hits = 0, prefix_cached_tokens = 0, prefix_restores = 0;
   int64_t prefix_evicted_blocks = 0, prefix_evicted_snapshots = 0;
+  // The host tier (CacheStats' host_* fields; all 0 without one).
+  int64_t host_blocks = 0, host_snapshots = 0, host_pages = 0, host_slots = 0;
+  int64_t host_stored_blocks = 0, host_stored_snapshots = 0, host_evicted_blocks = 0, host_evicted_snapshots = 0;
+  int64_t host_restored_blocks = 0, host_restored_snapshots = 0;
   int64_t requests_finished = 0, tokens_generated = 0, tokens_prefilled = 0;
   int64_t draft_tokens = 0, draft_tokens_accepted = 0;  // speculative decoding, over all requests
   int64_t resident_bytes = 0;  // the process's resident memory
@@ -99,8 +109,10 @@ struct EngineStats {
 class Engine {
  public:
   // Runs on `backend` (the CPU backend with options.threads when null). A backend with its own memory
-  // (DeviceRuntime) gets the weights at once and a memory plan; OutOfMemoryError when they do not fit.
-  Engine(const std::string& path, const EngineOptions& options, std::unique_ptr<Backend> backend = nullptr);
+  // (DeviceRuntime) gets the weights at once and a memory plan; OutOfMemoryError when they do not fit. `host_tier`:
+  // the host tier a previous engine of this model left (its size rules), else one is made when the options ask.
+  Engine(const std::string& path, const EngineOptions& options, std::unique_ptr<Backend> backend = nullptr,
+         std::shared_ptr<HostTier> host_tier = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -130,6 +142,8 @@ class Engine {
   // The device memory plan (all zero on the CPU backend) and the decode graphs' measured figures.
   const MemoryPlan& memory_plan() const { return memory_plan_; }
   const DeviceRuntime* device() const { return device_; }
+  // The prefix cache's host tier (null without one); close() leaves the prefix cache in it.
+  const std::shared_ptr<HostTier>& host_tier() const { return host_tier_; }
   // Bytes of the vision tower's weights (EngineOptions::vision; 0 without): read from the mapped artifact.
   int64_t vision_weight_bytes() const;
   // Stops the thread, ends every request with `cancelled`, frees the model. Idempotent.
@@ -157,6 +171,7 @@ class Engine {
   std::unique_ptr<Model> model_;
   DeviceRuntime* device_ = nullptr;  // the model's backend, when it has its own memory
   MemoryPlan memory_plan_;
+  std::shared_ptr<HostTier> host_tier_;  // outlives pools_ and cache_
   std::unique_ptr<CachePools> pools_;
   std::unique_ptr<CacheManager> cache_;
   std::unique_ptr<Drafter> drafter_;       // spec "mtp" only

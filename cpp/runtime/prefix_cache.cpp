@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "cache/cache_pools.h"
 #include "errors.h"
 #include "runtime/content_hash.h"
 
@@ -37,8 +38,9 @@ int64_t SnapshotPolicy::next_keep(int64_t begin, int64_t prompt_tokens) const {
   return interval > 0 ? std::min(last, (begin / interval + 1) * interval) : last;
 }
 
-PrefixCache::PrefixCache(PageTable& pages, SlotTable* slots, uint64_t model_key)
-    : pages_(pages), slots_(slots), model_key_(model_key) {}
+PrefixCache::PrefixCache(PageTable& pages, SlotTable* slots, uint64_t model_key, CacheContents* contents,
+                         const HostTierTables& host)
+    : pages_(&pages), slots_(slots), model_key_(model_key), contents_(contents), host_(host) {}
 
 BlockCursor PrefixCache::root() const {
   BlockCursor c;
@@ -68,12 +70,17 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, std::span
   }
   if (!slots_) m.blocks = int64_t(m.path.size());
   for (int64_t d = int64_t(m.path.size()); slots_ && d > 0; --d)
-    if (const int32_t s = nodes_[size_t(m.path[size_t(d - 1)])].snapshot; s >= 0) {
+    if (const Node& n = nodes_[size_t(m.path[size_t(d - 1)])]; n.snapshot >= 0 || n.host_snapshot >= 0) {
       m.blocks = d;
-      m.snapshot = s;
+      m.snapshot = n.snapshot;
+      m.host_snapshot = n.host_snapshot;
       break;
     }
-  for (int64_t d = 0; d < m.blocks; ++d) m.pages.push_back(nodes_[size_t(m.path[size_t(d)])].page);
+  for (int64_t d = 0; d < m.blocks; ++d) {
+    const int32_t page = nodes_[size_t(m.path[size_t(d)])].page;
+    m.pages.push_back(page);
+    m.host_blocks += page < 0;
+  }
   if (m.blocks > 0) {
     m.cursor.node = m.path[size_t(m.blocks - 1)];
     m.cursor.hash = nodes_[size_t(m.cursor.node)].hash;
@@ -82,22 +89,90 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, std::span
   return m;
 }
 
-void PrefixCache::set_used(int32_t id, uint64_t tick) {
-  Node& n = nodes_[size_t(id)];
-  if (n.children == 0) {
-    leaves_.erase({n.used, id});
-    leaves_.insert({tick, id});
+void PrefixCache::pin(const Match& m, int32_t delta) {
+  for (int64_t d = 0; d < m.blocks; ++d) {
+    const int32_t id = m.path[size_t(d)];
+    unindex(id);
+    nodes_[size_t(id)].pins += delta;
+    index(id);
   }
-  if (n.snapshot >= 0) {
-    snapshot_lru_.erase({n.used, id});
-    snapshot_lru_.insert({tick, id});
-  }
-  n.used = tick;
 }
 
-// One tick per node, root first: a chain's deeper blocks are the more recent, so LRU order is total.
+void PrefixCache::restore(Match& m) {
+  for (int64_t d = 0; d < m.blocks; ++d) {
+    if (m.pages[size_t(d)] >= 0) continue;
+    const int32_t id = m.path[size_t(d)];
+    Node& n = nodes_[size_t(id)];
+    std::vector<int32_t> page;
+    if (!pages_->acquire(1, page)) throw EngineError("restoring a host block without a free device page");
+    contents_->load_page(n.host_page, page[0]);
+    to_device(id, page[0]);  // (its parent is on the device by now: restored in order)
+    m.pages[size_t(d)] = page[0];
+    ++counters_.host_restored_blocks;
+  }
+  m.host_blocks = 0;
+  if (m.host_snapshot >= 0) ++counters_.host_restored_snapshots;
+}
+
+// A host block's KV is in device page `page` now (one reference, the index's): its host page is free again.
+void PrefixCache::to_device(int32_t id, int32_t page) {
+  Node& n = nodes_[size_t(id)];
+  if (n.parent >= 0) {
+    unindex(n.parent);
+    ++nodes_[size_t(n.parent)].device_children;
+    index(n.parent);
+  }
+  unindex(id);
+  host_.pages->release(n.host_page);
+  n.host_page = -1;
+  n.page = page;
+  --host_blocks_;
+  ++blocks_;
+  index(id);
+}
+
+void PrefixCache::set_used(int32_t id, uint64_t tick) {
+  unindex(id);
+  nodes_[size_t(id)].used = tick;
+  index(id);
+}
+
+// One tick per node, root first: a chain's deeper blocks are the more recent, so LRU order is total. Each is one
+// more reuse (GDSF's frequency, read when the block or its snapshot moves to the host).
 void PrefixCache::touch(std::span<const int32_t> nodes) {
-  for (int32_t id : nodes) set_used(id, ++clock_);
+  for (int32_t id : nodes) {
+    ++nodes_[size_t(id)].hits;
+    set_used(id, ++clock_);
+  }
+  if (nodes.empty()) return;
+  // The snapshot the reuse started from: a host one is worth more now (its priority rises with its frequency).
+  const int32_t last = nodes.back();
+  Node& n = nodes_[size_t(last)];
+  ++n.snapshot_hits;
+  if (n.host_snapshot >= 0) {
+    unindex(last);
+    n.snapshot_priority = host_snapshot_clock_ + double(1 + n.snapshot_hits) * double(n.depth * kKvPageTokens) /
+                                                     double(std::max<int64_t>(1, host_.state_bytes));
+    index(last);
+  }
+}
+
+void PrefixCache::unindex(int32_t id) {
+  const Node& n = nodes_[size_t(id)];
+  device_leaves_.erase({n.used, id});
+  snapshot_lru_.erase({n.used, id});
+  host_leaves_.erase({n.priority, n.used, id});
+  host_snapshots_.erase({n.snapshot_priority, n.used, id});
+}
+
+// Pinned nodes are in no eviction set.
+void PrefixCache::index(int32_t id) {
+  const Node& n = nodes_[size_t(id)];
+  if (!n.live || n.pins > 0) return;
+  if (n.page >= 0 && n.device_children == 0) device_leaves_.insert({n.used, id});
+  if (n.snapshot >= 0) snapshot_lru_.insert({n.used, id});
+  if (n.host_page >= 0 && n.children == 0) host_leaves_.insert({n.priority, n.used, id});
+  if (n.host_snapshot >= 0) host_snapshots_.insert({n.snapshot_priority, n.used, id});
 }
 
 int32_t PrefixCache::new_node() {
@@ -121,7 +196,12 @@ int32_t PrefixCache::publish(BlockCursor& cursor, std::span<const int32_t> block
       return page;
     }
     id = it->second;
-    kept = nodes_[size_t(id)].page;
+    Node& n = nodes_[size_t(id)];
+    if (n.page < 0) {  // on the host: the sequence's own device copy takes its place
+      pages_->retain(page);
+      to_device(id, page);
+    }
+    kept = n.page;
   } else {
     id = new_node();
     Node& n = nodes_[size_t(id)];
@@ -130,15 +210,19 @@ int32_t PrefixCache::publish(BlockCursor& cursor, std::span<const int32_t> block
     n.salt = salt;
     n.parent = cursor.node;
     n.page = page;
-    n.live = true;
+    n.depth = int32_t(cursor.blocks + 1);
     std::copy(block.begin(), block.end(), n.tokens.begin());
-    pages_.retain(page);
+    pages_->retain(page);
     by_hash_.emplace(hash, id);
     if (n.parent >= 0) {
+      unindex(n.parent);
       Node& p = nodes_[size_t(n.parent)];
-      if (p.children++ == 0) leaves_.erase({p.used, n.parent});
+      ++p.children;
+      ++p.device_children;
+      index(n.parent);
     }
-    leaves_.insert({0, id});  // set_used below moves it to now
+    n.live = true;
+    index(id);
     ++blocks_;
   }
   set_used(id, ++clock_);
@@ -162,40 +246,126 @@ BlockCursor PrefixCache::ancestor(const BlockCursor& cursor, int64_t blocks) con
   return c;
 }
 
+bool PrefixCache::has_snapshot(int32_t node) const {
+  const Node& n = nodes_.at(size_t(node));
+  return n.snapshot >= 0 || n.host_snapshot >= 0;
+}
+
 uint64_t PrefixCache::attach_snapshot(int32_t node, int32_t slot) {
+  if (has_snapshot(node)) throw EngineError("block " + std::to_string(node) + " already has a state snapshot");
+  unindex(node);
   Node& n = nodes_.at(size_t(node));
-  if (n.snapshot >= 0) throw EngineError("block " + std::to_string(node) + " already has a state snapshot");
   n.snapshot = slot;
   n.snapshot_serial = ++serials_;
-  snapshot_lru_.insert({n.used, node});
+  n.snapshot_hits = 0;
+  ++snapshots_;
+  index(node);
   return n.snapshot_serial;
 }
 
 void PrefixCache::drop_snapshot(int32_t node) {
   Node& n = nodes_.at(size_t(node));
-  if (n.snapshot < 0) return;
-  snapshot_lru_.erase({n.used, node});
-  slots_->release(n.snapshot);
-  n.snapshot = -1;
+  if (n.snapshot < 0 && n.host_snapshot < 0) return;
+  unindex(node);
+  if (n.snapshot >= 0) {
+    slots_->release(n.snapshot);
+    --snapshots_;
+  }
+  if (n.host_snapshot >= 0) {
+    host_.slots->release(n.host_snapshot);
+    --host_snapshots_count_;
+  }
+  n.snapshot = n.host_snapshot = -1;
   n.snapshot_serial = 0;
+  index(node);
 }
 
-bool PrefixCache::evict_snapshot(int32_t keep_node) {
-  for (const auto& [used, id] : snapshot_lru_) {
-    if (id == keep_node) continue;
-    drop_snapshot(id);
-    ++evicted_snapshots_;
-    return true;
+int32_t PrefixCache::host_page() {
+  if (!host_.pages || host_.pages->total() == 0) return -1;
+  if (host_.pages->free() == 0) {
+    if (host_leaves_.empty()) return -1;
+    const auto [priority, used, id] = *host_leaves_.begin();
+    host_clock_ = priority;
+    if (nodes_[size_t(id)].snapshot >= 0) ++counters_.evicted_snapshots;
+    if (nodes_[size_t(id)].host_snapshot >= 0) ++counters_.host_evicted_snapshots;
+    remove(id);
+    ++counters_.host_evicted_blocks;
   }
-  return false;
+  return host_.pages->acquire();
+}
+
+int32_t PrefixCache::host_slot() {
+  if (!host_.slots || host_.slots->total() == 0) return -1;
+  if (host_.slots->free() == 0) {
+    if (host_snapshots_.empty()) return -1;
+    const auto [priority, used, id] = *host_snapshots_.begin();
+    host_snapshot_clock_ = priority;
+    drop_snapshot(id);
+    ++counters_.host_evicted_snapshots;
+  }
+  return host_.slots->acquire();
+}
+
+void PrefixCache::demote_block(int32_t id) {
+  const int32_t to = host_page();
+  Node& n = nodes_[size_t(id)];
+  if (to < 0) {
+    if (n.children > 0) throw EngineError("a device block with host children and no host page for it");
+    if (n.snapshot >= 0 || n.host_snapshot >= 0) ++counters_.evicted_snapshots;
+    remove(id);
+    ++counters_.evicted_blocks;
+    return;
+  }
+  contents_->store_page(n.page, to);
+  if (n.parent >= 0) {
+    unindex(n.parent);
+    --nodes_[size_t(n.parent)].device_children;
+    index(n.parent);
+  }
+  unindex(id);
+  const int32_t page = n.page;
+  pages_->release(std::span<const int32_t>(&page, 1));
+  n.page = -1;
+  n.host_page = to;
+  n.priority = host_clock_ + double(1 + n.hits) * double(kKvPageTokens) / double(std::max<int64_t>(1, host_.page_bytes));
+  --blocks_;
+  ++host_blocks_;
+  index(id);
+  ++counters_.evicted_blocks;
+  ++counters_.stored_blocks;
+}
+
+void PrefixCache::demote_snapshot(int32_t id) {
+  const int32_t to = host_slot();
+  Node& n = nodes_[size_t(id)];
+  ++counters_.evicted_snapshots;
+  if (to < 0) {
+    drop_snapshot(id);
+    return;
+  }
+  contents_->store_state(n.snapshot, to);
+  unindex(id);
+  slots_->release(n.snapshot);
+  n.snapshot = -1;
+  n.host_snapshot = to;
+  --snapshots_;
+  ++host_snapshots_count_;
+  n.snapshot_priority = host_snapshot_clock_ + double(1 + n.snapshot_hits) * double(n.depth * kKvPageTokens) /
+                                                   double(std::max<int64_t>(1, host_.state_bytes));
+  index(id);
+  ++counters_.stored_snapshots;
+}
+
+bool PrefixCache::evict_snapshot() {
+  if (snapshot_lru_.empty()) return false;
+  demote_snapshot(snapshot_lru_.begin()->second);
+  return true;
 }
 
 bool PrefixCache::evict_block() {
-  for (const auto& [used, id] : leaves_) {
-    if (pages_.refcount(nodes_[size_t(id)].page) != 1) continue;  // a running sequence reads it
-    if (nodes_[size_t(id)].snapshot >= 0) ++evicted_snapshots_;
-    remove(id);
-    ++evicted_blocks_;
+  for (const auto& [used, id] : device_leaves_) {
+    if (pages_->refcount(nodes_[size_t(id)].page) != 1) continue;  // a running sequence reads it
+    demote_block(id);
     return true;
   }
   return false;
@@ -203,29 +373,70 @@ bool PrefixCache::evict_block() {
 
 void PrefixCache::remove(int32_t id) {
   Node& n = nodes_[size_t(id)];
+  if (n.children > 0) throw EngineError("removing a prefix block that has children");
   drop_snapshot(id);
-  leaves_.erase({n.used, id});
+  unindex(id);
   by_hash_.erase(n.hash);
-  const int32_t page = n.page;
-  pages_.release(std::span<const int32_t>(&page, 1));
+  if (n.page >= 0) {
+    const int32_t page = n.page;
+    pages_->release(std::span<const int32_t>(&page, 1));
+    --blocks_;
+  }
+  if (n.host_page >= 0) {
+    host_.pages->release(n.host_page);
+    --host_blocks_;
+  }
   if (n.parent >= 0) {
+    unindex(n.parent);
     Node& p = nodes_[size_t(n.parent)];
-    if (--p.children == 0) leaves_.insert({p.used, n.parent});
+    --p.children;
+    if (n.page >= 0) --p.device_children;
+    index(n.parent);
   }
   n.live = false;
   free_nodes_.push_back(id);
-  --blocks_;
 }
 
 int64_t PrefixCache::evictable_blocks() const {
   int64_t n = 0;
   for (const Node& node : nodes_)
-    if (node.live && pages_.refcount(node.page) == 1) ++n;
+    if (node.live && node.page >= 0 && pages_->refcount(node.page) == 1) ++n;
   return n;
 }
 
+int64_t PrefixCache::evictable_snapshots() const { return int64_t(snapshot_lru_.size()); }
+
 PrefixCacheStats PrefixCache::stats() const {
-  return {blocks_, snapshots(), evicted_blocks_, evicted_snapshots_};
+  PrefixCacheStats s = counters_;
+  s.blocks = blocks_;
+  s.snapshots = snapshots();
+  s.host_blocks = host_blocks_;
+  s.host_snapshots = host_snapshots_count_;
+  s.host_pages = host_.pages ? host_.pages->total() : 0;
+  s.host_slots = host_.slots ? host_.slots->total() : 0;
+  return s;
+}
+
+// Device leaves first, least recently used first (as eviction would take them), so the freshest conversations
+// enter the host tier last: GDSF's rising clock gives them the higher priorities.
+void PrefixCache::detach() {
+  while (!device_leaves_.empty()) demote_block(device_leaves_.begin()->second);
+  while (!snapshot_lru_.empty()) demote_snapshot(snapshot_lru_.begin()->second);
+  for (const Node& n : nodes_)
+    if (n.live && (n.page >= 0 || n.snapshot >= 0 || n.pins > 0))
+      throw EngineError("detaching a prefix cache that a running sequence still uses");
+  if (contents_) contents_->wait_host_copies();
+  pages_ = nullptr;
+  slots_ = nullptr;
+  contents_ = nullptr;
+}
+
+void PrefixCache::attach(PageTable& pages, SlotTable* slots, CacheContents* contents, const HostTierTables& host) {
+  pages_ = &pages;
+  slots_ = slots;
+  contents_ = contents;
+  host_ = host;
+  counters_ = {};  // the counts are the engine's (from zero, like its other counters); the contents stay
 }
 
 }  // namespace ninfer

@@ -86,6 +86,11 @@ class EngineOptions:
     device_state_slots: int = 0
     # tokens between interior state snapshots of a long prompt, a multiple of 64; 0 = auto: max(4096, 2 x chunk)
     snapshot_interval: int = 0
+    # the prefix cache's host tier (docs/prefix-cache.md): MiB of host memory for the KV blocks the device evicts,
+    # and state snapshots it holds (one state image each); 0 and 0 = none. `Engine.host_tier` hands it to the next
+    # engine of the model (the router does), which resumes from what it holds.
+    host_kv_mib: int = 0
+    host_state_slots: int = 0
 
 
 # The sampler's stage names (llama.cpp's), and the order a request that names none runs them in.
@@ -209,9 +214,21 @@ class PrefixCacheStats:
     lookups: int = 0  # admissions that looked for a cached prefix
     hits: int = 0  # ... and reused one
     cached_tokens: int = 0  # prompt tokens reused
-    restores: int = 0  # state snapshots copied into a lane
-    evicted_blocks: int = 0
+    restores: int = 0  # state snapshots copied into a lane from the device tier
+    evicted_blocks: int = 0  # that left the device tier (moved to the host tier, or forgotten without one)
     evicted_snapshots: int = 0
+    # The host tier (docs/prefix-cache.md; all 0 without one): what it holds now and its room, what moved there from
+    # the device, what it forgot (GDSF), and what admissions restored from it.
+    host_blocks: int = 0
+    host_snapshots: int = 0
+    host_pages: int = 0
+    host_slots: int = 0
+    host_stored_blocks: int = 0
+    host_stored_snapshots: int = 0
+    host_evicted_blocks: int = 0
+    host_evicted_snapshots: int = 0
+    host_restored_blocks: int = 0
+    host_restored_snapshots: int = 0
 
 
 @dataclass(frozen=True)
@@ -250,6 +267,9 @@ class ModelInfo:
     encoding: dict[str, Any]
 
 
+_HOST_TIER_FIELDS = tuple(f.name for f in fields(PrefixCacheStats) if f.name.startswith("host_"))
+
+
 def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     if options.backend not in BACKENDS:
         raise errors.EngineError(f"unknown backend {options.backend!r} (use {', '.join(BACKENDS)})")
@@ -275,6 +295,8 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     native.prefix_cache = options.prefix_cache
     native.device_state_slots = options.device_state_slots
     native.snapshot_interval = options.snapshot_interval
+    native.host_kv_mib = options.host_kv_mib
+    native.host_state_slots = options.host_state_slots
     return native
 
 
@@ -543,11 +565,13 @@ class Engine:
     supports_token_constraints = True  # Request.constraint is honoured
 
     def __init__(self, path: str | Path, options: EngineOptions,
-                 progress: Callable[[float], None] | None = None) -> None:
+                 progress: Callable[[float], None] | None = None, host_tier: _engine.HostTier | None = None) -> None:
+        """`host_tier`: the prefix cache's host tier an earlier engine of this model left (`Engine.host_tier`): its
+        conversations resume from it. Its size must be the options' host_kv_mib and host_state_slots."""
         report = progress or (lambda fraction: None)  # called on the loading thread
         artifact = read_artifact(path)
         report(LOAD_PROGRESS["header"])
-        native = _engine.Engine(str(path), _native_options(options))
+        native = _engine.Engine(str(path), _native_options(options), host_tier)
         report(LOAD_PROGRESS["weights"])
         self.options = options
         try:
@@ -577,16 +601,23 @@ class Engine:
     def _closed(self) -> bool:
         return self._pump.closed
 
+    @property
+    def host_tier(self) -> _engine.HostTier | None:
+        """The prefix cache's host tier (None without one). `close()` leaves the prefix cache in it: handed to the
+        next engine of the same model, it resumes from there."""
+        return self._native.host_tier
+
     @classmethod
     def open_sync(cls, path: str | Path, options: EngineOptions | None = None) -> Engine:
         return cls(path, options or EngineOptions())
 
     @classmethod
     async def open(cls, path: str | Path, options: EngineOptions | None = None,
-                   progress: Callable[[float], None] | None = None) -> Engine:
+                   progress: Callable[[float], None] | None = None,
+                   host_tier: _engine.HostTier | None = None) -> Engine:
         """Loads in a worker thread so the event loop keeps running; `progress(fraction)` is called on that thread
-        after each step of the load (LOAD_PROGRESS)."""
-        return await asyncio.to_thread(cls, path, options or EngineOptions(), progress)
+        after each step of the load (LOAD_PROGRESS). `host_tier`: see `Engine()`."""
+        return await asyncio.to_thread(cls, path, options or EngineOptions(), progress, host_tier)
 
     def submit(self, request: Request, *, observer: GenerationObserver | None = None,
                on_cancel_freed: Callable[[float], None] | None = None) -> RequestStream:
@@ -693,7 +724,8 @@ class Engine:
                            s.busy_decision_lanes,
                            PrefixCacheStats(s.cached_blocks, s.cached_snapshots, s.total_state_slots, s.prefix_lookups,
                                             s.prefix_hits, s.prefix_cached_tokens, s.prefix_restores,
-                                            s.prefix_evicted_blocks, s.prefix_evicted_snapshots))
+                                            s.prefix_evicted_blocks, s.prefix_evicted_snapshots,
+                                            **{f: getattr(s, f) for f in _HOST_TIER_FIELDS}))
 
     def close(self) -> None:
         """Ends every request (`cancelled`), stops the threads and frees the model. Idempotent."""

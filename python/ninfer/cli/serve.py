@@ -29,8 +29,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # option dest -> the issue that brings it (for the refusal message)
 NOT_YET = {
     "lm_head_draft": "the MTP draft's lm-head shortlist",
-    "host_state_slots": "GDN state offload",
-    "host_kv_mib": "host KV offload",
     "reserve_gib": "GPU memory planning",
 }
 
@@ -149,6 +147,22 @@ def build_parser() -> argparse.ArgumentParser:
         "reuses the part before it; 0 (default) = auto: max(4096, 2 x prefill chunk)",
     )
     engine.add_argument(
+        "--host-kv-mib",
+        type=_positive("--host-kv-mib", 0),
+        default=0,
+        metavar="MIB",
+        help="host memory for prefix-cache KV blocks the GPU evicts (page-locked on CUDA), restored from there "
+        "instead of recomputed; kept across a router swap, so a model loaded again resumes warm; 0 (default) = none",
+    )
+    engine.add_argument(
+        "--host-state-slots",
+        type=_positive("--host-state-slots", 0),
+        default=0,
+        metavar="N",
+        help="Gated DeltaNet state snapshots the host tier holds beside --host-kv-mib (each one state image: "
+        "~147 MiB for Qwen3.5-27B, ~61 MiB for 35B-A3B); 0 (default) = none",
+    )
+    engine.add_argument(
         "--threads",
         type=_positive("--threads", 0),
         default=0,
@@ -170,8 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_media_arguments(p)
     later = p.add_argument_group("options of later releases (validated, refused for now)")
     later.add_argument("--lm-head-draft", type=_positive("--lm-head-draft"), metavar="N")
-    later.add_argument("--host-state-slots", type=_positive("--host-state-slots", 0), metavar="N")
-    later.add_argument("--host-kv-mib", type=_positive("--host-kv-mib", 0), metavar="MIB")
     later.add_argument("--reserve-gib", type=_non_negative_float("--reserve-gib"), metavar="GIB")
     server = p.add_argument_group("server")
     server.add_argument("--api-key-file", metavar="FILE", help="API keys, one per line; requests need one")
@@ -209,6 +221,8 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--prefill-chunk must be a multiple of 64, got {args.prefill_chunk}")
     if args.snapshot_interval % 64:
         raise CliError(f"--snapshot-interval must be a multiple of 64, got {args.snapshot_interval}")
+    if args.prefix_cache == "off" and (args.host_kv_mib or args.host_state_slots):
+        raise CliError("--host-kv-mib / --host-state-slots keep prefix-cache contents: they need --prefix-cache on")
     if 0 < args.device_state_slots < args.max_concurrency:
         raise CliError(f"--device-state-slots ({args.device_state_slots}) must be 0 (auto) or at least "
                        f"--max-concurrency ({args.max_concurrency}): one per lane")
@@ -256,6 +270,8 @@ def _engine_options(args: argparse.Namespace) -> Any:
         prefix_cache=args.prefix_cache == "on",
         device_state_slots=args.device_state_slots,
         snapshot_interval=args.snapshot_interval,
+        host_kv_mib=args.host_kv_mib,
+        host_state_slots=args.host_state_slots,
         **spec_options(args),
     )
 

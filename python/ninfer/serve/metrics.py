@@ -53,6 +53,10 @@ class _EngineCollector(Collector):
                                 value=p.cached_blocks)
         yield GaugeMetricFamily("ninfer_prefix_cache_snapshots", "Gated DeltaNet state snapshots in the prefix cache",
                                 value=p.cached_snapshots)
+        yield GaugeMetricFamily("ninfer_prefix_cache_host_blocks", "64-token KV blocks in the host tier",
+                                value=p.host_blocks)
+        yield GaugeMetricFamily("ninfer_prefix_cache_host_snapshots", "State snapshots in the host tier",
+                                value=p.host_snapshots)
         # Counters since the resident engine opened (a swapped model starts again from 0).
         for name, doc, value in (
             ("lookups", "Admissions that looked for a cached prefix", p.lookups),
@@ -61,6 +65,14 @@ class _EngineCollector(Collector):
             ("restores", "State snapshots restored into a lane (device tier)", p.restores),
             ("evicted_blocks", "KV blocks evicted from the prefix cache (device tier)", p.evicted_blocks),
             ("evicted_snapshots", "State snapshots evicted from the prefix cache (device tier)", p.evicted_snapshots),
+            ("host_stored_blocks", "KV blocks the device tier moved to the host tier", p.host_stored_blocks),
+            ("host_stored_snapshots", "State snapshots the device tier moved to the host tier",
+             p.host_stored_snapshots),
+            ("host_restored_blocks", "KV blocks restored from the host tier", p.host_restored_blocks),
+            ("host_restored_snapshots", "State snapshots restored into a lane from the host tier",
+             p.host_restored_snapshots),
+            ("host_evicted_blocks", "KV blocks evicted from the host tier (GDSF)", p.host_evicted_blocks),
+            ("host_evicted_snapshots", "State snapshots evicted from the host tier (GDSF)", p.host_evicted_snapshots),
         ):
             yield CounterMetricFamily(f"ninfer_prefix_cache_{name}", doc, value=value)
 

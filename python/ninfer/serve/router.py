@@ -16,6 +16,11 @@ waited for it get a 503 naming it, the server keeps running, and a later request
 each engine's own bounded FIFO answers 429 when full.
 
 Every status change is published to `router.events` subscribers (the `/models/sse` feed) in the order it happened.
+
+A model with a prefix-cache host tier (host_kv_mib / host_state_slots) comes back warm: the router keeps the tier
+when it closes the engine (the engine moves what its GPU cache held there first, as far as the tier has room) and
+hands it to the model's next engine, whose first requests reuse what it holds. Host memory is therefore bounded by
+the sum of the configured models' tiers, allocated at each model's first load and kept for the router's lifetime.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 
 from litestar.exceptions import HTTPException
 
+from ninfer import _engine
 from ninfer.engine import Engine, EngineOptions, EngineStats
 from ninfer.errors import NinferError
 from ninfer.serve.calls import Call, failure_summary
@@ -149,8 +155,19 @@ class Lease:
 
 _ZERO_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
-# (path, options, progress): `progress(fraction)` may be called from the loading thread (Engine.open's contract).
-OpenEngine = Callable[[Path, EngineOptions, Callable[[float], None]], Awaitable[Engine]]
+# (path, options, progress, host_tier): `progress(fraction)` may be called from the loading thread (Engine.open's
+# contract); host_tier is the one the model's last engine left, or None.
+OpenEngine = Callable[[Path, EngineOptions, Callable[[float], None], "_engine.HostTier | None"], Awaitable[Engine]]
+
+
+def host_tier_key(spec: ModelSpec) -> tuple[Any, ...] | None:
+    """Which host tier a model's engines share: one per artifact file, KV dtype and tier size (None: it has none).
+    The tier itself checks the artifact's identity (its manifest) when an engine attaches, and starts empty when the
+    file changed."""
+    o = spec.options
+    if not o.prefix_cache or not (o.host_kv_mib or o.host_state_slots):
+        return None
+    return (str(spec.path.resolve()), o.kv_dtype, o.host_kv_mib, o.host_state_slots)
 
 
 class ModelRouter:
@@ -183,6 +200,8 @@ class ModelRouter:
         self._abandoned_loads: set[asyncio.Task[None]] = set()
         self.started = time.time()
         self.metrics = ServerMetrics(self.resident_stats)
+        # Host tiers outlive their engines (see the module doc), by host_tier_key.
+        self.host_tiers: dict[tuple[Any, ...], _engine.HostTier] = {}
 
     @classmethod
     def serving(cls, served: ServedModel, **kwargs: Any) -> ModelRouter:
@@ -519,7 +538,10 @@ class ModelRouter:
             if running:
                 return (f"an earlier load that outlived its health-check timeout is still running, so its memory is "
                         f"not free yet (waited {timeout:g} s)")
-        opening = asyncio.ensure_future(self._open_engine(spec.path, spec.options, self._progress_reporter(target)))
+        tier_key = host_tier_key(spec)
+        tier = self.host_tiers.get(tier_key) if tier_key is not None else None
+        opening = asyncio.ensure_future(self._open_engine(spec.path, spec.options, self._progress_reporter(target),
+                                                          tier))
         done, _ = await asyncio.wait({opening}, timeout=timeout)
         if not done:
             # The load thread cannot be interrupted: close whatever it produces once it finishes; it never becomes
@@ -540,6 +562,8 @@ class ModelRouter:
         except NinferError as exc:
             engine.close()
             return f"not ready: {exc}"
+        if tier_key is not None and engine.host_tier is not None:
+            self.host_tiers[tier_key] = engine.host_tier
         engine.on_failure = self._error_recorder(spec.name)
         served = ServedModel(spec.name, engine,
                              preserve_thinking=spec.preserve_thinking, metrics=self.metrics,

@@ -28,9 +28,7 @@ DEFAULT_SSE_PING_S = 5.0  # keepalives of /models/sse
 # Engine keys a model entry may carry, besides the router's own keys below.
 ENGINE_KEYS = {f.name for f in fields(EngineOptions)} - {"verify_checksums"}
 # Options of later issues: accepted by name so configs written for them fail with a clear message.
-NOT_YET_KEYS = {"lm_head_draft": "the MTP draft's lm-head shortlist",
-                "host_state_slots": "GDN state offload",
-                "host_kv_mib": "host KV offload", "reserve_gib": "GPU memory planning"}
+NOT_YET_KEYS = {"lm_head_draft": "the MTP draft's lm-head shortlist", "reserve_gib": "GPU memory planning"}
 MODEL_KEYS = {"path", "aliases", "ttl", "preserve_thinking", "description", "sampling", "max_tokens"}
 GLOBAL_KEYS = {"models", "ttl", "health_check_timeout", "load_wait_timeout", "sse_ping_interval", "max_tokens"}
 
@@ -161,6 +159,9 @@ def _engine_options(entry: Mapping[str, Any], defaults: EngineOptions, where: st
     if options.snapshot_interval % 64:
         raise RouterConfigError(f"{where}.snapshot_interval must be a multiple of 64 or 0 (auto), "
                                 f"got {options.snapshot_interval}")
+    if not options.prefix_cache and (options.host_kv_mib or options.host_state_slots):
+        raise RouterConfigError(f"{where}.host_kv_mib / host_state_slots keep prefix-cache contents: they need "
+                                f"prefix_cache true")
     if 0 < options.device_state_slots < options.max_concurrency:
         raise RouterConfigError(f"{where}.device_state_slots ({options.device_state_slots}) must be 0 (auto) or at "
                                 f"least max_concurrency ({options.max_concurrency}): one per lane")
