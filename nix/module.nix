@@ -34,7 +34,14 @@ let
     "--webui-dir" = "webui.directory";
     "--spec" = "speculative.method";
     "--draft-tokens" = "speculative.draftTokens";
-  };
+    "--vision" = "vision.enable";
+  }
+  // builtins.listToAttrs (
+    lib.mapAttrsToList (name: _: {
+      name = limitFlag name;
+      value = "vision.mediaLimits.${name}";
+    }) cfg.vision.mediaLimits
+  );
   # Speculative decoding's flags (none when it is off).
   specFlags = lib.optionals (cfg.speculative.method != "none") [
     "--spec"
@@ -42,6 +49,16 @@ let
     "--draft-tokens"
     (toString cfg.speculative.draftTokens)
   ];
+  # The vision tower's flags: --vision, and one --max-... flag per media limit set (MediaLimits' field names).
+  limitFlag = name: "--" + builtins.replaceStrings [ "_" ] [ "-" ] name;
+  visionFlags =
+    lib.optional cfg.vision.enable "--vision"
+    ++ builtins.concatLists (
+      lib.mapAttrsToList (name: value: [
+        (limitFlag name)
+        (toString value)
+      ]) cfg.vision.mediaLimits
+    );
   flagName = flag: builtins.head (builtins.split "=" flag);
   misusedFlags = builtins.filter (flag: managedFlags ? ${flagName flag}) cfg.extraFlags;
 
@@ -99,7 +116,7 @@ let
           stateDirectory
           cacheDirectory
           ;
-        extraFlags = specFlags ++ cfg.extraFlags;
+        extraFlags = specFlags ++ visionFlags ++ cfg.extraFlags;
         configFile = if usesRouterConfig then configFile else null;
         webui = cfg.webui.enable;
         webuiDir = cfg.webui.directory;
@@ -294,6 +311,23 @@ in
         type = types.ints.between 1 5;
         default = 3;
         description = "Drafts per round with `speculative.method = \"mtp\"`.";
+      };
+    };
+
+    vision = {
+      enable = mkEnableOption "the vision tower (ninfer-serve --vision): requests may carry images and video (Qwen3.5 artifacts; docs/vision.md)";
+      mediaLimits = mkOption {
+        type = types.attrsOf types.ints.positive;
+        default = { };
+        example = {
+          max_images_per_request = 4;
+          max_vision_tokens_per_request = 8192;
+        };
+        description = ''
+          Media limits of requests with images or video, each a `--max-...` flag of ninfer-serve: the keys are
+          docs/vision.md's ("Limits"), e.g. `max_images_per_request`; the rest keep their defaults. A model of
+          `models` may set its own in its `engine.media_limits` (and `engine.vision`, docs/router.md).
+        '';
       };
     };
 
