@@ -146,13 +146,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t qa[4];
         ldmatrix_x4(qa, qs + (warp * 16 + lane % 16) * kStride<D> + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-        for (int np = 0; np < kKeys / 16; ++np) {
-          uint32_t kb[4];
-          ldmatrix_x4(kb, ks + (np * 16 + lane % 8 + (lane / 16) * 8) * kStride<D> + kk * 16 + ((lane / 8) % 2) * 8);
-          mma_bf16(sc[2 * np], qa, kb[0], kb[1]);
-          mma_bf16(sc[2 * np + 1], qa, kb[2], kb[3]);
-        }
+        add_key_scores<kKeys, D>(sc, qa, ks, kk, lane);
       }
       // Key scales, then the causal mask where the tile reaches past the block's first row.
       const bool diagonal = kt * kKeys + kKeys - 1 > first_pos;
@@ -208,14 +202,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
           }
         const uint32_t pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]), pack_bf16(p[1][0], p[1][1]),
                                 pack_bf16(p[1][2], p[1][3])};
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t vb[4];
-          const int key = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-          ldmatrix_x4_trans(vb, vs + key * kStride<D> + dp * 16 + (lane / 16) * 8);
-          mma_bf16(o[2 * dp], pa, vb[0], vb[1]);
-          mma_bf16(o[2 * dp + 1], pa, vb[2], vb[3]);
-        }
+        add_weighted_values<D>(o, pa, vs, kk, lane);
       }
     }
     __syncthreads();  // every warp is done with V[kt]

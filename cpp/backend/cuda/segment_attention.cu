@@ -11,8 +11,8 @@
 // 2^-8 of the weighted mean of |v| (plus the score error's effect on the weights) beside the exact result.
 //
 // The inputs are f32, so tiles are converted on the way (global -> registers -> shared) and their fetch is not
-// overlapped within the block; two blocks per SM overlap each other (heads up to 96). Next steps: a bf16 copy of q/k/v made once
-// per layer (cp.async or TMA tiles, read by every query tile of the segment), then wgmma.
+// overlapped within the block; two blocks per SM (heads up to 80) overlap each other. Next steps: a bf16 copy of
+// q/k/v made once per layer (cp.async or TMA tiles, read by every query tile of the segment), then wgmma.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -57,9 +57,9 @@ __device__ void load_rows(const float* x, int64_t row_stride, int64_t from, int 
   }
 }
 
-// Two blocks an SM up to heads of 96 (128 registers a thread, no spills); the wider heads' accumulators need more.
+// Two blocks an SM up to heads of 80 (128 registers a thread, no spills); the wider heads' accumulators need more.
 template <int D>
-__global__ void __launch_bounds__(kAttentionThreads, D <= 96 ? 2 : 1)
+__global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
     segment_attention_kernel(const float* q, const float* k, const float* v, int64_t row_stride,
                              const QueryTile* tiles, int32_t heads, int32_t head_dim, float scale, float* out) {
   chain_start();
@@ -100,14 +100,7 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 96 ? 2 : 1)
 #pragma unroll
     for (int nt = 0; nt < kKeys / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-      for (int np = 0; np < kKeys / 16; ++np) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, ks + (np * 16 + lane % 8 + (lane / 16) * 8) * kStride<D> + kk * 16 + ((lane / 8) % 2) * 8);
-        mma_bf16(sc[2 * np], qa[kk], kb[0], kb[1]);
-        mma_bf16(sc[2 * np + 1], qa[kk], kb[2], kb[3]);
-      }
+    for (int kk = 0; kk < D / 16; ++kk) add_key_scores<kKeys, D>(sc, qa[kk], ks, kk, lane);
     if (keys < kKeys) {
 #pragma unroll
       for (int nt = 0; nt < kKeys / 8; ++nt)
@@ -141,14 +134,7 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 96 ? 2 : 1)
       const uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
                               pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                               pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t vb[4];
-        const int key = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-        ldmatrix_x4_trans(vb, vs + key * kStride<D> + dp * 16 + (lane / 16) * 8);
-        mma_bf16(o[2 * dp], pa, vb[0], vb[1]);
-        mma_bf16(o[2 * dp + 1], pa, vb[2], vb[3]);
-      }
+      add_weighted_values<D>(o, pa, vs, kk, lane);
     }
   }
   if (!warp_active) return;
