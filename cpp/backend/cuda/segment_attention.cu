@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int row = warp * 16 + g + 8 * rr;
+    const float inv = 1.0f / quad_sum(row_sum[rr]);  // every lane of the warp takes part (rows past the end too)
     if (row >= queries) continue;
-    const float inv = 1.0f / quad_sum(row_sum[rr]);
     float* to = out + (tile.row0 + tile.first + row) * int64_t(heads) * head_dim + head_offset;
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
