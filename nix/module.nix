@@ -36,7 +36,14 @@ let
     "--draft-tokens" = "speculative.draftTokens";
     "--host-kv-mib" = "hostTier.kvMib";
     "--host-state-slots" = "hostTier.stateSlots";
-  };
+    "--vision" = "vision.enable";
+  }
+  // builtins.listToAttrs (
+    lib.mapAttrsToList (name: _: {
+      name = limitFlag name;
+      value = "vision.mediaLimits.${name}";
+    }) cfg.vision.mediaLimits
+  );
   # Speculative decoding's flags (none when it is off).
   specFlags = lib.optionals (cfg.speculative.method != "none") [
     "--spec"
@@ -54,6 +61,16 @@ let
       "--host-state-slots"
       (toString cfg.hostTier.stateSlots)
     ];
+  # The vision tower's flags: --vision, and one --max-... flag per media limit set (MediaLimits' field names).
+  limitFlag = name: "--" + builtins.replaceStrings [ "_" ] [ "-" ] name;
+  visionFlags =
+    lib.optional cfg.vision.enable "--vision"
+    ++ builtins.concatLists (
+      lib.mapAttrsToList (name: value: [
+        (limitFlag name)
+        (toString value)
+      ]) cfg.vision.mediaLimits
+    );
   flagName = flag: builtins.head (builtins.split "=" flag);
   misusedFlags = builtins.filter (flag: managedFlags ? ${flagName flag}) cfg.extraFlags;
 
@@ -114,7 +131,7 @@ let
           stateDirectory
           cacheDirectory
           ;
-        extraFlags = specFlags ++ hostTierFlags ++ cfg.extraFlags;
+        extraFlags = specFlags ++ hostTierFlags ++ visionFlags ++ cfg.extraFlags;
         configFile = if usesRouterConfig then configFile else null;
         webui = cfg.webui.enable;
         webuiDir = cfg.webui.directory;
@@ -331,6 +348,23 @@ in
         description = ''
           Gated DeltaNet state snapshots the host tier holds beside `kvMib`, one state image each (about 147 MiB
           for Qwen3.5-27B, 61 MiB for 35B-A3B). 0: none. A model's `engine.host_state_slots` overrides it.
+        '';
+      };
+    };
+
+    vision = {
+      enable = mkEnableOption "the vision tower (ninfer-serve --vision): requests may carry images and video (Qwen3.5 artifacts; docs/vision.md)";
+      mediaLimits = mkOption {
+        type = types.attrsOf types.ints.positive;
+        default = { };
+        example = {
+          max_images_per_request = 4;
+          max_vision_tokens_per_request = 8192;
+        };
+        description = ''
+          Media limits of requests with images or video, each a `--max-...` flag of ninfer-serve: the keys are
+          docs/vision.md's ("Limits"), e.g. `max_images_per_request`; the rest keep their defaults. A model of
+          `models` may set its own in its `engine.media_limits` (and `engine.vision`, docs/router.md).
         '';
       };
     };

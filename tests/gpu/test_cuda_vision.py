@@ -2,7 +2,7 @@
 
 Ops (`_engine.cuda.Ops("cuda")` vs `Ops("cpu")`, outputs NaN-poisoned first, fresh random inputs): layernorm, both
 GELUs, add_embedding_mix over f32 and bf16 tables, segment_attention over several segment layouts and head sizes
-(also against the float64 reference, and rows outside every segment left unwritten), rope with two and three
+(against its bf16 rounding model and the float64 reference, and rows outside every segment left unwritten), rope with two and three
 position streams. End to end, on the tiny Qwen3.5 dense and MoE artifacts (conftest's tiny_artifacts): the tower's
 rows for images and videos, and whole-model logits with one image, two images, a video and a mix (prefill, then
 decoding at index + delta), backend="cuda" against backend="cpu"."""
@@ -24,9 +24,15 @@ from vision_prompts import build_prompt, media_rows
 pytestmark = pytest.mark.gpu
 
 # The tiny models' GEMMs take the exact f32 twin (their inner dimensions are below the fast paths' minimum), so
-# both backends differ by f32 summation order only: ~1e-6 of the scale, through 8 layers ~1e-5.
-TOWER_TOL = 1e-5
-LOGIT_TOL = 1e-3  # as tests/gpu/test_cuda_backend.py
+# the backends differ by f32 summation order (~1e-5 of the scale) and by the CUDA segment attention's bf16
+# inputs: its outputs are off by ~2^-8 (4e-3) of their scale (2^-7 for v's and P's rounding at worst, plus the
+# scores'; test_segment_attention checks the bound), and the one-block tiny tower passes that on through its
+# projection, MLP and merger with little gain: 2e-2 leaves a factor of ~5 over the typical error, while a wrong
+# segment or a dropped key tile is off by O(1).
+TOWER_TOL = 2e-2
+# Logits of prompts with media: the vision rows carry the tower's error into the text model (linear to first
+# order), so the same 2e-2 of the logits' scale; text-only logits are held to 1e-3 in tests/gpu/test_cuda_backend.py.
+LOGIT_TOL = 2e-2
 
 
 @pytest.fixture
@@ -80,18 +86,25 @@ def test_add_embedding_mix(ops, tmp_path, encoding):
                      cpu.add_embedding_mix(x, ids, weights, taps, art, "pos"), 1e-6, 1e-6, "add_embedding_mix")
 
 
+UNEVEN = [(0, 1), (1, 63), (64, 64), (128, 65), (193, 300)]  # partial, whole and one-past query and key tiles
 SEGMENT_CASES = [  # (heads, head_dim, segments, rows)
     (1, 8, [(0, 1)], 1),
     (2, 8, [(0, 16), (16, 16), (32, 48)], 80),
-    (16, 72, [(0, 300)], 300),  # the released tower's head size; tiles of 64 queries, 32 keys, partial last ones
+    (16, 72, [(0, 300)], 300),  # the released tower's head size (padded to 80); partial last query and key tiles
     (3, 64, [(0, 5), (7, 129), (136, 64)], 210),  # rows 5, 6 and 200.. in no segment
     (4, 128, [(10, 97)], 120),
     (2, 4, [(0, 33), (33, 31)], 64),
+    (16, 72, UNEVEN, 500),  # rows 493.. in no segment
+    (2, 8, UNEVEN, 493),  # the tiny towers' head size
+    (2, 52, UNEVEN[1:], 493),  # a head that is not a multiple of 8 (padded to 64)
 ]
 
 
 @pytest.mark.parametrize("heads,head_dim,segments,rows", SEGMENT_CASES)
 def test_segment_attention(ops, heads, head_dim, segments, rows):
+    """The tensor-core kernel against its rounding model (tight: only P's bf16 rounding and f32 scores are left)
+    and against the exact result and the f32 CPU twin (the bf16 inputs' worst-case first-order bound);
+    vision_op_refs.segment_attention_bf16 derives both bounds."""
     cuda, cpu = ops
     stride = 3 * heads * head_dim  # the tower's fused qkv rows
     q, k, v = (rng().standard_normal((rows, stride)).astype(np.float32) * 2 for _ in range(3))
@@ -101,11 +114,12 @@ def test_segment_attention(ops, heads, head_dim, segments, rows):
     outside = np.isnan(want).all(axis=1)
     assert np.isnan(got[outside]).all(), "rows outside every segment were written"
     inside = ~outside
-    assert_close(got[inside], want[inside], 1e-5, 1e-5, "segment_attention vs float64")
-    # Each twin is within (1e-5, 1e-5) of the float64 result, so of each other within twice that (one run saw the
-    # CPU's and the GPU's errors add up past the single bound in 2 of 345,600 values).
+    rounded, near, far = (x[inside] for x in ref.segment_attention_bf16(q, k, v, segments, heads, head_dim, scale))
+    assert_close(got[inside], rounded, 1e-5, near + 1e-5, "segment_attention vs its bf16 rounding model")
+    assert_close(got[inside], want[inside], 1e-5, far + 1e-5, "segment_attention vs float64")
+    # The CPU twin is within (1e-5, 1e-5) of the float64 result (tests/test_backend_ops_vision.py).
     mine = cpu.segment_attention(q, k, v, stride, segments, heads, head_dim, scale)
-    assert_close(got[inside], mine[inside].astype(np.float64), 2e-5, 2e-5, "segment_attention vs cpu")
+    assert_close(got[inside], mine[inside].astype(np.float64), 2e-5, far + 2e-5, "segment_attention vs cpu")
 
 
 def test_segment_attention_refuses_what_it_cannot_take(ops):

@@ -193,6 +193,8 @@ def test_module_settings_can_be_overridden_with_mkforce():
         ('apiKeyFile = "${builtins.storeDir}/abc-keys";', "keep secrets outside it"),
         ('extraFlags = [ "--port=9" "--api-key-file" "/k" ];', "--port=9, --api-key-file; use the module's options"),
         ("webui.enable = true;", "webui.enable needs webui.directory, a built llama-ui bundle"),
+        ('vision.mediaLimits.max_images_per_request = 2; extraFlags = [ "--vision" "--max-images-per-request=3" ];',
+         "--vision, --max-images-per-request=3; use the module's options"),
     ],
 )
 def test_module_assertions_reject_contradictions(body, message):
@@ -210,6 +212,7 @@ def test_module_assertions_reject_contradictions(body, message):
         ("enable = true; speculative = { method = \"mtp\"; draftTokens = 6; };", "services.ninfer.speculative.draftTokens' is not of type"),
         ('enable = true; apiKeyFile = "relative/keys";', "services.ninfer.apiKeyFile' is not of type"),
         ("enable = true; gpu = -1;", "services.ninfer.gpu' is not of type"),
+        ("enable = true; vision.mediaLimits.max_images_per_request = 0;", "max_images_per_request' is not of type"),
     ],
 )
 def test_module_rejects_unknown_options_and_wrong_types(body, error):
@@ -259,3 +262,15 @@ def test_module_speculative_decoding_renders_its_flags():
     assert on["service"]["serviceConfig"]["ExecStart"].endswith("--log-level info --spec mtp --draft-tokens 4")
     off = nixos_eval('enable = true; model = "/m.ninfer"; speculative.draftTokens = 4;')
     assert "--spec" not in off["service"]["serviceConfig"]["ExecStart"]
+
+
+def test_module_vision_renders_its_flags():
+    on = nixos_eval(
+        'enable = true; model = "/m.ninfer"; vision = { enable = true; mediaLimits.max_images_per_request = 4; };'
+    )
+    assert on["service"]["serviceConfig"]["ExecStart"].endswith(
+        "--log-level info --vision --max-images-per-request 4"
+    )
+    off = nixos_eval('enable = true; model = "/m.ninfer";')
+    assert "--vision" not in off["service"]["serviceConfig"]["ExecStart"]
+

@@ -3,21 +3,20 @@
 // S = Q K^T and O += P V run on mma.sync m16n8k16 bf16 with f32 accumulation and an online softmax in f32
 // (exp2 domain). Four warps, 16 rows each; causal masking only on the tiles that reach past the block's first row.
 //
-// Numerics (the standard flash ones): q * scale * log2(e) is rounded to bf16 (relative error <= 2^-9 per element);
+// Numerics (the standard flash ones): q * scale * log2(e) is rounded to bf16 (relative error <= 2^-8 per element);
 // K and V codes go to bf16 exactly (bf16 values, e4m3 and int8 codes are all bf16 numbers) and the 8-bit rows'
 // scales multiply S (keys) and P (values) in f32; P = exp2(S - max) (times the value scale) is rounded to bf16
-// for the PV product; the softmax sum is taken over the f32 P. So a score is off by about 2^-9 * sum|q_i k_i|
-// and an output by about 2^-9 of the weighted mean of |v| beside the f32 reference.
+// for the PV product; the softmax sum is taken over the f32 P. So a score is off by about 2^-8 * sum|q_i k_i|
+// and an output by about 2^-8 of the weighted mean of |v| beside the f32 reference.
 //
 // Pipeline: K and V have one shared-memory tile each; the next K tile is fetched while the softmax and P V of
 // this one run, the next V tile while the next S = Q K^T runs. bf16 tiles come with cp.async (no registers);
 // 8-bit tiles are converted to bf16 on the way (global -> registers -> shared), at the same points of the
 // schedule, so their fetch is not overlapped within the block (two blocks per SM overlap each other).
 // Next steps: 128-row tiles, TMA, wgmma.
-#include <cuda_bf16.h>
-
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_attention.h"
+#include "backend/cuda/mma_bf16.cuh"
 
 namespace ninfer::cuda {
 namespace {
@@ -25,46 +24,6 @@ namespace {
 constexpr int kWarps = kPrefillTileRows / 16;
 constexpr int kThreadsPerBlock = 32 * kWarps;
 constexpr int kKeys = int(kKvPageTokens);  // one K/V tile = one page
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t* p) {
-  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const uint16_t* p) {
-  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-
-// c += a b for a 16x16 (row) bf16 A fragment, a 16x8 (col) bf16 B fragment and a 16x8 f32 accumulator.
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-// Shared-memory rows of D bf16 padded by 16 bytes: ldmatrix's eight row addresses then fall in distinct banks.
-template <int D>
-constexpr int kStride = D + 8;
 
 template <int D>
 constexpr size_t shared_bytes() {
@@ -187,13 +146,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t qa[4];
         ldmatrix_x4(qa, qs + (warp * 16 + lane % 16) * kStride<D> + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-        for (int np = 0; np < kKeys / 16; ++np) {
-          uint32_t kb[4];
-          ldmatrix_x4(kb, ks + (np * 16 + lane % 8 + (lane / 16) * 8) * kStride<D> + kk * 16 + ((lane / 8) % 2) * 8);
-          mma_bf16(sc[2 * np], qa, kb[0], kb[1]);
-          mma_bf16(sc[2 * np + 1], qa, kb[2], kb[3]);
-        }
+        add_key_scores<kKeys, D>(sc, qa, ks, kk, lane);
       }
       // Key scales, then the causal mask where the tile reaches past the block's first row.
       const bool diagonal = kt * kKeys + kKeys - 1 > first_pos;
@@ -249,14 +202,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
           }
         const uint32_t pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]), pack_bf16(p[1][0], p[1][1]),
                                 pack_bf16(p[1][2], p[1][3])};
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t vb[4];
-          const int key = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-          ldmatrix_x4_trans(vb, vs + key * kStride<D> + dp * 16 + (lane / 16) * 8);
-          mma_bf16(o[2 * dp], pa, vb[0], vb[1]);
-          mma_bf16(o[2 * dp + 1], pa, vb[2], vb[3]);
-        }
+        add_weighted_values<D>(o, pa, vs, kk, lane);
       }
     }
     __syncthreads();  // every warp is done with V[kt]

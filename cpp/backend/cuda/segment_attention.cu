@@ -1,116 +1,186 @@
 // Segment attention of the CUDA backend (the vision tower's bidirectional attention within one image or one video
-// frame group): f32 on CUDA cores, correct first. A block takes 64 query rows of one segment and one head; four
-// threads share a query row, each holding every fourth float4 of its q and output; K and V come through shared
-// memory 32 keys at a time, with an online softmax over the tiles (scores of a tile first, then one rescale).
-// Next step: tensor cores (bf16 mma with f32 accumulation, as flash_prefill.cu), which the 15 ms target needs.
+// frame group) on tensor cores: a block takes 128 query rows of one segment and one head (eight warps, 16 rows
+// each); K and V come through shared memory 64 keys at a time; S = Q K^T and O += P V run on mma.sync m16n8k16
+// bf16 with f32 accumulation (mma_bf16.cuh, as flash_prefill.cu), with an online softmax in f32 (exp2 domain).
+// A head of any multiple of 4 up to 128 is zero-padded to the next multiple of 16 (72 -> 80): zero columns of Q
+// and K add nothing to a score, and V's zero columns make output columns that are never written.
+//
+// Numerics (the flash ones; the f32 CPU op is the slow twin): q * scale * log2(e), k and v are rounded to bf16
+// (relative error <= 2^-9 each), P = exp2(S - max) is rounded to bf16 for the P V product, the softmax sum is
+// taken over the f32 P. So a score is off by about 2 * 2^-9 * sum_i |q_i k_i| * scale and an output by about
+// 2^-8 of the weighted mean of |v| (plus the score error's effect on the weights) beside the exact result.
+//
+// The inputs are f32, so tiles are converted on the way (global -> registers -> shared) and their fetch is not
+// overlapped within the block; two blocks per SM (heads up to 80) overlap each other. Next steps: a bf16 copy of
+// q/k/v made once per layer (cp.async or TMA tiles, read by every query tile of the segment), then wgmma.
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/mma_bf16.cuh"
 #include "errors.h"
 
 namespace ninfer::cuda {
 namespace {
 
-constexpr int kQueryRows = 64;
-constexpr int kLanesPerRow = 4;
-constexpr int kAttentionThreads = kQueryRows * kLanesPerRow;
-constexpr int kKeyTile = 32;
+constexpr int kWarps = 8;
+constexpr int kQueryRows = 16 * kWarps;
+constexpr int kAttentionThreads = 32 * kWarps;
+constexpr int kKeys = 64;  // keys of one K/V tile
 constexpr int kMaxHeadDim = 128;
-constexpr int kMaxVectors = kMaxHeadDim / 4;           // float4s of a head
-constexpr int kVectorsPerLane = kMaxVectors / kLanesPerRow;
 
-// One block's query rows: rows [first, first + 64) (clipped to n) of the segment of rows [row0, row0 + n).
+// One block's query rows: rows [first, first + 128) (clipped to n) of the segment of rows [row0, row0 + n).
 struct QueryTile {
   int64_t row0, n, first;
 };
 
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+template <int D>
+constexpr size_t shared_bytes() {
+  return size_t(kQueryRows + 2 * kKeys) * kStride<D> * sizeof(uint16_t);
 }
 
-__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
-
-__device__ __forceinline__ void axpy4(float4& acc, float p, float4 v) {
-  acc.x += p * v.x, acc.y += p * v.y, acc.z += p * v.z, acc.w += p * v.w;
+// Rows [from, from + count) of x (head offset applied, `valid` of them real, the rest zeros) into `rows` rows of
+// dst as bf16 times `scale`, columns past head_dim zeroed.
+template <int D>
+__device__ void load_rows(const float* x, int64_t row_stride, int64_t from, int rows, int valid, int head_dim,
+                          float scale, uint16_t* dst) {
+  constexpr int kChunks = D / 4;  // 4 elements per chunk
+  const int real_chunks = head_dim / 4;
+  for (int c = threadIdx.x; c < rows * kChunks; c += kAttentionThreads) {
+    const int row = c / kChunks, c4 = c % kChunks;
+    float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (row < valid && c4 < real_chunks) f = reinterpret_cast<const float4*>(x + (from + row) * row_stride)[c4];
+    *reinterpret_cast<uint2*>(dst + row * kStride<D> + c4 * 4) =
+        make_uint2(pack_bf16(f.x * scale, f.y * scale), pack_bf16(f.z * scale, f.w * scale));
+  }
 }
 
-__global__ void __launch_bounds__(kAttentionThreads)
+// Two blocks an SM up to heads of 80 (128 registers a thread, no spills); the wider heads' accumulators need more.
+template <int D>
+__global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
     segment_attention_kernel(const float* q, const float* k, const float* v, int64_t row_stride,
                              const QueryTile* tiles, int32_t heads, int32_t head_dim, float scale, float* out) {
   chain_start();
-  __shared__ float4 ks[kKeyTile][kMaxVectors];
-  __shared__ float4 vs[kKeyTile][kMaxVectors];
-  const QueryTile tile = tiles[blockIdx.x];
-  const int32_t h = int32_t(blockIdx.y), vectors = head_dim / 4;
-  const int lane = int(threadIdx.x) % kLanesPerRow;
-  const int64_t query = tile.first + int64_t(threadIdx.x) / kLanesPerRow;  // within the segment
-  const bool active = query < tile.n;
-  const int64_t head_offset = int64_t(h) * head_dim;
+  extern __shared__ uint4 shared_words[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(shared_words);
+  uint16_t* ks = qs + kQueryRows * kStride<D>;
+  uint16_t* vs = ks + kKeys * kStride<D>;
 
-  float4 qr[kVectorsPerLane], acc[kVectorsPerLane];
+  const QueryTile tile = tiles[blockIdx.x];
+  const int64_t head_offset = int64_t(blockIdx.y) * head_dim;
+  const int64_t segment = tile.row0 * row_stride + head_offset;  // q, k, v offset of the segment's first row
+  const int queries = int(min(int64_t(kQueryRows), tile.n - tile.first));
+  load_rows<D>(q + segment, row_stride, tile.first, kQueryRows, queries, head_dim, scale * kLog2e, qs);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
+  const bool warp_active = warp * 16 < queries;
+  float o[D / 8][4];
 #pragma unroll
-  for (int i = 0; i < kVectorsPerLane; ++i) {
-    const int c = lane + kLanesPerRow * i;
-    qr[i] = active && c < vectors
-                ? reinterpret_cast<const float4*>(q + (tile.row0 + query) * row_stride + head_offset)[c]
-                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    acc[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  __syncthreads();  // Q is in
+  uint32_t qa[D / 16][4];  // this warp's Q fragments, read once
+  if (warp_active) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      ldmatrix_x4(qa[kk], qs + (warp * 16 + lane % 16) * kStride<D> + kk * 16 + (lane / 16) * 8);
   }
-  float running_max = -INFINITY, total = 0.0f;
-  for (int64_t key0 = 0; key0 < tile.n; key0 += kKeyTile) {
-    const int keys = int(tile.n - key0 < kKeyTile ? tile.n - key0 : kKeyTile);
-    __syncthreads();  // the previous tile's readers are done
-    for (int idx = int(threadIdx.x); idx < keys * vectors; idx += kAttentionThreads) {
-      const int j = idx / vectors, c = idx % vectors;
-      const int64_t at = (tile.row0 + key0 + j) * row_stride + head_offset;
-      ks[j][c] = reinterpret_cast<const float4*>(k + at)[c];
-      vs[j][c] = reinterpret_cast<const float4*>(v + at)[c];
-    }
+
+  for (int64_t key0 = 0; key0 < tile.n; key0 += kKeys) {
+    const int keys = int(min(int64_t(kKeys), tile.n - key0));
+    __syncthreads();  // every warp is done with the previous tile
+    load_rows<D>(k + segment, row_stride, key0, kKeys, keys, head_dim, 1.0f, ks);
+    load_rows<D>(v + segment, row_stride, key0, kKeys, keys, head_dim, 1.0f, vs);
     __syncthreads();
-    float scores[kKeyTile];
-    float tile_max = -INFINITY;
+    if (!warp_active) continue;
+    // S = Q K^T for this warp's 16 rows and the tile's 64 keys; keys past the segment masked.
+    float sc[kKeys / 8][4];
 #pragma unroll
-    for (int j = 0; j < kKeyTile; ++j) {
-      float dot = 0.0f;
+    for (int nt = 0; nt < kKeys / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) {
-        const int c = lane + kLanesPerRow * i;
-        if (c < vectors) dot += dot4(qr[i], ks[j][c]);
+    for (int kk = 0; kk < D / 16; ++kk) add_key_scores<kKeys, D>(sc, qa[kk], ks, kk, lane);
+    if (keys < kKeys) {
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (nt * 8 + 2 * t + (c & 1) >= keys) sc[nt][c] = -INFINITY;
+    }
+    // Online softmax: each row's max and sum over the quad of lanes that hold it (finite: every tile has a key).
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float m = row_max[rr];
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt) m = fmaxf(m, fmaxf(sc[nt][2 * rr], sc[nt][2 * rr + 1]));
+      m = quad_max(m);
+      const float correction = exp2f(row_max[rr] - m);  // 0 on the first tile
+      row_max[rr] = m;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt) {
+        sc[nt][2 * rr] = exp2f(sc[nt][2 * rr] - m);
+        sc[nt][2 * rr + 1] = exp2f(sc[nt][2 * rr + 1] - m);
+        sum += sc[nt][2 * rr] + sc[nt][2 * rr + 1];
       }
-      dot = quad_sum(dot) * scale;  // every lane of the quad takes part: the loop has no early exit
-      scores[j] = j < keys ? dot : -INFINITY;
-      tile_max = fmaxf(tile_max, scores[j]);
-    }
-    const float new_max = fmaxf(running_max, tile_max);
-    const float rescale = expf(running_max - new_max);  // 0 on the first tile (running_max is -inf)
-    total *= rescale;
+      row_sum[rr] = row_sum[rr] * correction + sum;
 #pragma unroll
-    for (int i = 0; i < kVectorsPerLane; ++i) {
-      acc[i].x *= rescale, acc[i].y *= rescale, acc[i].z *= rescale, acc[i].w *= rescale;
+      for (int nt = 0; nt < D / 8; ++nt) o[nt][2 * rr] *= correction, o[nt][2 * rr + 1] *= correction;
     }
+    // O += P V, P as bf16 A fragments straight from the S accumulators.
 #pragma unroll
-    for (int j = 0; j < kKeyTile; ++j) {
-      if (j >= keys) break;
-      const float p = expf(scores[j] - new_max);
-      total += p;
-#pragma unroll
-      for (int i = 0; i < kVectorsPerLane; ++i) {
-        const int c = lane + kLanesPerRow * i;
-        if (c < vectors) axpy4(acc[i], p, vs[j][c]);
-      }
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                              pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                              pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+      add_weighted_values<D>(o, pa, vs, kk, lane);
     }
-    running_max = new_max;
   }
-  if (!active) return;
-  float4* o = reinterpret_cast<float4*>(out + (tile.row0 + query) * int64_t(heads) * head_dim + head_offset);
-  const float inv = 1.0f / total;
+  if (!warp_active) return;
+
+  const int g = lane / 4;
 #pragma unroll
-  for (int i = 0; i < kVectorsPerLane; ++i) {
-    const int c = lane + kLanesPerRow * i;
-    if (c < vectors) o[c] = make_float4(acc[i].x * inv, acc[i].y * inv, acc[i].z * inv, acc[i].w * inv);
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = warp * 16 + g + 8 * rr;
+    const float inv = 1.0f / quad_sum(row_sum[rr]);  // every lane of the warp takes part (rows past the end too)
+    if (row >= queries) continue;
+    float* to = out + (tile.row0 + tile.first + row) * int64_t(heads) * head_dim + head_offset;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      const int col = nt * 8 + 2 * t;  // head_dim is a multiple of 4: col + 1 is in the head when col is
+      if (col < head_dim)
+        *reinterpret_cast<float2*>(to + col) = make_float2(o[nt][2 * rr] * inv, o[nt][2 * rr + 1] * inv);
+    }
+  }
+}
+
+template <int D>
+void launch(dim3 grid, cudaStream_t stream, const float* q, const float* k, const float* v, int64_t row_stride,
+            const QueryTile* tiles, int32_t heads, int32_t head_dim, float scale, float* out) {
+  constexpr size_t bytes = shared_bytes<D>();
+  static const bool configured = [] {
+    NINFER_CUDA_CHECK(cudaFuncSetAttribute(segment_attention_kernel<D>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    return true;
+  }();
+  (void)configured;
+  launch_chained(segment_attention_kernel<D>, grid, dim3(kAttentionThreads), bytes, stream, q, k, v, row_stride,
+                 tiles, heads, head_dim, scale, out);
+}
+
+// The head padded to the next multiple of 16 (the mma's k step).
+void launch_padded(int32_t head_dim, dim3 grid, cudaStream_t stream, const float* q, const float* k, const float* v,
+                   int64_t row_stride, const QueryTile* tiles, int32_t heads, float scale, float* out) {
+  switch ((head_dim + 15) / 16 * 16) {
+    case 16: return launch<16>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
+    case 32: return launch<32>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
+    case 48: return launch<48>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
+    case 64: return launch<64>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
+    case 80: return launch<80>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
+    case 96: return launch<96>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
+    case 112: return launch<112>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
+    case 128: return launch<128>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
   }
 }
 
@@ -130,13 +200,15 @@ void CudaBackend::segment_attention(const float* q, const float* k, const float*
     for (int64_t first = 0; first < s.n; first += kQueryRows) query_tiles.push_back({s.row0, s.n, first});
   if (query_tiles.empty()) return;
   if (query_tiles.size() > 0x7fffffff) throw EngineError("cuda segment_attention: too many rows for one launch");
+  // The longest segments' tiles first, so that the short ones fill in behind them.
+  std::stable_sort(query_tiles.begin(), query_tiles.end(),
+                   [](const QueryTile& a, const QueryTile& b) { return a.n > b.n; });
   HostTables tables;
   const size_t at = tables.add(query_tiles.data(), query_tiles.size());
   const uint8_t* base = upload(tables);
   if (tables_only()) return;
-  launch_chained(segment_attention_kernel, dim3(unsigned(query_tiles.size()), unsigned(heads)),
-                 dim3(kAttentionThreads), 0, stream_, q, k, v, row_stride,
-                 reinterpret_cast<const QueryTile*>(base + at), heads, head_dim, scale, out);
+  launch_padded(head_dim, dim3(unsigned(query_tiles.size()), unsigned(heads)), stream_, q, k, v, row_stride,
+                reinterpret_cast<const QueryTile*>(base + at), heads, scale, out);
 }
 
 }  // namespace ninfer::cuda

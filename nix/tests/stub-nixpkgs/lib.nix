@@ -173,6 +173,10 @@ let
       name = "unsignedInt";
       check = v: isInt v && v >= 0;
     };
+    positive = mkOptionType {
+      name = "positiveInt";
+      check = v: isInt v && v > 0;
+    };
     between =
       lo: hi:
       mkOptionType {

@@ -1,0 +1,82 @@
+// Warp-level building blocks of the tensor-core attention kernels (flash_prefill.cu, segment_attention.cu):
+// bf16 packing, ldmatrix loads of 8x8 b16 tiles from shared memory, the m16n8k16 bf16 mma with f32 accumulation,
+// and the reductions over the quad of lanes that share an accumulator row.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace ninfer::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;  // softmax in the exp2 domain: exp(x) = exp2(x * log2(e))
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint16_t* p) {
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const uint16_t* p) {
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// c += a b for a 16x16 (row) bf16 A fragment, a 16x8 (col) bf16 B fragment and a 16x8 f32 accumulator.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Shared-memory rows of D bf16 padded by 16 bytes: ldmatrix's eight row addresses then fall in distinct banks.
+template <int D>
+constexpr int kStride = D + 8;
+
+// One k step (head columns [16 kk, 16 kk + 16)) of S = Q K^T for a warp's 16 rows and Keys keys: qa the rows' A
+// fragment of that step, ks the keys' tile in shared memory (rows of kStride<D>); sc[Keys / 8] accumulators.
+template <int Keys, int D>
+__device__ __forceinline__ void add_key_scores(float (*sc)[4], const uint32_t qa[4], const uint16_t* ks, int kk,
+                                               int lane) {
+#pragma unroll
+  for (int np = 0; np < Keys / 16; ++np) {
+    uint32_t kb[4];
+    ldmatrix_x4(kb, ks + (np * 16 + lane % 8 + (lane / 16) * 8) * kStride<D> + kk * 16 + ((lane / 8) % 2) * 8);
+    mma_bf16(sc[2 * np], qa, kb[0], kb[1]);
+    mma_bf16(sc[2 * np + 1], qa, kb[2], kb[3]);
+  }
+}
+
+// One k step (keys [16 kk, 16 kk + 16)) of O += P V for a warp's 16 rows: pa P's A fragment of those keys, vs the
+// values' tile in shared memory (rows of kStride<D>); o[D / 8] accumulators.
+template <int D>
+__device__ __forceinline__ void add_weighted_values(float (*o)[4], const uint32_t pa[4], const uint16_t* vs, int kk,
+                                                    int lane) {
+#pragma unroll
+  for (int dp = 0; dp < D / 16; ++dp) {
+    uint32_t vb[4];
+    const int key = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+    ldmatrix_x4_trans(vb, vs + key * kStride<D> + dp * 16 + (lane / 16) * 8);
+    mma_bf16(o[2 * dp], pa, vb[0], vb[1]);
+    mma_bf16(o[2 * dp + 1], pa, vb[2], vb[3]);
+  }
+}
+
+}  // namespace ninfer::cuda
