@@ -53,7 +53,13 @@ from ninfer.serve.generation import (
     prepare_prompt,
     sampling_overrides,
 )
-from ninfer.serve.openai_common import REASONING_EFFORTS, advisory_tool_choice, logprob_json, new_id
+from ninfer.serve.openai_common import (
+    REASONING_EFFORTS,
+    advisory_tool_choice,
+    logprob_json,
+    new_id,
+    template_role,
+)
 from ninfer.serve.output_blocks import (
     REASONING,
     TEXT,
@@ -191,7 +197,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     param="input",
                 )
             message: dict[str, Any] = {
-                "role": "system" if role == "developer" else role,
+                "role": template_role(role),
                 "content": flatten_unless_media(item.get("content"), role=role, where=f"input[{position}].content"),
             }
             if role == "assistant" and reasoning is not None:
