@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, Response, delete, get, post
@@ -660,11 +660,9 @@ async def list_input_items(
     response_id: FromPath[str],
     state: State,
     limit: Annotated[int, Meta(ge=1, le=100)] = 20,
-    order: FromQuery[str] = "desc",
+    order: FromQuery[Literal["asc", "desc"]] = "desc",
     after: FromQuery[str | None] = None,
 ) -> Response[dict[str, Any]]:
-    if order not in ("asc", "desc"):
-        raise InvalidRequestError("order must be 'asc' or 'desc'", param="order")
     items = list(_stored(state, response_id).input_items)
     if order == "desc":
         items.reverse()
