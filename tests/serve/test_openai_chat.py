@@ -278,6 +278,23 @@ def test_tokenize_detokenize_and_template_routes(qwen35_server):
     assert prompt == frontend.render(HELLO).text
 
 
+def test_a_developer_message_is_the_system_prompt_in_chat_and_apply_template(qwen35_server):
+    """OpenAI's `developer` role, which the Qwen3.5 template does not know, is rendered as `system` (as on
+    /v1/responses); a developer message later in the conversation too."""
+    url = qwen35_server.url
+    as_system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                 {"role": "assistant", "content": "Hello."}, {"role": "system", "content": "Now be formal."},
+                 {"role": "user", "content": "Bye"}]
+    as_developer = [{**m, "role": "developer"} if m["role"] == "system" else m for m in as_system]
+    expected = qwen35_server.engine.frontend.render(as_system).text
+    reply = httpx.post(f"{url}/apply-template", json={"messages": as_developer})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["prompt"] == expected
+    chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": as_developer, "max_tokens": 1}, timeout=60)
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["prompt_tokens"] == len(qwen35_server.engine.frontend.encode(expected))
+
+
 def test_model_listings(qwen35_server):
     client = _client(qwen35_server)
     (model,) = client.models.list().data

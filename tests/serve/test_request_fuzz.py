@@ -300,3 +300,18 @@ def test_a_number_sent_as_a_string_is_refused_not_coerced(qwen35_server, route):
     assert reply.status_code == 400, reply.text
     _check_error_shape(route, reply)
     assert re.search(rf"Expected `int( \| null)?`, got `str` - at `\$\.{length_field}`", reply.text), reply.text
+
+
+@pytest.mark.parametrize("route", [route for route, (_, length, _) in TEMPLATES.items() if length])
+def test_a_whole_float_is_an_integer_and_a_fraction_is_refused(qwen35_server, route):
+    """JSON Schema 2020-12 (the OpenAPI document's dialect) counts `3.0` as an integer, so the strict check takes it
+    for an integer field; `3.5` is still refused, naming the field."""
+    template, length_field, _ = TEMPLATES[route]
+    whole = {**template, length_field: float(template[length_field]), "stream": False}
+    served = httpx.post(qwen35_server.url + route, json=whole, timeout=60)
+    assert served.status_code == 200, served.text
+    fraction = {**whole, length_field: template[length_field] + 0.5}
+    refused = httpx.post(qwen35_server.url + route, json=fraction, timeout=60)
+    assert refused.status_code == 400, refused.text
+    _check_error_shape(route, refused)
+    assert re.search(rf"Expected `int( \| null)?`, got `float` - at `\$\.{length_field}`", refused.text), refused.text

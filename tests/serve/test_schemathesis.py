@@ -230,3 +230,35 @@ def test_options_lists_every_method_of_the_path(qwen35_server, path):
     response = httpx.options(f"{qwen35_server.url}{path}", timeout=60)
     assert response.status_code == 204
     assert set(response.headers["allow"].split(", ")) == {"GET", "DELETE", "OPTIONS"}
+
+
+def test_the_document_gives_the_enums_and_non_empty_prompts_the_server_enforces(qwen35_server):
+    """The closed sets and the non-empty prompt are in the body models (so in the document, for schemathesis' positive
+    cases to respect); each is checked against what the server answers: a value outside is a 400, one inside is not."""
+    url = qwen35_server.url
+    document = httpx.get(f"{url}/docs/openapi.json", timeout=60).json()
+    (order,) = [p for p in document["paths"]["/v1/responses/{response_id}/input_items"]["get"]["parameters"]
+                if p["name"] == "order"]
+    assert set(order["schema"]["enum"]) == {"asc", "desc"}, order
+    assert httpx.get(f"{url}/v1/responses/resp-none/input_items?order=sideways", timeout=60).status_code == 400
+    assert httpx.get(f"{url}/v1/responses/resp-none/input_items?order=asc", timeout=60).status_code == 404
+    control = _component(document, document["paths"]["/v1/chat/completions/control"]["post"]["requestBody"]["content"]
+                         ["application/json"]["schema"])["properties"]["action"]
+    for action in control["enum"]:
+        reply = httpx.post(f"{url}/v1/chat/completions/control", json={"id": "none", "action": action}, timeout=60)
+        assert reply.status_code == 404, (action, reply.text)  # a known action, for no generation
+    assert httpx.post(f"{url}/v1/chat/completions/control", json={"id": "none", "action": "pause"},
+                      timeout=60).status_code == 400
+    messages = document["paths"]["/v1/messages"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    message = _component(document, _component(document, messages)["properties"]["messages"]["items"])
+    assert set(message["properties"]["role"]["enum"]) == {"user", "assistant"}
+    refused = httpx.post(f"{url}/v1/messages", timeout=60,
+                         json={"max_tokens": 1, "messages": [{"role": "system", "content": "Hi"}]})
+    assert refused.status_code == 400, refused.text
+    completions = document["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    text, batch = _component(document, completions)["properties"]["prompt"]["anyOf"]
+    assert text["minLength"] == 1 and batch["minItems"] == 1
+    assert [o.get("minLength") or o.get("minItems") for o in batch["items"]["anyOf"]] == [None, 1, 1]
+    for empty in ("", [], [""], [[]]):
+        reply = httpx.post(f"{url}/v1/completions", json={"prompt": empty, "max_tokens": 1}, timeout=60)
+        assert reply.status_code == 400, (empty, reply.text)

@@ -21,7 +21,7 @@ from ninfer.serve.gate import LeaseDependency, RouterDependency
 from ninfer.serve.generation import ChatPrompt, prepare_prompt
 from ninfer.serve.llamacpp import model_rows
 from ninfer.serve.metrics import CONTENT_TYPE
-from ninfer.serve.openai_chat import ChatMessage
+from ninfer.serve.openai_chat import ChatMessage, template_messages
 from ninfer.serve.state import ServedModel
 
 PUBLIC = {"public": True}
@@ -110,7 +110,7 @@ async def detokenize(data: JSONBody[DetokenizeRequest], lease: LeaseDependency) 
 async def apply_template(data: JSONBody[ApplyTemplateRequest], lease: LeaseDependency) -> dict[str, Any]:
     kwargs = dict(data.chat_template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)
-    chat = ChatPrompt([msgspec.to_builtins(m) for m in data.messages], tools=data.tools,
+    chat = ChatPrompt(template_messages(data.messages), tools=data.tools,
                       add_generation_prompt=data.add_generation_prompt,
                       enable_thinking=thinking if isinstance(thinking, bool) else None,
                       chat_template_kwargs=kwargs or None)

@@ -54,6 +54,7 @@ from ninfer.serve.openai_common import (
     logprob_json,
     new_id,
     stream_error_frame,
+    template_role,
     timings_json,
     usage_json,
 )
@@ -134,7 +135,7 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     if body.reasoning_effort == "none":
         enable_thinking = False
     return ChatPrompt(
-        messages=[_history_message(msgspec.to_builtins(m)) for m in body.messages],
+        messages=template_messages(body.messages),
         tools=_tools(body),
         add_generation_prompt=body.add_generation_prompt if body.add_generation_prompt is not None else True,
         continue_final_message=body.continue_final_message,
@@ -144,7 +145,13 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     )
 
 
-def _history_message(message: dict[str, Any]) -> dict[str, Any]:
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Chat messages as the chat template takes them (the same for a generation and for `/apply-template`)."""
+    return [_template_message(msgspec.to_builtins(m)) for m in messages]
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    message["role"] = template_role(message["role"])
     if message.get("tool_calls"):
         message["tool_calls"] = [chat_history_call(c) for c in message["tool_calls"]]
         # SDKs send `content: null` next to tool calls; templates concatenate the content as text.

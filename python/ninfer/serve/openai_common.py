@@ -36,6 +36,14 @@ from ninfer.serve.generation import (
 )
 from ninfer.serve.sse import sse_frame
 
+
+def template_role(role: str) -> str:
+    """The role a message of the OpenAI routes has for the chat template: OpenAI's `developer` (its newer name for
+    the system prompt) is the template's `system`; Qwen3.5's template knows no other name for it and refuses any role
+    it does not know."""
+    return "system" if role == "developer" else role
+
+
 # What `reasoning_effort` (chat) and `reasoning.effort` (Responses) may be.
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 

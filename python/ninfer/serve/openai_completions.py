@@ -40,11 +40,13 @@ from ninfer.serve.sse import sse_frame, sse_response
 
 DEFAULT_MAX_TOKENS = 16
 MAX_LEGACY_LOGPROBS = 5  # OpenAI's cap on the legacy `logprobs: K`
+NonEmptyText = Annotated[str, Meta(min_length=1)]
+NonEmptyTokenIds = Annotated[list[TokenId], Meta(min_length=1)]
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    # a string, token ids, or a batch of one of either (msgspec allows one list type per union)
-    prompt: str | list[TokenId | str | list[TokenId]]
+    # a string, token ids, or a batch of one of either (msgspec allows one list type per union); none of them empty
+    prompt: NonEmptyText | Annotated[list[TokenId | NonEmptyText | NonEmptyTokenIds], Meta(min_length=1)]
     max_tokens: MaxTokens | None = DEFAULT_MAX_TOKENS
     logprobs: Annotated[int, Meta(ge=0, le=MAX_LEGACY_LOGPROBS)] | None = None
     echo: bool = False
@@ -56,14 +58,14 @@ def _prompt(body: CompletionRequest) -> TextPrompt:
     prompt = body.prompt
     if isinstance(prompt, str):
         return TextPrompt(text=prompt)
-    if prompt and all(isinstance(p, int) for p in prompt):
+    if all(isinstance(p, int) for p in prompt):
         return TextPrompt(token_ids=prompt)  # type: ignore[arg-type]
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return TextPrompt(text=prompt[0])
-    if len(prompt) == 1 and isinstance(prompt[0], list) and prompt[0]:
+    if len(prompt) == 1 and isinstance(prompt[0], list):
         return TextPrompt(token_ids=prompt[0])
     raise InvalidRequestError(
-        "send exactly one non-empty prompt per request (a string or a list of token ids)", param="prompt"
+        "send exactly one prompt per request (a string or a list of token ids)", param="prompt"
     )
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, Response, delete, get, post
@@ -53,7 +53,13 @@ from ninfer.serve.generation import (
     prepare_prompt,
     sampling_overrides,
 )
-from ninfer.serve.openai_common import REASONING_EFFORTS, advisory_tool_choice, logprob_json, new_id
+from ninfer.serve.openai_common import (
+    REASONING_EFFORTS,
+    advisory_tool_choice,
+    logprob_json,
+    new_id,
+    template_role,
+)
 from ninfer.serve.output_blocks import (
     REASONING,
     TEXT,
@@ -191,7 +197,7 @@ def items_to_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     param="input",
                 )
             message: dict[str, Any] = {
-                "role": "system" if role == "developer" else role,
+                "role": template_role(role),
                 "content": flatten_unless_media(item.get("content"), role=role, where=f"input[{position}].content"),
             }
             if role == "assistant" and reasoning is not None:
@@ -654,11 +660,9 @@ async def list_input_items(
     response_id: FromPath[str],
     state: State,
     limit: Annotated[int, Meta(ge=1, le=100)] = 20,
-    order: FromQuery[str] = "desc",
+    order: FromQuery[Literal["asc", "desc"]] = "desc",
     after: FromQuery[str | None] = None,
 ) -> Response[dict[str, Any]]:
-    if order not in ("asc", "desc"):
-        raise InvalidRequestError("order must be 'asc' or 'desc'", param="order")
     items = list(_stored(state, response_id).input_items)
     if order == "desc":
         items.reverse()

@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from litestar import Request, delete, get, post
@@ -49,9 +49,10 @@ MAX_STREAMS = 64
 MAX_TOTAL_BYTES = 64 * 2**20
 MAX_STREAM_BYTES = 16 * 2**20
 RECORDED_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
-STOP_ACTIONS = ("stop", "cancel")
-END_REASONING_ACTIONS = ("reasoning_end", "end_reasoning")  # llama-ui sends the first
-CONTROL_ACTIONS = STOP_ACTIONS + END_REASONING_ACTIONS
+StopAction = Literal["stop", "cancel"]
+EndReasoningAction = Literal["reasoning_end", "end_reasoning"]  # llama-ui sends the first
+ControlAction = Literal[StopAction, EndReasoningAction]  # the body model's (and so the document's) enum
+STOP_ACTIONS = get_args(StopAction)
 
 
 @dataclass(eq=False)
@@ -255,7 +256,7 @@ class LookupRequest(msgspec.Struct, kw_only=True):
 
 class ControlRequest(msgspec.Struct, kw_only=True):
     id: str  # the completion id streamed back as `id` (chatcmpl-...), or a conversation id
-    action: str = "stop"
+    action: ControlAction = "stop"
     model: str | None = None
 
 
@@ -336,9 +337,6 @@ async def delete_stream_at(request: Request, conv_id: FromPath[str]) -> dict[str
       summary="Stop, or end the reasoning of, exactly the addressed in-flight generation")
 async def control(data: JSONBody[ControlRequest], router: RouterDependency,
                   request: Request) -> dict[str, Any]:
-    if data.action not in CONTROL_ACTIONS:
-        raise InvalidRequestError(f"action {data.action!r} is not supported (supported: "
-                                  f"{', '.join(CONTROL_ACTIONS)})", param="action")
     call = router.find_call(completion_id=data.id) or router.find_call(conversation_id=data.id)
     if call is None:
         raise NotFoundException(detail=f"no in-flight generation {data.id!r}")

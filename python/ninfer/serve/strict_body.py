@@ -5,6 +5,10 @@ Litestar converts a decoded body into its route's model with msgspec in lax mode
 worth hearing about, so every route with a JSON body model first converts the body strictly (msgspec still takes an
 integer for a float) and answers a 400 naming the field when that fails.
 
+A whole-number float (`8.0`) is an integer in JSON Schema 2020-12, the dialect of the OpenAPI document, and clients
+and schema-driven fuzzers send it; the strict check reads it as the integer it is (Litestar's lax conversion takes
+it for an integer field too), so only a real fraction (`8.5`) is refused where an integer is expected.
+
 A body whose `Content-Type` names another media type (`text/plain`, a form) is refused with 415 before it is
 parsed; one without a `Content-Type` is read as JSON (clients that send raw bytes rarely label them).
 """
@@ -53,9 +57,25 @@ async def refuse_wrong_types(request: Request) -> None:
     except SerializationException:
         return  # malformed JSON: the body's own parsing answers it
     try:
-        msgspec.convert(body, model, strict=True, str_keys=True)
+        msgspec.convert(whole_floats_as_ints(body), model, strict=True, str_keys=True)
     except msgspec.ValidationError as exc:
         raise ValidationException(detail=str(exc), extra=[{"message": str(exc), "key": _field(str(exc))}]) from None
+
+
+# Whole floats up to 2**53 are exact integers; a larger one (1e300) stays a float (no JSON integer field holds it).
+_EXACT_FLOAT_INTS = 2**53
+
+
+def whole_floats_as_ints(value: Any) -> Any:
+    """The decoded JSON `value` with every whole-number float (`8.0`, not `8.5`) made an int, at any depth: it passes
+    the strict check where an integer is expected, and still passes where a float is (msgspec takes an int there)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT_FLOAT_INTS:
+        return int(value)
+    if isinstance(value, list):
+        return [whole_floats_as_ints(item) for item in value]
+    if isinstance(value, dict):
+        return {key: whole_floats_as_ints(item) for key, item in value.items()}
+    return value
 
 
 def _field(message: str) -> str | None:
