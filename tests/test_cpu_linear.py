@@ -1,7 +1,5 @@
 """The CPU linear kernel (`_engine.kernels.linear`) for every weight encoding, against its obviously-right twin
-`x @ decode(W).T` (numpy, float64) on fresh random inputs, plus an exactness check of the in-kernel decoders; and
-the CPU backend's linears of integer weights on 8-bit activations (`_engine.cuda.Ops("cpu")`, linear_q8.h) against
-`round8(x) @ decode(W).T`, with `round8` written here in numpy."""
+`x @ decode(W).T` (numpy, float64) on fresh random inputs, plus an exactness check of the in-kernel decoders."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ import numpy as np
 import pytest
 from artifact_files import encoded, random_codes, shape_of, write_artifact
 from ninfer import _engine
-from ninfer.artifact.encodings import decode, unpack_nibbles
+from ninfer.artifact.encodings import decode
 from ninfer.errors import ArtifactError, EngineError
 
 ROWS = (1, 2, 3, 4, 7, 64, 257)
@@ -33,9 +31,6 @@ WEIGHTS = [
     ("nvfp4", None, 7, 48),
     ("nvfp4", None, 10, 528),
 ]
-# Weights of one 576-wide input for linear_shared_input: both 8-bit byte orders (int4 kinds, int8) and an f32 one.
-SHARED_INPUT = [("int4_affine", 32, 13), ("int8", 32, 40), ("int4", 64, 7), ("bf16", None, 9), ("int4_affine", 32, 3)]
-INTEGER_WEIGHTS = [case for case in WEIGHTS if case[0] in ("int8", "int4", "int4_affine")]
 
 
 def weight_id(case: tuple) -> str:
@@ -44,9 +39,8 @@ def weight_id(case: tuple) -> str:
 
 
 @pytest.fixture(scope="module")
-def weight_tensors() -> dict:
-    """Every case twice, as (encoding, group, blobs): arbitrary finite codes, and the encoder's output of real
-    values."""
+def weights(tmp_path_factory: pytest.TempPathFactory):
+    """One artifact holding every case twice: arbitrary finite codes, and the encoder's output of real values."""
     rng = np.random.default_rng(2024)
     tensors = {}
     for case in WEIGHTS:
@@ -56,15 +50,6 @@ def weight_tensors() -> dict:
                                                       group)
     tensors["stack"] = random_codes(rng, "int4", (3, 6, 64), 32)
     tensors["stack_affine"] = random_codes(rng, "int4_affine", (3, 6, 64), 32)
-    for encoding, group, out in SHARED_INPUT:
-        tensors[f"shared/{encoding}-{out}"] = random_codes(rng, encoding, (out, 576), group, nan_codes=False)
-    return tensors
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory: pytest.TempPathFactory, weight_tensors: dict):
-    """One artifact holding weight_tensors, and each tensor's decoded values."""
-    tensors = weight_tensors
     path = write_artifact(tmp_path_factory.mktemp("linear") / "w.ninfer", tensors)
     art = _engine.Artifact.open(path)
     reference = {name: decode(blobs, enc, shape_of(enc, blobs), group) for name, (enc, group, blobs) in tensors.items()}
@@ -163,108 +148,3 @@ def test_rows_zero(weights) -> None:
     name = "real/" + weight_id(WEIGHTS[-2])
     assert _engine.kernels.linear(np.zeros((0, 48), np.float32), art, name).shape == (0, 7)
 
-
-
-# ---------- 8-bit activations (the CPU backend's linears of integer weights) ----------
-
-
-def round8(x: np.ndarray) -> np.ndarray:
-    """x rounded as linear_q8.h defines it, in float32 steps: per 32-column block d = max|x| / 127, q = x / d to
-    the nearest integer (ties to even), x̂ = d q; returned in float64 (exact)."""
-    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-    d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    q = np.rint(blocks * inv)
-    assert np.abs(q).max() <= 127
-    return (q.astype(np.float64) * d).reshape(x.shape)
-
-
-def term_magnitude(blobs: dict, encoding: str, shape: tuple, group: int) -> np.ndarray:
-    """|terms| the kernel adds per weight: |c s| + |m| (int4_affine) or (c + z) s (int4, int8), which bound its f32
-    rounding (the integer sums are exact; their float products round once per block)."""
-    def per_group(blob: str, dtype) -> np.ndarray:
-        return np.asarray(blobs[blob]).view(dtype).astype(np.float64).reshape(shape[0], -1, 1)
-
-    codes = np.asarray(blobs["q"]).view(np.uint8).reshape(shape[0], -1)
-    codes = (codes if encoding == "int8" else unpack_nibbles(codes)).reshape(shape[0], -1, group).astype(np.float64)
-    scale = np.abs(per_group("scale", np.float16))
-    if encoding == "int4_affine":
-        return (codes * scale + np.abs(per_group("offset", np.float16))).reshape(shape)
-    return ((codes + per_group("zero", np.uint8)) * scale).reshape(shape)
-
-
-@pytest.fixture(scope="module")
-def cpu_ops():
-    return _engine.cuda.Ops("cpu")
-
-
-def x_with_edge_blocks(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    """Normal values on scales 1e-3 .. 1e3 per row, one all-zero block (d = 0) and one block holding a single
-    non-zero value, so the rounding meets tiny, huge, empty and one-hot blocks."""
-    x = rng.standard_normal((rows, cols)) * 10.0 ** rng.integers(-3, 4, (rows, 1))
-    x[0, :32] = 0.0
-    if cols >= 64:
-        x[-1, 32:64] = 0.0
-        x[-1, 40] = -3.5
-    return x.astype(np.float32)
-
-
-@pytest.mark.parametrize("case", INTEGER_WEIGHTS, ids=weight_id)
-@pytest.mark.parametrize("kind", ["codes", "real"])
-def test_int8_activation_linear_matches_reference(weights, weight_tensors, cpu_ops, case: tuple, kind: str) -> None:
-    """y = round8(x) @ W.T within f32 rounding of the per-block terms: (cols + 2) eps (|x̂| @ |terms|.T)."""
-    art, reference = weights
-    encoding, group, out, cols = case
-    name = f"{kind}/{weight_id(case)}"
-    w = reference[name].astype(np.float64)
-    rng = np.random.default_rng()
-    terms = term_magnitude(weight_tensors[name][2], encoding, (out, cols), group)
-    for rows in ROWS:
-        x = x_with_edge_blocks(rng, rows, cols)
-        bias = rng.standard_normal(out).astype(np.float32) if rows % 2 else None
-        y = cpu_ops.linear(x, art, name, bias)
-        xq = round8(x)
-        exact = xq @ w.T + (0 if bias is None else bias.astype(np.float64))
-        magnitude = np.abs(xq) @ terms.T + (0 if bias is None else np.abs(bias))
-        bound = (cols + 2) * np.finfo(np.float32).eps * magnitude
-        err = np.abs(y - exact)
-        assert np.isfinite(y).all()
-        assert (err <= bound).all(), f"rows={rows}: max err {err.max()} (bound there {bound.flat[err.argmax()]})"
-        # And a quantisation error the size the rounding allows: |W (x - x̂)| <= |W| @ |x - x̂| (<= d/2 each).
-        f32 = x.astype(np.float64) @ w.T + (0 if bias is None else bias.astype(np.float64))
-        assert (np.abs(y - f32) <= np.abs(x - xq) @ np.abs(w).T + bound).all()
-
-
-@pytest.mark.parametrize("case", INTEGER_WEIGHTS, ids=weight_id)
-def test_int8_activation_rows_are_independent_of_the_batch(weights, cpu_ops, case: tuple) -> None:
-    """Each row is rounded on its own and its sums are exact integers: bit-identical alone or in any batch."""
-    art, reference = weights
-    name = f"real/{weight_id(case)}"
-    x = np.random.default_rng().standard_normal((9, reference[name].shape[1])).astype(np.float32)
-    together = cpu_ops.linear(x, art, name, None)
-    for rows in (1, 2, 4):
-        for start in range(0, 9 - rows + 1, rows):
-            np.testing.assert_array_equal(cpu_ops.linear(x[start:start + rows], art, name, None),
-                                          together[start:start + rows])
-
-
-def test_shared_input_equals_separate_linears(weights, cpu_ops) -> None:
-    """linear_shared_input rounds x once per byte order and runs every integer weight in one parallel region; each
-    output equals that weight's own linear() bit for bit (the bf16 one keeps f32 activations)."""
-    art, _ = weights
-    names = [f"shared/{encoding}-{out}" for encoding, _, out in SHARED_INPUT]
-    rng = np.random.default_rng()
-    for rows in (1, 3, 70):
-        x = rng.standard_normal((rows, 576)).astype(np.float32)
-        for name, got in zip(names, cpu_ops.linear_shared_input(x, art, names), strict=True):
-            np.testing.assert_array_equal(got, cpu_ops.linear(x, art, name, None), err_msg=f"{name} rows={rows}")
-
-
-@pytest.mark.parametrize("case", INTEGER_WEIGHTS[:3] + INTEGER_WEIGHTS[-3:], ids=weight_id)
-def test_cpu_f32_backend_keeps_f32_activations(weights, case: tuple) -> None:
-    """Ops("cpu-f32") (the twin the CUDA kernels are compared with) is linear() on f32 activations, exactly."""
-    art, reference = weights
-    name = f"real/{weight_id(case)}"
-    x = np.random.default_rng().standard_normal((5, reference[name].shape[1])).astype(np.float32)
-    np.testing.assert_array_equal(_engine.cuda.Ops("cpu-f32").linear(x, art, name, None),
-                                  _engine.kernels.linear(x, art, name))

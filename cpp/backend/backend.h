@@ -208,8 +208,7 @@ class Backend {
                                  float* out);
 };
 
-// The CPU backend; `threads` OpenMP threads for every op (0: all cores). int8_activations: linears of integer
-// weights round their input to 8 bits per 32 columns (backend/cpu/linear_q8.h); false: f32 activations throughout.
-std::unique_ptr<Backend> make_cpu_backend(int32_t threads, bool int8_activations = true);
+// The CPU backend; `threads` OpenMP threads for every op (0: all cores).
+std::unique_ptr<Backend> make_cpu_backend(int32_t threads);
 
 }  // namespace ninfer

@@ -42,9 +42,6 @@ std::unique_ptr<Backend> make_engine_cuda_backend(const EngineOptions& options) 
 
 std::unique_ptr<Backend> make_backend_named(const std::string& name, int32_t threads) {
   if (name == "cpu") return make_cpu_backend(threads);
-  // The CPU backend with f32 activations for every linear: the twin of its 8-bit-activation linears and of the
-  // CUDA kernels, for tests that compare against it.
-  if (name == "cpu-f32") return make_cpu_backend(threads, /*int8_activations=*/false);
   if (name == "cuda") return make_engine_cuda_backend(EngineOptions{});
   throw EngineError("unknown backend \"" + name + "\" (expected \"cpu\" or \"cuda\")");
 }
@@ -497,8 +494,7 @@ class Ops {
 void bind_backend_ops(nb::module_& m) {
   nb::class_<Ops>(m, "Ops", "Every Backend op on numpy arrays, for one backend (\"cpu\", \"cuda\" or "
                             "\"cuda-reference\": CUDA with its slow twins; \"cuda-f32\": with the f32 twins of its "
-                            "tensor-core kernels; \"cpu-f32\": the CPU backend with f32 activations for integer "
-                            "weights); outputs are NaN-poisoned before each op.")
+                            "tensor-core kernels); outputs are NaN-poisoned before each op.")
       .def(nb::init<const std::string&>(), nb::arg("backend"))
       .def_prop_ro("backend", &Ops::name)
       .def("linear", &Ops::linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("bias").none() = nb::none())

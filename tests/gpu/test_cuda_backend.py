@@ -1,9 +1,7 @@
 """The CUDA backend against the CPU backend, op by op and end to end.
 
-Ops: `_engine.cuda.Ops("cuda")` and `Ops("cpu-f32")` (the CPU backend with f32 activations for integer weights: the
-CUDA kernels' twin; the default CPU backend rounds them to 8 bits) run the same binding code on each backend (inputs
-copied into the backend's memory, outputs NaN-poisoned first), on fresh random inputs over several shapes, odd ones
-included.
+Ops: `_engine.cuda.Ops("cuda")` and `Ops("cpu")` run the same binding code on each backend (inputs copied into
+the backend's memory, outputs NaN-poisoned first), on fresh random inputs over several shapes, odd ones included.
 f32 ops computed in a different order differ by rounding only: bounds are stated per op.
 
 End to end: tiny random Qwen3.5 dense and MoE checkpoints (tests/tiny_models.py) converted to bf16 artifacts run
@@ -37,7 +35,7 @@ GREEDY_STEPS = 16
 @pytest.fixture
 def ops():
     """(cuda, cpu): fresh per test, so no weight cached by one test's host address is seen by another."""
-    return _engine.cuda.Ops("cuda"), _engine.cuda.Ops("cpu-f32")
+    return _engine.cuda.Ops("cuda"), _engine.cuda.Ops("cpu")
 
 
 def rng() -> np.random.Generator:

@@ -1,7 +1,6 @@
 """The embedded default model (SmolLM2-135M, its Q4_1 blocks kept as int4_affine, the Q8_0 embedding as int8) on the
-CUDA backend: logits within f32-reordering distance of the CPU engine's with f32 activations (backend "cpu-f32"; the
-default CPU backend rounds them to 8 bits for integer weights), and the same greedy answers (the CPU engine gives
-HF's: tests/test_default_model_fidelity.py)."""
+CUDA backend: logits within f32-reordering distance of the CPU engine's, and the same greedy answers (the CPU engine
+gives HF's: tests/test_default_model_fidelity.py)."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ def test_default_model_answers_on_cuda_as_on_cpu(default_artifact, question):
     answers = {}
     for backend in ("cuda", "cpu"):
         model = _engine.Model.open(str(default_artifact), max_context=512, kv_dtype="f32", threads=2,
-                                   backend="cpu-f32" if backend == "cpu" else backend)
+                                   backend=backend)
         seq = model.new_sequence()
         logits = model.prefill(seq, ids, all_logits=True)
         answers[backend] = {"prefill": logits, "tokens": []}

@@ -10,9 +10,7 @@
 
 namespace ninfer {
 
-std::unique_ptr<Backend> make_cpu_backend(int32_t threads, bool int8_activations) {
-  return std::make_unique<cpu::CpuBackend>(threads, int8_activations);
-}
+std::unique_ptr<Backend> make_cpu_backend(int32_t threads) { return std::make_unique<cpu::CpuBackend>(threads); }
 
 namespace cpu {
 
@@ -21,25 +19,7 @@ void CpuBackend::bind_calling_thread() {
 }
 
 void CpuBackend::linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
-  const LinearOut one{&w, y, bias};
-  linear_shared_input(x, rows, std::span(&one, 1));
-}
-
-void CpuBackend::linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) {
-  if (rows == 0) return;
-  // The input is rounded once per byte order that some weight takes; all those weights then share one parallel
-  // region. The rest (other encodings) take f32 activations.
-  for (const Q8Order order : {Q8Order::NibbleHalves, Q8Order::Columns}) {
-    q8_outs_.clear();
-    for (const LinearOut& o : outs)
-      if (int8_activations_ && linear_q8_applies(*o.w) && q8_order(*o.w) == order) q8_outs_.push_back(o);
-    if (q8_outs_.empty()) continue;
-    Q8Rows& q8 = order == Q8Order::Columns ? q8_columns_ : q8_nibbles_;
-    quantize_rows_q8(x, rows, q8_outs_.front().w->cols(), order, q8);
-    linear_q8(q8, q8_outs_);
-  }
-  for (const LinearOut& o : outs)
-    if (!(int8_activations_ && linear_q8_applies(*o.w))) cpu::linear(x, rows, *o.w, o.y, o.bias);
+  cpu::linear(x, rows, w, y, bias);
 }
 
 void CpuBackend::embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) {

@@ -5,21 +5,16 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cpu/linear_q8.h"
 
 namespace ninfer::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  // int8_activations: linears of int4 / int4_affine / int8 weights round their input to 8 bits per 32 columns and
-  // take integer dot products (linear_q8.h); false keeps f32 activations everywhere (the twin that the CUDA
-  // backend's kernels are compared with).
-  CpuBackend(int32_t threads, bool int8_activations) : threads_(threads), int8_activations_(int8_activations) {}
+  explicit CpuBackend(int32_t threads) : threads_(threads) {}
 
   void bind_calling_thread() override;
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
-  void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
   void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) override;
   void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) override;
   void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override;
@@ -75,9 +70,6 @@ class CpuBackend final : public Backend {
 
  private:
   int32_t threads_;
-  bool int8_activations_;
-  Q8Rows q8_columns_, q8_nibbles_;            // the last linear input rounded to 8 bits, in each byte order
-  std::vector<LinearOut> q8_outs_;            // linear_shared_input: the weights that take 8-bit activations
   // Scratch reused across calls (grown, never shrunk), so the hot loop does not allocate.
   std::vector<float> attn_scores_;          // one score row per thread
   std::vector<int32_t> attn_row_seq_;       // row -> index of its sequence
