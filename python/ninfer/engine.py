@@ -531,25 +531,33 @@ class RequestStream:
         """Cancels the unfinished request. When its final event arrives (its lane is free then), the pump thread
         calls `on_cancel_freed` and tells the observer `released`; at once, if it had ended already."""
         pump = self._engine._pump
+        freed = _cancel_freed_watcher(self._on_cancel_freed, self._observer, self._loop)
         with pump.lock:
             pump.routes.pop(self.request_id, None)
-            pump.freed_watchers[self.request_id] = self._cancel_freed  # before the cancel, whose event may come at once
+            pump.freed_watchers[self.request_id] = freed  # before the cancel, whose event may come at once
         if not self._engine.cancel(self.request_id):
             with pump.lock:  # it had ended already: no final event is coming
                 pump.freed_watchers.pop(self.request_id, None)
-            self._tell_released()
+            _tell_released(self._observer, self._loop)
 
-    def _cancel_freed(self, at: float) -> None:
-        if self._on_cancel_freed is not None:
-            self._on_cancel_freed(at)
-        self._tell_released()
 
-    def _tell_released(self) -> None:
-        if self._observer is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._observer.released)
-            except RuntimeError:  # its event loop is closed: nobody is watching any more
-                pass
+def _cancel_freed_watcher(on_cancel_freed: Callable[[float], None] | None, observer: GenerationObserver | None,
+                          loop: asyncio.AbstractEventLoop) -> Callable[[float], None]:
+    """What the pump calls when a cancelled request's final event arrives. It holds no stream (so no engine): a
+    stream dropped unread must not keep its engine alive until then (nor be revived by its own `__del__`)."""
+    def freed(at: float) -> None:
+        if on_cancel_freed is not None:
+            on_cancel_freed(at)
+        _tell_released(observer, loop)
+    return freed
+
+
+def _tell_released(observer: GenerationObserver | None, loop: asyncio.AbstractEventLoop) -> None:
+    if observer is not None:
+        try:
+            loop.call_soon_threadsafe(observer.released)
+        except RuntimeError:  # its event loop is closed: nobody is watching any more
+            pass
 
 
 # The share of a load done after each of its steps, as `Engine(..., progress=)` reports it. The native loader has no
