@@ -193,7 +193,9 @@ class Model:
         self.evicted_snapshots += 1
         return True
 
-    def admit(self, prompt, reserve):
+    def cached_path(self, prompt):
+        """The prompt's cached blocks from the root (never its last token's), and how many of them end at a
+        snapshot-backed depth the admission can reuse."""
         path = []
         for i in range((len(prompt) - 1) // B):
             key = tuple(prompt[: (i + 1) * B])
@@ -201,6 +203,11 @@ class Model:
                 break
             path.append(key)
         depth = max((d for d in range(len(path) + 1) if d == 0 or self.nodes[path[d - 1]]["snap"]), default=0)
+        return path, depth
+
+    def admit(self, prompt, reserve):
+        """Returns (reused tokens, the blocks restored from the host: none, with one tier) or None."""
+        path, depth = self.cached_path(prompt)
         reused = path[:depth]
         for k in reused:
             self.refs[self.nodes[k]["page"]] += 1
@@ -219,7 +226,7 @@ class Model:
         self.held += 1
         for k in reused:
             self.touch(k)
-        return depth * B
+        return depth * B, []
 
     def commit(self, seq_pages, tokens, published, computed, use, frontier):
         """Returns the sequence's published block count and its frontier key after the commit."""
@@ -288,15 +295,10 @@ def operations(draw):
     return ops
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=operations(), slots=st.integers(2, 6), pages=st.integers(8, 24))
-def test_random_requests_match_the_model_and_account_for_every_page_and_slot(ops, slots, pages):
-    lanes = 2
-    cache = _engine.SimulatedCache(pages=pages, state_slots=slots, lanes=lanes, snapshot_interval=128)
-    model = Model(pages, slots, lanes)
-    live: list[dict] = []
+def drive(cache, model, pages, ops, live, lanes, slots, check):
+    """The random operations of the property tests on both the cache and its model, `check`ed after each."""
     for kind, stem, cut, tail, extra, pick in ops:
-        if kind == "admit" and len(live) < min(lanes, slots):
+        if kind == "admit" and len(live) < min(lanes, max(slots, lanes)):
             prompt = STEMS[stem][:cut] + tail
             reserve = min(len(prompt) + extra, pages * B)
             if reserve < len(prompt):
@@ -304,21 +306,23 @@ def test_random_requests_match_the_model_and_account_for_every_page_and_slot(ops
             expected = model.admit(prompt, reserve)
             got = cache.admit(reserve, prompt)
             assert (got is None) == (expected is None)
-            if got is not None:
-                seq, computed = got
-                assert computed == expected
-                assert len(seq.pages) == -(-reserve // B)
-                for p in seq.pages[computed // B:]:  # fresh pages: free until now
-                    assert model.refs[p] == 0
-                    model.refs[p] = 1
-                gen = [int(t) for t in np.random.default_rng(pick).integers(0, 50, reserve - len(prompt))]
-                live.append({"seq": seq, "tokens": prompt + gen, "prompt": len(prompt), "done": computed,
-                             "pages": list(seq.pages), "published": computed // B, "frontier": None})
+            if got is None:
+                continue
+            seq, computed = got
+            assert computed == expected[0]
+            assert len(seq.pages) == -(-reserve // B)
+            for key in expected[1]:
+                model.placed(key, seq.pages[len(key) // B - 1])
+            for p in seq.pages[computed // B:]:  # fresh pages: free until now
+                assert model.refs[p] == 0
+                model.refs[p] = 1
+            gen = [int(t) for t in np.random.default_rng(pick).integers(0, 50, reserve - len(prompt))]
+            live.append({"seq": seq, "tokens": prompt + gen, "prompt": len(prompt), "done": computed,
+                         "pages": list(seq.pages), "published": computed // B, "frontier": None})
         elif kind == "step" and live:
             e = live[pick % len(live)]
             if e["done"] >= len(e["tokens"]):
                 continue
-            # The engine's chunking: to the next snapshot position or the end of the prompt, then one at a time.
             nxt = cache.next_snapshot(e["done"], e["prompt"])
             end = e["prompt"] if e["done"] < e["prompt"] else e["done"] + 1
             if nxt > 0:
@@ -336,7 +340,17 @@ def test_random_requests_match_the_model_and_account_for_every_page_and_slot(ops
     for e in live:
         model.release(e["pages"])
         cache.release(e["seq"])
+    live.clear()
     check(cache, model, pages, [])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=operations(), slots=st.integers(2, 6), pages=st.integers(8, 24))
+def test_random_requests_match_the_model_and_account_for_every_page_and_slot(ops, slots, pages):
+    lanes = 2
+    cache = _engine.SimulatedCache(pages=pages, state_slots=slots, lanes=lanes, snapshot_interval=128)
+    model = Model(pages, slots, lanes)
+    drive(cache, model, pages, ops, [], lanes, slots, check)
     # What is left is the index's alone: one reference per cached block, every other page free.
     assert cache.stats()["free_pages"] == pages - cache.stats()["cached_blocks"]
     assert cache.stats()["free_state_slots"] == slots - cache.stats()["cached_snapshots"]
@@ -595,13 +609,7 @@ class TieredModel(Model):
 
     def admit(self, prompt, reserve):
         """Returns (reused tokens, indices of the blocks restored from the host) or None."""
-        path = []
-        for i in range((len(prompt) - 1) // B):
-            key = tuple(prompt[: (i + 1) * B])
-            if key not in self.nodes:
-                break
-            path.append(key)
-        depth = max((d for d in range(len(path) + 1) if d == 0 or self.nodes[path[d - 1]]["snap"]), default=0)
+        path, depth = self.cached_path(prompt)
         if self.slots == 0:
             depth = len(path)
         reused = path[:depth]
@@ -706,55 +714,6 @@ def check_tiers(cache, model: TieredModel, pages: int, live):
         assert entry["seq"].pages == entry["pages"]
 
 
-def drive(cache, model, pages, ops, live, lanes, slots):
-    """The random operations of the property test on both the cache and its model, checked after each."""
-    for kind, stem, cut, tail, extra, pick in ops:
-        if kind == "admit" and len(live) < min(lanes, max(slots, lanes)):
-            prompt = STEMS[stem][:cut] + tail
-            reserve = min(len(prompt) + extra, pages * B)
-            if reserve < len(prompt):
-                continue
-            expected = model.admit(prompt, reserve)
-            got = cache.admit(reserve, prompt)
-            assert (got is None) == (expected is None)
-            if got is None:
-                continue
-            seq, computed = got
-            assert computed == expected[0]
-            assert len(seq.pages) == -(-reserve // B)
-            for key in expected[1]:
-                model.placed(key, seq.pages[len(key) // B - 1])
-            for p in seq.pages[computed // B:]:  # fresh pages: free until now
-                assert model.refs[p] == 0
-                model.refs[p] = 1
-            gen = [int(t) for t in np.random.default_rng(pick).integers(0, 50, reserve - len(prompt))]
-            live.append({"seq": seq, "tokens": prompt + gen, "prompt": len(prompt), "done": computed,
-                         "pages": list(seq.pages), "published": computed // B, "frontier": None})
-        elif kind == "step" and live:
-            e = live[pick % len(live)]
-            if e["done"] >= len(e["tokens"]):
-                continue
-            nxt = cache.next_snapshot(e["done"], e["prompt"])
-            end = e["prompt"] if e["done"] < e["prompt"] else e["done"] + 1
-            if nxt > 0:
-                end = min(end, nxt)
-            use = cache.snapshot_use(end, e["prompt"])
-            e["published"], e["frontier"] = model.commit(e["pages"], e["tokens"], e["published"], end, use,
-                                                         e["frontier"])
-            cache.commit(e["seq"], e["tokens"], end, use)
-            e["done"] = end
-        elif kind == "release" and live:
-            e = live.pop(pick % len(live))
-            model.release(e["pages"])
-            cache.release(e["seq"])
-        check_tiers(cache, model, pages, live)
-    for e in live:
-        model.release(e["pages"])
-        cache.release(e["seq"])
-    live.clear()
-    check_tiers(cache, model, pages, [])
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=operations(), after=operations(), slots=st.sampled_from([0, 2, 3, 4]), pages=st.integers(7, 14),
        host_pages=st.integers(0, 12), host_slots=st.integers(0, 3))
@@ -765,7 +724,7 @@ def test_random_requests_over_both_tiers_match_the_model_and_account_for_every_p
     lanes = 2
     cache, tier = tiered(pages, slots, host_pages, host_slots, lanes=lanes, interval=128)
     model = TieredModel(pages, slots, lanes, host_pages, host_slots if slots else 0)
-    drive(cache, model, pages, ops, [], lanes, slots)
+    drive(cache, model, pages, ops, [], lanes, slots, check_tiers)
     cache.close()
     model.detach()
     assert model.device() == [] and model.device_snaps() == 0
@@ -777,7 +736,7 @@ def test_random_requests_over_both_tiers_match_the_model_and_account_for_every_p
     model.refs = [0] * pages
     model.evicted_blocks = model.evicted_snapshots = 0
     model.c = dict.fromkeys(model.c, 0)
-    drive(again, model, pages, after, [], lanes, slots)
+    drive(again, model, pages, after, [], lanes, slots, check_tiers)
     s = again.stats()
     # What is left is the index's alone: one reference per device block, every other page free; host pages and
     # slots in use are exactly the host blocks and snapshots.

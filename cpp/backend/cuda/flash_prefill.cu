@@ -158,30 +158,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
           if constexpr (Kv::kScaled) sc[nt][c] *= k_scale[key];
           if (diagonal && kt * kKeys + key > pos[c / 2]) sc[nt][c] = -INFINITY;
         }
-      // Online softmax: each row's max and sum over the quad of lanes that hold it.
-      float correction[2];
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        float m = row_max[rr];
-#pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt) m = fmaxf(m, fmaxf(sc[nt][2 * rr], sc[nt][2 * rr + 1]));
-        m = quad_max(m);  // finite: key 0 of tile 0 is before every row
-        correction[rr] = exp2f(row_max[rr] - m);
-        row_max[rr] = m;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt) {
-          sc[nt][2 * rr] = exp2f(sc[nt][2 * rr] - m);
-          sc[nt][2 * rr + 1] = exp2f(sc[nt][2 * rr + 1] - m);
-          sum += sc[nt][2 * rr] + sc[nt][2 * rr + 1];
-        }
-        row_sum[rr] = row_sum[rr] * correction[rr] + sum;
-      }
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) {
-        o[nt][0] *= correction[0], o[nt][1] *= correction[0];
-        o[nt][2] *= correction[1], o[nt][3] *= correction[1];
-      }
+      // Online softmax (finite maxima: key 0 of tile 0 is before every row).
+      online_softmax_tile<kKeys, D>(sc, o, row_max, row_sum);
     }
     __syncthreads();  // every warp is done with K[kt]
     if (more) fetch_keys(kt + 1);

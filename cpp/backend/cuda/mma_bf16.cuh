@@ -79,4 +79,32 @@ __device__ __forceinline__ void add_weighted_values(float (*o)[4], const uint32_
   }
 }
 
+// One tile of the online softmax for a warp's 16 rows (two per lane, held with the quad of lanes that share them):
+// sc[Keys / 8] holds the tile's scores in the exp2 domain and becomes its unnormalised probabilities; each row's
+// running max and sum move on, and the output accumulators o[D / 8] are rescaled to the new max. Every row must have
+// one finite score by this tile (a key before it, or one of this tile's), so the max is finite.
+template <int Keys, int D>
+__device__ __forceinline__ void online_softmax_tile(float (*sc)[4], float (*o)[4], float row_max[2],
+                                                    float row_sum[2]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float m = row_max[rr];
+#pragma unroll
+    for (int nt = 0; nt < Keys / 8; ++nt) m = fmaxf(m, fmaxf(sc[nt][2 * rr], sc[nt][2 * rr + 1]));
+    m = quad_max(m);
+    const float correction = exp2f(row_max[rr] - m);  // 0 on a row's first tile
+    row_max[rr] = m;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < Keys / 8; ++nt) {
+      sc[nt][2 * rr] = exp2f(sc[nt][2 * rr] - m);
+      sc[nt][2 * rr + 1] = exp2f(sc[nt][2 * rr + 1] - m);
+      sum += sc[nt][2 * rr] + sc[nt][2 * rr + 1];
+    }
+    row_sum[rr] = row_sum[rr] * correction + sum;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) o[nt][2 * rr] *= correction, o[nt][2 * rr + 1] *= correction;
+  }
+}
+
 }  // namespace ninfer::cuda

@@ -108,26 +108,7 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
         for (int c = 0; c < 4; ++c)
           if (nt * 8 + 2 * t + (c & 1) >= keys) sc[nt][c] = -INFINITY;
     }
-    // Online softmax: each row's max and sum over the quad of lanes that hold it (finite: every tile has a key).
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float m = row_max[rr];
-#pragma unroll
-      for (int nt = 0; nt < kKeys / 8; ++nt) m = fmaxf(m, fmaxf(sc[nt][2 * rr], sc[nt][2 * rr + 1]));
-      m = quad_max(m);
-      const float correction = exp2f(row_max[rr] - m);  // 0 on the first tile
-      row_max[rr] = m;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < kKeys / 8; ++nt) {
-        sc[nt][2 * rr] = exp2f(sc[nt][2 * rr] - m);
-        sc[nt][2 * rr + 1] = exp2f(sc[nt][2 * rr + 1] - m);
-        sum += sc[nt][2 * rr] + sc[nt][2 * rr + 1];
-      }
-      row_sum[rr] = row_sum[rr] * correction + sum;
-#pragma unroll
-      for (int nt = 0; nt < D / 8; ++nt) o[nt][2 * rr] *= correction, o[nt][2 * rr + 1] *= correction;
-    }
+    online_softmax_tile<kKeys, D>(sc, o, row_max, row_sum);  // finite maxima: every tile has a key
     // O += P V, P as bf16 A fragments straight from the S accumulators.
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
