@@ -35,17 +35,18 @@ def busy_slots(server, model: str = "alpha") -> list[dict]:
 
 
 class HeldStream:
-    """A long streamed generation on alpha, held open from another thread until `release`."""
+    """A long streamed generation on `model`, held open from another thread until `release`."""
 
-    def __init__(self, server) -> None:
+    def __init__(self, server, model: str = "alpha") -> None:
         self._release = threading.Event()
         self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(server,), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(server, model), daemon=True)
         self._thread.start()
         assert self._started.wait(ANSWER_TIMEOUT_MS / 1000), "the held generation never started"
 
-    def _run(self, server) -> None:
-        with httpx.stream("POST", server.url + "/v1/chat/completions", json=LONG_BODY, timeout=300) as r:
+    def _run(self, server, model: str) -> None:
+        body = {**LONG_BODY, "model": model}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=300) as r:
             for i, _ in enumerate(r.iter_lines()):
                 if i >= 4:
                     self._started.set()
