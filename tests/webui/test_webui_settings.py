@@ -49,7 +49,7 @@ def test_the_settings_show_the_defaults_a_request_gets(browser, settings_server)
     page = context.new_page()
     failed, probes, console_errors = [], [], []
     page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-    page.on("response", lambda r: probes.append(r.status) if r.url.endswith("/tools") else None)
+    page.on("response", lambda r: probes.append((r.request.method, r.status)) if r.url.endswith("/tools") else None)
     page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
     page.goto(settings_server.url + "/")
     page.locator("textarea").first.wait_for()
@@ -66,8 +66,9 @@ def test_the_settings_show_the_defaults_a_request_gets(browser, settings_server)
         assert (field.input_value(), field.get_attribute("placeholder")) == ("", shown_default(params, key)), key
     page.locator("input#temperature").scroll_into_view_if_needed()
     page.screenshot(path=str(SCREENSHOTS / "webui-settings.png"))
-    # llama-ui probed the server's tools (GET /tools) and got its list; nothing the page asked for failed
-    assert probes and set(probes) == {200}, probes
+    # llama-ui probed the server's tools (GET /tools, the list; POST /tools, a file tool by name) and got answers,
+    # not 404s; nothing the page asked for failed
+    assert {method for method, _ in probes} == {"GET", "POST"} and {status for _, status in probes} == {200}, probes
     assert failed == [] and console_errors == [], (failed, console_errors)
     context.close()
 
