@@ -7,7 +7,12 @@ The real server refuses each request in its own way:
 - 400: a sampling value out of range (the UI's settings send `temperature: 5`);
 - 503: the server shutting down (its graceful shutdown, ninfer.serve.shutdown, started on its own event loop), and
   a stream that was running then ends with the protocol's error chunk: the dialog shows why, the partial answer
-  stays.
+  stays;
+- 429: the engine full (its one lane busy with another client's answer, no queue): the same path in llama-ui as a
+  400 or a 503 before the stream (a response that is not ok: its JSON error's message goes to the dialog), so the
+  same patch leaves no bubble and shows the server's "the engine is busy ... retry later".
+On the unpatched UI the 400 and the 429 tests fail: the empty reply bubble stays (checked with the pin built
+without the patch).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from test_llama_ui import (
     chat_context,
     send,
 )
+from test_webui_truth import HeldStream
 
 USER = '[aria-label="User message with actions"]'
 DIALOG = "[role=alertdialog]"
@@ -101,4 +107,17 @@ def test_a_shutdown_ends_the_stream_with_its_reason_and_refuses_the_next(browser
         page.wait_for_function(f"document.querySelectorAll('{ASSISTANT}').length === 1", timeout=SETTLE_MS)
         assert assistant_text(page) == partial
     finally:
+        context.close()
+
+
+def test_a_full_server_refuses_and_says_so(browser, one_lane_server) -> None:
+    context, page = open_chat(browser, one_lane_server)
+    held = HeldStream(one_lane_server, model="solo")  # the one lane busy, no queue: the next request is a 429
+    try:
+        status, shown = refused_reply(page, "Hello there")
+        assert status == 429
+        assert "Server Error" in shown and "the engine is busy" in shown and "retry later" in shown, shown
+        assert page.locator(USER).last.inner_text().strip().startswith("Hello there")
+    finally:
+        held.release()
         context.close()

@@ -1,14 +1,17 @@
 """The real llama-ui and ninfer's dashboard in headless Chromium, on what a person meets first (issue 19): a live
 generation speed while the answer streams, two tabs on one conversation, a swap's wait shown, and a dashboard that
-tells the truth (busy is not idle, KV in use vs reserved, a disconnected state that greys old figures, a 360 px
-layout). Screenshots go to docs/."""
+tells the truth (busy is not idle, KV in use vs reserved, a load's progress, a disconnected state that greys old
+figures, a 360 px layout). Screenshots go to docs/."""
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 
 import httpx
+from live_servers import artifact_for, serve_router
+from ninfer.engine import Engine
 from test_llama_ui import (
     ANSWER,
     ANSWER_TIMEOUT_MS,
@@ -35,17 +38,18 @@ def busy_slots(server, model: str = "alpha") -> list[dict]:
 
 
 class HeldStream:
-    """A long streamed generation on alpha, held open from another thread until `release`."""
+    """A long streamed generation on `model`, held open from another thread until `release`."""
 
-    def __init__(self, server) -> None:
+    def __init__(self, server, model: str = "alpha") -> None:
         self._release = threading.Event()
         self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(server,), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(server, model), daemon=True)
         self._thread.start()
         assert self._started.wait(ANSWER_TIMEOUT_MS / 1000), "the held generation never started"
 
-    def _run(self, server) -> None:
-        with httpx.stream("POST", server.url + "/v1/chat/completions", json=LONG_BODY, timeout=300) as r:
+    def _run(self, server, model: str) -> None:
+        body = {**LONG_BODY, "model": model}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=300) as r:
             for i, _ in enumerate(r.iter_lines()):
                 if i >= 4:
                     self._started.set()
@@ -183,3 +187,46 @@ def test_the_dashboard_at_360_px_and_disconnected(browser, ui_server) -> None:
     page.get_by_text("live", exact=True).wait_for(timeout=SETTLE_MS)
     assert not page.evaluate("document.body.classList.contains('stale')")
     page.close()
+
+
+class PausedLoad:
+    """Engine.open whose real load stops at the first fraction it reports below 1 (its loading thread waits in the
+    progress callback) until `gate` is set: the load's progress as it really was, held still for the dashboard."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.paused = threading.Event()
+        self.fraction = 0.0
+
+    async def __call__(self, path, options, progress, host_tier):
+        def report(fraction: float) -> None:
+            progress(fraction)
+            if not self.paused.is_set() and 0 < fraction < 1:
+                self.fraction = fraction
+                self.paused.set()
+                self.gate.wait(ANSWER_TIMEOUT_MS / 1000)  # bounded: a failing test must not hang the load
+
+        return await Engine.open(path, options, report, host_tier)
+
+
+def test_the_dashboard_shows_a_load_in_progress(browser, pytestconfig, smollm2_gguf) -> None:
+    paused = PausedLoad()
+    config = {"models": {"alpha": {"path": str(artifact_for(pytestconfig, smollm2_gguf)), "max_context": 1024}}}
+    with serve_router(config, open_engine=paused) as server:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(PAGE_TIMEOUT_MS)
+        page.goto(server.url + "/dashboard")
+        row = page.locator('#models tr[data-model="alpha"]')
+        row.get_by_text("unloaded").wait_for(timeout=SETTLE_MS)
+        loading = threading.Thread(target=httpx.post, args=(server.url + "/models/load",),
+                                   kwargs={"json": {"model": "alpha"}, "timeout": 300}, daemon=True)
+        loading.start()
+        try:
+            assert paused.paused.wait(ANSWER_TIMEOUT_MS / 1000), "the load reported no progress"
+            percent = math.floor(100 * paused.fraction + 0.5)  # as the page's Math.round
+            row.get_by_text(f"loading {percent}%", exact=True).wait_for(timeout=SETTLE_MS)
+        finally:
+            paused.gate.set()
+        row.get_by_text("loaded", exact=True).wait_for(timeout=ANSWER_TIMEOUT_MS)
+        loading.join(ANSWER_TIMEOUT_MS / 1000)
+        page.close()
