@@ -5,8 +5,10 @@ page or state slot held; n above the lanes, or above 8, is refused with a 400 na
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
+import jsonschema
 import live_servers
 import numpy as np
 import openai
@@ -127,3 +129,20 @@ def test_n_above_the_lanes_is_refused(qwen35_server, route, n, message):
             client.completions.create(model="m", prompt="x", n=n)
     assert info.value.body["param"] == "n" and message in info.value.body["message"]
     assert live_servers.lanes_free_within(qwen35_server)
+
+
+def test_every_choice_keeps_its_own_constraint(qwen35_server):
+    """Structured output with n = 2: each choice has its own grammar state, so both are whole valid values (one
+    constraint shared by two streams would see both streams' tokens and reject or garble one), and differ."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["city", "rank"],
+              "properties": {"city": {"type": "string", "maxLength": 10},
+                             "rank": {"type": "integer", "minimum": 0, "maximum": 99}}}
+    r = _client(qwen35_server).chat.completions.create(
+        model="m", messages=_messages(), n=2, temperature=1.0, seed=int(np.random.default_rng().integers(0, 2**31)),
+        max_tokens=200, response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    values = [json.loads(c.message.content) for c in r.choices]
+    for value, choice in zip(values, r.choices, strict=True):
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(value, schema)
+    assert values[0] != values[1]

@@ -327,6 +327,7 @@ class Generation:
         self._departure = departure()
         self._loop = asyncio.get_running_loop()
         self._events: RequestStream | None = None  # start_generations submits
+        self.choice = 0  # its index among the request's n choices
         self._text = TextStream(self._engine.frontend)
         self._stops = StopStringMatcher(params.stop)
         splitting = prompt.is_chat and params.split_reasoning
@@ -379,7 +380,9 @@ class Generation:
         engine_finish = last.finish_reason if last is not None else None
         finish_reason = "stop" if self._stops.stopped is not None else engine_finish or "cancelled"
         self.result = self._finish(finish_reason, last)
-        self._model.record_generation(self.result)
+        # The metrics count a request's prompt once: with its first choice.
+        usage = self.result.usage if self.choice == 0 else replace(self.result.usage, prompt_tokens=0, cached_tokens=0)
+        self._model.record_generation(replace(self.result, usage=usage))
 
     async def run(self) -> GenerationResult:
         async for _ in self.deltas():
@@ -538,8 +541,8 @@ def start_generations(
     observers = [call.track(engine, len(request.prompt_tokens), c) for c in constraints] if call else None
     streams = engine.submit_choices(request, n, constraints=constraints, observers=observers,
                                     on_cancel_freed=[g._lane_freed for g in generations])
-    for generation, stream in zip(generations, streams, strict=True):
-        generation._events = stream
+    for index, (generation, stream) in enumerate(zip(generations, streams, strict=True)):
+        generation._events, generation.choice = stream, index
     return generations
 
 
