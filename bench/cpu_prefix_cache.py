@@ -35,6 +35,8 @@ from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 # A session's shape: the issue's agent session, and the short CPU default.
 FULL = {"system": 4096, "turns": 20, "user": 1024, "answer": 300}
 SHORT = {"system": 1024, "turns": 6, "user": 256, "answer": 64}
+# run_scenarios' turns after the session: resumed from the device, from the host tier, after a reopen.
+RESUMED_TURNS = 3
 
 
 async def _one(engine: Engine, prompt: list[int], generate: int) -> tuple[list[int], float, int]:
@@ -60,7 +62,7 @@ def random_tokens(rng: np.random.Generator, engine: Engine, n: int) -> list[int]
 def agent_session(engine: Engine, rng: np.random.Generator, shape: dict, generate: int,
                   uncached_every: int) -> tuple[list[dict], list[int]]:
     """The session's turns: TTFT with reuse, and every `uncached_every`-th turn (and the last) a prompt of the same
-    length with nothing cached. Returns the rows and the conversation so far."""
+    length with nothing cached and one of the turn's new tokens alone. Returns the rows and the conversation so far."""
     conversation = random_tokens(rng, engine, shape["system"])
     rows = []
     for t in range(1, shape["turns"] + 1):
@@ -72,6 +74,10 @@ def agent_session(engine: Engine, rng: np.random.Generator, shape: dict, generat
             _, ttft_off, cached_off = turn(engine, random_tokens(rng, engine, len(conversation)), 1)
             assert cached_off == 0
             row["ttft_ms_no_reuse"] = round(ttft_off * 1e3, 2)
+            # A prompt of only the turn's new tokens: their prefill without the cached prefix to attend to (a lower
+            # bound of what the reused turn computes: its new tokens also attend to the prefix).
+            _, ttft_new, _ = turn(engine, random_tokens(rng, engine, row["new_tokens"]), 1)
+            row["ttft_ms_new_tokens_only"] = round(ttft_new * 1e3, 2)
         rows.append(row)
         conversation += answer + random_tokens(rng, engine, shape["answer"] - len(answer))
     return rows, conversation
@@ -166,8 +172,9 @@ def run_scenarios(open_engine: Callable[..., Engine], options: EngineOptions, sh
 
 def session_options(shape: dict, lanes: int = 8, **kw) -> EngineOptions:
     """Room for the session's longest prompt per lane, one more context's worth of cached blocks, and a host tier
-    for two sessions; state slots for the lanes and 8 snapshots."""
-    context = shape["system"] + (shape["turns"] + 2) * (shape["user"] + shape["answer"]) + 128
+    for two sessions; state slots for the lanes and 8 snapshots. The longest prompt is the last of the three
+    resumed turns (run_scenarios) after the session's own, each a user text and an answer more."""
+    context = shape["system"] + (shape["turns"] + RESUMED_TURNS) * (shape["user"] + shape["answer"]) + 128
     context = -(-context // 64) * 64
     return replace(EngineOptions(max_context=context, kv_capacity=context * 2, max_concurrency=lanes,
                                  decision_lanes=0, device_state_slots=lanes + 8, host_state_slots=16), **kw)

@@ -7,6 +7,10 @@ copy rate (torch, when it is installed) beside the restore rate the engine's TTF
     python bench/cuda_prefix_cache.py --model qwen3.5-27b qwen3.5-35b-a3b --recipe groupwise-int \
         --out bench/results/cuda_prefix_cache.json
 
+The session's shape is the issue's (cpu_prefix_cache.FULL) unless --system / --turns / --user / --answer change it;
+`--model tiny --backend cpu --turns 3` is a dry run of the script on the CPU. The results file is rewritten after
+each model, so a run stopped during the second keeps the first.
+
 Of each answer the first --generate tokens are generated (decode speed is bench/cuda_engine.py's business), the rest
 are random tokens sent back as the answer.
 """
@@ -52,15 +56,17 @@ def bench_model(model: str, recipe: str, path: Path, args: argparse.Namespace) -
     if not path.exists():
         write_synthetic(model, recipe, path, progress=False)
     written_s = time.perf_counter() - started
-    options = session_options(FULL, lanes=8, backend="cuda", verify_checksums=False, host_kv_mib=args.host_kv_mib)
+    shape = {key: getattr(args, key) or value for key, value in FULL.items()}
+    options = session_options(shape, lanes=8, backend=args.backend, verify_checksums=False,
+                              host_kv_mib=args.host_kv_mib)
 
     def open_engine(o: EngineOptions, host_tier=None) -> Engine:
         engine = Engine(path, o, host_tier=host_tier)
         # The longest chunk's scratch and GEMM algorithms, before anything is timed.
-        turn(engine, random_tokens(np.random.default_rng(), engine, 8192), 1)
+        turn(engine, random_tokens(np.random.default_rng(), engine, min(8192, o.max_context - 64)), 1)
         return engine
 
-    result = run_scenarios(open_engine, options, FULL, args.generate, args.uncached_every, args.seed)
+    result = run_scenarios(open_engine, options, shape, args.generate, args.uncached_every, args.seed)
     return {"model": model, "recipe": recipe, "write_s": round(written_s, 1),
             "wall_s": round(time.perf_counter() - started, 1), **result}
 
@@ -74,21 +80,26 @@ def main() -> int:
     p.add_argument("--uncached-every", type=int, default=10)
     p.add_argument("--host-kv-mib", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    for key in FULL:
+        p.add_argument(f"--{key}", type=int, help=f"the session's {key} (default {FULL[key]})")
+    p.add_argument("--backend", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    result = {"commit": commit_sha(), "backend": args.backend,
+              "pinned_h2d_gb_per_s": pinned_copy_gb_per_s() if args.backend == "cuda" else None, "models": []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)
-        result = {"commit": commit_sha(), "pinned_h2d_gb_per_s": pinned_copy_gb_per_s(),
-                  "models": [bench_model(m, args.recipe, workdir / f"{m}.{args.recipe}.ninfer", args)
-                             for m in args.model]}
-    for m in result["models"]:
-        turns = m["turns"]
-        print(f"{m['model']}: written {m['write_s']} s, all {m['wall_s']} s; turn 20 ({turns[-1]['prompt_tokens']} "
-              f"tokens, {turns[-1]['cached_tokens']} reused) TTFT {turns[-1]['ttft_ms_reuse']} ms vs "
-              f"{turns[-1].get('ttft_ms_no_reuse')} ms without; from the host {m['resume_host']} ; after reopen "
-              f"{m['resume_after_reopen']}; restore {m['host_restore_gb_per_s_estimate']} GB/s (pinned copy "
-              f"{result['pinned_h2d_gb_per_s']} GB/s)")
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+        for model in args.model:
+            m = bench_model(model, args.recipe, workdir / f"{model}.{args.recipe}.ninfer", args)
+            result["models"].append(m)
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+            last = m["turns"][-1]
+            print(f"{m['model']}: written {m['write_s']} s, all {m['wall_s']} s; turn {last['turn']} "
+                  f"({last['prompt_tokens']} tokens, {last['cached_tokens']} reused) TTFT {last['ttft_ms_reuse']} ms "
+                  f"vs {last.get('ttft_ms_no_reuse')} ms without; from the device {m['resume_device']}; from the "
+                  f"host {m['resume_host']}; after reopen {m['resume_after_reopen']}; restore "
+                  f"{m['host_restore_gb_per_s_estimate']} GB/s (pinned copy {result['pinned_h2d_gb_per_s']} GB/s)",
+                  flush=True)
     return 0
 
 

@@ -100,6 +100,7 @@ void bind_structs(nb::module_& m) {
       .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids)
       .def_rw("constrained", &GenerationRequest::constrained)
       .def_rw("report_progress", &GenerationRequest::report_progress)
+      .def_rw("choices", &GenerationRequest::choices)
       .def("set_media", &set_request_media, nb::arg("items"), nb::arg("mrope_positions"), nb::arg("rope_delta"),
            "Images / videos of the prompt: items [(patches [n, patch values] f32, (t, h, w), [first placeholder "
            "index of each temporal group])], the prompt's M-RoPE positions [tokens, 3] and its rope delta.");

@@ -206,16 +206,27 @@ Job Engine::make_job(GenerationRequest request, bool scoring) {
     for (int32_t t : request.stop_token_ids)
       if (t < 0 || t >= config_.vocab_size)
         throw EngineError("stop token id " + std::to_string(t) + " is outside the vocabulary");
+    if (request.choices < 1) throw EngineError("invalid choices = " + std::to_string(request.choices) + " (must be >= 1)");
+    if (request.choices > options_.max_concurrency)
+      throw CapacityError("n = " + std::to_string(request.choices) + " choices need a lane each; this engine has " +
+                          std::to_string(options_.max_concurrency) + " (max_concurrency)");
+  } else if (request.choices != 1) {
+    throw EngineError("scoring takes one choice");
   }
   if (request.media)
     check_prompt_media(*request.media, request.prompt, model_->vision() ? &model_->vision()->config() : nullptr);
   Job job;
   job.output = scoring ? JobOutput::PromptLogprobs : JobOutput::Generate;
   job.reservation = scoring ? n : std::min(n + request.max_new_tokens, options_.max_context);
-  check_fits(kv_pages_for(job.reservation),
+  // Each choice after the first shares the full pages of the prompt but its last token (Scheduler::start_forks).
+  job.fork_pages = kv_pages_for(job.reservation) - (n - 1) / kKvPageTokens;
+  check_fits(kv_pages_for(job.reservation) + (request.choices - 1) * job.fork_pages,
              std::to_string(job.reservation) + " KV tokens (prompt " + std::to_string(n) + " + max_new_tokens " +
                  std::to_string(request.max_new_tokens) + ", capped at max_context " +
-                 std::to_string(options_.max_context) + ", in pages of 64)");
+                 std::to_string(options_.max_context) + ", in pages of 64)" +
+                 (request.choices > 1 ? " for each of " + std::to_string(request.choices) +
+                                            " choices, the prompt's full pages shared"
+                                      : std::string()));
   job.request = std::move(request);
   job.submitted = Clock::now();
   return job;
@@ -266,14 +277,20 @@ Job Engine::make_decision_job(DecisionRequest request) {
 }
 
 // Queues a made job within its kind's bound (lanes + queue places): EngineBusyError past it. Called locked.
+// A job of n choices counts n (it takes n lanes) and n ids.
 uint64_t Engine::enqueue(Job job, int64_t& in_flight, int32_t lanes, const char* what) {
-  if (in_flight >= lanes + options_.max_queue)
+  const int32_t choices = job.request.choices;
+  if (in_flight + choices > lanes + options_.max_queue)
     throw EngineBusyError("the engine is busy: all " + std::to_string(lanes) + " " + what + " and " +
-                          std::to_string(options_.max_queue) + " queue places are taken; retry later");
-  job.id = next_id_++;
+                          std::to_string(options_.max_queue) + " queue places are taken" +
+                          (choices > 1 ? " (or fewer than the " + std::to_string(choices) + " the choices need)"
+                                       : std::string()) +
+                          "; retry later");
+  job.id = next_id_;
+  next_id_ += uint64_t(choices);
   const uint64_t id = job.id;
   scheduler_->enqueue(std::move(job));
-  ++in_flight;
+  in_flight += choices;
   stats_.queued = scheduler_->num_queued();
   work_cv_.notify_one();
   return id;
@@ -320,13 +337,16 @@ std::vector<float> Engine::score(std::vector<int32_t> tokens) {
 
 bool Engine::cancel(uint64_t id) {
   std::unique_lock lock(mu_);
+  // A queued job of n choices leaves the queue whole, whichever of its ids is cancelled.
   if (std::optional<Job> job = scheduler_ ? scheduler_->remove_queued(id) : std::nullopt) {
-    --(job->output == JobOutput::Decide ? decisions_in_flight_ : in_flight_);
+    (job->output == JobOutput::Decide ? decisions_in_flight_ : in_flight_) -= job->request.choices;
     stats_.queued = scheduler_->num_queued();
-    EngineEvent ev;
-    ev.request_id = id;
-    ev.finish = FinishReason::Cancelled;
-    events_.push_back(std::move(ev));
+    for (int32_t k = 0; k < job->request.choices; ++k) {
+      EngineEvent ev;
+      ev.request_id = job->id + uint64_t(k);
+      ev.finish = FinishReason::Cancelled;
+      events_.push_back(std::move(ev));
+    }
     events_cv_.notify_all();
     return true;
   }
@@ -402,10 +422,12 @@ void Engine::close() {
     if (scheduler_->lane(i)) outputs_->end_lane(i, FinishReason::Cancelled);
   for (const Job* job : scheduler_->queued()) {
     if (job->score_result) job->score_result->set_exception(std::make_exception_ptr(EngineError("the engine closed")));
-    EngineEvent ev;
-    ev.request_id = job->id;
-    ev.finish = FinishReason::Cancelled;
-    events_.push_back(std::move(ev));
+    for (int32_t k = 0; k < job->request.choices; ++k) {
+      EngineEvent ev;
+      ev.request_id = job->id + uint64_t(k);
+      ev.finish = FinishReason::Cancelled;
+      events_.push_back(std::move(ev));
+    }
   }
   // The pools live in the backend's memory: they go before the model that owns the backend.
   outputs_.reset();

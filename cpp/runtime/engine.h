@@ -117,7 +117,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Validates and queues; throws EngineBusyError (queue full), CapacityError (can never fit) or EngineError.
+  // Validates and queues; throws EngineBusyError (queue full), CapacityError (can never fit) or EngineError. A
+  // request of n choices (GenerationRequest::choices) takes n lanes and n queue places, and ids id .. id + n - 1.
   uint64_t submit(GenerationRequest request);
   // Cancels a queued or running request: its lane and KV are free when its `cancelled` event arrives.
   // False when the id is unknown or already finished.

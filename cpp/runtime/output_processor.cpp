@@ -30,6 +30,9 @@ void OutputProcessor::absorb(const StepPlan& plan, const StepResult& result) {
 
 void OutputProcessor::end_lane(int32_t index, FinishReason reason, const std::string& error_type,
                                const std::string& error_message) {
+  // n > 1: the choices still waiting for this one's prefill end with it (cancelled, or its error).
+  for (const std::vector<int32_t> waiting = scheduler_.lane(index)->forks; int32_t j : waiting)
+    end_lane(j, reason, error_type, error_message);
   Lane& lane = *scheduler_.lane(index);
   const Clock::time_point now = Clock::now();
   EngineEvent ev;

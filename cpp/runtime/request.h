@@ -24,6 +24,9 @@ struct GenerationRequest {
   bool report_progress = false;
   // Images and videos in the prompt (null: text only); shared, so copying a request does not copy pixels.
   std::shared_ptr<const PromptMedia> media;
+  // n > 1 (OpenAI's `n`): this many independent continuations of one prefill, 1..max_concurrency, each in a lane
+  // of its own. Engine::submit returns the first's id; choice i has id + i and, with a seed, sampling seed + i.
+  int32_t choices = 1;
 };
 
 // A decision job: one shared context, prefilled once and forked per question; each question continues it with its

@@ -35,7 +35,7 @@ int64_t Scheduler::decision_pages_unused() const {
 
 std::optional<Job> Scheduler::remove_queued(uint64_t id) {
   for (std::deque<Job>* queue : {&queue_, &decision_queue_}) {
-    const auto it = std::find_if(queue->begin(), queue->end(), [&](const Job& j) { return j.id == id; });
+    const auto it = std::find_if(queue->begin(), queue->end(), [&](const Job& j) { return j.holds(id); });
     if (it == queue->end()) continue;
     Job job = std::move(*it);
     queue->erase(it);
@@ -48,6 +48,8 @@ std::vector<int32_t> Scheduler::admit() {
   std::vector<int32_t> filled;
   admit_from(queue_, 0, chat_lanes_, filled);
   admit_from(decision_queue_, chat_lanes_, num_lanes(), filled);
+  for (int32_t i = 0; i < chat_lanes_; ++i)
+    if (lanes_[i] && !lanes_[i]->forks.empty()) start_forks(*lanes_[i]);
   for (int32_t i = chat_lanes_; i < num_lanes(); ++i)
     if (lanes_[i]) start_rows(*lanes_[i]);
   return filled;
@@ -59,11 +61,20 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
     if (lanes_[i]) continue;
     const Job& head = queue.front();
     const bool deciding = head.output == JobOutput::Decide;
+    const int32_t forks = head.request.choices - 1;
+    // The other choices' lanes: free ones after this, all taken at once (FIFO: the head waits until they are).
+    std::vector<int32_t> fork_lanes;
+    for (int32_t j = i + 1; j < end_lane && int32_t(fork_lanes.size()) < forks; ++j)
+      if (!lanes_[j]) fork_lanes.push_back(j);
+    if (int32_t(fork_lanes.size()) < forks) break;
     // Media prompts decode plainly: their positions follow M-RoPE's, which the MTP head's catch-up does not take.
+    // So do the choices of n > 1 (their forks take no step slots).
     const bool speculative = draft_tokens_ > 0 && head.output == JobOutput::Generate && !head.request.constrained &&
-                             !head.request.media;
+                             !head.request.media && forks == 0;
     // What only the prefix cache holds counts as free: admission evicts it on demand.
-    if (!deciding && cache_.reclaimable().first - kv_pages_for(head.reservation) < decision_pages_unused()) break;
+    if (!deciding && cache_.reclaimable().first - kv_pages_for(head.reservation) - forks * head.fork_pages <
+                         decision_pages_unused())
+      break;
     // Scoring needs every prompt position's logits: it computes them all (and publishes them for others). Media
     // blocks are told apart by their salts (the same placeholder ids hold different pictures). A decision
     // context's last token needs no logits (its rows read the answers), so all of it may come from the cache.
@@ -72,8 +83,9 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
                                                            reuse, speculative ? draft_tokens_ + 1 : 0, deciding);
     if (!admission) break;
     std::optional<CacheReserve> reserve;
-    if (deciding) {
-      reserve = cache_.reserve(head.decision_pages, head.decision_rows);
+    if (deciding || forks > 0) {
+      reserve = deciding ? cache_.reserve(head.decision_pages, head.decision_rows)
+                         : cache_.reserve(forks * head.fork_pages, forks);
       if (!reserve) {
         cache_.release(admission->cache);
         break;
@@ -94,6 +106,22 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
       lane.sampler.emplace(lane.job.request.sampling);
       lane.history.add_prompt(lane.tokens);
     }
+    for (int32_t k = 1; k <= forks; ++k) {  // the other choices wait for the prompt but its last token
+      const int32_t j = fork_lanes[size_t(k - 1)];
+      Lane& choice = lanes_[j].emplace();
+      choice.job = lane.job;
+      choice.job.id = lane.job.id + uint64_t(k);
+      SamplingParams& sampling = choice.job.request.sampling;
+      if (sampling.has_seed) sampling.seed += uint64_t(k);  // (unseeded: each Sampler draws its own seed)
+      choice.fork_of = i;
+      choice.tokens = lane.tokens;
+      choice.admitted = lane.admitted;
+      choice.sampler.emplace(choice.job.request.sampling);
+      choice.history.add_prompt(choice.tokens);
+      lane.forks.push_back(j);
+      filled.push_back(j);
+    }
+    if (forks > 0) lane.reserve = std::move(*reserve);
     if (lane.job.output == JobOutput::Decide) {
       lane.reserve = std::move(*reserve);
       lane.decision_held_pages = static_cast<int64_t>(lane.cache.pages.size() + lane.reserve.pages.size());
@@ -120,6 +148,27 @@ void Scheduler::start_rows(Lane& lane) {
   }
 }
 
+// Once the first choice has computed the prompt but its last token (its state is the state after them), each
+// other choice gets a fork of it: the full pages shared, the partly filled one copied, the state copied. Every
+// choice then computes the last token and samples on its own (so each is the request it would be alone with its
+// seed). The reserve was sized for exactly these forks, so a fork cannot fail; what is left of it goes back.
+void Scheduler::start_forks(Lane& lane) {
+  const int64_t tokens = static_cast<int64_t>(lane.job.request.prompt.size()) - 1;
+  if (lane.computed < tokens) return;
+  for (int32_t j : lane.forks) {
+    Lane& choice = *lanes_[j];
+    std::optional<SequenceCache> fork = cache_.fork(lane.cache, tokens, lane.job.reservation, &lane.reserve);
+    if (!fork) throw EngineError("a choice's fork did not fit its reserve");
+    choice.cache = std::move(*fork);
+    choice.computed = tokens;
+    choice.cached = lane.cached;
+    choice.media = lane.media;
+    choice.fork_of = -1;
+  }
+  lane.forks.clear();
+  cache_.release(lane.reserve);
+}
+
 void Scheduler::finish_row(int32_t index, int32_t row) {
   Lane& lane = *lanes_[index];
   cache_.return_fork(lane.rows[size_t(row)]->cache, static_cast<int64_t>(lane.tokens.size()), lane.reserve);
@@ -139,7 +188,10 @@ StepPlan Scheduler::plan() const {
   for (int32_t i = 0; i < num_lanes(); ++i) {
     if (!lanes_[i]) continue;
     const Lane& lane = *lanes_[i];
-    const int64_t begin = lane.computed, target = static_cast<int64_t>(lane.tokens.size());
+    if (lane.waiting_for_fork()) continue;
+    const int64_t begin = lane.computed;
+    // The first choice of n > 1 stops before the prompt's last token until it has forked (start_forks).
+    const int64_t target = static_cast<int64_t>(lane.tokens.size()) - (lane.forks.empty() ? 0 : 1);
     const bool deciding = lane.job.output == JobOutput::Decide;
     if (begin >= target) {
       if (deciding) plan_rows(i, lane, prefills, prefill_tokens);
@@ -158,12 +210,15 @@ StepPlan Scheduler::plan() const {
     const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
     const int64_t end = std::min(chunk_end(begin, target, prefill_chunk_), cache_.next_snapshot(begin, prompt));
     const bool scoring = lane.job.output == JobOutput::PromptLogprobs;
-    const SliceOutput output = scoring    ? SliceOutput::PromptLogprobs
-                               : deciding ? SliceOutput::None  // the context only: its rows read the answers
-                               : end == target ? SliceOutput::Sample
-                                               : SliceOutput::None;
+    const bool forking = !lane.forks.empty();
+    // A decision's context (its rows read the answers) and the first choice of n > 1 before its fork (every
+    // choice samples after it) sample nothing.
+    const SliceOutput output = scoring               ? SliceOutput::PromptLogprobs
+                               : deciding || forking ? SliceOutput::None
+                               : end == target       ? SliceOutput::Sample
+                                                     : SliceOutput::None;
     // One new token is a decode slice even when it is the prompt's last (a decode graph runs it the same way).
-    const bool decode = end - begin == 1 && !scoring && !deciding;
+    const bool decode = end - begin == 1 && !scoring && !deciding && !forking;
     PlannedSlice slice{i, begin, end, decode ? SliceKind::Decode : SliceKind::Prefill, output};
     if (slice.kind == SliceKind::Decode)
       plan.slices.push_back(slice);
@@ -201,6 +256,12 @@ void Scheduler::finish(int32_t index) {
   Lane& lane = *lanes_[index];
   for (int32_t r = 0; r < static_cast<int32_t>(lane.rows.size()); ++r)
     if (lane.rows[size_t(r)]) finish_row(index, r);
+  // A choice that ends before its fork: its share of the reserve stays with the first choice until that forks or
+  // ends. The first choice cannot end before its forks (OutputProcessor::end_lane ends them first).
+  if (lane.waiting_for_fork()) {
+    std::vector<int32_t>& forks = lanes_[lane.fork_of]->forks;
+    forks.erase(std::remove(forks.begin(), forks.end(), index), forks.end());
+  }
   cache_.release(lane.reserve);
   cache_.release(lane.cache);
   lanes_[index].reset();

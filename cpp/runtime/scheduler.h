@@ -43,6 +43,10 @@ struct Job {
   DecisionRequest decision;
   int32_t decision_rows = 0;
   int64_t decision_pages = 0;
+  // request.choices > 1: the pages each choice after the first needs of its own (its fork of the prompt but its
+  // last token: the partly filled page and the rest of its reservation), reserved at admission with a slot each
+  int64_t fork_pages = 0;
+  bool holds(uint64_t request_id) const { return request_id >= id && request_id - id < uint64_t(request.choices); }
 };
 
 // One question of a decision lane in flight: a fork of the lane's context continued by the question's suffix.
@@ -87,6 +91,12 @@ struct Lane {
   int32_t next_question = 0, answered = 0;
   int64_t decision_held_pages = 0;  // context pages + reserve, for the decision share's accounting
   std::vector<std::vector<float>> decision_logprobs;
+  // n > 1: the first choice's lane prefills the prompt but its last token, then forks into the lanes of the other
+  // choices (`forks`, each waiting till then with `fork_of` = this lane), and every choice computes the last token
+  // itself and samples its own stream. The forks' pages and slots wait in `reserve`.
+  std::vector<int32_t> forks;
+  int32_t fork_of = -1;
+  bool waiting_for_fork() const { return fork_of >= 0; }
 };
 
 class Scheduler {
@@ -128,6 +138,7 @@ class Scheduler {
  private:
   void admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t end_lane, std::vector<int32_t>& filled);
   void start_rows(Lane& lane);
+  void start_forks(Lane& lane);
   void plan_rows(int32_t index, const Lane& lane, std::vector<PlannedSlice>& prefills, int64_t& prefill_tokens) const;
 
   int64_t decision_pages_unused() const;  // the decision share's pages no decision job holds

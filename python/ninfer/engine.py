@@ -22,7 +22,7 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self
 
@@ -633,26 +633,57 @@ class Engine:
         at admission (a full queue: EngineBusyError; a request that can never fit: CapacityError; an invalid value:
         EngineError) is raised here, before any event. `observer` is told of the request's events as they are read;
         `on_cancel_freed`: see `generate`."""
+        return self.submit_choices(request, 1, observers=[observer], on_cancel_freed=[on_cancel_freed])[0]
+
+    def submit_choices(self, request: Request, n: int, *,
+                       constraints: Sequence[TokenConstraint | None] | None = None,
+                       observers: Sequence[GenerationObserver | None] | None = None,
+                       on_cancel_freed: Sequence[Callable[[float], None] | None] | None = None
+                       ) -> list[RequestStream]:
+        """`n` continuations of one prompt (OpenAI's `n`), as `submit` queues one: the engine prefills the prompt
+        once and forks it, and choice i samples as the request alone would with seed `seed + i` (unseeded: a seed of
+        its own). They take n lanes at once, admitted together. A token constraint keeps state, so each choice
+        needs its own: `constraints` (one per choice, replacing `request.constraint`). `observers` and
+        `on_cancel_freed`: one per choice, as `submit` takes them. Cancelling the first choice before the prompt
+        is in cancels them all (the others wait for its prefill)."""
         if self._closed:
             raise errors.EngineError("the engine is closed")
+        observers = list(observers) if observers is not None else [None] * n
+        freed = list(on_cancel_freed) if on_cancel_freed is not None else [None] * n
         try:
-            native = _native_request(request, self.frontend.eos_token_ids, self.info.vocab_size)
-            queue: asyncio.Queue = asyncio.Queue()
+            if constraints is None:
+                if n > 1 and request.constraint is not None:
+                    raise errors.EngineError("a token constraint keeps state: give each of the n choices its own")
+                constraints = [request.constraint] * n
+            if not len(constraints) == len(observers) == len(freed) == n:
+                raise errors.EngineError(f"n = {n} choices need {n} constraints, observers and on_cancel_freed")
+            if any(c is not None for c in constraints) and any(c is None for c in constraints):
+                raise errors.EngineError("either every choice has a token constraint or none has")
+            native = _native_request(replace(request, constraint=constraints[0]), self.frontend.eos_token_ids,
+                                     self.info.vocab_size)
+            native.choices = n
+            queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(n)]
             pump = self._pump
+            loop = asyncio.get_running_loop()
             with pump.lock:
-                request_id = self._native.submit(native)
-                pump.routes[request_id] = (asyncio.get_running_loop(), queue)
-                if request.constraint is not None:
-                    pump.constraints[request_id] = (request.constraint, np.zeros(pump.mask_words, dtype=np.uint32))
+                first_id = self._native.submit(native)
+                for i, (queue, constraint) in enumerate(zip(queues, constraints, strict=True)):
+                    pump.routes[first_id + i] = (loop, queue)
+                    if constraint is not None:
+                        pump.constraints[first_id + i] = (constraint, np.zeros(pump.mask_words, dtype=np.uint32))
         except errors.NinferError as exc:
             self._report_failure(exc, started=False)
-            if observer is not None:
-                observer.released()
-                observer.ended()
+            for observer in observers:
+                if observer is not None:
+                    observer.released()
+                    observer.ended()
             raise
-        if observer is not None:
-            observer.submitted(request_id)
-        return RequestStream(self, request_id, queue, observer, on_cancel_freed)
+        streams = []
+        for i, (queue, observer, watcher) in enumerate(zip(queues, observers, freed, strict=True)):
+            if observer is not None:
+                observer.submitted(first_id + i)
+            streams.append(RequestStream(self, first_id + i, queue, observer, watcher))
+        return streams
 
     def _report_failure(self, exc: errors.NinferError, *, started: bool) -> None:
         if self.on_failure is not None:

@@ -192,17 +192,6 @@ def test_completions_prompt_forms_and_echo(qwen35_server):
 
 
 @pytest.mark.parametrize("route", ["chat", "completions"])
-def test_n_above_one_is_refused(qwen35_server, route):
-    client = _client(qwen35_server)
-    with pytest.raises(openai.BadRequestError) as info:
-        if route == "chat":
-            client.chat.completions.create(model="m", messages=HELLO, n=2)
-        else:
-            client.completions.create(model="m", prompt="x", n=2)
-    assert info.value.body["param"] == "n" and "n = 2" in info.value.body["message"]
-
-
-@pytest.mark.parametrize("route", ["chat", "completions"])
 def test_logit_bias_is_refused_on_both_routes(qwen35_server, route):
     """The sampler has no per-token bias: both routes refuse a non-empty logit_bias, naming it, rather than one of
     them ignoring it; an empty one asks for nothing and is served."""

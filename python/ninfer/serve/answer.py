@@ -8,7 +8,9 @@
 
 `answer` starts the generation (admission errors, e.g. 429, are raised here, before any response is started),
 registers the response id on the lease's call (what `/v1/chat/completions/control` addresses), then returns the
-stream, or runs the whole answer while its client stays connected (ninfer.serve.disconnect).
+stream, or runs the whole answer while its client stays connected (ninfer.serve.disconnect). `answer_choices` does
+the same for a protocol with `n` (GenerationParams.n): its `whole` and `stream` take the list of the n choices'
+generations.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ninfer.serve.generation import (
     ServedModel,
     TextPrompt,
     prepare_prompt,
-    start_generation,
+    start_generations,
 )
 from ninfer.serve.router import Lease
 from ninfer.serve.sse import SSEStream
@@ -50,10 +52,11 @@ async def prepare(served: ServedModel, prompt: ChatPrompt | TextPrompt, params: 
     """Renders and tokenizes the prompt and, for structured output, builds its constraint (`format_param` names
     the request field in a refusal)."""
     rendered = await prepare_prompt(served, prompt)
-    if output_format is not None:
-        constraint = await build_constraint(served.engine, output_format, format_param,
-                                            starts_in_reasoning=rendered.starts_in_reasoning)
-        params = replace(params, constraint=constraint)
+    if output_format is not None:  # one per choice: a constraint keeps its request's state
+        constraints = [await build_constraint(served.engine, output_format, format_param,
+                                              starts_in_reasoning=rendered.starts_in_reasoning)
+                       for _ in range(params.n)]
+        params = replace(params, constraint=constraints[0], choice_constraints=tuple(constraints[1:]))
     return Prepared(rendered, params, prompt.tools if isinstance(prompt, ChatPrompt) else None)
 
 
@@ -62,10 +65,20 @@ async def answer(request: Request, lease: Lease, prepared: Prepared, *, response
                  stream: Callable[[Generation], SSEStream] | None = None) -> Any:
     """Starts the prepared generation and answers with `stream(generation)` when given, else with the body
     `whole(generation)` computes (cancelled if the client leaves first)."""
-    generation = start_generation(lease.served, prepared.prompt, prepared.params, tools=prepared.tools,
-                                  call=lease.call)
+    prepared = replace(prepared, params=replace(prepared.params, n=1))
+    return await answer_choices(
+        request, lease, prepared, response_id=response_id, whole=lambda generations: whole(generations[0]),
+        stream=(lambda generations: stream(generations[0])) if stream is not None else None)
+
+
+async def answer_choices(request: Request, lease: Lease, prepared: Prepared, *, response_id: str,
+                         whole: Callable[[list[Generation]], Awaitable[Any]],
+                         stream: Callable[[list[Generation]], SSEStream] | None = None) -> Any:
+    """`answer` for the `prepared.params.n` choices of one request (ninfer.serve.generation.start_generations)."""
+    generations = start_generations(lease.served, prepared.prompt, prepared.params, tools=prepared.tools,
+                                    call=lease.call)
     if lease.call is not None:
         lease.call.completion_ids.add(response_id)
     if stream is not None:
-        return stream(generation)
-    return await run_while_connected(request, whole(generation))
+        return stream(generations)
+    return await run_while_connected(request, whole(generations))

@@ -4,7 +4,7 @@ Handlers never build error responses: they raise. `ninfer.errors` classes come f
 the two below are the server's own refinements of them (the body needs fields the base classes do not carry):
 
 - `InvalidRequestError(message, param=...)`: the request is well-formed JSON but asks for something refused
-  (`n > 1`, an unknown option value). 400.
+  (`n` above the lanes, an unknown option value). 400.
 - `ContextOverflowError(n_prompt_tokens, n_ctx)`: the prompt leaves no room to generate. 400 with both numbers as
   fields of the error object, in both protocols' shapes (llama.cpp's `exceed_context_size_error`, which its web UI
   reads).

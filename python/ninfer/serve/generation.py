@@ -17,6 +17,12 @@ API (protocol modules use only this):
     gen.result                              # GenerationResult, complete once deltas() is exhausted
     result = await gen.run()                # non-streaming: drains deltas() and returns the result
 
+    gens = start_generations(model, prompt, GenerationParams(n=3, ...), ...)    # n > 1 (OpenAI's `n`)
+        One engine request of n choices (Engine.submit_choices: one prefill, forked), a Generation each.
+    async for index, delta in merged_deltas(gens):   # every choice's deltas as they come; delta None: it finished
+        ...
+    combined_usage(results)                 # the prompt counted once, the completions summed
+
 Leaving `deltas()` early (or cancelling the task running it) cancels the engine request: close the iterator
 explicitly (`aclose`, or `ninfer.serve.sse`, which does) so the lane is freed at once rather than at garbage
 collection.
@@ -48,6 +54,7 @@ from ninfer.engine import (
     GenerationEvent,
     PrefillProgress,
     Request,
+    RequestStream,
     SamplingParams,
     Timings,
     TokenConstraint,
@@ -139,6 +146,9 @@ class GenerationParams:
     split_reasoning: bool = True
     constraint: TokenConstraint | None = None  # structured output: the per-step token mask (one request only)
     report_progress: bool = False  # a progress-only Delta after each prefill chunk (llama.cpp's return_progress)
+    n: int = 1  # choices: continuations of one prefill (start_generations)
+    # n > 1 with a constraint: choices 1 .. n - 1's own (a constraint keeps state); `constraint` is choice 0's
+    choice_constraints: tuple[TokenConstraint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -310,16 +320,14 @@ class Generation:
         request: Request,
         params: GenerationParams,
         tools: Sequence[Mapping[str, Any]] | None,
-        call: Call | None,
     ) -> None:
         self.prompt = prompt
         self._model = model
         self._engine = model.engine
         self._departure = departure()
         self._loop = asyncio.get_running_loop()
-        observer = call.track(self._engine, len(request.prompt_tokens), request.constraint) if call else None
-        # Admission errors are raised here, before the route has started any response.
-        self._events = self._engine.submit(request, observer=observer, on_cancel_freed=self._lane_freed)
+        self._events: RequestStream | None = None  # start_generations submits
+        self.choice = 0  # its index among the request's n choices
         self._text = TextStream(self._engine.frontend)
         self._stops = StopStringMatcher(params.stop)
         splitting = prompt.is_chat and params.split_reasoning
@@ -351,6 +359,7 @@ class Generation:
     async def deltas(self) -> AsyncIterator[Delta]:
         last: GenerationEvent | None = None
         events = self._events
+        assert events is not None, "start_generations submits the generation"
         try:
             async for event in events:
                 if event.progress is not None:
@@ -371,7 +380,9 @@ class Generation:
         engine_finish = last.finish_reason if last is not None else None
         finish_reason = "stop" if self._stops.stopped is not None else engine_finish or "cancelled"
         self.result = self._finish(finish_reason, last)
-        self._model.record_generation(self.result)
+        # The metrics count a request's prompt once: with its first choice.
+        usage = self.result.usage if self.choice == 0 else replace(self.result.usage, prompt_tokens=0, cached_tokens=0)
+        self._model.record_generation(replace(self.result, usage=usage))
 
     async def run(self) -> GenerationResult:
         async for _ in self.deltas():
@@ -503,4 +514,77 @@ def start_generation(
     call: Call | None = None,
 ) -> Generation:
     """Validates, builds the engine request and submits it (see the module doc)."""
-    return Generation(model, prompt, build_request(model, prompt, params), params, tools, call)
+    return start_generations(model, prompt, replace(params, n=1), tools, call)[0]
+
+
+def start_generations(
+    model: ServedModel,
+    prompt: PreparedPrompt,
+    params: GenerationParams,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    call: Call | None = None,
+) -> list[Generation]:
+    """`params.n` generations of one engine request: the prompt prefilled once and forked (Engine.submit_choices;
+    choice i samples with seed + i). Each choice takes a lane, so n is at most the model's max_concurrency: 400
+    above it. Admission errors are raised here, before the route has started any response."""
+    engine = model.engine
+    n = params.n
+    if n > engine.info.max_concurrency:
+        raise InvalidRequestError(
+            f"n = {n}: this model runs {engine.info.max_concurrency} generations at once (max_concurrency) and a "
+            f"request's choices run together, so n can be at most {engine.info.max_concurrency}", param="n")
+    request = build_request(model, prompt, params)
+    constraints = ([params.constraint, *params.choice_constraints] if params.constraint is not None else [None] * n)
+    if len(constraints) != n:
+        raise ValueError(f"n = {n} choices with {len(constraints)} constraints")
+    generations = [Generation(model, prompt, request, params, tools) for _ in range(n)]
+    observers = [call.track(engine, len(request.prompt_tokens), c) for c in constraints] if call else None
+    streams = engine.submit_choices(request, n, constraints=constraints, observers=observers,
+                                    on_cancel_freed=[g._lane_freed for g in generations])
+    for index, (generation, stream) in enumerate(zip(generations, streams, strict=True)):
+        generation._events, generation.choice = stream, index
+    return generations
+
+
+async def merged_deltas(generations: Sequence[Generation]) -> AsyncIterator[tuple[int, Delta | None]]:
+    """Every generation's deltas as they come, with its index; `(index, None)` once that one has finished (its
+    `result` is set). An error of one ends the iteration with it; leaving early (or being cancelled) closes every
+    generation's deltas, which cancels their engine requests."""
+    if len(generations) == 1:  # no tasks: the one generation's deltas in this task, as a route without n runs them
+        async for delta in generations[0].deltas():
+            yield 0, delta
+        yield 0, None
+        return
+    queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
+
+    async def forward(index: int, generation: Generation) -> None:
+        try:
+            async for delta in generation.deltas():
+                queue.put_nowait((index, delta))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            queue.put_nowait((index, exc))
+            return
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(forward(i, g)) for i, g in enumerate(generations)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            running -= item is None
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def combined_usage(results: Sequence[GenerationResult]) -> GenerationUsage:
+    """The usage of one request's choices: its prompt (and what the cache served of it) once, every choice's
+    completion tokens."""
+    first = results[0].usage
+    return GenerationUsage(prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+                           completion_tokens=sum(r.usage.completion_tokens for r in results),
+                           reasoning_tokens=sum(r.usage.reasoning_tokens for r in results))

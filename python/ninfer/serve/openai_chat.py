@@ -19,6 +19,7 @@ after the text, since its raw input is known only once the call's arguments are 
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -31,7 +32,7 @@ from msgspec import Meta
 
 from ninfer.engine import PrefillProgress
 from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
-from ninfer.serve.answer import answer, prepare
+from ninfer.serve.answer import answer_choices, prepare
 from ninfer.serve.custom_tools import call_input, chat_form_tools, chat_history_call
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.fields import MaxTokens, TopLogprobs
@@ -42,6 +43,8 @@ from ninfer.serve.generation import (
     Generation,
     GenerationResult,
     TokenLogprob,
+    combined_usage,
+    merged_deltas,
 )
 from ninfer.serve.openai_common import (
     DONE_FRAME,
@@ -196,6 +199,16 @@ class _Shape:
         self.tool_note = _tool_choice_note(body)
         self.custom_tools = chat_form_tools(body.tools or ())[1]
         self.streamed_custom_calls: set[int] = set()  # their deltas are held back, see _custom_call_chunk
+        self.index = 0  # the choice's
+
+    def choices(self, n: int) -> list[_Shape]:
+        """One shape per choice (n > 1): the completion's id and fields, each choice's index and tool-call ids."""
+        shapes = [self]
+        for index in range(1, n):
+            shape = copy.copy(self)
+            shape.index, shape.tool_call_ids, shape.streamed_custom_calls = index, {}, set()
+            shapes.append(shape)
+        return shapes
 
     def tool_call_json(self, index: int, name: str, arguments: str) -> dict[str, Any]:
         if name in self.custom_tools:
@@ -244,19 +257,20 @@ def _message(shape: _Shape, result: GenerationResult) -> dict[str, Any]:
     return message
 
 
-def completion_json(shape: _Shape, result: GenerationResult, logprobs: bool) -> dict[str, Any]:
-    choice = {
-        "index": 0,
+def completion_json(shapes: list[_Shape], results: list[GenerationResult], logprobs: bool) -> dict[str, Any]:
+    """The completion of every choice (their usage combined; timings and extras are the first choice's)."""
+    choices = [{
+        "index": shape.index,
         "message": _message(shape, result),
         "finish_reason": _finish_reason(result),
         "logprobs": {"content": [logprob_json(lp) for lp in result.logprobs]} if logprobs else None,
-    }
+    } for shape, result in zip(shapes, results, strict=True)]
     return {
-        **shape.envelope("chat.completion"),
-        "choices": [choice],
-        "usage": usage_json(result.usage),
-        "timings": timings_json(result),
-        **shape.extras(result),
+        **shapes[0].envelope("chat.completion"),
+        "choices": choices,
+        "usage": usage_json(combined_usage(results)),
+        "timings": timings_json(results[0]),
+        **shapes[0].extras(results[0]),
     }
 
 
@@ -305,7 +319,7 @@ def _chunk(
     logprobs: list[TokenLogprob] | None = None,
 ) -> dict[str, Any]:
     choice = {
-        "index": 0,
+        "index": shape.index,
         "delta": delta,
         "finish_reason": finish_reason,
         "logprobs": {"content": [logprob_json(lp) for lp in logprobs]} if logprobs is not None else None,
@@ -328,12 +342,27 @@ def _progress_chunk(shape: _Shape, progress: PrefillProgress) -> dict[str, Any]:
     }
 
 
-async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: bool,
+async def _chunks(shapes: list[_Shape], generations: list[Generation], logprobs: bool, usage: bool,
                   timings: bool) -> AsyncIterator[bytes]:
-    yield sse_frame(_chunk(shape, {"role": "assistant", "content": ""}))
-    async for delta in generation.deltas():
+    """The choices' chunks as they come (each with its choice's index), each choice's final chunk when it ends,
+    then the usage of them all."""
+    for shape in shapes:
+        yield sse_frame(_chunk(shape, {"role": "assistant", "content": ""}))
+    async for index, delta in merged_deltas(generations):
+        shape, generation = shapes[index], generations[index]
+        if delta is None:  # this choice has ended
+            result = generation.result
+            assert result is not None
+            custom_calls = _custom_call_chunk(shape, result)
+            if custom_calls is not None:
+                yield sse_frame(custom_calls)
+            final = _chunk(shape, {}, _finish_reason(result))
+            final.update(timings=timings_json(result), **shape.extras(result))
+            yield sse_frame(final)
+            continue
         if delta.progress is not None:
-            yield sse_frame(_progress_chunk(shape, delta.progress))
+            if index == 0:  # the prompt is prefilled once, by the first choice
+                yield sse_frame(_progress_chunk(shape, delta.progress))
             continue
         fields = _delta_json(shape, delta)
         if fields or (logprobs and delta.logprobs):
@@ -342,23 +371,17 @@ async def _chunks(shape: _Shape, generation: Generation, logprobs: bool, usage: 
             if timings and live.completion_tokens >= 2:  # one token has no decode time yet: no rate to give
                 chunk["timings"] = live_timings_json(live)
             yield sse_frame(chunk)
-    result = generation.result
-    assert result is not None
-    custom_calls = _custom_call_chunk(shape, result)
-    if custom_calls is not None:
-        yield sse_frame(custom_calls)
-    final = _chunk(shape, {}, _finish_reason(result))
-    final.update(timings=timings_json(result), **shape.extras(result))
-    yield sse_frame(final)
     if usage:
-        yield sse_frame(
-            {**shape.envelope("chat.completion.chunk"), "choices": [], "usage": usage_json(result.usage)}
-        )
+        results = [g.result for g in generations]
+        yield sse_frame({**shapes[0].envelope("chat.completion.chunk"), "choices": [],
+                         "usage": usage_json(combined_usage(results))})  # type: ignore[arg-type]
     yield sse_frame("[DONE]")
 
 
-async def _whole(shape: _Shape, generation: Generation, logprobs: bool) -> dict[str, Any]:
-    return completion_json(shape, await generation.run(), logprobs)
+async def _whole(shapes: list[_Shape], generations: list[Generation], logprobs: bool) -> dict[str, Any]:
+    async for _ in merged_deltas(generations):
+        pass
+    return completion_json(shapes, [g.result for g in generations], logprobs)  # type: ignore[misc]
 
 
 def _reasoning_budget(body: ChatCompletionRequest) -> int | None:
@@ -392,15 +415,18 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], lease: LeaseDe
                              format_param="response_format")
     budget = _reasoning_budget(data)
     if data.reasoning_control or budget is not None:
-        prepared = replace(prepared, params=replace(prepared.params, constraint=ReasoningControl(
-            model.engine.frontend, starts_in_reasoning=prepared.prompt.starts_in_reasoning,
-            inner=prepared.params.constraint, budget=budget)))
+        p = prepared.params
+        controls = [ReasoningControl(model.engine.frontend, starts_in_reasoning=prepared.prompt.starts_in_reasoning,
+                                     inner=inner, budget=budget)
+                    for inner in ([p.constraint, *p.choice_constraints] if p.constraint is not None else [None] * p.n)]
+        prepared = replace(prepared, params=replace(p, constraint=controls[0], choice_constraints=tuple(controls[1:])))
     shape = _Shape(data, model.model_id)
-    return await answer(
+    shapes = shape.choices(prepared.params.n)
+    return await answer_choices(
         request, lease, prepared, response_id=shape.id,
-        whole=lambda generation: _whole(shape, generation, want_logprobs),
-        stream=(lambda generation: sse_response(
-            _chunks(shape, generation, want_logprobs, include_usage(data), data.timings_per_token),
+        whole=lambda generations: _whole(shapes, generations, want_logprobs),
+        stream=(lambda generations: sse_response(
+            _chunks(shapes, generations, want_logprobs, include_usage(data), data.timings_per_token),
             on_error=stream_error_frame, final_frame=DONE_FRAME, ping_interval_s=_ping_interval(data),
         )) if data.stream else None,
     )

@@ -3,7 +3,7 @@
 `SamplingFields` is a msgspec Struct base: a request struct that inherits it gets the sampling fields (OpenAI's
 plus the llama.cpp extensions clients send: top_k, min_p, repeat_penalty) validated by type and range before the
 handler runs, and `generation_params(body, max_tokens=...)` turns them into the pipeline's GenerationParams, refusing
-what the engine cannot do (`n` > 1, a non-empty `logit_bias`: the sampler has no per-token bias).
+what the engine cannot do (a non-empty `logit_bias`: the sampler has no per-token bias; `n` above MAX_CHOICES).
 """
 
 from __future__ import annotations
@@ -103,13 +103,17 @@ def advisory_tool_choice(requested: Any, *, forcing: bool, strict: bool) -> dict
     }
 
 
-def refuse_n(n: int | None) -> None:
-    if n is not None and n > 1:
+# Choices per request: they run at once, a lane each, and an engine has at most 8 lanes (a model's
+# max_concurrency bounds them further: ninfer.serve.generation.start_generations).
+MAX_CHOICES = 8
+
+
+def choice_count(n: int | None) -> int:
+    if n is not None and n > MAX_CHOICES:
         raise InvalidRequestError(
-            f"n = {n}: this server generates one choice per request; send n = 1 and "
-            "make parallel requests instead",
-            param="n",
-        )
+            f"n = {n}: at most {MAX_CHOICES} choices per request (they run at once, a lane each); send several "
+            "requests for more", param="n")
+    return 1 if n is None else n
 
 
 def refuse_logit_bias(logit_bias: dict[str, float] | None) -> None:
@@ -151,7 +155,6 @@ def generation_params(
     split_reasoning: bool = True,
     report_progress: bool = False,
 ) -> GenerationParams:
-    refuse_n(body.n)
     refuse_logit_bias(body.logit_bias)
     return GenerationParams(
         max_tokens=UNTIL_CONTEXT_END if max_tokens is not None and max_tokens < 0 else max_tokens,
@@ -169,6 +172,7 @@ def generation_params(
         top_logprobs=top_logprobs,
         split_reasoning=split_reasoning,
         report_progress=report_progress,
+        n=choice_count(body.n),
     )
 
 

@@ -16,7 +16,7 @@ from litestar import Request, post
 from litestar.params import JSONBody
 from msgspec import Meta
 
-from ninfer.serve.answer import answer, prepare
+from ninfer.serve.answer import answer_choices, prepare
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.fields import MaxTokens, TokenId
 from ninfer.serve.gate import LeaseDependency
@@ -25,6 +25,8 @@ from ninfer.serve.generation import (
     GenerationResult,
     TextPrompt,
     TokenLogprob,
+    combined_usage,
+    merged_deltas,
 )
 from ninfer.serve.openai_common import (
     DONE_FRAME,
@@ -107,36 +109,41 @@ class _Shape:
         }
 
 
-def _choice(text: str, finish_reason: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-    return {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
+def _choice(index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
 async def _chunks(
-    shape: _Shape, generation: Generation, echo: str, logprobs: bool, usage: bool
+    shape: _Shape, generations: list[Generation], echo: str, logprobs: bool, usage: bool
 ) -> AsyncIterator[bytes]:
-    offset = len(echo)
+    """The choices' chunks as they come (each with its choice's index), each choice's final chunk when it ends,
+    then the usage of them all."""
+    offsets = [len(echo)] * len(generations)
     if echo:
-        yield sse_frame(shape.object([_choice(echo, None, None)]))
-    async for delta in generation.deltas():
-        if delta.content or (logprobs and delta.logprobs):
-            lps = _logprobs_json(list(delta.logprobs), offset) if logprobs else None
-            yield sse_frame(shape.object([_choice(delta.content, None, lps)]))
-            offset += len(delta.content)
-    result = generation.result
-    assert result is not None
-    yield sse_frame(shape.object([_choice("", result.finish_reason, None)], timings=timings_json(result)))
+        for index in range(len(generations)):
+            yield sse_frame(shape.object([_choice(index, echo, None, None)]))
+    async for index, delta in merged_deltas(generations):
+        if delta is None:  # this choice has ended
+            result = generations[index].result
+            assert result is not None
+            yield sse_frame(shape.object([_choice(index, "", result.finish_reason, None)],
+                                         timings=timings_json(result)))
+        elif delta.content or (logprobs and delta.logprobs):
+            lps = _logprobs_json(list(delta.logprobs), offsets[index]) if logprobs else None
+            yield sse_frame(shape.object([_choice(index, delta.content, None, lps)]))
+            offsets[index] += len(delta.content)
     if usage:
-        yield sse_frame(shape.object([], usage=usage_json(result.usage)))
+        results = [g.result for g in generations]
+        yield sse_frame(shape.object([], usage=usage_json(combined_usage(results))))  # type: ignore[arg-type]
     yield sse_frame("[DONE]")
 
 
-def completion_json(shape: _Shape, result: GenerationResult, echo: str, logprobs: bool) -> dict[str, Any]:
-    lps = _logprobs_json(result.logprobs, len(echo)) if logprobs else None
-    return shape.object(
-        [_choice(echo + result.content, result.finish_reason, lps)],
-        usage=usage_json(result.usage),
-        timings=timings_json(result),
-    )
+def completion_json(shape: _Shape, results: list[GenerationResult], echo: str, logprobs: bool) -> dict[str, Any]:
+    """Every choice's text (their usage combined; timings are the first choice's)."""
+    choices = [_choice(index, echo + result.content, result.finish_reason,
+                       _logprobs_json(result.logprobs, len(echo)) if logprobs else None)
+               for index, result in enumerate(results)]
+    return shape.object(choices, usage=usage_json(combined_usage(results)), timings=timings_json(results[0]))
 
 
 @post(["/v1/completions", "/completions"], status_code=200, summary="OpenAI Completions")
@@ -154,13 +161,15 @@ async def completions(data: JSONBody[CompletionRequest], lease: LeaseDependency,
         echo = prompt.text if prompt.text is not None else model.engine.frontend.decode(prompt.token_ids)
     shape = _Shape(model.model_id)
 
-    async def whole(generation: Generation) -> dict[str, Any]:
-        return completion_json(shape, await generation.run(), echo, want_logprobs)
+    async def whole(generations: list[Generation]) -> dict[str, Any]:
+        async for _ in merged_deltas(generations):
+            pass
+        return completion_json(shape, [g.result for g in generations], echo, want_logprobs)  # type: ignore[misc]
 
-    return await answer(
+    return await answer_choices(
         request, lease, prepared, response_id=shape.id, whole=whole,
-        stream=(lambda generation: sse_response(
-            _chunks(shape, generation, echo, want_logprobs, include_usage(data)), on_error=stream_error_frame,
+        stream=(lambda generations: sse_response(
+            _chunks(shape, generations, echo, want_logprobs, include_usage(data)), on_error=stream_error_frame,
             final_frame=DONE_FRAME,
         )) if data.stream else None,
     )
