@@ -60,12 +60,11 @@ def timed_decide(engine: Engine, context: list[int], qs: list[Question]) -> dict
 
 
 def scenario(engine: Engine, rng: np.random.Generator, name: str, state: int, count: int, suffix: int,
-             cached: bool, runs: int) -> dict:
+             cached: bool, runs: int, op_times: bool = False) -> dict:
     """`runs` decisions of `count` questions over a `state`-token context: a new context each run (cold), or the
-    one context of a warm-up run every time (cached). Fresh questions each run. With op timing on (the engine's
-    cuda_op_times), each run also records its device time per backend op."""
+    one context of a warm-up run every time (cached). Fresh questions each run. `op_times` (an engine opened with
+    cuda_op_times): each run also records its device time per backend op."""
     vocab = engine.info.vocab_size
-    op_times = engine.memory_plan().get("op_times")
     context = random_ids(rng, vocab, state)
     timed_decide(engine, context, questions(rng, vocab, count, suffix))  # warm-up (and the cached state)
     rows = []
@@ -132,7 +131,7 @@ def main() -> int:
         if args.op_times and args.backend == "cuda":  # (the first engine closed: one model on the device at a time)
             with Engine.open_sync(path, replace(options, cuda_op_times=True)) as engine:
                 timed = [scenario(engine, rng, f"{count} question{'s' * (count > 1)}, cached, op times", args.state,
-                                  count, args.suffix, True, args.op_times) for count in (1, 10)]
+                                  count, args.suffix, True, args.op_times, op_times=True) for count in (1, 10)]
     device = "cpu"
     if args.backend == "cuda":
         from ninfer import _engine
