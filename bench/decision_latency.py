@@ -24,12 +24,14 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from cuda_engine import op_time_split  # noqa: E402
 from cuda_kernels import source_commit  # noqa: E402
 
 from ninfer.default_model import default_model_path  # noqa: E402
@@ -53,13 +55,15 @@ def timed_decide(engine: Engine, context: list[int], qs: list[Question]) -> dict
     wall = time.perf_counter() - start
     after = engine.stats()
     return {"ms": wall * 1e3, "prefilled": after.tokens_prefilled - before.tokens_prefilled,
-            "cached": after.prefix.cached_tokens - before.prefix.cached_tokens}
+            "cached": after.prefix.cached_tokens - before.prefix.cached_tokens,
+            "passes": after.forward_passes - before.forward_passes}
 
 
 def scenario(engine: Engine, rng: np.random.Generator, name: str, state: int, count: int, suffix: int,
-             cached: bool, runs: int) -> dict:
+             cached: bool, runs: int, op_times: bool = False) -> dict:
     """`runs` decisions of `count` questions over a `state`-token context: a new context each run (cold), or the
-    one context of a warm-up run every time (cached). Fresh questions each run."""
+    one context of a warm-up run every time (cached). Fresh questions each run. `op_times` (an engine opened with
+    cuda_op_times): each run also records its device time per backend op."""
     vocab = engine.info.vocab_size
     context = random_ids(rng, vocab, state)
     timed_decide(engine, context, questions(rng, vocab, count, suffix))  # warm-up (and the cached state)
@@ -67,7 +71,10 @@ def scenario(engine: Engine, rng: np.random.Generator, name: str, state: int, co
     for _ in range(runs):
         if not cached:
             context = random_ids(rng, vocab, state)
+        before = engine.memory_plan()["op_times"] if op_times else None
         rows.append(timed_decide(engine, context, questions(rng, vocab, count, suffix)))
+        if op_times:
+            rows[-1]["op_times"] = op_time_split(before, engine.memory_plan()["op_times"])
     ms = [r["ms"] for r in rows]
     return {"name": name, "state_tokens": state, "questions": count, "suffix_tokens": suffix, "cached": cached,
             "runs": rows, "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95))}
@@ -101,6 +108,9 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=10, help="timed decisions per scenario")
     p.add_argument("--threads", type=int, default=2, help="CPU threads")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--op-times", type=int, default=0, metavar="RUNS",
+                   help="CUDA: then, on a second engine with op timing, RUNS runs of 1 and 10 questions over the "
+                        "cached state, each with its device time per op (kept apart: the events add host work)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     commit = source_commit()
@@ -117,6 +127,11 @@ def main() -> int:
                        for count in (1, 10) for kind in ("cold", "cached")]
             results += [scenario(engine, rng, f"rerank {args.docs} documents, {kind}", args.query, args.docs,
                                  args.doc_tokens, kind == "cached", args.runs) for kind in ("cold", "cached")]
+        timed = []
+        if args.op_times and args.backend == "cuda":  # (the first engine closed: one model on the device at a time)
+            with Engine.open_sync(path, replace(options, cuda_op_times=True)) as engine:
+                timed = [scenario(engine, rng, f"{count} question{'s' * (count > 1)}, cached, op times", args.state,
+                                  count, args.suffix, True, args.op_times, op_times=True) for count in (1, 10)]
     device = "cpu"
     if args.backend == "cuda":
         from ninfer import _engine
@@ -126,11 +141,17 @@ def main() -> int:
            "model": args.model if args.backend == "cuda" else path.name, "recipe": args.recipe,
            "artifact_write_s": write_s, "threads": args.threads, "load_average": os.getloadavg(),
            "memory_plan_summary": plan.get("summary", ""), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-           "scenarios": results}
-    for r in results:
+           "scenarios": results, "op_time_scenarios": timed}
+    for r in results + timed:
         per_run = r["runs"][0]
         print(f"{r['name']:34s} p50 {r['p50_ms']:9.1f} ms  p95 {r['p95_ms']:9.1f} ms  "
-              f"(prefilled {per_run['prefilled']} tokens, {per_run['cached']} from the cache, per run)")
+              f"(prefilled {per_run['prefilled']} tokens, {per_run['cached']} from the cache, "
+              f"{per_run['passes']} passes, per run)")
+        if "op_times" in per_run:
+            ops = per_run["op_times"]
+            total = sum(t["device_us"] for t in ops.values())
+            print(f"  device op time {total / 1e3:.1f} ms: " + ", ".join(
+                f"{op} {t['device_us'] / 1e3:.1f} ({t['calls']})" for op, t in list(ops.items())[:8]))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -217,6 +217,7 @@ void bind_structs(nb::module_& m) {
       .def_ro("tokens_prefilled", &EngineStats::tokens_prefilled)
       .def_ro("draft_tokens", &EngineStats::draft_tokens)
       .def_ro("draft_tokens_accepted", &EngineStats::draft_tokens_accepted)
+      .def_ro("forward_passes", &EngineStats::forward_passes)
       .def_ro("resident_bytes", &EngineStats::resident_bytes);
 }
 

@@ -95,10 +95,17 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
   validate_engine_options(options_);
   options_.device_state_slots = resolve_state_slots(options_);
   ModelOptions mo;
-  // Every lane, decision lanes included, gets a context's worth of the KV pool by default; decision jobs take
-  // their pages from the same pool (they count against the admission budget), with a share chat cannot take.
+  // Every lane, decision lanes included, gets a context's worth of the KV pool by default, and a decision lane
+  // kDecisionRowPages more per question row: a job over a context near max_context still forks all its rows at
+  // once (one pass for all its questions) instead of rounds of the one or two rows a context's slack would leave.
+  // Decision jobs take their pages from the same pool (they count against the admission budget), with a share
+  // chat cannot take.
   const int32_t lanes = options_.max_concurrency + options_.decision_lanes;
-  int64_t kv_tokens = options_.kv_capacity > 0 ? options_.kv_capacity : options_.max_context * lanes;
+  const int64_t decision_row_tokens =
+      int64_t(options_.decision_lanes) * options_.decision_rows * kDecisionRowPages * kKvPageTokens;
+  const int64_t default_kv_tokens = options_.max_context * lanes + decision_row_tokens;
+  int64_t kv_tokens = options_.kv_capacity > 0 ? options_.kv_capacity : default_kv_tokens;
+  const int64_t planned_kv_tokens = options_.kv_capacity == 0 ? default_kv_tokens : options_.kv_capacity;
   // State slots: the chat lanes' and the prefix cache's snapshots (device_state_slots), per decision lane one for
   // its context and one per question row, and with speculative decoding K + 1 per chat lane for its verify rows
   // (decision lanes never draft).
@@ -117,10 +124,10 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     const DeviceMemoryUse use = device_->upload_weights(*artifact);
     if (options_.prefill_chunk == kPrefillChunkAuto)
       options_.prefill_chunk =
-          choose_prefill_chunk(config, options_.kv_dtype, options_.kv_capacity, options_.max_context, lanes,
-                               state_slots, use.device_total, use.weights, use.free_after_weights);
-    memory_plan_ = plan_memory(config, options_.kv_dtype, options_.kv_capacity, options_.max_context, lanes,
-                               state_slots, options_.prefill_chunk + lanes, use.device_total, use.weights,
+          choose_prefill_chunk(config, options_.kv_dtype, planned_kv_tokens, default_kv_tokens, options_.max_context,
+                               lanes, state_slots, use.device_total, use.weights, use.free_after_weights);
+    memory_plan_ = plan_memory(config, options_.kv_dtype, planned_kv_tokens, default_kv_tokens, options_.max_context,
+                               lanes, state_slots, options_.prefill_chunk + lanes, use.device_total, use.weights,
                                use.free_after_weights);
     kv_tokens = memory_plan_.kv_capacity_tokens;
     device_->set_graphs_enabled(options_.cuda_graphs);
@@ -166,10 +173,12 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
                  double(h.slot_bytes) / double(1 << 20), h.used_pages + h.used_slots ? " (resuming what it held)" : "");
   }
   if (speculative) drafter_ = std::make_unique<Drafter>(*model_, *pools_);
-  // The decision lanes' share of the pool: a context each, less whatever leaves one context's room for chat.
+  // The decision lanes' share of the pool: a context and its rows' pages each, less whatever leaves one context's
+  // room for chat.
   const int64_t context_pages = kv_pages_for(options_.max_context);
-  decision_share_pages_ =
-      std::clamp<int64_t>(options_.decision_lanes * context_pages, 0, capacity.device_pages - context_pages);
+  decision_share_pages_ = std::clamp<int64_t>(
+      options_.decision_lanes * context_pages + decision_row_tokens / kKvPageTokens, 0,
+      capacity.device_pages - context_pages);
   scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.decision_lanes, options_.prefill_chunk,
                                            decision_share_pages_, *cache_, draft_tokens);
   executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling, drafter_.get());
@@ -647,8 +656,10 @@ void Engine::run_step() {
     request_masks(plan);
   }
   StepResult result = add_media(plan, inputs);
-  if (!result.failed()) result = executor_->run_pass(plan, inputs);
+  const bool runs = !result.failed();
+  if (runs) result = executor_->run_pass(plan, inputs);
   std::unique_lock lock(mu_);
+  if (runs) ++stats_.forward_passes;
   if (!result.failed()) {
     masks_cv_.wait(lock, [&] { return stopping_ || !awaiting_masks(plan); });
     if (stopping_) return;  // close() ends every lane

@@ -34,16 +34,19 @@ class Model;
 
 struct EngineOptions {
   int64_t max_context = 4096;    // longest sequence, prompt + generation
-  int64_t kv_capacity = 0;       // tokens in the shared KV pool; 0 = max_context * max_concurrency;
-                                 // kKvCapacityAuto = the most that fits (device backends; else as 0)
+  // Tokens in the shared KV pool; 0 = max_context * max_concurrency plus the decision lanes' (a context each and
+  // kDecisionRowPages per question row); kKvCapacityAuto = the most that fits, at most that (device backends; else
+  // as 0).
+  int64_t kv_capacity = 0;
   int32_t max_concurrency = 1;   // lanes, 1..8
   int32_t max_queue = 16;        // requests that may wait for a lane; one more is refused with EngineBusyError
   // Lanes that run decision jobs only, 0..8, with their own queue of max_queue places: decisions neither wait
   // behind chat traffic nor take its lanes. 0: decisions are refused.
   int32_t decision_lanes = 1;
   // Questions of one decision job in flight at once (its rows: forks of its context, each with a state slot and
-  // pages reserved at admission), 1..64; more questions run as successive rounds.
-  int32_t decision_rows = 4;
+  // pages reserved at admission), 1..64: the rows of a round are one forward pass; more questions run as
+  // successive rounds.
+  int32_t decision_rows = 16;
   // Tokens per prefill chunk (and the per-step prefill budget), a multiple of 64, or kPrefillChunkAuto: 512 on
   // the CPU backend; on a device backend the largest chunk up to 8192 the memory plan allows
   // (choose_prefill_chunk). Decoding lanes wait at most one chunk's pass, so the chunk trades a long prompt's
@@ -81,6 +84,9 @@ struct EngineOptions {
   bool vision = false;           // load the vision tower (images and video in prompts)
 };
 inline constexpr int64_t kKvCapacityAuto = -1;
+// KV pages per decision row in the default pool and the decision lanes' share: a question's suffix of up to three
+// pages past its context's partly filled page (a longer suffix leaves room for fewer rows, which then run as rounds).
+inline constexpr int64_t kDecisionRowPages = 4;
 
 // EngineError ("invalid engine option: ...") naming the first option out of range. The Engine checks its options;
 // whoever makes a backend from them first (the bindings) checks them before that.
@@ -103,6 +109,7 @@ struct EngineStats {
   int64_t host_restored_blocks = 0, host_restored_snapshots = 0;
   int64_t requests_finished = 0, tokens_generated = 0, tokens_prefilled = 0;
   int64_t draft_tokens = 0, draft_tokens_accepted = 0;  // speculative decoding, over all requests
+  int64_t forward_passes = 0;  // passes of the model run (a step's slices, all lanes and decision rows, are one)
   int64_t resident_bytes = 0;  // the process's resident memory
 };
 

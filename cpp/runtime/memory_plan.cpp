@@ -75,9 +75,9 @@ int64_t gemm_scratch_bytes(const ModelConfig& config, int64_t rows) {
   return slab + rows * (2 * k + int64_t(sizeof(float))) + kGemmLtWorkspaceBytes;
 }
 
-MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens, int64_t max_context,
-                       int32_t slots, int32_t state_slots, int64_t pass_rows, int64_t device_total,
-                       int64_t weights, int64_t free_after_weights) {
+MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens,
+                       int64_t most_kv_tokens, int64_t max_context, int32_t slots, int32_t state_slots,
+                       int64_t pass_rows, int64_t device_total, int64_t weights, int64_t free_after_weights) {
   MemoryPlan p;
   p.device_total = device_total;
   p.weights = weights;
@@ -89,13 +89,13 @@ MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capa
   p.gemm_scratch = gemm_scratch_bytes(config, pass_rows);
   p.workspace = workspace_bytes(config, pass_rows, slots) + p.gemm_scratch;
   const int64_t for_kv = free_after_weights - p.headroom - p.gdn_states - p.workspace;
-  const int64_t max_pages = (max_context * slots + kKvPageTokens - 1) / kKvPageTokens;
+  const int64_t max_pages = (most_kv_tokens + kKvPageTokens - 1) / kKvPageTokens;
   const int64_t min_pages = (max_context + kKvPageTokens - 1) / kKvPageTokens;
   int64_t pages = 0;
   if (kv_capacity_tokens < 0)
     pages = std::min(max_pages, std::max<int64_t>(0, for_kv) / p.kv_page_bytes);
   else
-    pages = ((kv_capacity_tokens ? kv_capacity_tokens : max_context * slots) + kKvPageTokens - 1) / kKvPageTokens;
+    pages = ((kv_capacity_tokens ? kv_capacity_tokens : most_kv_tokens) + kKvPageTokens - 1) / kKvPageTokens;
   p.kv_capacity_tokens = pages * kKvPageTokens;
   p.kv_pool = pages * p.kv_page_bytes;
   const bool too_small = kv_capacity_tokens < 0 && pages < min_pages;
@@ -111,8 +111,8 @@ MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capa
 }
 
 int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens,
-                             int64_t max_context, int32_t slots, int32_t state_slots, int64_t device_total,
-                             int64_t weights, int64_t free_after_weights) {
+                             int64_t most_kv_tokens, int64_t max_context, int32_t slots, int32_t state_slots,
+                             int64_t device_total, int64_t weights, int64_t free_after_weights) {
   const int64_t available = free_after_weights - kMemoryHeadroomBytes - gdn_state_bytes(config, state_slots);
   const int64_t longest = (max_context + kKvPageTokens - 1) / kKvPageTokens * kKvPageTokens;
   int64_t chunk = std::clamp(longest, kDefaultPrefillChunk, kMaxAutoPrefillChunk);
@@ -121,8 +121,8 @@ int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t k
     if ((workspace_bytes(config, rows, slots) + gemm_scratch_bytes(config, rows)) * kAutoChunkMemoryShare <=
         available) {
       try {
-        plan_memory(config, dtype, kv_capacity_tokens, max_context, slots, state_slots, rows, device_total, weights,
-                    free_after_weights);
+        plan_memory(config, dtype, kv_capacity_tokens, most_kv_tokens, max_context, slots, state_slots, rows,
+                    device_total, weights, free_after_weights);
         return chunk;
       } catch (const OutOfMemoryError&) {
         // the KV pool asked for does not fit next to this chunk's workspace: try a smaller chunk

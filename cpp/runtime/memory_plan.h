@@ -60,11 +60,12 @@ int64_t gemm_scratch_bytes(const ModelConfig& config, int64_t rows);
 // Plans the pools after the weights for `slots` lanes and `state_slots` GDN state slots (lanes', snapshots',
 // decision rows' and speculative verify rows').
 // `kv_capacity_tokens` < 0 asks for the largest capacity that fits with
-// kMemoryHeadroomBytes to spare (whole pages, at most max_context * slots); otherwise that capacity is checked.
-// Throws OutOfMemoryError with every number when the request does not fit (or, for auto, not one sequence).
-MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens, int64_t max_context,
-                       int32_t slots, int32_t state_slots, int64_t pass_rows, int64_t device_total,
-                       int64_t weights, int64_t free_after_weights);
+// kMemoryHeadroomBytes to spare (whole pages, at most `most_kv_tokens`: the engine's default pool); otherwise that
+// capacity is checked. Throws OutOfMemoryError with every number when the request does not fit (or, for auto, not
+// one sequence of max_context).
+MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens,
+                       int64_t most_kv_tokens, int64_t max_context, int32_t slots, int32_t state_slots,
+                       int64_t pass_rows, int64_t device_total, int64_t weights, int64_t free_after_weights);
 
 // The prefill chunk for EngineOptions::prefill_chunk == kPrefillChunkAuto on a device backend: the largest of
 // min(kMaxAutoPrefillChunk, max_context rounded up to 64) and the powers of two below it, down to
@@ -74,8 +75,8 @@ MemoryPlan plan_memory(const ModelConfig& config, KvDtype dtype, int64_t kv_capa
 // weight streamed and, for quantized encodings, dequantized once per chunk; GEMMs with more rows); the price is
 // that a decoding lane waits up to one chunk's pass (the engine alternates decode and prefill passes).
 int64_t choose_prefill_chunk(const ModelConfig& config, KvDtype dtype, int64_t kv_capacity_tokens,
-                             int64_t max_context, int32_t slots, int32_t state_slots, int64_t device_total,
-                             int64_t weights, int64_t free_after_weights);
+                             int64_t most_kv_tokens, int64_t max_context, int32_t slots, int32_t state_slots,
+                             int64_t device_total, int64_t weights, int64_t free_after_weights);
 
 // One line per part, in MiB: the startup memory summary.
 std::string describe(const MemoryPlan& plan);

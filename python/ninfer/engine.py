@@ -52,15 +52,17 @@ OPTION_CHOICES: Mapping[str, tuple[str, ...]] = {
 class EngineOptions:
     backend: str = "auto"  # auto (cuda when a GPU is usable, else cpu) | cpu | cuda
     max_context: int = 4096
-    # tokens in the KV pool; None = max_context * max_concurrency; "auto" = the most that fits in device
-    # memory after the weights with 1 GiB to spare (CUDA; on the CPU backend as None)
+    # tokens in the KV pool; None = a context per lane (decision lanes included) and 256 tokens per decision row;
+    # "auto" = the most that fits in device memory after the weights with 1 GiB to spare, at most that (CUDA; on
+    # the CPU backend as None)
     kv_capacity: int | Literal["auto"] | None = None
     max_concurrency: int = 1  # lanes, 1..8
     max_queue: int = 16  # requests that may wait for a lane
     # lanes that run decision jobs only (their own queue of max_queue places), 0..8; 0 refuses decisions
     decision_lanes: int = 1
-    # questions of one decision job in flight at once (forks of its context), 1..64; more run as rounds
-    decision_rows: int = 4
+    # questions of one decision job in flight at once (forks of its context, one forward pass), 1..64; more run
+    # as rounds
+    decision_rows: int = 16
     kv_dtype: str = "bf16"  # f32 | bf16 | fp8 | int8
     # tokens per prefill chunk, a multiple of 64; 0 = auto: 512 on the CPU backend, on CUDA the largest chunk up to
     # 8192 the memory plan allows (memory_plan()["prefill_chunk"] says which). Decoding lanes wait at most one chunk.
@@ -247,6 +249,7 @@ class EngineStats:
     draft_tokens_accepted: int = 0  # and accepted
     decision_lanes: int = 0
     busy_decision_lanes: int = 0
+    forward_passes: int = 0  # model passes run (one step's slices, every lane's and decision row's, are one)
     prefix: PrefixCacheStats = PrefixCacheStats()
 
 
@@ -760,7 +763,7 @@ class Engine:
         return EngineStats(s.lanes, s.busy_lanes, s.queued, s.kv_capacity_tokens, s.kv_free_tokens,
                            s.free_state_slots, s.requests_finished, s.tokens_generated, s.tokens_prefilled,
                            s.resident_bytes, s.draft_tokens, s.draft_tokens_accepted, s.decision_lanes,
-                           s.busy_decision_lanes,
+                           s.busy_decision_lanes, s.forward_passes,
                            PrefixCacheStats(s.cached_blocks, s.cached_snapshots, s.total_state_slots, s.prefix_lookups,
                                             s.prefix_hits, s.prefix_cached_tokens, s.prefix_restores,
                                             s.prefix_evicted_blocks, s.prefix_evicted_snapshots,

@@ -318,3 +318,27 @@ def test_prefill_chunk_auto_runs_a_long_prompt_in_one_pass(tiny_artifacts):
 def test_kv_capacity_beyond_the_device_is_out_of_memory(tiny_artifacts):
     with pytest.raises(errors.OutOfMemoryError, match="KV pool"):
         Engine.open_sync(tiny_artifacts["qwen3_5"], _options(kv_capacity=1 << 40, max_context=1 << 20))
+
+
+@pytest.mark.usefixtures("f32_prefill_gemm")
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
+def test_a_decisions_questions_are_one_pass_with_the_answers_of_one_at_a_time(tiny_artifacts, kind):
+    # Ten questions over a context that fills max_context but for the longest suffix: one pass for all the
+    # suffixes (each a fork of the context: its KV pages shared, its GDN state a device copy), with the answers of
+    # the sequential twin (one row: each question alone in its own pass).
+    rng = np.random.default_rng()
+    context = rng.integers(3, 5000, int(rng.integers(130, 400))).tolist()
+    questions = [(rng.integers(3, 5000, int(rng.integers(1, 48))).tolist(),
+                  rng.choice(5000, int(rng.integers(1, 5)), replace=False).tolist()) for _ in range(10)]
+    options = OPTION_DEFAULTS | {"max_context": len(context) + max(len(s) for s, _ in questions),
+                                 "max_concurrency": 1, "prefill_chunk": 512}
+    with Engine.open_sync(tiny_artifacts[kind], EngineOptions(**options, decision_rows=1)) as one_at_a_time:
+        want = asyncio.run(one_at_a_time.decide(context, questions))
+    with Engine.open_sync(tiny_artifacts[kind], EngineOptions(**options, decision_rows=10)) as batched:
+        asyncio.run(batched.decide(context, questions))  # the context's blocks and snapshot go to the cache
+        before = batched.stats().forward_passes
+        got = asyncio.run(batched.decide(context, questions))
+        passes = batched.stats().forward_passes - before
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4, err_msg=str((context, questions)))
+    assert passes == 1 + (len(context) % 64 > 0)  # the context's tail after its last block boundary, then the rows

@@ -29,8 +29,9 @@ def test_open_is_async_and_info_describes_the_model(tiny_qwen35_artifact):
     info, stats = asyncio.run(main())
     assert (info.arch, info.max_context, info.vocab_size, info.num_layers) == ("qwen3_5", 512, 248320, 8)
     assert info.modalities == ("text",) and info.artifact_bytes > 0
-    # 2 chat lanes and the decision lane, a context of KV each
-    assert (stats.lanes, stats.busy_lanes, stats.decision_lanes, stats.kv_capacity_tokens) == (2, 0, 1, 1536)
+    # 2 chat lanes and the decision lane, a context of KV each, and 4 pages for each of the decision lane's 16 rows
+    assert (stats.lanes, stats.busy_lanes, stats.decision_lanes, stats.kv_capacity_tokens) == (2, 0, 1,
+                                                                                              1536 + 16 * 4 * 64)
     assert stats.resident_bytes > 0
 
 

@@ -1,7 +1,8 @@
 """Decision jobs on the real CPU engine (tiny Qwen3.5: KV pages and GDN state slots, so forks copy real state):
 the candidate projection against the full-vocabulary logprobs of Engine.score restricted to the candidates, on
-fresh random inputs; a question alone against the same question among fifty; rounds; decision lanes under a chat
-flood; everything released after success, cancel and error."""
+fresh random inputs; a question alone against the same question among fifty; all questions in one pass against one
+at a time (dense and MoE); rounds; decision lanes under a chat flood; everything released after success, cancel
+and error."""
 
 from __future__ import annotations
 
@@ -90,6 +91,33 @@ def test_a_decision_again_prefills_only_the_context_tail_the_cache_lacks(tiny_qw
     boundary = context_tokens // 64 * 64
     assert prefilled == [context_tokens + suffixes, context_tokens - boundary + suffixes]
     assert (s.prefix.hits, s.prefix.cached_tokens, s.prefix.restores) == (1, boundary, 1)
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen35_artifact", "tiny_qwen35_moe_artifact"])
+def test_questions_over_a_context_near_max_context_are_one_pass_with_the_answers_of_one_at_a_time(request, model):
+    # A context that fills max_context but for the longest suffix leaves the default pool no slack for rows: the
+    # decision lane's share still holds every row, so all the questions' suffixes are one forward pass after the
+    # context's, and they answer as the sequential twin does (one row: each question alone, its own pass, the
+    # context's state forked afresh for it). The context is one pass, or two when a snapshot at its last block
+    # boundary ends a chunk before its tail; over the cached context only the tail is computed (no pass without).
+    path = request.getfixturevalue(model)
+    rng = random.Random()
+    context = _random_ids(rng, rng.randrange(130, 400))
+    questions = [(_random_ids(rng, rng.randrange(1, 48)), rng.sample(range(VOCAB_SAMPLE), rng.randrange(1, 5)))
+                 for _ in range(10)]
+    max_context = len(context) + max(len(suffix) for suffix, _ in questions)
+    with _engine(path, max_context=max_context, decision_rows=1) as one_at_a_time:
+        want = asyncio.run(one_at_a_time.decide(context, questions))
+    with _engine(path, max_context=max_context, decision_rows=10) as batched:
+        passes = []
+        for _ in range(2):  # cold, then over the cached context (restored up to its last block boundary)
+            before = batched.stats().forward_passes
+            got = asyncio.run(batched.decide(context, questions))
+            passes.append(batched.stats().forward_passes - before)
+            for a, b in zip(got, want, strict=True):
+                assert a == pytest.approx(b, abs=1e-6), (context, questions)
+    tail = len(context) % 64 > 0  # context tokens after its last block boundary
+    assert passes == [2 + tail, 1 + tail], (len(context), passes)
 
 
 def test_rounds_give_the_answers_of_one_round(tiny_qwen35_artifact, engine):

@@ -245,7 +245,8 @@ def _check(args: argparse.Namespace) -> None:
 DECISION_FLAGS = (
     ("--decision-lanes", 0, 1,
      "lanes that run decision jobs only (/v1/decisions, /v1/systemone, /v1/rerank), 0..8; 0 refuses them"),
-    ("--decision-rows", 1, 4, "questions of one decision request answered at once, 1..64; more run as rounds"),
+    ("--decision-rows", 1, 16,
+     "questions of one decision request answered at once (one forward pass), 1..64; more run as rounds"),
     ("--decision-max-questions", 1, 256, "questions (or rerank documents) per decision request; more is a 413"),
     ("--decision-max-tokens", 1, 64_000,
      "rendered tokens of one decision request, its context and every question together; more is a 413"),
