@@ -134,25 +134,42 @@ def test_a_swap_that_waits_shows_why(browser, ui_server) -> None:
     httpx.post(ui_server.url + "/models/load", json={"model": "alpha"}, timeout=30)
     wait_for_statuses(ui_server, {"alpha": "loaded", "beta": "unloaded"}, timeout_s=ANSWER_TIMEOUT_MS / 1000)
     held = HeldStream(ui_server)
-    beta = threading.Thread(target=httpx.post, args=(ui_server.url + "/v1/chat/completions",),
-                            kwargs={"json": {"model": "beta", "max_tokens": 1, "messages": [
-                                {"role": "user", "content": "Hi"}]}, "timeout": 300}, daemon=True)
-    beta.start()
+    waiting = "waiting for 1 request on alpha"
     try:
-        # llama-ui: beta's spinner (it waits, reported as a load at 0%), not a plain "unloaded"
+        # The person asks beta while alpha's answer runs: llama-ui shows beta's spinner (the wait is reported as a
+        # load at 0%), not a plain "unloaded", and says what it waits for (waiting-message.patch) under the question
+        # and as the title of beta's row in the model selector.
+        choose_model(page, "beta")
+        send(page, "Hi")
         wait_for_ui_statuses(page, {"alpha": "loaded", "beta": "loading"})
+        page.locator(ASSISTANT).get_by_text(waiting, exact=True).wait_for(timeout=SETTLE_MS)
+        assert beta_option_title(page) == waiting
+        page.mouse.move(640, 400)  # off the selector: no tooltip over the screenshot
+        page.screenshot(path=str(SCREENSHOTS / "webui-waiting.png"))
         dashboard = browser.new_page(viewport={"width": 1280, "height": 900})
         dashboard.goto(ui_server.url + "/dashboard")
         row = dashboard.locator('#models tr[data-model="beta"]')
-        row.get_by_text("waiting for 1 request on alpha").wait_for(timeout=SETTLE_MS)
+        row.get_by_text(waiting).wait_for(timeout=SETTLE_MS)
         assert "busy" in dashboard.locator('#models tr[data-model="alpha"]').inner_text()
         dashboard.screenshot(path=str(SCREENSHOTS / "webui-dashboard-waiting.png"))
         dashboard.close()
     finally:
         held.release()
-    beta.join(ANSWER_TIMEOUT_MS / 1000)
-    wait_for_statuses(ui_server, {"alpha": "unloaded", "beta": "loaded"})
+    wait_for_statuses(ui_server, {"alpha": "unloaded", "beta": "loaded"}, timeout_s=ANSWER_TIMEOUT_MS / 1000)
+    page.locator(ANSWER).first.wait_for(timeout=ANSWER_TIMEOUT_MS)  # beta answers once loaded
+    page.get_by_role("button", name="Stop generation").wait_for(state="hidden", timeout=ANSWER_TIMEOUT_MS)
+    assert page.get_by_text(waiting).count() == 0  # the reason went with the wait
     context.close()
+
+
+def beta_option_title(page) -> str | None:
+    """The title llama-ui gives beta's row in its model selector (opened, then closed again)."""
+    page.locator("button:has-text('beta')").last.click()
+    option = page.get_by_role("option").filter(has_text="beta")
+    title = option.get_attribute("title")
+    page.keyboard.press("Escape")
+    option.wait_for(state="hidden")
+    return title
 
 
 def test_the_dashboard_at_360_px_and_disconnected(browser, ui_server) -> None:

@@ -106,7 +106,8 @@ async def unload_model(data: JSONBody[ModelRequest], router: RouterDependency) -
 
 
 def status_event_json(event: StatusEvent) -> dict[str, Any]:
-    """llama.cpp's envelope: {model, event, data: {status, progress, exit_code}}."""
+    """llama.cpp's envelope: {model, event, data: {status, progress, exit_code}}, plus `message` for a failure or a
+    wait (llama-ui shows a loading model's `message` in place of its percent: waiting-message.patch)."""
     progress = {"stages": LOAD_STAGES, "current": "text_model", "value": event.progress}
     data: dict[str, Any] = {"status": LOADING if event.waiting else event.status, "progress": progress,
                             "exit_code": 1 if event.status == FAILED and not event.waiting else 0}
