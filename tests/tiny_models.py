@@ -24,7 +24,9 @@ What the checkpoints look like and why:
   exercise an fp32 source; a tied head is not stored).
 - The one layout written by hand: the Qwen3.5 MTP layer (`mtp.*`), which no transformers class holds, goes into
   one more shard listed in the index, its experts per expert like the decoder layers' (as published checkpoints
-  store them).
+  store them). Besides the weights, save_pretrained writes config.json and generation_config.json; the Qwen3.5
+  kinds' preprocessor_config.json is plain JSON with the published fields. Tests that need another layout (fused
+  experts, pre-quantised weights, damaged files) derive it from these folders, explicitly.
 - The Qwen3.5 vocabulary is the real 248,320 rows, so the real 248k tokenizer's ids are all valid.
 - 8 decoder layers, L,L,L,F,L,L,L,F; GDN with Hv = 2*Hk and Dv != Dk; partial M-RoPE with theta set explicitly.
 - Random init leaves zero-centred norms at 0, the GDN norm at 1 and A_log/dt_bias at their init; all of these are
@@ -50,7 +52,6 @@ TINY_KINDS = ("qwen3_5", "qwen3_5_moe", "llama", "qwen2", "qwen3")
 BUILDER_VERSION = 4
 
 QWEN35_VOCAB = 248320
-QWEN35_TEXT_PREFIX = "model.language_model."
 PLAIN_VOCAB = 512
 
 # MtpModel parameter names -> Qwen3.5 checkpoint names (architecture reference, section 6.1).
@@ -230,6 +231,8 @@ def _build_qwen35(kind: str, folder: Path, seed: int) -> None:
     # Small shards, so that even this tiny model is split and needs the index.
     model.to(torch.bfloat16).save_pretrained(folder, max_shard_size="20MB")
     _add_mtp_shard(folder, mtp)
+    # The image processor's config is no weights: the fields published checkpoints have (HF's image processor, which
+    # would write it, needs torchvision, which the tests do not install).
     _write_json(
         folder / "preprocessor_config.json",
         {"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 4, "temporal_patch_size": 2,
