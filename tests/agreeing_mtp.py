@@ -40,6 +40,8 @@ def agreeing_artifact(folder: Path, tiny_qwen35: Path, gdn_scale: float = 0.0) -
     source = folder / name
     shutil.rmtree(source, ignore_errors=True)
     shutil.copytree(tiny_qwen35, source)
+    # Each shard rewritten under its own name with its own tensor names: the save_pretrained layout (and its index)
+    # stays, only the values change.
     for part in source.glob("*.safetensors"):
         tensors = load_file(part)
         save_file({k: _agreeing(k, v, gdn_scale).contiguous() for k, v in tensors.items()}, part, metadata={"format": "pt"})

@@ -233,10 +233,10 @@ def _pack_experts(src: Path, packed: Path, dequantised: Path, args: Quantization
 
 
 def test_per_expert_moe_weights_keep_their_codes_and_match_hf(tiny_root, tmp_path):
-    from tiny_models import build_saved_checkpoint, load_saved_reference
+    from tiny_models import build_tiny_checkpoint, load_reference_vlm
 
     args = _weight_args(False, "group", 32)
-    _pack_experts(build_saved_checkpoint("qwen3_5_moe", tiny_root), tmp_path / "packed", tmp_path / "deq", args)
+    _pack_experts(build_tiny_checkpoint("qwen3_5_moe", tiny_root), tmp_path / "packed", tmp_path / "deq", args)
     recipe = tmp_path / "experts-int4.json"
     recipe.write_text(json.dumps({"rules": [{"pattern": "*moe.experts_*", "encoding": "int4"},
                                             {"pattern": "*", "encoding": "f32"}]}))
@@ -261,5 +261,5 @@ def test_per_expert_moe_weights_keep_their_codes_and_match_hf(tiny_root, tmp_pat
     model = _engine.Model.open(str(out), kv_dtype="f32", threads=2, max_context=256)
     ours = model.prefill(model.new_sequence(), tokens, all_logits=True)
     with torch.no_grad():
-        theirs = load_saved_reference(tmp_path / "deq")(torch.tensor(tokens[None].astype(np.int64))).logits[0].numpy()
+        theirs = load_reference_vlm(tmp_path / "deq")(torch.tensor(tokens[None].astype(np.int64))).logits[0].numpy()
     assert np.abs(ours - theirs).max() <= F32_TOL * np.abs(theirs).max()

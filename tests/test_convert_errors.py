@@ -48,6 +48,7 @@ def test_unknown_tensor_is_named(tiny_qwen2, tmp_path):
     folder = tmp_path / "extra"
     shutil.copytree(tiny_qwen2, folder)
     tensors = load_file(str(folder / "model.safetensors"))
+    # A tensor no architecture has, so written by hand into the save_pretrained file.
     tensors["model.layers.0.self_attn.o_proj.bias"] = tensors["model.norm.weight"].clone()
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(ConversionError, match=r"model\.layers\.0\.self_attn\.o_proj\.bias"):

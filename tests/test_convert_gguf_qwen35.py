@@ -30,7 +30,7 @@ from ninfer.artifact.gguf_file import GGUFFile
 from ninfer.artifact.reader import read_artifact
 from ninfer.artifact.tokenizer_build import qwen35_tokenizer_json
 from ninfer.frontend.templates import load_chat_template
-from tiny_models import _perturb, build_saved_checkpoint, load_saved_reference
+from tiny_models import _perturb, build_tiny_checkpoint, load_reference_vlm
 from tokenizers import Tokenizer
 
 F32_TOL = 1e-4  # identical weights, only f32 rounding order differs (as tests/test_model_parity.py)
@@ -108,9 +108,10 @@ def dense(gguf_cache) -> Path:
 
 @pytest.fixture(scope="module")
 def moe(gguf_cache, tiny_root) -> Path:
-    """The save_pretrained Qwen3.5-MoE of test_convert_hf_layouts (VLM layout, per-expert, MTP), copied."""
-    return _folder(gguf_cache, "moe-v1",
-                   lambda staging: shutil.copytree(build_saved_checkpoint("qwen3_5_moe", tiny_root), staging))
+    """The tiny save_pretrained Qwen3.5-MoE (VLM layout, per-expert, MTP), copied under its own folder name (which
+    names its builder version, so a rebuilt checkpoint is copied and converted anew)."""
+    src = build_tiny_checkpoint("qwen3_5_moe", tiny_root)
+    return _folder(gguf_cache, f"moe-{src.name}", lambda staging: shutil.copytree(src, staging))
 
 
 def _gguf(llama_cpp: Path, folder: Path, outtype: str) -> Path:
@@ -191,7 +192,7 @@ def test_bf16_gguf_is_the_hf_artifact(which, llama_cpp, request, tmp_path):
             # A_log went through -exp (llama.cpp, in f32) and log (ours): a few f32 ulps of exp's value near 1.
             tol = 4e-7 if name.endswith("A_log") else 0
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=name)
-    reference = dense_reference(folder) if which == "dense" else load_saved_reference(folder)
+    reference = dense_reference(folder) if which == "dense" else load_reference_vlm(folder)
     assert_close(engine_logits(from_gguf), hf_logits(reference), F32_TOL)
 
 

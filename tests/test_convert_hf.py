@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-from tiny_models import QWEN35_VOCAB
+from safetensors.torch import load_file, save_file
+from tiny_models import QWEN35_VOCAB, fused_experts
 
 from ninfer.artifact import hf
 from ninfer.artifact.convert import convert
@@ -46,16 +47,30 @@ _LAYER_SUFFIX = {
 }
 
 
+def checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint folder: the shards its index names, or its one model.safetensors."""
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+        else ["model.safetensors"]
+    tensors = {}
+    for file in files:
+        tensors.update(load_file(str(folder / file)))
+    return tensors
+
+
 def expected_tensors(folder: Path) -> dict[str, np.ndarray]:
-    """Logical name -> float32 values, straight from the checkpoint file."""
-    expected = {}
-    for name, value in load_file(str(folder / "model.safetensors")).items():
+    """Logical name -> float32 values, straight from the checkpoint files."""
+    expected, experts = {}, {}
+    for name, value in checkpoint_tensors(folder).items():
         array = value.to(torch.float32).numpy()
         layer = re.fullmatch(r"(?:model\.language_model\.|model\.|mtp\.)layers\.(\d+)\.(.+)", name)
         if layer:
             prefix = ("mtp." if name.startswith("mtp.") else "") + f"layers.{layer.group(1)}."
             suffix = layer.group(2)
-            if suffix == "mlp.experts.gate_up_proj":
+            per_expert = re.fullmatch(r"mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", suffix)
+            if per_expert:  # save_pretrained's layout: stacked in expert order below
+                experts.setdefault(prefix + "moe.experts_" + per_expert.group(2), {})[int(per_expert.group(1))] = array
+            elif suffix == "mlp.experts.gate_up_proj":
                 half = array.shape[1] // 2
                 expected[prefix + "moe.experts_gate"] = array[:, :half]
                 expected[prefix + "moe.experts_up"] = array[:, half:]
@@ -69,6 +84,8 @@ def expected_tensors(folder: Path) -> dict[str, np.ndarray]:
                 break
         else:
             raise AssertionError(f"test mapping lacks {name}")
+    for logical, by_expert in experts.items():
+        expected[logical] = np.stack([by_expert[e] for e in range(len(by_expert))])
     return expected
 
 
@@ -94,6 +111,27 @@ def test_bf16_artifact_holds_exactly_the_checkpoint_weights(tiny_checkpoint, tmp
             np.testing.assert_array_equal(got, values, err_msg=name)
         assert artifact.config["arch"] == kind
         assert artifact.source["kind"] == "hf"
+
+
+def test_fused_experts_give_the_per_expert_artifact(tiny_qwen3_5_moe, tmp_path):
+    """Routed experts fused (`mlp.experts.gate_up_proj` / `down_proj`, transformers' in-memory layout, which a
+    checkpoint saved from a state dict holds) convert to what the same weights one tensor per expert convert to. The
+    fused copy is written by hand, in one model.safetensors, because save_pretrained always splits the experts."""
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    for file in ("config.json", "generation_config.json", "preprocessor_config.json"):
+        shutil.copy(tiny_qwen3_5_moe / file, fused / file)
+    save_file(fused_experts(checkpoint_tensors(tiny_qwen3_5_moe)), str(fused / "model.safetensors"),
+              metadata={"format": "pt"})
+    expected = expected_tensors(fused)
+    assert "layers.0.moe.experts_gate" in expected and "mtp.layers.0.moe.experts_down" in expected
+    per_expert = convert(tiny_qwen3_5_moe, tmp_path / "per-expert.ninfer", recipe="bf16", progress=False)
+    stacked = convert(fused, tmp_path / "fused.ninfer", recipe="bf16", progress=False)
+    with read_artifact(per_expert) as theirs, read_artifact(stacked) as ours:
+        assert sorted(t["name"] for t in ours.tensors) == sorted(t["name"] for t in theirs.tensors) == sorted(expected)
+        for name, values in expected.items():
+            np.testing.assert_array_equal(decoded(ours, name), values, err_msg=name)
+            np.testing.assert_array_equal(decoded(theirs, name), values, err_msg=name)
 
 
 def test_quantized_artifact_holds_each_tensor_in_its_recipe_encoding(tiny_qwen3_5_moe, tmp_path):

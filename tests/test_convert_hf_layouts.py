@@ -14,7 +14,7 @@ import torch
 from ninfer import _engine
 from ninfer.artifact.convert import convert
 from ninfer.errors import ConversionError
-from tiny_models import build_saved_checkpoint, load_saved_reference
+from tiny_models import build_tiny_checkpoint, load_reference_vlm
 
 KINDS = ["qwen3_5", "qwen3_5_moe"]
 F32_KV_TOL = 1e-4  # as tests/test_model_parity.py: identical bf16 weights, only f32 rounding order differs
@@ -22,7 +22,7 @@ F32_KV_TOL = 1e-4  # as tests/test_model_parity.py: identical bf16 weights, only
 
 @pytest.fixture(scope="module", params=KINDS)
 def saved(request, tiny_root) -> tuple[str, Path]:
-    return request.param, build_saved_checkpoint(request.param, tiny_root)
+    return request.param, build_tiny_checkpoint(request.param, tiny_root)
 
 
 def weight_map(folder: Path) -> dict[str, str]:
@@ -52,7 +52,7 @@ def test_saved_layout_converts_and_matches_hf(saved, tmp_path):
     tokens = np.random.default_rng(7).integers(0, 248320, 40).astype(np.int32)
     model = _engine.Model.open(str(out), kv_dtype="f32", threads=2, max_context=512)
     ours = model.prefill(model.new_sequence(), tokens, all_logits=True)
-    reference = load_saved_reference(folder)
+    reference = load_reference_vlm(folder)
     with torch.no_grad():
         theirs = reference(torch.tensor(tokens[None].astype(np.int64))).logits[0].numpy()
     assert ours.shape == theirs.shape and np.isfinite(ours).all()

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from ninfer import _engine
 from ninfer.artifact.convert import convert
-from tiny_models import build_saved_checkpoint, load_saved_reference
+from tiny_models import build_tiny_checkpoint, load_reference_vlm
 
 KINDS = ["qwen3_5", "qwen3_5_moe"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
 def converted(request, tiny_root, tmp_path_factory):
-    folder = build_saved_checkpoint(request.param, tiny_root)
+    folder = build_tiny_checkpoint(request.param, tiny_root)
     out = tmp_path_factory.mktemp(request.param) / "model.ninfer"
     convert(folder, out, recipe="bf16", progress=False)
     return folder, out
@@ -37,7 +37,7 @@ def test_the_manifest_holds_the_vision_config(converted):
 def test_every_tower_weight_is_carried_exactly(converted):
     folder, out = converted
     reference = {name[len("model.visual."):]: value.numpy()
-                 for name, value in load_saved_reference(folder).state_dict().items()
+                 for name, value in load_reference_vlm(folder).state_dict().items()
                  if name.startswith("model.visual.")}
     artifact = _engine.Artifact.open(str(out))
     carried = {name[len("visual."):] for name in artifact.tensor_names() if name.startswith("visual.")}
@@ -49,7 +49,6 @@ def test_every_tower_weight_is_carried_exactly(converted):
 
 
 def test_a_text_only_checkpoint_has_no_vision_config(tiny_root, tmp_path):
-    from tiny_models import build_tiny_checkpoint
     out = tmp_path / "llama.ninfer"
     convert(build_tiny_checkpoint("llama", tiny_root), out, recipe="bf16", progress=False)
     assert json.loads(_engine.Artifact.open(str(out)).manifest_json())["config"].get("vision") is None

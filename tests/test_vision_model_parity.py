@@ -10,7 +10,7 @@ import pytest
 import torch
 from ninfer import _engine
 from ninfer.artifact.convert import convert
-from tiny_models import build_saved_checkpoint, load_saved_reference
+from tiny_models import build_tiny_checkpoint, load_reference_vlm
 from vision_prompts import build_prompt, media_rows
 
 KINDS = ["qwen3_5", "qwen3_5_moe"]
@@ -26,11 +26,11 @@ MEDIA = {
 
 @pytest.fixture(scope="module", params=KINDS)
 def models(request, tiny_root, tmp_path_factory):
-    folder = build_saved_checkpoint(request.param, tiny_root)
+    folder = build_tiny_checkpoint(request.param, tiny_root)
     out = tmp_path_factory.mktemp(request.param) / "model.ninfer"
     convert(folder, out, recipe="bf16", progress=False)
     ours = _engine.Model.open(str(out), kv_dtype="f32", threads=2, max_context=1024, vision=True)
-    return ours, load_saved_reference(folder)
+    return ours, load_reference_vlm(folder)
 
 
 def patch_values(reference) -> int:

@@ -10,7 +10,7 @@ import torch
 from ninfer import _engine
 from ninfer.artifact.convert import convert
 from ninfer.errors import EngineError
-from tiny_models import build_saved_checkpoint, load_saved_reference
+from tiny_models import build_tiny_checkpoint, load_reference_vlm
 
 KINDS = ["qwen3_5", "qwen3_5_moe"]
 # Identical bf16 weights on both sides; only f32 rounding order differs (attention sums, GELU, LayerNorm): seen
@@ -20,11 +20,11 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module", params=KINDS)
 def tower(request, tiny_root, tmp_path_factory):
-    folder = build_saved_checkpoint(request.param, tiny_root)
+    folder = build_tiny_checkpoint(request.param, tiny_root)
     out = tmp_path_factory.mktemp(request.param) / "model.ninfer"
     convert(folder, out, recipe="bf16", progress=False)
     model = _engine.Model.open(str(out), threads=2, max_context=512, vision=True)
-    return out, model, load_saved_reference(folder).model.visual
+    return out, model, load_reference_vlm(folder).model.visual
 
 
 def hf_encode(visual, patches: np.ndarray, grids: list[tuple[int, int, int]]) -> np.ndarray:
@@ -84,7 +84,6 @@ def test_the_tower_loads_only_when_asked(tower, tiny_root, tmp_path):
     text_only = _engine.Model.open(str(out), threads=2, max_context=256)
     with pytest.raises(EngineError, match="vision tower is not loaded"):
         text_only.encode_vision(random_patches(visual, [(1, 2, 2)], seed=1), [(1, 2, 2)])
-    from tiny_models import build_tiny_checkpoint
     llama = tmp_path / "llama.ninfer"
     convert(build_tiny_checkpoint("llama", tiny_root), llama, recipe="bf16", progress=False)
     with pytest.raises(EngineError, match="has no vision tower"):

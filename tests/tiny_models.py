@@ -3,54 +3,55 @@
 API (other test modules use only these):
 
     build_tiny_checkpoint(kind, root, seed=0) -> Path
-        A folder with config.json, model.safetensors and (Qwen3.5 kinds) generation_config.json and
-        preprocessor_config.json, built once under `root` and reused (keyed by kind, seed and BUILDER_VERSION).
-        kind is one of TINY_KINDS: "qwen3_5", "qwen3_5_moe", "llama", "qwen2", "qwen3".
+        A folder written by transformers' own save_pretrained, built once under `root` and reused (keyed by kind,
+        seed and BUILDER_VERSION). kind is one of TINY_KINDS: "qwen3_5", "qwen3_5_moe", "llama", "qwen2", "qwen3".
     load_reference_model(path) -> transformers PreTrainedModel (fp32, eval mode)
-        The HF causal-LM for the checkpoint (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM for the Qwen3.5 kinds,
-        text weights only), loaded with exactly the checkpoint's values.
+        HF's from_pretrained of the folder as the causal LM (Qwen3_5ForCausalLM / Qwen3_5MoeForCausalLM for the
+        Qwen3.5 kinds: text weights only, HF's loader dropping the VLM prefix).
     load_reference_mtp(path, model) -> transformers MtpModel (fp32, eval mode)
         HF's generic MTP head for a Qwen3.5 checkpoint, sharing embeddings and lm_head with `model`.
-    build_saved_checkpoint(kind, root, seed=0) -> Path
-        Built once under `root` like build_tiny_checkpoint: a Qwen3.5 kind in the layout the published checkpoints use, written by transformers' own save_pretrained:
-        Qwen3_5(Moe)ForConditionalGeneration (text + vision) in bf16 shards with model.safetensors.index.json,
-        routed experts one tensor per expert (`mlp.experts.N.gate_proj.weight`, ...), plus the MTP layer (which
-        transformers' class does not hold) in one more shard listed in the index. Same configs as above.
-    load_saved_reference(path) -> transformers Qwen3_5(Moe)ForConditionalGeneration (fp32, eval mode)
-        HF's from_pretrained of such a folder: HF's own loader, not ours, reads the saved layout back.
+    load_reference_vlm(path) -> transformers Qwen3_5(Moe)ForConditionalGeneration (fp32, eval mode)
+        HF's from_pretrained of a Qwen3.5 folder: text model, lm_head and vision tower.
+    fused_experts(tensors) -> dict
+        Per-expert routed-expert tensors stacked into transformers' in-memory fused layout.
 
 What the checkpoints look like and why:
-- Qwen3.5 kinds use the real VLM layout: `model.language_model.*`, `lm_head.weight`, `mtp.*` and a tiny
-  `model.visual.*` tower, with a top-level `Qwen3_5Config` (text_config + vision_config) like released models.
-  The vocabulary is the real 248,320 rows, so the real 248k tokenizer's ids are all valid.
+- Every kind is written by save_pretrained, the layout published checkpoints have. The Qwen3.5 kinds are
+  Qwen3_5(Moe)ForConditionalGeneration (text + a tiny vision tower, top-level `Qwen3_5Config` with text_config and
+  vision_config like released models) in bf16 shards listed by model.safetensors.index.json (small shards, so even
+  this tiny model is split): `model.language_model.*`, `lm_head.weight`, `model.visual.*`, routed experts one tensor
+  per expert (`mlp.experts.N.gate_proj.weight`, ...). The plain kinds are one model.safetensors (llama in fp32, to
+  exercise an fp32 source; a tied head is not stored).
+- The one layout written by hand: the Qwen3.5 MTP layer (`mtp.*`), which no transformers class holds, goes into
+  one more shard listed in the index, its experts per expert like the decoder layers' (as published checkpoints
+  store them). Besides the weights, save_pretrained writes config.json and generation_config.json; the Qwen3.5
+  kinds' preprocessor_config.json is plain JSON with the published fields. Tests that need another layout (fused
+  experts, pre-quantised weights, damaged files) derive it from these folders, explicitly.
+- The Qwen3.5 vocabulary is the real 248,320 rows, so the real 248k tokenizer's ids are all valid.
 - 8 decoder layers, L,L,L,F,L,L,L,F; GDN with Hv = 2*Hk and Dv != Dk; partial M-RoPE with theta set explicitly.
 - Random init leaves zero-centred norms at 0, the GDN norm at 1 and A_log/dt_bias at their init; all of these are
   redrawn so that every convention (1+w vs w, exp(A_log), softplus(a + dt_bias)) changes the output.
 - Every weight is rounded to a bf16-representable value, so a bf16 artifact holds exactly the reference weights.
-  Tensors are stored as bf16 (llama as fp32, to exercise an fp32 source).
-- The plain kinds are written by transformers' save_pretrained (the layout published checkpoints have); the Qwen3.5
-  kinds here are written tensor by tensor in the VLM layout with fused experts (transformers' in-memory layout,
-  which the converter also reads), and build_saved_checkpoint gives them as save_pretrained writes them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 TINY_KINDS = ("qwen3_5", "qwen3_5_moe", "llama", "qwen2", "qwen3")
 # Bump when the builder changes what it writes, so cached checkpoints are rebuilt.
-BUILDER_VERSION = 3
+BUILDER_VERSION = 4
 
 QWEN35_VOCAB = 248320
-QWEN35_TEXT_PREFIX = "model.language_model."
 PLAIN_VOCAB = 512
 
 # MtpModel parameter names -> Qwen3.5 checkpoint names (architecture reference, section 6.1).
@@ -203,51 +204,35 @@ def _mtp_checkpoint_name(mtp_key: str) -> str:
 
 
 def _build_qwen35(kind: str, folder: Path, seed: int) -> None:
+    from transformers import GenerationConfig
     from transformers.modeling_layers import MtpModel
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
     text = _qwen35_text_config(kind)
+    # The values are drawn in the parts' order (causal LM, its MTP head, the tower), the order every builder
+    # version has drawn them in, so a seed keeps giving the weights the tests were written against; they are then
+    # placed in the ConditionalGeneration model that save_pretrained writes. MtpModel needs the causal LM anyway.
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    model = _causal_lm_class(kind)(_text_config_object(kind, text))
-    mtp = MtpModel(model, 1)
+    causal = _causal_lm_class(kind)(_text_config_object(kind, text))
+    mtp = MtpModel(causal, 1)
     _initialise_mtp(mtp, generator)
     vision = Qwen3_5VisionModel(Qwen3_5VisionConfig(**_VISION_CONFIG))
-    for module in (model, mtp, vision):
+    for module in (causal, mtp, vision):
         _perturb(module, generator)
-
-    tensors: dict[str, torch.Tensor] = {}
-    for key, value in model.state_dict().items():
-        name = QWEN35_TEXT_PREFIX + key[len("model.") :] if key.startswith("model.") else key
-        tensors[name] = value
-    shared = {"embed_tokens.weight", "shared_head.weight"}
-    for key, value in mtp.state_dict().items():
-        if key not in shared:
-            tensors[_mtp_checkpoint_name(key)] = value
-    for key, value in vision.state_dict().items():
-        tensors["model.visual." + key] = value
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, folder / "model.safetensors")
-
-    top_type = "qwen3_5" if kind == "qwen3_5" else "qwen3_5_moe"
-    arch = "Qwen3_5ForConditionalGeneration" if kind == "qwen3_5" else "Qwen3_5MoeForConditionalGeneration"
-    config = {
-        "architectures": [arch],
-        "model_type": top_type,
-        "text_config": text,
-        "vision_config": dict(_VISION_CONFIG, model_type="qwen3_5_vision"),
-        "image_token_id": 248056,
-        "video_token_id": 248057,
-        "vision_start_token_id": 248053,
-        "vision_end_token_id": 248054,
-        "tie_word_embeddings": False,
-    }
-    _write_json(folder / "config.json", config)
-    _write_json(
-        folder / "generation_config.json",
-        {"bos_token_id": 248044, "eos_token_id": [248046, 248044], "pad_token_id": 248044,
-         "do_sample": True, "temperature": 1.0, "top_p": 0.95, "top_k": 20},
-    )
+    model = _conditional_generation(kind, text)
+    model.model.language_model.load_state_dict(causal.model.state_dict())
+    model.lm_head.load_state_dict(causal.lm_head.state_dict())
+    model.model.visual.load_state_dict(vision.state_dict())
+    model.generation_config = GenerationConfig(bos_token_id=248044, eos_token_id=[248046, 248044],
+                                               pad_token_id=248044, do_sample=True, temperature=1.0, top_p=0.95,
+                                               top_k=20)
+    # Small shards, so that even this tiny model is split and needs the index.
+    model.to(torch.bfloat16).save_pretrained(folder, max_shard_size="20MB")
+    _add_mtp_shard(folder, mtp)
+    # The image processor's config is no weights: the fields published checkpoints have (HF's image processor, which
+    # would write it, needs torchvision, which the tests do not install).
     _write_json(
         folder / "preprocessor_config.json",
         {"image_processor_type": "Qwen2VLImageProcessorFast", "patch_size": 4, "temporal_patch_size": 2,
@@ -256,13 +241,26 @@ def _build_qwen35(kind: str, folder: Path, seed: int) -> None:
     )
 
 
+def _add_mtp_shard(folder: Path, mtp) -> None:
+    """The checkpoint's one hand-written part: the MTP layer (no transformers class holds it, so save_pretrained
+    cannot write it) in its own shard, added to the index, named and laid out as published checkpoints store it."""
+    shard = "model-mtp.safetensors"
+    shared = {"embed_tokens.weight", "shared_head.weight"}
+    tensors = _experts_per_expert({_mtp_checkpoint_name(k): v.to(torch.bfloat16).contiguous()
+                                   for k, v in mtp.state_dict().items() if k not in shared})
+    save_file(tensors, folder / shard, metadata={"format": "pt"})
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"].update(dict.fromkeys(tensors, shard))
+    _write_json(index_path, index)
+
+
 def _build_plain(kind: str, folder: Path, seed: int) -> None:
     text = _plain_config(kind)
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = _causal_lm_class(kind)(_text_config_object(kind, text))
     _perturb(model, generator)
-    # transformers' own writer: the published layout (a tied head is not stored), config and generation config.
     model.to(torch.float32 if kind == "llama" else torch.bfloat16).save_pretrained(folder)
 
 
@@ -303,23 +301,22 @@ def _kind_of(config: dict) -> str:
     return kind
 
 
+def _loaded(model_class, path: Path, **options):
+    """HF's from_pretrained of `path` in fp32, refusing a load that left any weight at its init."""
+    model, info = model_class.from_pretrained(path, dtype=torch.float32, output_loading_info=True, **options)
+    if info["missing_keys"] or info["mismatched_keys"]:
+        raise RuntimeError(f"{path}: from_pretrained left weights at their init: {info}")
+    _use_eager_experts(model)
+    return model.eval()
+
+
 def load_reference_model(path: Path):
     """The HF causal LM of a tiny checkpoint, fp32, with the checkpoint's exact weights."""
     config = json.loads((Path(path) / "config.json").read_text())
     kind = _kind_of(config)
-    text = config.get("text_config", config)
-    model = _causal_lm_class(kind)(_text_config_object(kind, text)).to(torch.float32)
-    state = {}
-    for name, value in load_file(str(Path(path) / "model.safetensors")).items():
-        if name.startswith(QWEN35_TEXT_PREFIX):
-            state["model." + name[len(QWEN35_TEXT_PREFIX) :]] = value.float()
-        elif not name.startswith(("mtp.", "model.visual.")):
-            state[name] = value.float()
-    if text.get("tie_word_embeddings"):
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    model.load_state_dict(state, strict=True)
-    _use_eager_experts(model)
-    return model.eval()
+    # The text config with the two fields HF's generic MtpModel reads (see _text_config_object).
+    text = _text_config_object(kind, config.get("text_config", config))
+    return _loaded(_causal_lm_class(kind), path, config=text)
 
 
 def _use_eager_experts(module) -> None:
@@ -331,12 +328,25 @@ def _use_eager_experts(module) -> None:
         config._experts_implementation = "eager"
 
 
+def _checkpoint_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's shards (as its index lists them) whose name starts with `prefix`."""
+    from safetensors import safe_open
+
+    weight_map = json.loads((Path(path) / "model.safetensors.index.json").read_text())["weight_map"]
+    tensors = {}
+    for shard in sorted(set(weight_map.values())):
+        wanted = [name for name, file in weight_map.items() if file == shard and name.startswith(prefix)]
+        with safe_open(Path(path) / shard, framework="pt") as f:
+            tensors.update({name: f.get_tensor(name) for name in wanted})
+    return tensors
+
+
 def load_reference_mtp(path: Path, model):
     """HF's generic MtpModel for a Qwen3.5 tiny checkpoint, sharing embeddings and head with `model`."""
     from transformers.modeling_layers import MtpModel
 
     mtp = MtpModel(model, 1).to(torch.float32)
-    checkpoint = load_file(str(Path(path) / "model.safetensors"))
+    checkpoint = fused_experts(_checkpoint_tensors(path, "mtp."))
     shared = {"embed_tokens.weight", "shared_head.weight"}
     state = {k: checkpoint[_mtp_checkpoint_name(k)].float() for k in mtp.state_dict() if k not in shared}
     missing, unexpected = mtp.load_state_dict(state, strict=False)
@@ -346,50 +356,19 @@ def load_reference_mtp(path: Path, model):
     return mtp.eval()
 
 
-def _conditional_generation(kind: str, text: dict):
+def _conditional_generation_class(kind: str):
     import transformers
-    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config
-    from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeConfig
 
-    config_class, model_class = {
-        "qwen3_5": (Qwen3_5Config, transformers.Qwen3_5ForConditionalGeneration),
-        "qwen3_5_moe": (Qwen3_5MoeConfig, transformers.Qwen3_5MoeForConditionalGeneration),
-    }[kind]
+    return {"qwen3_5": transformers.Qwen3_5ForConditionalGeneration,
+            "qwen3_5_moe": transformers.Qwen3_5MoeForConditionalGeneration}[kind]
+
+
+def _conditional_generation(kind: str, text: dict):
+    """The ConditionalGeneration model (text + vision tower, freshly initialised) for a Qwen3.5 text config."""
     fields = {k: v for k, v in text.items() if k != "model_type"}
-    return model_class(config_class(text_config=fields, vision_config=dict(_VISION_CONFIG), tie_word_embeddings=False))
-
-
-def build_saved_checkpoint(kind: str, root: Path, seed: int = 0) -> Path:
-    """Build (once) and return the folder under `root` of the tiny `kind` checkpoint (a Qwen3.5 kind) written with
-    save_pretrained; see the module doc."""
-    if not kind.startswith("qwen3_5"):
-        raise ValueError(f"build_saved_checkpoint builds the Qwen3.5 kinds, not {kind!r}")
-    return _build_once(Path(root) / f"{kind}-saved-seed{seed}-v{BUILDER_VERSION}",
-                       lambda staging: _save_pretrained_qwen35(kind, staging, seed))
-
-
-def _save_pretrained_qwen35(kind: str, folder: Path, seed: int) -> None:
-    from transformers.modeling_layers import MtpModel
-
-    text = _qwen35_text_config(kind)
-    generator = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    model = _conditional_generation(kind, text)
-    mtp = MtpModel(_causal_lm_class(kind)(_text_config_object(kind, text)), 1)
-    _initialise_mtp(mtp, generator)
-    for module in (model, mtp):
-        _perturb(module, generator)
-    # Small shards, so that even this tiny model is split and needs the index.
-    model.to(torch.bfloat16).save_pretrained(folder, max_shard_size="20MB")
-    mtp_shard = "model-mtp.safetensors"
-    shared = {"embed_tokens.weight", "shared_head.weight"}
-    mtp_tensors = _experts_per_expert({_mtp_checkpoint_name(k): v.to(torch.bfloat16).contiguous()
-                                       for k, v in mtp.state_dict().items() if k not in shared})
-    save_file(mtp_tensors, folder / mtp_shard, metadata={"format": "pt"})
-    index_path = folder / "model.safetensors.index.json"
-    index = json.loads(index_path.read_text())
-    index["weight_map"].update(dict.fromkeys(mtp_tensors, mtp_shard))
-    _write_json(index_path, index)
+    model_class = _conditional_generation_class(kind)
+    return model_class(model_class.config_class(text_config=fields, vision_config=dict(_VISION_CONFIG),
+                                                tie_word_embeddings=False))
 
 
 def _experts_per_expert(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -411,12 +390,26 @@ def _experts_per_expert(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return out
 
 
-def load_saved_reference(path: Path):
-    """HF's from_pretrained of a build_saved_checkpoint folder, fp32 (its MTP shard is no part of the class)."""
+def fused_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of _experts_per_expert: every layer's per-expert projections stacked into transformers'
+    in-memory layout (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I])."""
+    out, experts = {}, {}
+    for name, value in tensors.items():
+        match = re.fullmatch(r"(.+\.mlp\.experts\.)(\d+)\.(gate|up|down)_proj\.weight", name)
+        if match:
+            base, expert, part = match.groups()
+            experts.setdefault(base, {}).setdefault(part, {})[int(expert)] = value
+        else:
+            out[name] = value
+    for base, parts in experts.items():
+        gate, up, down = ([parts[part][e] for e in range(len(parts[part]))] for part in ("gate", "up", "down"))
+        out[base + "gate_up_proj"] = torch.cat([torch.stack(gate), torch.stack(up)], dim=1)
+        out[base + "down_proj"] = torch.stack(down)
+    return out
+
+
+def load_reference_vlm(path: Path):
+    """HF's from_pretrained of a Qwen3.5 tiny checkpoint as the ConditionalGeneration model, fp32 (its MTP shard is
+    no part of the class)."""
     config = json.loads((Path(path) / "config.json").read_text())
-    model, info = _conditional_generation(_kind_of(config), config["text_config"]).__class__.from_pretrained(
-        path, dtype=torch.float32, output_loading_info=True)
-    if info["missing_keys"] or info["mismatched_keys"]:
-        raise RuntimeError(f"{path}: from_pretrained left weights at their init: {info}")
-    _use_eager_experts(model)
-    return model.eval()
+    return _loaded(_conditional_generation_class(_kind_of(config)), path)

@@ -36,7 +36,8 @@ def _artifact_config(tiny_llama: Path) -> dict:
 
 
 def _random_head(tiny_llama: Path, folder: Path, seed: int) -> Path:
-    """A head file of random weights (norms near 1) for the tiny Llama, bf16-exact values."""
+    """A head file of random weights (norms near 1) for the tiny Llama, bf16-exact values. Written directly: the
+    file is ninfer's own format (logical names, ninfer.artifact.mtp_head), which nothing in transformers writes."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape in mtp_head_shapes(_artifact_config(tiny_llama)).items():

@@ -16,7 +16,7 @@ from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.frontend.vision import VisionInput
 from ninfer.frontend.vision_prompt import PromptMedia
 from prefix_cache_checks import assert_same, run_one
-from tiny_models import build_saved_checkpoint, load_saved_reference
+from tiny_models import build_tiny_checkpoint, load_reference_vlm
 from vision_prompts import MERGE, build_prompt, extended
 
 MEDIA = [("image", (1, 16, 12)), ("video", (2, 6, 8))]  # 72 placeholder tokens: the 64-token chunks cut them
@@ -25,10 +25,10 @@ NEW_TOKENS = 5
 
 @pytest.fixture(scope="module")
 def checkpoint(tiny_root, tmp_path_factory):
-    folder = build_saved_checkpoint("qwen3_5", tiny_root)
+    folder = build_tiny_checkpoint("qwen3_5", tiny_root)
     out = tmp_path_factory.mktemp("vision-engine") / "model.ninfer"
     convert(folder, out, recipe="bf16", progress=False)
-    return out, load_saved_reference(folder)
+    return out, load_reference_vlm(folder)
 
 
 def patch_values(reference) -> int:
