@@ -49,9 +49,16 @@ SHAPES_35B_A3B = {
     "attn_k_proj": (512, 2048),
     "shared_gate": (512, 2048),
     "shared_down": (2048, 512),
+    "lm_head": (248320, 2048),
 }
 GEMV_SHAPES = {"27b": SHAPES_27B, "35b-a3b": SHAPES_35B_A3B}
 ENCODINGS = [("int4", 128), ("fp8_e4m3", None), ("nvfp4", None), ("bf16", None)]
+
+
+def encoding_arg(text: str) -> tuple[str, int | None]:
+    """'int8:64' -> ("int8", 64); 'bf16' -> ("bf16", None): an encoding and its group size."""
+    name, _, group = text.partition(":")
+    return name, int(group) if group else None
 
 
 def source_commit() -> str:
@@ -115,14 +122,15 @@ def flop_rate(flops: float, micros: float) -> dict[str, float]:
 
 
 def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IMPLS,
-               shapes: dict[str, tuple[int, int]] = SHAPES_27B) -> list[dict]:
+               shapes: dict[str, tuple[int, int]] = SHAPES_27B,
+               encodings: list[tuple[str, int | None]] = ENCODINGS) -> list[dict]:
     """Each GEMV is one graph of calls cycling over device copies of the weight (no host gaps, as in a captured
     decode pass). Every call splits its activations itself ("own" split: the cost of a lone weight), and the
     tensor-core impls run again with one split shared by the calls ("shared": as a layer's projections that share
     their input run, and close to the GEMV kernel alone)."""
     rng = np.random.default_rng(0)
     rows_out = []
-    for encoding, group in ENCODINGS:
+    for encoding, group in encodings:
         tensors = {name: random_codes(rng, encoding, shape, group, nan_codes=False) for name, shape in shapes.items()}
         path = write_artifact(workdir / f"gemv-{encoding}.ninfer", tensors)
         art = _engine.Artifact.open(path, verify_checksums=False)
@@ -366,6 +374,9 @@ def main() -> int:
                         help="decode GEMV kernels to time")
     parser.add_argument("--gemv-shapes", choices=sorted(GEMV_SHAPES), default="27b",
                         help="the model whose decode GEMV shapes to time")
+    parser.add_argument("--gemv-encodings", nargs="+", type=encoding_arg, default=ENCODINGS,
+                        help="decode GEMV encodings as NAME[:GROUP], e.g. int8:64 (the groupwise-int lm_head)")
+    parser.add_argument("--gemv-tensors", nargs="+", help="time only these tensors of the shapes (default: all)")
     args = parser.parse_args()
     run = {name: args.only is None or name in args.only for name in families}
     commit = source_commit()
@@ -374,7 +385,9 @@ def main() -> int:
     gemv, gdn, prefill, row_ops, attention, prefill_gemm, sampler, moe = [], [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         if run["gemv"]:
-            gemv = bench_gemv(Path(tmp), bandwidth, tuple(args.gemv_impls), GEMV_SHAPES[args.gemv_shapes])
+            shapes = {name: shape for name, shape in GEMV_SHAPES[args.gemv_shapes].items()
+                      if args.gemv_tensors is None or name in args.gemv_tensors}
+            gemv = bench_gemv(Path(tmp), bandwidth, tuple(args.gemv_impls), shapes, args.gemv_encodings)
         if run["moe"]:
             moe = bench_moe(Path(tmp), bandwidth)
         if run["gemm"]:

@@ -54,19 +54,27 @@ WEIGHTS = [
     ("fp8_e4m3", None, 50, 3200),
     ("bf16", None, 33, 4224),
     ("nvfp4", None, 21, 1408),
+    # int8 groups of 64 (the groupwise-int lm_head): one group a v5 chunk; an odd chunk count splits mid-ring.
+    ("int8", 64, 37, 2048),
+    ("int8", 64, 9, 2176),
+    ("int8", 128, 5, 2048),  # beside int8-g64-37x2048 on one input: one launch a group size
 ]
 # Which cases the tensor-core GEMV takes (gemv_mma_supports): every other one runs only the CUDA-core twin.
 MMA_ENCODINGS = {"int4", "int8", "bf16", "fp8_e4m3", "nvfp4"}
 
 
-def takes_mma(case: tuple) -> bool:
+def takes_mma(case: tuple, impl: str = "mma") -> bool:
     encoding, group, _, cols = case
-    return encoding in MMA_ENCODINGS and cols % 128 == 0 and (group is None or group % 128 == 0)
+    groups = (128,) if impl == "mma_v3" else (128, 64) if encoding == "int8" else (128,)
+    return encoding in MMA_ENCODINGS and cols % 128 == 0 and (group is None or group in groups)
 
 
-# The tensor-core kernel (v5) and its variants, until a GPU run has compared them: v5 without its L2 prefetch, v3.
+# The tensor-core kernel (v5) and its variants, until a GPU run has compared them: v5 without its L2 prefetch, v3
+# (groups of 128 only).
 MMA_IMPLS = ("mma", "mma_v3")
-GEMV_CASES = [(case, impl) for case in WEIGHTS for impl in ("simt", *MMA_IMPLS) if impl == "simt" or takes_mma(case)]
+GEMV_CASES = [(case, impl) for case in WEIGHTS for impl in ("simt", *MMA_IMPLS)
+              if impl == "simt" or takes_mma(case, impl)]
+MMA_CASES = [(case, impl) for case in WEIGHTS for impl in MMA_IMPLS if takes_mma(case, impl)]
 
 
 def case_id(case: tuple) -> str:
@@ -105,8 +113,7 @@ def test_gemv_matches_cpu_twin(weights, case, impl: str, kind: str) -> None:
         assert (np.abs(gpu - cpu) <= 2 * bound).all(), f"{name} rows={rows}: GPU and CPU twins disagree"
 
 
-@pytest.mark.parametrize("impl", MMA_IMPLS)
-@pytest.mark.parametrize("case", [c for c in WEIGHTS if takes_mma(c)], ids=case_id)
+@pytest.mark.parametrize("case,impl", MMA_CASES, ids=lambda v: case_id(v) if isinstance(v, tuple) else v)
 def test_gemv_mma_rows_are_batch_invariant(weights, case, impl: str) -> None:
     """A row's result is bit-identical alone and in any batch (the runtime's lanes == single runs relies on it);
     v5 runs batches of up to 4 rows and of 5..8 rows by different kernels, so both are compared."""
@@ -163,6 +170,8 @@ def test_gemv_mma_refuses_what_it_does_not_take(weights) -> None:
 
     with pytest.raises(EngineError, match="tensor-core"):
         _engine.cuda.linear(np.zeros((1, 96), np.float32), art, "codes/int4-g32-9x96", "mma")
+    with pytest.raises(EngineError, match="v3 kernel takes groups of 128"):
+        _engine.cuda.linear(np.zeros((1, 2048), np.float32), art, "codes/int8-g64-37x2048", "mma_v3")
 
 
 def test_gemv_refuses_too_many_rows(weights) -> None:
@@ -238,6 +247,7 @@ def test_add_rmsnorm_writes_the_split_planes(weights, case) -> None:
 FEEDING_GROUPS = [[f"real/{case_id(c)}"] for c in PLANES_CASES] + [
     ["real/nvfp4-3x1024", "real/bf16-70x1024"],  # planes for the first weight's kind, bf16 split in registers
     ["real/int4-g128-67x4096", "real/int8-g128-3x4096"],  # two fp16 kinds on one input: the second splits again
+    ["real/int8-g64-37x2048", "real/int8-g128-5x2048"],  # one kind, two group sizes: two v5 launches on one split
 ]
 
 

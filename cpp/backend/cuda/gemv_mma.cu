@@ -393,19 +393,24 @@ struct Chunk {
 
 constexpr int kCodeStride = kChunkBytes * kWarps;  // bytes of a row's codes from chunk i to i + 1
 
-// Bytes from chunk i to i + 1 of a row's scales (int4/int8: fp16 group scales, a group being 1 or 2 chunks; nvfp4:
-// e4m3 block scales of 16 values) and zero points (int4/int8).
+// Chunks a quantization group spans (int4/int8): int4 g128 and int8 g64 one, int8 g128 two. int8 g64 is the
+// lm_head's encoding in the groupwise-int recipes (248k x 2048 or 5120: ~30% of a 35B-A3B step's bytes).
 template <Encoding E>
-__host__ __device__ constexpr int zero_stride() { return E == Encoding::INT4 ? kWarps : kWarps / 2; }
-template <Encoding E>
+__host__ __device__ constexpr int default_group_chunks() { return E == Encoding::INT8 ? 2 : 1; }
+
+// Bytes from chunk i to i + 1 of a row's scales (int4/int8: fp16 group scales, a group being kGroupChunks chunks;
+// nvfp4: e4m3 block scales of 16 values) and zero points (int4/int8).
+template <Encoding E, int kGroupChunks>
+__host__ __device__ constexpr int zero_stride() { return kWarps / kGroupChunks; }
+template <Encoding E, int kGroupChunks>
 __host__ __device__ constexpr int scale_stride() {
-  return E == Encoding::NVFP4 ? chunk_cols<E>() / 16 * kWarps : 2 * zero_stride<E>();
+  return E == Encoding::NVFP4 ? chunk_cols<E>() / 16 * kWarps : 2 * zero_stride<E, kGroupChunks>();
 }
 
 // Where a lane's chunks are: its pointers at some chunk i of its stream (the warp takes every kWarps-th chunk of
 // the block's range); chunk i + r is r fixed strides further, so the unrolled ring addresses it by immediate
 // offsets and the pointers move once per turn of the ring.
-template <Encoding E>
+template <Encoding E, int kGroupChunks>
 struct ChunkStream {
   static constexpr bool kScales = E == Encoding::INT4 || E == Encoding::INT8 || E == Encoding::NVFP4;
   static constexpr bool kZeros = E == Encoding::INT4 || E == Encoding::INT8;
@@ -417,8 +422,8 @@ struct ChunkStream {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       w[h] += chunks * kCodeStride;
-      if constexpr (kScales) scale[h] += chunks * scale_stride<E>();
-      if constexpr (kZeros) zero[h] += chunks * zero_stride<E>();
+      if constexpr (kScales) scale[h] += chunks * scale_stride<E, kGroupChunks>();
+      if constexpr (kZeros) zero[h] += chunks * zero_stride<E, kGroupChunks>();
     }
   }
 };
@@ -431,14 +436,15 @@ __device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t 
 }
 
 // Chunk i + r of the stream (r known at compile time in the unrolled ring).
-template <Encoding E>
-__device__ __forceinline__ void load_chunk(const ChunkStream<E>& s, int r, Chunk<E>& c) {
+template <Encoding E, int kGroupChunks>
+__device__ __forceinline__ void load_chunk(const ChunkStream<E, kGroupChunks>& s, int r, Chunk<E>& c) {
+  using Stream = ChunkStream<E, kGroupChunks>;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     c.w[h] = tc::load_streaming(s.w[h] + r * kCodeStride);
-    if constexpr (ChunkStream<E>::kScales)
-      c.scale[h] = __ldg(reinterpret_cast<const uint16_t*>(s.scale[h] + r * scale_stride<E>()));
-    if constexpr (ChunkStream<E>::kZeros) c.zero[h] = __ldg(s.zero[h] + r * zero_stride<E>());
+    if constexpr (Stream::kScales)
+      c.scale[h] = __ldg(reinterpret_cast<const uint16_t*>(s.scale[h] + r * scale_stride<E, kGroupChunks>()));
+    if constexpr (Stream::kZeros) c.zero[h] = __ldg(s.zero[h] + r * zero_stride<E, kGroupChunks>());
   }
 }
 
@@ -571,7 +577,9 @@ __device__ __forceinline__ uint4 split_eight(const float* x, bool lo, bool vecto
 // reading split planes. The weights and their scales are never written during a pass, so a lane's first ring of
 // chunks is loaded before chain_start() waits for the kernel before it: those loads overlap its drain (session 8:
 // -0.2 ms a 27B int4 pass at C=1, -0.22 / -0.46 ms at C=8 for 35B-A3B / 27B).
-template <Encoding E, int kSets, bool kSplitHere>
+// kGroupChunks: chunks per quantization group (default_group_chunks, or 1 for int8 g64); every weight of the
+// launch has the same group size.
+template <Encoding E, int kSets, bool kSplitHere, int kGroupChunks = default_group_chunks<E>()>
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(MmaArgs a) {
   static_assert(!kSplitHere || E == Encoding::BF16, "fp16 operands need the split kernel's row exponents");
   constexpr int kXVectors = chunk_pairs<E>() / 4;  // 16-byte activation loads per lane, set and chunk
@@ -584,13 +592,13 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
   const int64_t c0 = first + warp;  // the warp's chunks: c0 + kWarps i for i < n
   const int n = c0 < last ? int((last - c0 + kWarps - 1) / kWarps) : 0;
 
-  ChunkStream<E> next;  // at the next chunk to load
+  ChunkStream<E, kGroupChunks> next;  // at the next chunk to load
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = min(m0 + g + 8 * h, w.n - 1);  // rows past the end read the last row, never written
     next.w[h] = w.q + row * (a.k * tc::code_bits<E>() / 8) + c0 * kChunkBytes + q * 16;
     if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
-      const int64_t group = row * (a.k / kTileCols) + (E == Encoding::INT4 ? c0 : c0 / 2);
+      const int64_t group = row * (a.k / (kGroupChunks * chunk_cols<E>())) + c0 / kGroupChunks;
       next.scale[h] = w.scale + 2 * group;
       next.zero[h] = w.zero + group;
     } else if constexpr (E == Encoding::NVFP4) {
@@ -601,7 +609,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
   Chunk<E> ring[kDepth];
 #pragma unroll
   for (int r = 0; r < kDepth; ++r)
-    if (r < n) load_chunk<E>(next, r, ring[r]);
+    if (r < n) load_chunk<E, kGroupChunks>(next, r, ring[r]);
   next.advance(kDepth);
   chain_start();
 
@@ -631,7 +639,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
           else xv[set][v] = __ldg(reinterpret_cast<const uint4*>(x[set] + r * kXStride) + v);
         }
       multiply_chunk<E, kSets>(ring[r], xv, acc);
-      if (i + kDepth < n) load_chunk<E>(next, r, ring[r]);
+      if (i + kDepth < n) load_chunk<E, kGroupChunks>(next, r, ring[r]);
     }
     next.advance(kDepth);
 #pragma unroll
@@ -717,6 +725,10 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
       const TensorView& w = *outs[end].w;
       if (w.encoding != E || x.kind != kind_of<E>() || w.cols() != k)
         throw EngineError("gemv_mma: activations split for another weight kind or width than " + w.name);
+      if (kernel == MmaKernel::v3 && (E == Encoding::INT4 || E == Encoding::INT8) && w.group_size != kTileCols)
+        throw EngineError("gemv_mma: the v3 kernel takes groups of " + std::to_string(kTileCols) + " only, not " +
+                          w.name);
+      if (a.count > 0 && w.group_size != a.w[0].group_size) break;  // one group size a launch: the next one
       const int64_t m_tiles = (w.rows() + kMTile - 1) / kMTile;
       const int splits = kernel == MmaKernel::v3 ? choose_splits_v3(m_tiles, k / kTileCols)
                                                  : choose_splits_v5(m_tiles, k / chunk_cols<E>());
@@ -730,6 +742,9 @@ void launch(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWork
     }
     auto kernel_of = gemv_mma_kernel<E>;  // v3
     if (kernel != MmaKernel::v3) kernel_of = x.rows <= 4 ? gemv_v5_kernel<E, 1, false> : gemv_v5_kernel<E, 2, false>;
+    if constexpr (E == Encoding::INT8)
+      if (kernel != MmaKernel::v3 && a.w[0].group_size == chunk_cols<E>())
+        kernel_of = x.rows <= 4 ? gemv_v5_kernel<E, 1, false, 1> : gemv_v5_kernel<E, 2, false, 1>;
     if constexpr (E == Encoding::BF16)
       if (in_registers) kernel_of = x.rows <= 4 ? gemv_v5_kernel<E, 1, true> : gemv_v5_kernel<E, 2, true>;
     launch_chained(kernel_of, dim3(unsigned(blocks)), dim3(kBlockThreads), 0, stream, a);
@@ -756,8 +771,9 @@ int split_kind(const TensorView& w) {
   switch (w.encoding) {
     case Encoding::INT4:
       return w.group_size == kTileCols ? kind_of<Encoding::INT4>() : -1;
-    case Encoding::INT8:
-      return w.group_size == kTileCols ? kind_of<Encoding::INT8>() : -1;
+    case Encoding::INT8:  // v5 takes groups of one chunk (64) or two (128)
+      return w.group_size == kTileCols || w.group_size == chunk_cols<Encoding::INT8>() ? kind_of<Encoding::INT8>()
+                                                                                         : -1;
     case Encoding::BF16: return kind_of<Encoding::BF16>();
     case Encoding::FP8_E4M3: return kind_of<Encoding::FP8_E4M3>();
     case Encoding::NVFP4: return kind_of<Encoding::NVFP4>();

@@ -77,7 +77,8 @@ void gemv_mma(const SplitActivations& x, std::span<const MmaOutput> outs, GemvWo
               cudaStream_t stream, MmaKernel kernel = MmaKernel::v5);
 
 // Whether the tensor-core path takes this weight (quantized and bf16 encodings whose rows are whole 128-value
-// tiles and whose groups are exactly one tile, 128 values); other weights take the CUDA-core gemv().
+// tiles; int4 groups of 128, int8 groups of 128 or 64 (the lm_head's), the v3 kernel groups of 128 only); other
+// weights take the CUDA-core gemv().
 bool gemv_mma_supports(const TensorView& w);
 
 // x [rows, W.cols()] and y [rows, W.rows()] f32 device pointers, 1 <= rows <= kMaxGemvRows; `w` on the device.
