@@ -281,13 +281,15 @@ def test_cancelled_lane_leaves_the_others_as_single_runs(tiny_artifacts):
 
 
 def test_memory_plan_auto_capacity(tiny_artifacts):
-    with Engine.open_sync(tiny_artifacts["qwen3_5"], _options(kv_capacity="auto", max_context=4096)) as engine:
+    options = _options(kv_capacity="auto", max_context=4096)
+    with Engine.open_sync(tiny_artifacts["qwen3_5"], options) as engine:
         plan = engine.memory_plan()
         assert plan["backend"] == "cuda"
         assert plan["weights"] > 0
-        # Tiny model, big device: auto capacity is capped at max_context * lanes (the decision lane's too), in
-        # whole pages.
-        assert plan["kv_capacity_tokens"] == 4096 * 4
+        # Tiny model, big device: auto capacity is capped at the default pool: max_context per lane (the decision
+        # lane's too) and kDecisionRowPages (4) pages of 64 tokens per decision question row (cpp/runtime/engine.h).
+        lanes = options.max_concurrency + options.decision_lanes
+        assert plan["kv_capacity_tokens"] == 4096 * lanes + options.decision_lanes * options.decision_rows * 4 * 64
         assert engine.stats().kv_capacity_tokens == plan["kv_capacity_tokens"]
         assert "weights" in plan["summary"] and "KV pool" in plan["summary"]
 
