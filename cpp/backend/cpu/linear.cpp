@@ -13,6 +13,7 @@
 
 #include "backend/cpu/linear_decode.h"
 #include "backend/cpu/linear_grouped.h"
+#include "backend/cpu/linear_int16.h"
 #include "backend/cpu/linear_tiling.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -150,7 +151,7 @@ void tile_dot(const float* x, int64_t ldx, int64_t rows, const float* wbuf, int6
 
 }  // namespace
 
-void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
+void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, LinearPath path) {
   if (w.shape.size() != 2)
     throw EngineError("linear: weight " + w.name + " must be a 2-D matrix (take one with TensorView::matrix)");
   const int64_t out = w.rows(), cols = w.cols();
@@ -161,6 +162,10 @@ void linear(const float* x, int64_t rows, const TensorView& w, float* y, const f
   // not by its whole static share.
   const int64_t chunk = std::max<int64_t>(1, tiles / (8 * omp_get_max_threads()));
 
+  if (path == LinearPath::Fast && linear_int16_applies(w)) {
+    linear_int16(x, rows, w, y, bias, chunk);
+    return;
+  }
   if (linear_grouped_applies(w)) {
     linear_grouped(x, rows, w, y, bias, chunk);
     return;

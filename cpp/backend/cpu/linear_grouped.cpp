@@ -21,8 +21,6 @@ namespace ninfer::cpu {
 
 namespace {
 
-constexpr int64_t kParallelMinWeights = 400 * 1024;  // decode-step matrices below this stay on one thread
-
 // One weight row's codes minus its group's zero point, 16 columns at a time, as two exact f32 8-vectors.
 // set_group() must be called for the group holding the columns before at().
 template <bool Int4>
@@ -221,8 +219,6 @@ void linear_grouped_typed(const float* x, int64_t rows, const TensorView& w, flo
     for (int64_t t = 0; t < tile_rows; ++t) y[r * out + o0 + t] = acc[t] + (bias ? bias[o0 + t] : 0.0f);
   };
   if (rows == 1) {
-    // A small matrix runs on the calling thread alone: under ~0.1 ms of work, waking and joining a second thread
-    // costs about as much as it saves, and on a busy machine the join waits for that thread to be scheduled.
 #pragma omp parallel for schedule(dynamic, chunk) if (out * cols >= kParallelMinWeights)
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t o0 = tile * kTileRows;

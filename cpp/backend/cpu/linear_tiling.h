@@ -16,6 +16,10 @@ constexpr int64_t kTileRows = 4;      // weight rows decoded and multiplied toge
 constexpr int64_t kChunkCols = 512;   // columns per decoded chunk: a multiple of every group size and of 16
 constexpr int64_t kMaxRowBlock = 256; // input rows per block, at most
 constexpr int64_t kRowBlockBytes = 256 * 1024;  // input-row block sized to stay in L2 with room to spare
+// Decode-step (one input row) matrices below this many weights run on the calling thread alone: under ~0.1 ms of
+// work, waking and joining a second thread costs about as much as it saves, and on a busy machine the join waits
+// for that thread to be scheduled.
+constexpr int64_t kParallelMinWeights = 400 * 1024;
 
 // Input rows per block for rows of `cols` floats: even, 8 .. kMaxRowBlock.
 inline int64_t input_row_block(int64_t cols) {
