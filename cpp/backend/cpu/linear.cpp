@@ -3,6 +3,8 @@
 // block of input rows with a register-blocked f32 micro-kernel. With rows <= the input-row block (every decode
 // step and small batch) each weight byte is read and decoded exactly once per call; longer prefills walk the
 // input rows in L2-sized blocks and decode the weights once per block, which costs little beside the FMAs.
+// Grouped-integer weights (int4 / int8 / int4_affine) go to linear_int16 instead unless the caller asks for f32
+// activations (LinearPath::F32): these f32 kernels are then its twin.
 #include "backend/cpu/linear.h"
 
 #include <omp.h>
