@@ -65,7 +65,8 @@ float round_block(const float* x, int16_t* q, int32_t* sum) {
   if (std::ldexp(largest, shift) >= 32767.5f) --shift;
   // Multiplying by 2^shift is exact; 2^shift passes f32's range for blocks below 2^-112, so it goes in two steps.
   const int first = std::min(shift, 127);
-  const __m256 by_first = _mm256_set1_ps(std::ldexp(1.0f, first)), by_rest = _mm256_set1_ps(std::ldexp(1.0f, shift - first));
+  const __m256 by_first = _mm256_set1_ps(std::ldexp(1.0f, first));
+  const __m256 by_rest = _mm256_set1_ps(std::ldexp(1.0f, shift - first));
   const __m256i even_then_odd = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
   __m256i r[4];
   for (int i = 0; i < 4; ++i) {
@@ -207,7 +208,8 @@ inline void tile_chunk(const RoundedRow& x, const Tile& tile, int64_t c0, int64_
       }
     }
     for (int64_t t = 0; t < kTileRows; ++t) a[t] = _mm256_fmadd_ps(_mm256_set1_ps(tile.scale(t, g)), s[t], a[t]);
-    const __m128 group_offsets = _mm_setr_ps(tile.offset(0, g), tile.offset(1, g), tile.offset(2, g), tile.offset(3, g));
+    const __m128 group_offsets =
+        _mm_setr_ps(tile.offset(0, g), tile.offset(1, g), tile.offset(2, g), tile.offset(3, g));
     offsets = _mm_fmadd_ps(group_offsets, _mm_set1_ps(x.group_sum[g]), offsets);
   }
   const __m128 chunk = _mm_add_ps(sum_lanes4(a[0], a[1], a[2], a[3]), offsets);
@@ -229,7 +231,8 @@ void linear_int16_typed(const RoundedRows& rounded, int64_t rows, const TensorVi
       const int64_t o0 = tile * kTileRows;
       const TileInPlace<E> weights(w, o0);
       alignas(16) float acc[kTileRows] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) tile_chunk(x, weights, c0, std::min(kChunkCols, cols - c0), group, acc);
+      for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols)
+        tile_chunk(x, weights, c0, std::min(kChunkCols, cols - c0), group, acc);
       write(acc, 0, o0);
     }
     return;
