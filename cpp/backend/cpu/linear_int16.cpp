@@ -237,28 +237,22 @@ void linear_int16_typed(const RoundedRows& rounded, int64_t rows, const TensorVi
     }
     return;
   }
-  const int64_t row_block = input_row_block(cols);
-#pragma omp parallel
-  {
+  struct Scratch {
     TileUnpacked unpacked;
     alignas(16) float acc[kMaxRowBlock * kTileRows];
-    for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
-      const int64_t block_rows = std::min(row_block, rows - r0);
-#pragma omp for schedule(dynamic, chunk)
-      for (int64_t tile = 0; tile < tiles; ++tile) {
-        const int64_t o0 = tile * kTileRows;
-        const TileInPlace<E> weights(w, o0);
-        std::fill(acc, acc + block_rows * kTileRows, 0.0f);
-        for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) {
-          const int64_t n = std::min(kChunkCols, cols - c0);
-          unpacked.fill(weights, c0, n, group);
-          for (int64_t r = 0; r < block_rows; ++r)
-            tile_chunk(row_of(rounded, r0 + r), unpacked, c0, n, group, acc + r * kTileRows);
-        }
-        for (int64_t r = 0; r < block_rows; ++r) write(acc + r * kTileRows, r0 + r, o0);
-      }
+  };
+  for_each_tile_of_row_blocks<Scratch>(rows, cols, out, chunk, [&](Scratch& s, int64_t r0, int64_t block_rows,
+                                                                    int64_t o0) {
+    const TileInPlace<E> weights(w, o0);
+    std::fill(s.acc, s.acc + block_rows * kTileRows, 0.0f);
+    for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) {
+      const int64_t n = std::min(kChunkCols, cols - c0);
+      s.unpacked.fill(weights, c0, n, group);
+      for (int64_t r = 0; r < block_rows; ++r)
+        tile_chunk(row_of(rounded, r0 + r), s.unpacked, c0, n, group, s.acc + r * kTileRows);
     }
-  }
+    for (int64_t r = 0; r < block_rows; ++r) write(s.acc + r * kTileRows, r0 + r, o0);
+  });
 }
 
 }  // namespace

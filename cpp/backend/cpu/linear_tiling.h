@@ -27,6 +27,24 @@ inline int64_t input_row_block(int64_t cols) {
   return std::clamp<int64_t>(fit & ~int64_t(1), 8, kMaxRowBlock);
 }
 
+// The batched loop every kernel shares: input rows in blocks of input_row_block(cols), and within each block the
+// weight tiles handed to the threads in dynamic chunks of `chunk` tiles. Each thread owns one Scratch (decode buffer,
+// accumulators); tile_block(scratch, r0, block_rows, o0) computes the tile of weight rows from o0 for input rows
+// [r0, r0 + block_rows).
+template <class Scratch, class TileBlock>
+void for_each_tile_of_row_blocks(int64_t rows, int64_t cols, int64_t out, int64_t chunk, TileBlock tile_block) {
+  const int64_t row_block = input_row_block(cols), tiles = (out + kTileRows - 1) / kTileRows;
+#pragma omp parallel
+  {
+    Scratch scratch;
+    for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
+      const int64_t block_rows = std::min(row_block, rows - r0);
+#pragma omp for schedule(dynamic, chunk)
+      for (int64_t tile = 0; tile < tiles; ++tile) tile_block(scratch, r0, block_rows, tile * kTileRows);
+    }
+  }
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 // The four lane-sums of a, b, c, d as one 4-vector.
 inline __m128 sum_lanes4(__m256 a, __m256 b, __m256 c, __m256 d) {
