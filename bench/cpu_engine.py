@@ -11,8 +11,10 @@ is what a token costs, and `decode_tok_s_idle_estimate` = threads / CPU seconds 
 with `threads` free cores would give if the threads never waited for each other (an upper bound). Each
 configuration runs `repeats` times after a warm-up; the median and best are recorded with the load average.
 
-With --llama-gguf (and llama-cpp-python importable), the same GGUF runs through llama.cpp at C=1 in the same run
-for a ratio. Not a test: figures depend on the machine.
+With --llama-gguf (and llama-cpp-python importable: `pip install llama-cpp-python==0.3.36`, the sdist pinned in
+python/ninfer/serve/webui/pin.json, built from source by pip), the same GGUF runs through llama.cpp at C=1 in the
+same run, its repeats alternating with ninfer's C=1 repeats (ninfer, llama.cpp, ninfer, ...) so that both see the
+same machine load; the record holds the ratio. Not a test: figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -85,35 +87,48 @@ def summarize(samples: list[dict]) -> dict:
     return out
 
 
-def run_ninfer(artifact: Path, concurrency: int, threads: int, repeats: int) -> dict:
+def run_ninfer(artifact: Path, concurrency: int, threads: int, repeats: int, between=None) -> dict:
+    """`between(seed)`, when given, runs after each repeat (the other engine's repeat on the same prompt)."""
     options = EngineOptions(max_context=PROMPT_TOKENS + DECODE_TOKENS, max_concurrency=concurrency,
                             prefill_chunk=512, threads=threads)
     with Engine.open_sync(artifact, options) as engine:
         measure(engine, concurrency, threads, seed=0)  # warm-up: page in the weights
         load_before = os.getloadavg()[0]
-        samples = [measure(engine, concurrency, threads, seed=1 + i) for i in range(repeats)]
+        samples = []
+        for i in range(repeats):
+            samples.append(measure(engine, concurrency, threads, seed=1 + i))
+            if between is not None:
+                between(1 + i)
         load_after = os.getloadavg()[0]
     return {"engine": "ninfer", "concurrency": concurrency, "threads": threads,
             "prompt_tokens_each": PROMPT_TOKENS, "generated_tokens_each": DECODE_TOKENS, "repeats": repeats,
-            "load_avg_1m": [round(load_before, 2), round(load_after, 2)], **summarize(samples)}
+            "load_avg_1m": [round(load_before, 2), round(load_after, 2)],
+            "decode_tok_s_per_repeat": [round(s["decode_tok_s"], 2) for s in samples], **summarize(samples)}
 
 
-def run_llama_cpp(gguf: Path, threads: int, repeats: int) -> dict:
-    """The same GGUF through llama-cpp-python at C=1: prefill of PROMPT_TOKENS, then DECODE_TOKENS greedy steps."""
-    import llama_cpp
-    from llama_cpp import Llama
+class LlamaCpp:
+    """The same GGUF through llama-cpp-python at C=1: prefill of PROMPT_TOKENS, then DECODE_TOKENS greedy steps;
+    sample(seed) runs one repeat (seed 0: the warm-up, not recorded)."""
 
-    llm = Llama(str(gguf), n_ctx=PROMPT_TOKENS + DECODE_TOKENS, n_threads=threads, n_batch=512, verbose=False)
-    vocab = llm.n_vocab()
+    def __init__(self, gguf: Path, threads: int) -> None:
+        from llama_cpp import Llama
 
-    def next_token() -> int:
-        # 0.3.x fills `llm.scores` only with logits_all=True (which would compute the lm_head for every prompt
-        # token); the context holds the last evaluated token's logits.
-        return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))))
+        self.gguf, self.threads, self.samples, self.loads = gguf, threads, [], []
+        self.llm = Llama(str(gguf), n_ctx=PROMPT_TOKENS + DECODE_TOKENS, n_threads=threads, n_batch=512,
+                         verbose=False)
 
-    samples = []
-    for i in range(repeats + 1):
-        prompt = np.random.default_rng(1 + i).integers(100, 40000, size=PROMPT_TOKENS).tolist()
+    def sample(self, seed: int) -> None:
+        import llama_cpp
+
+        llm, vocab, threads = self.llm, self.llm.n_vocab(), self.threads
+
+        def next_token() -> int:
+            # 0.3.x fills `llm.scores` only with logits_all=True (which would compute the lm_head for every prompt
+            # token); the context holds the last evaluated token's logits.
+            return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1),
+                                                       shape=(vocab,))))
+
+        prompt = np.random.default_rng(seed).integers(100, 40000, size=PROMPT_TOKENS).tolist()
         llm.reset()
         t0, c0 = time.perf_counter(), time.process_time()
         llm.eval(prompt)
@@ -123,17 +138,22 @@ def run_llama_cpp(gguf: Path, threads: int, repeats: int) -> dict:
             llm.eval([token])
             token = next_token()
         t2, c2 = time.perf_counter(), time.process_time()
-        if i == 0:
-            continue  # warm-up
-        samples.append({
+        if seed == 0:
+            return  # warm-up
+        self.loads.append(round(os.getloadavg()[0], 2))
+        self.samples.append({
             "prefill_tok_s": PROMPT_TOKENS / (t1 - t0),
             "prefill_cpu_ms_per_token": 1e3 * (c1 - c0) / PROMPT_TOKENS,
             "decode_tok_s": (DECODE_TOKENS - 1) / (t2 - t1),
             "decode_cpu_ms_per_token": 1e3 * (c2 - c1) / (DECODE_TOKENS - 1),
             "decode_tok_s_idle_estimate": threads * (DECODE_TOKENS - 1) / (c2 - c1),
         })
-    return {"engine": "llama-cpp-python", "concurrency": 1, "threads": threads, "gguf": gguf.name,
-            "repeats": repeats, "load_avg_1m": round(os.getloadavg()[0], 2), **summarize(samples)}
+
+    def record(self) -> dict:
+        return {"engine": "llama-cpp-python", "concurrency": 1, "threads": self.threads, "gguf": self.gguf.name,
+                "repeats": len(self.samples), "load_avg_1m": self.loads,
+                "decode_tok_s_per_repeat": [round(s["decode_tok_s"], 2) for s in self.samples],
+                **summarize(self.samples)}
 
 
 def _commit() -> str:
@@ -154,11 +174,15 @@ def main() -> None:
     args = parser.parse_args()
     artifact = Path(args.artifact) if args.artifact else default_model_path()
     runs = []
+    llama = LlamaCpp(Path(args.llama_gguf), args.threads) if args.llama_gguf else None
+    if llama is not None:
+        llama.sample(0)  # warm-up
     for concurrency in (1, 4):
-        runs.append(run_ninfer(artifact, concurrency, args.threads, args.repeats))
+        between = llama.sample if llama is not None and concurrency == 1 else None
+        runs.append(run_ninfer(artifact, concurrency, args.threads, args.repeats, between))
         print(json.dumps(runs[-1]), flush=True)
-    if args.llama_gguf:
-        runs.append(run_llama_cpp(Path(args.llama_gguf), args.threads, args.repeats))
+    if llama is not None:
+        runs.append(llama.record())
         print(json.dumps(runs[-1]), flush=True)
     record = {
         "bench": "cpu_engine", "commit": _commit(), "model": "SmolLM2-135M-Instruct", "artifact": artifact.name,

@@ -1,5 +1,7 @@
 """The CPU linear kernel (`_engine.kernels.linear`) for every weight encoding, against its obviously-right twin
-`x @ decode(W).T` (numpy, float64) on fresh random inputs, plus an exactness check of the in-kernel decoders."""
+`x @ decode(W).T` (numpy, float64) on fresh random inputs, plus an exactness check of the in-kernel decoders.
+For int4 / int8 / int4_affine the engine's path rounds x to int16 per 32-column block (linear_int16.h): those
+cases are held to that rounding's bound, and compared with the f32 kernels (path="f32"), their twin."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from ninfer.artifact.encodings import decode
 from ninfer.errors import ArtifactError, EngineError
 
 ROWS = (1, 2, 3, 4, 7, 64, 257)
+INT16_ENCODINGS = ("int8", "int4", "int4_affine")  # what linear_int16 takes (groups of 32, 64, 128)
 # (encoding, group_size, out, cols): odd output counts pad the last 4-row tile; cols past 512 cross a decode
 # chunk; odd cols where the encoding allows exercise the scalar tails.
 WEIGHTS = [
@@ -53,49 +56,141 @@ def weights(tmp_path_factory: pytest.TempPathFactory):
     path = write_artifact(tmp_path_factory.mktemp("linear") / "w.ninfer", tensors)
     art = _engine.Artifact.open(path)
     reference = {name: decode(blobs, enc, shape_of(enc, blobs), group) for name, (enc, group, blobs) in tensors.items()}
-    yield art, reference
+    # The int16 kernel sums code * scale and the offset apart: its f32 rounding is relative to both.
+    magnitude = {name: int16_magnitude(*triple) for name, triple in tensors.items() if triple[0] in INT16_ENCODINGS}
+    yield art, reference, magnitude
     art.close()
 
 
-def linear_poisoned(art, name: str, x: np.ndarray, bias: np.ndarray | None = None, matrix: int | None = None):
+def int16_magnitude(encoding: str, group: int, blobs: dict[str, np.ndarray]) -> np.ndarray:
+    """|code * scale| + |offset| per weight, the offset being int4_affine's or -zero * scale (int4 / int8)."""
+    shape = shape_of(encoding, blobs)
+    scale = np.abs(blobs["scale"])
+    if encoding == "int4_affine":
+        return decode({**blobs, "scale": scale, "offset": np.abs(blobs["offset"])}, encoding, shape, group)
+    no_zero = np.zeros_like(blobs["zero"])
+    codes_times_scale = decode({**blobs, "scale": scale, "zero": no_zero}, encoding, shape, group)
+    minus_zero_times_scale = decode({**blobs, "q": np.zeros_like(blobs["q"]), "scale": scale}, encoding, shape, group)
+    return codes_times_scale - minus_zero_times_scale
+
+
+def int16_kernel(art, name: str) -> bool:
+    """Whether path="fast" rounds x to int16 for this weight (linear_int16_applies)."""
+    return _engine.kernels.int16_activations(art, name)
+
+
+def linear_poisoned(art, name: str, x: np.ndarray, bias: np.ndarray | None = None, matrix: int | None = None,
+                    path: str = "fast"):
     """linear() into an output filled with NaN first, so an element the kernel skips cannot pass."""
     out_features = art.tensor_info(name)["shape"][-2]
     out = np.full((x.shape[0], out_features), np.nan, dtype=np.float32)
-    result = _engine.kernels.linear(x, art, name, bias=bias, matrix=matrix, out=out)
+    result = _engine.kernels.linear(x, art, name, bias=bias, matrix=matrix, out=out, path=path)
     assert result is out or np.shares_memory(result, out)
     return out
 
 
-def check_close(y: np.ndarray, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> None:
-    """Within f32 accumulation error of the float64 product: |err| <= cols * eps * (|x| @ |W|.T) per element
-    (the classical bound for any summation order), and the typical error far inside it."""
+def int16_half_step(x: np.ndarray) -> np.ndarray:
+    """An upper bound on |x - x'| per element for linear_int16's rounding: the step is the least power of two
+    with max|block| / step <= 32767.5, so half a step is at most max|block| / 32767 (32-column blocks)."""
+    blocks = np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, 32)
+    return np.repeat(blocks.max(axis=2) / 32767, 32, axis=1)
+
+
+def error_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
+                int16_magnitude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(the float64 product, the bound on a kernel's error against it). The f32 kernels: cols * eps * (|x| @ |W|.T)
+    (the classical bound for any summation order). The int16 kernel (int16_magnitude given): it computes x' @ W.T
+    for x' = x rounded, so its bound is the rounding's |x - x'| @ |W|.T plus the classical bound of x' with the
+    magnitudes its sums hold."""
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     exact = x64 @ w64.T + (0 if bias is None else bias.astype(np.float64))
-    magnitude = np.abs(x64) @ np.abs(w64).T + (0 if bias is None else np.abs(bias))
-    bound = (x.shape[1] + 2) * np.finfo(np.float32).eps * magnitude
+    bias_magnitude = 0 if bias is None else np.abs(bias)
+    gamma = (x.shape[1] + 2) * np.finfo(np.float32).eps
+    if int16_magnitude is None:
+        return exact, gamma * (np.abs(x64) @ np.abs(w64).T + bias_magnitude)
+    half_step = int16_half_step(x)
+    rounding = half_step @ np.abs(w64).T
+    return exact, rounding + gamma * ((np.abs(x64) + half_step) @ int16_magnitude.astype(np.float64).T + bias_magnitude)
+
+
+def check_close(y: np.ndarray, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None,
+                int16_magnitude: np.ndarray | None = None) -> None:
+    """Within error_bound of the float64 product, and the typical error far inside the bound: for f32, 1e-5 of
+    |x| @ |W|.T; for int16 activations 1e-4 (8-bit rounding, what moved the default model's answers, has 256x the
+    int16 rounding's steps)."""
+    exact, bound = error_bound(x, w, bias, int16_magnitude)
     assert np.isfinite(y).all()
     err = np.abs(y - exact)
     assert (err <= bound).all(), f"max err {err.max()} (bound there {bound.flat[err.argmax()]})"
-    assert np.median(err / np.maximum(magnitude, 1e-30)) < 1e-5
+    magnitude = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    typical = 1e-5 if int16_magnitude is None else 1e-4
+    assert np.median(err / np.maximum(magnitude, 1e-30)) < typical
 
 
 @pytest.mark.parametrize("case", WEIGHTS, ids=weight_id)
 @pytest.mark.parametrize("kind", ["codes", "real"])
 def test_linear_matches_reference(weights, case: tuple, kind: str) -> None:
-    art, reference = weights
+    art, reference, magnitude = weights
     name = f"{kind}/{weight_id(case)}"
     w = reference[name]
     rng = np.random.default_rng()  # fresh inputs on every run
     for rows in ROWS:
         x = rng.standard_normal((rows, w.shape[1])).astype(np.float32)
-        check_close(linear_poisoned(art, name, x), x, w)
+        fast = linear_poisoned(art, name, x)
+        check_close(fast, x, w, int16_magnitude=magnitude[name] if int16_kernel(art, name) else None)
+        check_close(linear_poisoned(art, name, x, path="f32"), x, w)
+
+
+@pytest.mark.parametrize("case", [c for c in WEIGHTS if c[0] in INT16_ENCODINGS], ids=weight_id)
+def test_int16_kernel_against_its_f32_twin(weights, case: tuple) -> None:
+    """linear_int16 against the f32 kernels and float64 on inputs whose 32-column blocks differ in scale by up to
+    2^24 (a kernel with one step per row, not per block, fails the bound on the small blocks)."""
+    art, reference, magnitude = weights
+    name = f"real/{weight_id(case)}"
+    if not int16_kernel(art, name):
+        pytest.skip("this build has no int16 kernel (needs AVX2, F16C and FMA: built without -march=native?)")
+    w = reference[name]
+    rng = np.random.default_rng()
+    for rows in ROWS:
+        block_scale = np.exp2(rng.integers(-12, 13, (rows, w.shape[1] // 32)))
+        x = (rng.standard_normal((rows, w.shape[1])) * np.repeat(block_scale, 32, axis=1)).astype(np.float32)
+        bias = rng.standard_normal(w.shape[0]).astype(np.float32)
+        fast = linear_poisoned(art, name, x, bias=bias)
+        twin = linear_poisoned(art, name, x, bias=bias, path="f32")
+        _, fast_bound = error_bound(x, w, bias, magnitude[name])
+        exact, twin_bound = error_bound(x, w, bias)
+        check_close(fast, x, w, bias, magnitude[name])
+        assert (np.abs(fast - twin) <= fast_bound + twin_bound).all()
+        assert not np.array_equal(fast, twin)  # the path really differs: x was rounded
+
+
+def test_int16_kernel_applies_to_grouped_integers_only(weights) -> None:
+    art, _, _ = weights
+    applies = {case[0]: int16_kernel(art, "real/" + weight_id(case)) for case in WEIGHTS}
+    if not any(applies.values()):
+        pytest.skip("this build has no int16 kernel (needs AVX2, F16C and FMA)")
+    assert applies == {encoding: encoding in INT16_ENCODINGS for encoding in applies}
+
+
+@pytest.mark.parametrize("case", [c for c in WEIGHTS if c[0] in INT16_ENCODINGS], ids=weight_id)
+def test_int16_kernel_turns_non_finite_blocks_into_nan(weights, case: tuple) -> None:
+    """A NaN or an infinity in an input row makes that row's outputs NaN (it must not round to a finite int16),
+    and leaves the other rows alone."""
+    art, reference, _ = weights
+    name = f"real/{weight_id(case)}"
+    rng = np.random.default_rng()
+    x = rng.standard_normal((3, reference[name].shape[1])).astype(np.float32)
+    x[0, rng.integers(x.shape[1])] = np.nan
+    x[2, rng.integers(x.shape[1])] = np.inf
+    y = linear_poisoned(art, name, x)
+    assert np.isnan(y[0]).all() and np.isfinite(y[1]).all() and not np.isfinite(y[2]).any()
 
 
 @pytest.mark.parametrize("case", WEIGHTS, ids=weight_id)
 def test_each_row_is_independent_of_the_batch(weights, case: tuple) -> None:
     """Batch invariance: a row's output is bit-identical whether it is computed alone or beside other rows, so a
     sequence decodes the same tokens alone or sharing a decode batch (the runtime's concurrency guarantee)."""
-    art, reference = weights
+    art, reference, _ = weights
     name = f"real/{weight_id(case)}"
     rng = np.random.default_rng()
     x = rng.standard_normal((9, reference[name].shape[1])).astype(np.float32)
@@ -106,32 +201,36 @@ def test_each_row_is_independent_of_the_batch(weights, case: tuple) -> None:
             np.testing.assert_array_equal(alone, together[start:start + rows])
 
 
+@pytest.mark.parametrize("path", ["fast", "f32"])
 @pytest.mark.parametrize("case", WEIGHTS, ids=weight_id)
-def test_in_kernel_decode_is_exact(weights, case: tuple) -> None:
-    """x = I picks single weights out with no rounding in the sums, so linear(I) must equal decode(W).T bit for
-    bit: the kernel's SIMD decoders agree exactly with the reference."""
-    art, reference = weights
+def test_in_kernel_decode_is_exact(weights, case: tuple, path: str) -> None:
+    """x = I picks single weights out with no rounding in the sums (the int16 kernel's power-of-two steps hold 1
+    exactly), so linear(I) must equal decode(W).T bit for bit: the kernel's SIMD decoders agree exactly with the
+    reference."""
+    art, reference, _ = weights
     name = "codes/" + weight_id(case)
     w = reference[name]
     eye = np.eye(w.shape[1], dtype=np.float32)
-    np.testing.assert_array_equal(linear_poisoned(art, name, eye), w.T)
+    np.testing.assert_array_equal(linear_poisoned(art, name, eye, path=path), w.T)
 
 
 @pytest.mark.parametrize("name", ["stack", "stack_affine"])
 def test_bias_and_stacked_matrices(weights, name: str) -> None:
-    art, reference = weights
+    art, reference, magnitude = weights
     rng = np.random.default_rng()
     stack = reference[name]
+    int16 = int16_kernel(art, name)
     for index in range(stack.shape[0]):
         x = rng.standard_normal((3, 64)).astype(np.float32)
         bias = rng.standard_normal(6).astype(np.float32)
-        check_close(linear_poisoned(art, name, x, bias=bias, matrix=index), x, stack[index], bias)
+        check_close(linear_poisoned(art, name, x, bias=bias, matrix=index), x, stack[index], bias,
+                    magnitude[name][index] if int16 else None)
     fresh = _engine.kernels.linear(x, art, name, matrix=1)  # the allocating form
-    check_close(fresh, x, stack[1])
+    check_close(fresh, x, stack[1], int16_magnitude=magnitude[name][1] if int16 else None)
 
 
 def test_shape_mismatches_are_refused(weights) -> None:
-    art, _ = weights
+    art, _, _ = weights
     name = "real/" + weight_id(WEIGHTS[0])
     with pytest.raises(EngineError, match="do not fit weight"):
         _engine.kernels.linear(np.zeros((2, 36), np.float32), art, name)
@@ -143,8 +242,12 @@ def test_shape_mismatches_are_refused(weights) -> None:
         _engine.kernels.linear(np.zeros((2, 64), np.float32), art, "stack", matrix=3)
 
 
+    with pytest.raises(EngineError, match='path must be "fast" or "f32", not "int8"'):
+        _engine.kernels.linear(np.zeros((2, 37), np.float32), art, name, path="int8")
+
+
 def test_rows_zero(weights) -> None:
-    art, _ = weights
+    art, _, _ = weights
     name = "real/" + weight_id(WEIGHTS[-2])
     assert _engine.kernels.linear(np.zeros((0, 48), np.float32), art, name).shape == (0, 7)
 

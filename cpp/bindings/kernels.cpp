@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backend/cpu/linear.h"
+#include "backend/cpu/linear_int16.h"
 #include "bindings/array_out.h"
 #include "bindings/artifact_handle.h"
 #include "bindings/bindings.h"
@@ -27,9 +28,16 @@ TensorView weight(const ArtifactHandle& h, const std::string& name, std::optiona
   return index ? t.matrix(*index) : t;
 }
 
+cpu::LinearPath linear_path(const std::string& path) {
+  if (path == "fast") return cpu::LinearPath::Fast;
+  if (path == "f32") return cpu::LinearPath::F32;
+  throw EngineError("linear: path must be \"fast\" or \"f32\", not \"" + path + "\"");
+}
+
 // y = x @ W.T (+ bias), into `out` when given (tests poison it first), else into a fresh array.
 nb::object linear(const Matrix& x, const ArtifactHandle& h, const std::string& name, const std::optional<Vector>& bias,
-                  std::optional<int64_t> matrix, std::optional<OutMatrix> out) {
+                  std::optional<int64_t> matrix, std::optional<OutMatrix> out, const std::string& path) {
+  const cpu::LinearPath kernel_path = linear_path(path);
   const TensorView w = weight(h, name, matrix);
   const int64_t rows = int64_t(x.shape(0));
   if (w.shape.size() != 2 || int64_t(x.shape(1)) != w.cols() || (bias && int64_t(bias->shape(0)) != w.rows()) ||
@@ -44,7 +52,7 @@ nb::object linear(const Matrix& x, const ArtifactHandle& h, const std::string& n
   float* y = out ? out->data() : (fresh = allocate_floats(size_t(rows * w.rows())))->data;
   {
     nb::gil_scoped_release release;
-    cpu::linear(x.data(), rows, w, y, bias ? bias->data() : nullptr);
+    cpu::linear(x.data(), rows, w, y, bias ? bias->data() : nullptr, kernel_path);
   }
   return out ? nb::cast(*out) : nb::cast(as_array(*fresh, {rows, w.rows()}));
 }
@@ -65,9 +73,13 @@ FloatArray dequantize_row(const ArtifactHandle& h, const std::string& name, int6
 void bind_kernels(nb::module_& m) {
   nb::module_ k = m.def_submodule("kernels", "CPU kernels, exposed for tests and benchmarks");
   k.def("linear", &linear, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("bias") = nb::none(),
-        nb::arg("matrix") = nb::none(), nb::arg("out") = nb::none(),
+        nb::arg("matrix") = nb::none(), nb::arg("out") = nb::none(), nb::arg("path") = "fast",
         "x[rows, cols] @ W.T (+ bias) with W consumed in its stored encoding; `matrix` picks one of a stack; "
-        "writes into `out` when given and returns it.");
+        "writes into `out` when given and returns it. path \"fast\" is what the engine runs (int16 activations "
+        "for int4 / int8 / int4_affine where built), \"f32\" its f32 twin.");
+  k.def("int16_activations", [](const ArtifactHandle& h, const std::string& name) {
+        return cpu::linear_int16_applies(h.get()->tensor(name)); }, nb::arg("artifact"), nb::arg("name"),
+        "Whether linear(path=\"fast\") rounds the input to int16 blocks for this weight in this build.");
   k.def("dequantize_row", &dequantize_row, nb::arg("artifact"), nb::arg("name"), nb::arg("row"),
         "Row `row` of the tensor's [R, cols] view, dequantized by the reference decoder.");
 }

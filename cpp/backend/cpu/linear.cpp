@@ -3,6 +3,8 @@
 // block of input rows with a register-blocked f32 micro-kernel. With rows <= the input-row block (every decode
 // step and small batch) each weight byte is read and decoded exactly once per call; longer prefills walk the
 // input rows in L2-sized blocks and decode the weights once per block, which costs little beside the FMAs.
+// Grouped-integer weights (int4 / int8 / int4_affine) go to linear_int16 instead unless the caller asks for f32
+// activations (LinearPath::F32): these f32 kernels are then its twin.
 #include "backend/cpu/linear.h"
 
 #include <omp.h>
@@ -13,6 +15,7 @@
 
 #include "backend/cpu/linear_decode.h"
 #include "backend/cpu/linear_grouped.h"
+#include "backend/cpu/linear_int16.h"
 #include "backend/cpu/linear_tiling.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -150,17 +153,20 @@ void tile_dot(const float* x, int64_t ldx, int64_t rows, const float* wbuf, int6
 
 }  // namespace
 
-void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
+void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, LinearPath path) {
   if (w.shape.size() != 2)
     throw EngineError("linear: weight " + w.name + " must be a 2-D matrix (take one with TensorView::matrix)");
   const int64_t out = w.rows(), cols = w.cols();
   const int64_t tiles = (out + kTileRows - 1) / kTileRows;
-  const int64_t row_block = input_row_block(cols);
 
   // Dynamic chunks of a few tiles: on a busy machine a descheduled thread then delays the call by one chunk,
   // not by its whole static share.
   const int64_t chunk = std::max<int64_t>(1, tiles / (8 * omp_get_max_threads()));
 
+  if (path == LinearPath::Fast && linear_int16_applies(w)) {
+    linear_int16(x, rows, w, y, bias, chunk);
+    return;
+  }
   if (linear_grouped_applies(w)) {
     linear_grouped(x, rows, w, y, bias, chunk);
     return;
@@ -174,31 +180,26 @@ void linear(const float* x, int64_t rows, const TensorView& w, float* y, const f
   }
 #endif
 
-#pragma omp parallel
-  {
+  struct Scratch {
     alignas(64) float wbuf[kTileRows * kChunkCols];
     alignas(64) float acc[kMaxRowBlock * kTileRows];
-    for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
-      const int64_t block_rows = std::min(row_block, rows - r0);
-#pragma omp for schedule(dynamic, chunk)
-      for (int64_t tile = 0; tile < tiles; ++tile) {
-        const int64_t o0 = tile * kTileRows;
-        const int64_t tile_rows = std::min(kTileRows, out - o0);
-        std::fill(acc, acc + block_rows * kTileRows, 0.0f);
-        for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) {
-          const int64_t n = std::min(kChunkCols, cols - c0);
-          for (int64_t t = 0; t < kTileRows; ++t) {
-            if (t < tile_rows) decode_span(w, o0 + t, c0, n, wbuf + t * kChunkCols);
-            else std::fill(wbuf + t * kChunkCols, wbuf + t * kChunkCols + n, 0.0f);  // last tile's missing rows
-          }
-          tile_dot(x + r0 * cols + c0, cols, block_rows, wbuf, n, acc);
-        }
-        for (int64_t r = 0; r < block_rows; ++r)
-          for (int64_t t = 0; t < tile_rows; ++t)
-            y[(r0 + r) * out + o0 + t] = acc[r * kTileRows + t] + (bias ? bias[o0 + t] : 0.0f);
+  };
+  for_each_tile_of_row_blocks<Scratch>(rows, cols, out, chunk, [&](Scratch& s, int64_t r0, int64_t block_rows,
+                                                                    int64_t o0) {
+    const int64_t tile_rows = std::min(kTileRows, out - o0);
+    std::fill(s.acc, s.acc + block_rows * kTileRows, 0.0f);
+    for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) {
+      const int64_t n = std::min(kChunkCols, cols - c0);
+      for (int64_t t = 0; t < kTileRows; ++t) {
+        if (t < tile_rows) decode_span(w, o0 + t, c0, n, s.wbuf + t * kChunkCols);
+        else std::fill(s.wbuf + t * kChunkCols, s.wbuf + t * kChunkCols + n, 0.0f);  // last tile's missing rows
       }
+      tile_dot(x + r0 * cols + c0, cols, block_rows, s.wbuf, n, s.acc);
     }
-  }
+    for (int64_t r = 0; r < block_rows; ++r)
+      for (int64_t t = 0; t < tile_rows; ++t)
+        y[(r0 + r) * out + o0 + t] = s.acc[r * kTileRows + t] + (bias ? bias[o0 + t] : 0.0f);
+  });
 }
 
 void dequantize_row(const TensorView& w, int64_t row, float* out) {

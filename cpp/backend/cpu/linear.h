@@ -8,10 +8,16 @@
 
 namespace ninfer::cpu {
 
+// How linear() treats its input. Fast: int4 / int8 / int4_affine weights take linear_int16 where it is built
+// (x rounded per 32-column block to int16, linear_int16.h states the error), every other weight the f32 kernels.
+// F32: the f32 kernels for every weight, x used as given: the twin the tests compare Fast against.
+enum class LinearPath { Fast, F32 };
+
 // y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]) for r < rows, o < W.rows(); W is 2-D (use TensorView::matrix
 // for one matrix of a stack). x is [rows, W.cols()] row-major f32, y is [rows, W.rows()]. Accumulates in f32.
 // Weight rows are streamed once per call whatever `rows` is (decode batches share the weight traffic).
-void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias = nullptr);
+void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias = nullptr,
+            LinearPath path = LinearPath::Fast);
 
 // The reference dequantization (the obviously-right twin of linear's inner loops).
 void dequantize_row(const TensorView& w, int64_t row, float* out);  // row of a 2-D view, W.cols() values

@@ -21,8 +21,6 @@ namespace ninfer::cpu {
 
 namespace {
 
-constexpr int64_t kParallelMinWeights = 400 * 1024;  // decode-step matrices below this stay on one thread
-
 // One weight row's codes minus its group's zero point, 16 columns at a time, as two exact f32 8-vectors.
 // set_group() must be called for the group holding the columns before at().
 template <bool Int4>
@@ -221,8 +219,6 @@ void linear_grouped_typed(const float* x, int64_t rows, const TensorView& w, flo
     for (int64_t t = 0; t < tile_rows; ++t) y[r * out + o0 + t] = acc[t] + (bias ? bias[o0 + t] : 0.0f);
   };
   if (rows == 1) {
-    // A small matrix runs on the calling thread alone: under ~0.1 ms of work, waking and joining a second thread
-    // costs about as much as it saves, and on a busy machine the join waits for that thread to be scheduled.
 #pragma omp parallel for schedule(dynamic, chunk) if (out * cols >= kParallelMinWeights)
     for (int64_t tile = 0; tile < tiles; ++tile) {
       const int64_t o0 = tile * kTileRows;
@@ -232,26 +228,21 @@ void linear_grouped_typed(const float* x, int64_t rows, const TensorView& w, flo
     }
     return;
   }
-  const int64_t row_block = input_row_block(cols);
-#pragma omp parallel
-  {
+  struct Scratch {
     CenteredChunk buf;
     alignas(64) float acc[kMaxRowBlock * kTileRows];
-    for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
-      const int64_t block_rows = std::min(row_block, rows - r0);
-#pragma omp for schedule(dynamic, chunk)
-      for (int64_t tile = 0; tile < tiles; ++tile) {
-        const int64_t o0 = tile * kTileRows, tile_rows = std::min(kTileRows, out - o0);
-        std::fill(acc, acc + block_rows * kTileRows, 0.0f);
-        for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) {
-          const int64_t n = std::min(kChunkCols, cols - c0);
-          center_chunk<Int4>(w, o0, tile_rows, c0, n, buf);
-          chunk_dot(x + r0 * cols + c0, cols, block_rows, buf, n, w.group_size, acc);
-        }
-        for (int64_t r = 0; r < block_rows; ++r) write(acc + r * kTileRows, r0 + r, o0, tile_rows);
-      }
+  };
+  for_each_tile_of_row_blocks<Scratch>(rows, cols, out, chunk, [&](Scratch& s, int64_t r0, int64_t block_rows,
+                                                                    int64_t o0) {
+    const int64_t tile_rows = std::min(kTileRows, out - o0);
+    std::fill(s.acc, s.acc + block_rows * kTileRows, 0.0f);
+    for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) {
+      const int64_t n = std::min(kChunkCols, cols - c0);
+      center_chunk<Int4>(w, o0, tile_rows, c0, n, s.buf);
+      chunk_dot(x + r0 * cols + c0, cols, block_rows, s.buf, n, w.group_size, s.acc);
     }
-  }
+    for (int64_t r = 0; r < block_rows; ++r) write(s.acc + r * kTileRows, r0 + r, o0, tile_rows);
+  });
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // group of columns) with the scale factored out of each group: per weight row and group, the kernel sums
 // x_k * (code_k - zero) (each factor exact in f32: a small integer) in 8-lane partial sums, then adds
 // scale * that sum into the row's 8-lane accumulator. That drops the per-weight multiply by the scale that the
-// generic path (decode to f32, then dot) pays, which is most of a decode step's work on an int4 model.
+// generic path (decode to f32, then dot) pays. linear() takes it with LinearPath::F32: the f32 twin of
+// linear_int16, which serves these weights by default.
 // The result differs from the generic path only in rounding; it equals decode(W).T exactly for x = I (one product
 // per group). The single-row path (every decode step) and the batched path do the same arithmetic in the same
 // order, so a row's output does not depend on the batch it is computed in.

@@ -16,11 +16,33 @@ constexpr int64_t kTileRows = 4;      // weight rows decoded and multiplied toge
 constexpr int64_t kChunkCols = 512;   // columns per decoded chunk: a multiple of every group size and of 16
 constexpr int64_t kMaxRowBlock = 256; // input rows per block, at most
 constexpr int64_t kRowBlockBytes = 256 * 1024;  // input-row block sized to stay in L2 with room to spare
+// Decode-step (one input row) matrices below this many weights run on the calling thread alone: under ~0.1 ms of
+// work, waking and joining a second thread costs about as much as it saves, and on a busy machine the join waits
+// for that thread to be scheduled.
+constexpr int64_t kParallelMinWeights = 400 * 1024;
 
 // Input rows per block for rows of `cols` floats: even, 8 .. kMaxRowBlock.
 inline int64_t input_row_block(int64_t cols) {
   const int64_t fit = kRowBlockBytes / (cols * int64_t(sizeof(float)));
   return std::clamp<int64_t>(fit & ~int64_t(1), 8, kMaxRowBlock);
+}
+
+// The batched loop every kernel shares: input rows in blocks of input_row_block(cols), and within each block the
+// weight tiles handed to the threads in dynamic chunks of `chunk` tiles. Each thread owns one Scratch (decode buffer,
+// accumulators); tile_block(scratch, r0, block_rows, o0) computes the tile of weight rows from o0 for input rows
+// [r0, r0 + block_rows).
+template <class Scratch, class TileBlock>
+void for_each_tile_of_row_blocks(int64_t rows, int64_t cols, int64_t out, int64_t chunk, TileBlock tile_block) {
+  const int64_t row_block = input_row_block(cols), tiles = (out + kTileRows - 1) / kTileRows;
+#pragma omp parallel
+  {
+    Scratch scratch;
+    for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
+      const int64_t block_rows = std::min(row_block, rows - r0);
+#pragma omp for schedule(dynamic, chunk)
+      for (int64_t tile = 0; tile < tiles; ++tile) tile_block(scratch, r0, block_rows, tile * kTileRows);
+    }
+  }
 }
 
 #if defined(__AVX2__) && defined(__FMA__)

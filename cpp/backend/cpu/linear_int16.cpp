@@ -1,0 +1,288 @@
+#include "backend/cpu/linear_int16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "errors.h"
+
+#include "backend/cpu/linear_decode.h"
+#include "backend/cpu/linear_tiling.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(NINFER_DECODE_AVX2)
+#define NINFER_LINEAR_INT16 1
+#include <immintrin.h>
+
+#include "backend/cpu/linear_simd.h"
+#endif
+
+namespace ninfer::cpu {
+
+#ifdef NINFER_LINEAR_INT16
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // columns per activation block: the smallest weight group, one step per block
+
+// Rounded input rows. Each 32-column block is stored as the int16 values of its 16 even columns, then of its 16
+// odd columns: the order in which a mask and a shift take the weight codes out of their bytes (kernel below), so
+// the activations are permuted once per call instead of every weight's codes on every call.
+struct RoundedRows {
+  int64_t cols = 0, blocks = 0, groups = 0;  // per row
+  std::vector<int16_t> q;
+  std::vector<float> step;       // per block: the power of two q counts in (NaN: the block was not finite)
+  std::vector<float> group_sum;  // per weight group: the sum of the rounded values, step * q, over the group
+};
+
+struct RoundedRow {
+  const int16_t* q;
+  const float* step;
+  const float* group_sum;
+};
+
+// Rounds the 32 values at x into q (even columns, then odd); returns the block's step and writes sum(q) to *sum.
+float round_block(const float* x, int16_t* q, int32_t* sum) {
+  __m256 v[4], amax = _mm256_setzero_ps(), unordered = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v[i]));
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v[i], v[i], _CMP_UNORD_Q));  // max_ps drops NaNs
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  const float largest = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+  const bool finite = _mm256_movemask_ps(unordered) == 0 && largest <= std::numeric_limits<float>::max();
+  if (!finite || largest == 0.0f) {
+    std::fill(q, q + kBlock, int16_t(0));
+    *sum = 0;
+    return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  }
+  // largest * 2^shift in [16384, 32768), one step less if it would round to 32768: |q| <= 32767 always.
+  int exponent;
+  std::frexp(largest, &exponent);
+  int shift = 15 - exponent;
+  if (std::ldexp(largest, shift) >= 32767.5f) --shift;
+  // Multiplying by 2^shift is exact; 2^shift passes f32's range for blocks below 2^-112, so it goes in two steps.
+  const int first = std::min(shift, 127);
+  const __m256 by_first = _mm256_set1_ps(std::ldexp(1.0f, first));
+  const __m256 by_rest = _mm256_set1_ps(std::ldexp(1.0f, shift - first));
+  const __m256i even_then_odd = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  __m256i r[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 scaled = _mm256_mul_ps(_mm256_mul_ps(v[i], by_first), by_rest);
+    r[i] = _mm256_cvtps_epi32(_mm256_permutevar8x32_ps(scaled, even_then_odd));  // rounds to nearest even
+  }
+  // packs gives [evens | odds] of columns 0..15 and of 16..31; the 128-bit halves are then regrouped.
+  const __m256i low = _mm256_packs_epi32(r[0], r[1]), high = _mm256_packs_epi32(r[2], r[3]);
+  const __m256i even = _mm256_permute2x128_si256(low, high, 0x20), odd = _mm256_permute2x128_si256(low, high, 0x31);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), even);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 16), odd);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i pairs = _mm256_add_epi32(_mm256_madd_epi16(even, ones), _mm256_madd_epi16(odd, ones));
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  *sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1)));
+  return std::ldexp(1.0f, -shift);  // 0 below 2^-135: such a block counts as zero
+}
+
+void round_rows(const float* x, int64_t rows, int64_t cols, int64_t group, RoundedRows& out) {
+  out.cols = cols;
+  out.blocks = cols / kBlock;
+  out.groups = cols / group;
+  out.q.resize(size_t(rows * cols));
+  out.step.resize(size_t(rows * out.blocks));
+  out.group_sum.resize(size_t(rows * out.groups));
+  const int64_t per_group = group / kBlock;
+#pragma omp parallel for schedule(static) if (rows >= 8)
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < out.groups; ++g) {
+      float total = 0.0f;
+      for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+        int32_t sum;
+        const float step = round_block(x + r * cols + b * kBlock, out.q.data() + r * cols + b * kBlock, &sum);
+        out.step[size_t(r * out.blocks + b)] = step;
+        total += step * float(sum);  // exact: |sum| < 2^20, step a power of two
+      }
+      out.group_sum[size_t(r * out.groups + g)] = total;
+    }
+  }
+}
+
+RoundedRow row_of(const RoundedRows& rounded, int64_t r) {
+  return {rounded.q.data() + r * rounded.cols, rounded.step.data() + r * rounded.blocks,
+          rounded.group_sum.data() + r * rounded.groups};
+}
+
+// A tile's kTileRows weight rows read in place: per 32-column block, the unsigned codes as 16-bit lanes in the
+// activations' order (even columns, then odd), and per group the scale and the offset, W = code * scale + offset:
+// int4_affine's own offset, -zero * scale for int4 / int8 (exact in f32: 8 + 11 significant bits). A short last
+// tile reads its last row again in the missing slots; those sums are never written out.
+template <Encoding E>
+struct TileInPlace {
+  static constexpr bool kNibbles = E != Encoding::INT8;
+  const TensorView& w;
+  const uint8_t* q[kTileRows];
+  int64_t first_group[kTileRows];
+
+  TileInPlace(const TensorView& view, int64_t o0) : w(view) {
+    const int64_t groups = w.cols() / w.group_size;
+    for (int64_t t = 0; t < kTileRows; ++t) {
+      const int64_t row = std::min(o0 + t, w.rows() - 1);
+      q[t] = w.data + row * (kNibbles ? w.cols() / 2 : w.cols());
+      first_group[t] = row * groups;
+    }
+  }
+  void codes(int64_t t, int64_t c, __m256i& even, __m256i& odd) const {
+    if constexpr (kNibbles) {
+      // Byte j holds column 2j in its low nibble and 2j + 1 in its high one.
+      const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q[t] + c / 2)));
+      even = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0f));
+      odd = _mm256_srli_epi16(bytes, 4);
+    } else {
+      const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t] + c));
+      even = _mm256_and_si256(pairs, _mm256_set1_epi16(0xff));
+      odd = _mm256_srli_epi16(pairs, 8);
+    }
+  }
+  float scale(int64_t t, int64_t g) const { return _cvtsh_ss(simd::load_u16(w.scale, first_group[t] + g)); }
+  float offset(int64_t t, int64_t g) const {
+    if constexpr (E == Encoding::INT4_AFFINE) return _cvtsh_ss(simd::load_u16(w.offset, first_group[t] + g));
+    else return -float(w.zero[first_group[t] + g]) * scale(t, g);
+  }
+};
+
+// The same tile over one chunk of columns, unpacked once and then read for every input row of a batch.
+struct TileUnpacked {
+  alignas(32) int16_t code_values[kTileRows][kChunkCols];
+  float scales[kTileRows][kChunkCols / kBlock], offsets[kTileRows][kChunkCols / kBlock];
+  int64_t c0 = 0, g0 = 0;
+
+  template <class Tile>
+  void fill(const Tile& tile, int64_t chunk_begin, int64_t n, int64_t group) {
+    c0 = chunk_begin;
+    g0 = chunk_begin / group;
+    for (int64_t t = 0; t < kTileRows; ++t) {
+      for (int64_t c = 0; c < n; c += kBlock) {
+        __m256i even, odd;
+        tile.codes(t, c0 + c, even, odd);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(code_values[t] + c), even);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(code_values[t] + c + 16), odd);
+      }
+      for (int64_t g = 0; g < n / group; ++g) {
+        scales[t][g] = tile.scale(t, g0 + g);
+        offsets[t][g] = tile.offset(t, g0 + g);
+      }
+    }
+  }
+  void codes(int64_t t, int64_t c, __m256i& even, __m256i& odd) const {
+    even = _mm256_load_si256(reinterpret_cast<const __m256i*>(code_values[t] + (c - c0)));
+    odd = _mm256_load_si256(reinterpret_cast<const __m256i*>(code_values[t] + (c - c0) + 16));
+  }
+  float scale(int64_t t, int64_t g) const { return scales[t][g - g0]; }
+  float offset(int64_t t, int64_t g) const { return offsets[t][g - g0]; }
+};
+
+// One input row against a tile over columns [c0, c0 + n) (whole groups): the kernel's only arithmetic, shared by
+// the single-row and the batched path. Per weight row and group: each block's exact int32 products summed in 8
+// lanes, converted, times the block's step, summed over the group in f32; that times the group's scale into the
+// row's 8 lanes. The group offsets times the group's activation sum go into one 4-vector. acc[t] += both.
+template <class Tile>
+inline void tile_chunk(const RoundedRow& x, const Tile& tile, int64_t c0, int64_t n, int64_t group, float* acc) {
+  static_assert(kTileRows == 4, "written for 4 weight rows");
+  __m256 a[kTileRows] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m128 offsets = _mm_setzero_ps();
+  for (int64_t g0 = c0; g0 < c0 + n; g0 += group) {
+    const int64_t g = g0 / group;
+    __m256 s[kTileRows] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = g0; b < g0 + group; b += kBlock) {
+      // |q| <= 32767 and codes <= 255: each int32 lane sums 4 products, at most 2^25 in size.
+      const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b));
+      const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b + 16));
+      const __m256 step = _mm256_set1_ps(x.step[b / kBlock]);
+      for (int64_t t = 0; t < kTileRows; ++t) {
+        __m256i even, odd;
+        tile.codes(t, b, even, odd);
+        const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(xe, even), _mm256_madd_epi16(xo, odd));
+        s[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, s[t]);
+      }
+    }
+    for (int64_t t = 0; t < kTileRows; ++t) a[t] = _mm256_fmadd_ps(_mm256_set1_ps(tile.scale(t, g)), s[t], a[t]);
+    const __m128 group_offsets =
+        _mm_setr_ps(tile.offset(0, g), tile.offset(1, g), tile.offset(2, g), tile.offset(3, g));
+    offsets = _mm_fmadd_ps(group_offsets, _mm_set1_ps(x.group_sum[g]), offsets);
+  }
+  const __m128 chunk = _mm_add_ps(sum_lanes4(a[0], a[1], a[2], a[3]), offsets);
+  _mm_storeu_ps(acc, _mm_add_ps(_mm_loadu_ps(acc), chunk));
+}
+
+template <Encoding E>
+void linear_int16_typed(const RoundedRows& rounded, int64_t rows, const TensorView& w, float* y, const float* bias,
+                        int64_t chunk) {
+  const int64_t out = w.rows(), cols = w.cols(), group = w.group_size, tiles = (out + kTileRows - 1) / kTileRows;
+  auto write = [&](const float* acc, int64_t r, int64_t o0) {
+    for (int64_t t = 0; t < std::min(kTileRows, out - o0); ++t)
+      y[r * out + o0 + t] = acc[t] + (bias ? bias[o0 + t] : 0.0f);
+  };
+  if (rows == 1) {
+    const RoundedRow x = row_of(rounded, 0);
+#pragma omp parallel for schedule(dynamic, chunk) if (out * cols >= kParallelMinWeights)
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t o0 = tile * kTileRows;
+      const TileInPlace<E> weights(w, o0);
+      alignas(16) float acc[kTileRows] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols)
+        tile_chunk(x, weights, c0, std::min(kChunkCols, cols - c0), group, acc);
+      write(acc, 0, o0);
+    }
+    return;
+  }
+  struct Scratch {
+    TileUnpacked unpacked;
+    alignas(16) float acc[kMaxRowBlock * kTileRows];
+  };
+  for_each_tile_of_row_blocks<Scratch>(rows, cols, out, chunk, [&](Scratch& s, int64_t r0, int64_t block_rows,
+                                                                    int64_t o0) {
+    const TileInPlace<E> weights(w, o0);
+    std::fill(s.acc, s.acc + block_rows * kTileRows, 0.0f);
+    for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols) {
+      const int64_t n = std::min(kChunkCols, cols - c0);
+      s.unpacked.fill(weights, c0, n, group);
+      for (int64_t r = 0; r < block_rows; ++r)
+        tile_chunk(row_of(rounded, r0 + r), s.unpacked, c0, n, group, s.acc + r * kTileRows);
+    }
+    for (int64_t r = 0; r < block_rows; ++r) write(s.acc + r * kTileRows, r0 + r, o0);
+  });
+}
+
+}  // namespace
+
+bool linear_int16_applies(const TensorView& w) {
+  const bool grouped = w.encoding == Encoding::INT4 || w.encoding == Encoding::INT8 ||
+                       w.encoding == Encoding::INT4_AFFINE;
+  return grouped && w.group_size >= kBlock && w.group_size % kBlock == 0 && kChunkCols % w.group_size == 0;
+}
+
+void linear_int16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, int64_t chunk) {
+  // The calling thread's buffer, kept between calls: a decode step's calls then allocate nothing.
+  static thread_local RoundedRows rounded;
+  round_rows(x, rows, w.cols(), w.group_size, rounded);
+  switch (w.encoding) {
+    case Encoding::INT4: return linear_int16_typed<Encoding::INT4>(rounded, rows, w, y, bias, chunk);
+    case Encoding::INT8: return linear_int16_typed<Encoding::INT8>(rounded, rows, w, y, bias, chunk);
+    case Encoding::INT4_AFFINE: return linear_int16_typed<Encoding::INT4_AFFINE>(rounded, rows, w, y, bias, chunk);
+    default: throw EngineError("linear_int16: " + w.name + " is not int4, int8 or int4_affine");
+  }
+}
+
+#else
+
+bool linear_int16_applies(const TensorView&) { return false; }
+
+void linear_int16(const float*, int64_t, const TensorView&, float*, const float*, int64_t) {
+  throw EngineError("linear_int16: not built for this CPU (needs AVX2, F16C and FMA)");
+}
+
+#endif
+
+}  // namespace ninfer::cpu

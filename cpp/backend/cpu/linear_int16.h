@@ -1,0 +1,33 @@
+// linear() for grouped-integer weights (int4, int8, int4_affine) on int16 activations: each 32-column block of an
+// input row is rounded to int16 with a power-of-two step, and the weights' unsigned codes are multiplied against
+// it with integer multiply-adds (AVX2 `vpmaddwd`); each block's exact int32 sums are then scaled in f32 by the
+// block's step and the weight group's scale, and the group's offset (int4_affine's, or -zero * scale) is applied
+// once per group through the rounded activations' sum. That halves a decode step's instructions per weight against
+// the f32 kernels (decode code to f32, multiply-add), which bench/NOTES-cpu.md measured as the bound.
+//
+// Why 16 bits: rounding activations to 8 bits (llama.cpp's Q8 blocks) moved the 135M default model's greedy chat
+// answers (bench/NOTES-cpu.md, session 9); int16 keeps 15-16 significant bits per block's largest value.
+//
+// What it computes, exactly: y = x' @ W.T + bias up to f32 rounding of the sums, where x' is x rounded per block:
+// x'_k = step_b * round(x_k / step_b), step_b the least power of two with max|x_b| / step_b <= 32767.5 (so
+// |x_k - x'_k| <= step_b / 2 <= max|x_b| / 32767). A block holding a NaN or an infinity makes the outputs NaN.
+// The f32 kernels (linear() with LinearPath::F32) are its obviously-right twin; tests/test_cpu_linear.py compares
+// the two, and each against float64 with that bound. With x = I every product is exact and so is the result.
+// The single-row path (every decode step) and the batched path share one routine per block, so a row's output
+// does not depend on the batch it is computed in.
+#pragma once
+
+#include <cstdint>
+
+#include "artifact/artifact.h"
+
+namespace ninfer::cpu {
+
+// Whether linear_int16 serves `w` in this build (AVX2 + F16C + FMA; int4 / int8 / int4_affine in groups of
+// 32 .. 512 columns, a multiple of 32). Without AVX2 linear() keeps the f32 kernels for every weight.
+bool linear_int16_applies(const TensorView& w);
+
+// linear() for such a w: y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]); `chunk` is the OpenMP chunk in tiles.
+void linear_int16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, int64_t chunk);
+
+}  // namespace ninfer::cpu
