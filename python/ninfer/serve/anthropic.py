@@ -32,7 +32,7 @@ from ninfer.frontend.chat import is_media_part
 from ninfer.frontend.chat_media import tag_media_parts
 from ninfer.serve.answer import answer, prepare
 from ninfer.serve.errors import InvalidRequestError, anthropic_body, describe
-from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK
+from ninfer.serve.fields import OutputTokens, Probability, StopStrings, Temperature, TopK
 from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
     ChatPrompt,
@@ -48,7 +48,16 @@ from ninfer.serve.sse import sse_frame, sse_response
 from ninfer.serve.structured import anthropic_output_format
 
 _STOP_REASONS = {"length": "max_tokens", "cancelled": "end_turn"}
-EFFORTS = ("low", "medium", "high", "xhigh", "max")  # passed to the template as reasoning_effort
+
+
+class Thinking(msgspec.Struct, kw_only=True):
+    type: Literal["enabled", "adaptive", "between_tools", "disabled"] | None = None  # None: the template's default
+    budget_tokens: int | None = None  # accepted, not enforced
+
+
+class OutputConfig(msgspec.Struct, kw_only=True):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None  # the template's reasoning_effort
+    format: dict[str, Any] | None = None
 
 
 class AnthropicMessage(msgspec.Struct, kw_only=True):
@@ -62,14 +71,14 @@ class CountTokensRequest(msgspec.Struct, kw_only=True):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None  # {effort, format}
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
     output_format: dict[str, Any] | None = None  # the older place of output_config.format
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
     max_tokens: OutputTokens
-    stop_sequences: list[str] | None = None
+    stop_sequences: StopStrings | None = None
     stream: bool = False
     temperature: Temperature | None = None
     top_p: Probability | None = None
@@ -185,20 +194,10 @@ def chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
     return result
 
 
-def _enable_thinking(thinking: dict[str, Any] | None) -> bool | None:
-    kind = (thinking or {}).get("type")
-    if kind is None:
+def _enable_thinking(thinking: Thinking | None) -> bool | None:
+    if thinking is None or thinking.type is None:
         return None
-    if kind not in ("enabled", "disabled", "adaptive", "between_tools"):
-        raise InvalidRequestError("thinking.type must be enabled, adaptive, between_tools or disabled")
-    return kind != "disabled"
-
-
-def _effort(body: CountTokensRequest) -> str | None:
-    effort = (body.output_config or {}).get("effort")
-    if effort is not None and effort not in EFFORTS:
-        raise InvalidRequestError(f"output_config.effort must be one of {', '.join(EFFORTS)}")
-    return effort
+    return thinking.type != "disabled"
 
 
 def chat_prompt(body: CountTokensRequest) -> ChatPrompt:
@@ -206,12 +205,12 @@ def chat_prompt(body: CountTokensRequest) -> ChatPrompt:
         messages=chat_messages(body),
         tools=chat_tools(body),
         enable_thinking=_enable_thinking(body.thinking),
-        reasoning_effort=_effort(body),
+        reasoning_effort=body.output_config.effort if body.output_config is not None else None,
     )
 
 
 def output_format(body: CountTokensRequest) -> Any:
-    fmt = (body.output_config or {}).get("format")
+    fmt = body.output_config.format if body.output_config is not None else None
     return anthropic_output_format(fmt if fmt is not None else body.output_format)
 
 

@@ -48,8 +48,9 @@ from ninfer.serve.generation import (
 )
 from ninfer.serve.openai_common import (
     DONE_FRAME,
-    REASONING_EFFORTS,
+    ReasoningEffort,
     SamplingFields,
+    ToolChoice,
     advisory_tool_choice,
     generation_params,
     include_usage,
@@ -85,10 +86,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: ReasoningEffort | None = None
     reasoning_format: str | None = None  # llama.cpp: "none" returns the raw text, reasoning included
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: bool | None = None
@@ -125,14 +126,6 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     _check_messages(body.messages)
     if body.top_logprobs and body.logprobs is not True:
         raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-    if body.reasoning_effort is not None and body.reasoning_effort not in REASONING_EFFORTS:
-        raise InvalidRequestError(
-            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort"
-        )
-    if body.tool_choice not in (None, "none", "auto", "required") and not isinstance(body.tool_choice, dict):
-        raise InvalidRequestError(
-            "tool_choice must be none, auto, required or a named function", param="tool_choice"
-        )
     kwargs = dict(body.chat_template_kwargs or {})
     enable_thinking = kwargs.pop("enable_thinking", None)
     if body.reasoning_effort == "none":

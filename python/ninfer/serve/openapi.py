@@ -12,6 +12,8 @@ or cannot know are put right here, each from the same source the server itself u
   request the model gate pins a model for (unknown model; engine full; model unavailable), 503 for any request
   while the server shuts down (529 on the Anthropic routes), and the handler's own `raises`.
 - Streaming: a generation route whose body has `stream` answers either JSON or `text/event-stream`.
+- Bodies a handler reads itself (`opt["json_object_body"]`: the decision contract, score, rerank, which check their
+  fields by hand): a required JSON object, without the fields' schema.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ninfer.serve.strict_body import json_body_model
 
 REF = "#/components/schemas/{name}"
 OVERLOADED = "Overloaded (Anthropic's 529: the server is shutting down)"
+JSON_OBJECT_BODY = "json_object_body"  # route opt: the handler reads a JSON object body itself
 
 
 def _error_statuses(handler: HTTPRouteHandler, method: str, anthropic: bool) -> set[int]:
@@ -78,6 +81,9 @@ def finish(document: dict[str, Any], handlers: dict[tuple[str, str], HTTPRouteHa
             if handler is None or not isinstance(operation, dict):
                 continue
             model = models.get((method.upper(), path))
+            if (handler.opt or {}).get(JSON_OBJECT_BODY):
+                operation["requestBody"] = {"required": True,
+                                            "content": {"application/json": {"schema": {"type": "object"}}}}
             if model is not None:
                 operation["requestBody"] = {
                     "required": True,

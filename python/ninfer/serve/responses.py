@@ -54,7 +54,8 @@ from ninfer.serve.generation import (
     sampling_overrides,
 )
 from ninfer.serve.openai_common import (
-    REASONING_EFFORTS,
+    ReasoningEffort,
+    ToolChoice,
     advisory_tool_choice,
     logprob_json,
     new_id,
@@ -78,6 +79,11 @@ from ninfer.serve.structured import responses_text_format
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
 
 
+class Reasoning(msgspec.Struct, kw_only=True):
+    effort: ReasoningEffort | None = None
+    summary: str | None = None  # accepted; no summary is generated
+
+
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     input: str | list[dict[str, Any]] | None = None
@@ -86,14 +92,15 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     store: bool = True
     max_output_tokens: OutputTokens | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: Reasoning | None = None
     text: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
-    truncation: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
-    background: bool | None = None
+    # documented as false only; _check_supported refuses true with the reason
+    background: Annotated[bool, Meta(extra_json_schema={"enum": [False]})] | None = None
     stream: bool = False
     temperature: Temperature | None = None
     top_p: Probability | None = None
@@ -111,8 +118,8 @@ class InputTokensRequest(msgspec.Struct, kw_only=True):
     instructions: str | None = None
     previous_response_id: str | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    tool_choice: ToolChoice | None = None
+    reasoning: Reasoning | None = None
 
 
 def response_store(state: State) -> ResponseStore:
@@ -251,15 +258,6 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return result
 
 
-def _reasoning_effort(reasoning: dict[str, Any] | None) -> str | None:
-    effort = (reasoning or {}).get("effort")
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise InvalidRequestError(
-            f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning.effort"
-        )
-    return effort
-
-
 def _previous(store: ResponseStore, response_id: str | None) -> list[dict[str, Any]]:
     if response_id is None:
         return []
@@ -275,7 +273,7 @@ def _previous(store: ResponseStore, response_id: str | None) -> list[dict[str, A
 def _chat_prompt(
     body: ResponsesRequest | InputTokensRequest, conversation: list[dict[str, Any]]
 ) -> ChatPrompt:
-    effort = _reasoning_effort(body.reasoning)
+    effort = body.reasoning.effort if body.reasoning is not None else None
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     kwargs = dict(getattr(body, "chat_template_kwargs", None) or {})
     enable_thinking = kwargs.pop("enable_thinking", None)
@@ -401,7 +399,7 @@ class _Shape:
             "output": output,
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
+            "reasoning": {"effort": body.reasoning.effort if body.reasoning is not None else None, "summary": None},
             "store": body.store,
             "temperature": body.temperature,
             "top_p": body.top_p,
@@ -586,8 +584,6 @@ def _check_supported(body: ResponsesRequest) -> None:
         raise InvalidRequestError(
             "background responses are not served; send background: false", param="background"
         )
-    if body.truncation not in (None, "disabled", "auto"):
-        raise InvalidRequestError("truncation must be 'auto' or 'disabled'", param="truncation")
 
 
 def _conversation(body: ResponsesRequest | InputTokensRequest,
