@@ -31,8 +31,9 @@ from ninfer.errors import NinferError
 from ninfer.frontend.chat import is_media_part
 from ninfer.frontend.chat_media import tag_media_parts
 from ninfer.serve.answer import answer, prepare
+from ninfer.serve.custom_tools import AnthropicTool
 from ninfer.serve.errors import InvalidRequestError, anthropic_body, describe
-from ninfer.serve.fields import OutputTokens, Probability, StopStrings, Temperature, TopK
+from ninfer.serve.fields import OutputTokens, StopStrings, Temperature, TopK, TopP
 from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
     ChatPrompt,
@@ -45,7 +46,7 @@ from ninfer.serve.generation import (
 from ninfer.serve.openai_common import advisory_tool_choice, new_id, stop_strings
 from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
 from ninfer.serve.sse import sse_frame, sse_response
-from ninfer.serve.structured import anthropic_output_format
+from ninfer.serve.structured import OutputFormatField, anthropic_output_format
 
 _STOP_REASONS = {"length": "max_tokens", "cancelled": "end_turn"}
 
@@ -57,23 +58,51 @@ class Thinking(msgspec.Struct, kw_only=True):
 
 class OutputConfig(msgspec.Struct, kw_only=True):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None  # the template's reasoning_effort
-    format: dict[str, Any] | None = None
+    format: OutputFormatField | None = None
+
+
+# The content blocks served, by role (chat_messages reads them; msgspec types them as objects, the document gives
+# each kind's fields, and chat_messages refuses any other block). An image needs a model with the vision tower.
+_TEXT_BLOCK = {"type": "object", "required": ["type", "text"],
+               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_USER_BLOCKS = [
+    _TEXT_BLOCK,
+    {"required": ["type", "source"], "properties": {"type": {"const": "image"}, "source": {"type": "object"}}},
+    {"required": ["type"], "properties": {"type": {"const": "tool_result"}, "content": {
+        "anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}, {"type": "null"}]}}},
+]
+_ASSISTANT_BLOCKS = [
+    _TEXT_BLOCK,
+    {"required": ["type"], "properties": {"type": {"enum": ["thinking", "redacted_thinking"]}}},
+    {"required": ["type", "name"], "properties": {"type": {"const": "tool_use"}, "name": {"type": "string"},
+                                                  "input": {"type": "object"}}},
+]
+
+
+def _blocks(kinds: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"properties": {"content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": kinds}}]}}}
+
+
+_BLOCKS_BY_ROLE = {"if": {"properties": {"role": {"const": "user"}}}, "then": _blocks(_USER_BLOCKS),
+                   "else": _blocks(_ASSISTANT_BLOCKS)}
+TextBlocks = list[Annotated[dict[str, Any], Meta(extra_json_schema=_TEXT_BLOCK)]]  # system
 
 
 class AnthropicMessage(msgspec.Struct, kw_only=True):
     role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
+    content: str | Annotated[list[dict[str, Any]], Meta(min_length=1)]
 
 
 class CountTokensRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    messages: Annotated[list[AnthropicMessage], Meta(min_length=1)]
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
+    messages: Annotated[list[Annotated[AnthropicMessage, Meta(extra_json_schema=_BLOCKS_BY_ROLE)]],
+                        Meta(min_length=1)]
+    system: str | TextBlocks | None = None
+    tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
-    output_format: dict[str, Any] | None = None  # the older place of output_config.format
+    output_format: OutputFormatField | None = None  # the older place of output_config.format
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
@@ -81,7 +110,7 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     stop_sequences: StopStrings | None = None
     stream: bool = False
     temperature: Temperature | None = None
-    top_p: Probability | None = None
+    top_p: TopP | None = None
     top_k: TopK | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
@@ -187,7 +216,8 @@ def chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
             raise InvalidRequestError(
                 f"only client tools with a name and input_schema are served, got type {tool.get('type')!r}"
             )
-        function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+        schema = tool.get("input_schema")  # anything but an object or null is a 400 (as on the other routes)
+        function = {"name": tool["name"], "parameters": {"type": "object"} if schema is None else schema}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         result.append({"type": "function", "function": function})

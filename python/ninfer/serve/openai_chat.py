@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
@@ -33,7 +33,7 @@ from msgspec import Meta
 from ninfer.engine import PrefillProgress
 from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
 from ninfer.serve.answer import answer_choices, prepare
-from ninfer.serve.custom_tools import call_input, chat_form_tools, chat_history_call
+from ninfer.serve.custom_tools import ChatTool, call_input, chat_form_tools, chat_history_call
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.fields import MaxTokens, TopLogprobs
 from ninfer.serve.gate import LeaseDependency
@@ -64,14 +64,29 @@ from ninfer.serve.openai_common import (
 )
 from ninfer.serve.reasoning_control import ReasoningControl
 from ninfer.serve.sse import PING_INTERVAL_S, sse_frame, sse_response
-from ninfer.serve.structured import chat_response_format
+from ninfer.serve.structured import ResponseFormat, chat_response_format
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 
 
+# A content part (ninfer.frontend.chat reads them): text, or an image or video, which only a model with the vision
+# tower takes (a 400 naming the part otherwise). msgspec types the parts as objects; the document gives each kind's
+# fields, and the frontend refuses any other part.
+PART_KINDS: list[dict[str, Any]] = [
+    {"type": "object", "required": ["type", "text"],
+     "properties": {"type": {"enum": ["text", "input_text", "output_text"]}, "text": {"type": "string"}}},
+    {"required": ["type"], "properties": {"type": {"enum": ["image_url", "video_url", "input_image"]}}},
+    {"required": ["type", "source"], "properties": {"type": {"enum": ["image", "video"]},
+                                                    "source": {"type": "object"}}},
+    {"required": ["type", "image"], "properties": {"type": {"const": "image"}, "image": {"type": "string"}}},
+    {"required": ["type", "video"], "properties": {"type": {"const": "video"}, "video": {"type": "string"}}},
+]
+ContentPart = Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": PART_KINDS})]
+
+
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: ChatRole
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -79,16 +94,24 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     reasoning: str | None = None
 
 
+# A tool message names the call it answers (check_messages also holds it to an earlier assistant message's call,
+# which a schema cannot say).
+_TOOL_MESSAGE = {"if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
+                 "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string",
+                                                                                       "minLength": 1}}}}
+ChatMessages = Annotated[list[Annotated[ChatMessage, Meta(extra_json_schema=_TOOL_MESSAGE)]], Meta(min_length=1)]
+
+
 class ChatCompletionRequest(SamplingFields, kw_only=True):
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    messages: ChatMessages
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     reasoning_effort: ReasoningEffort | None = None
     reasoning_format: str | None = None  # llama.cpp: "none" returns the raw text, reasoning included
     chat_template_kwargs: dict[str, Any] | None = None
@@ -104,7 +127,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     timings_per_token: bool = False  # llama.cpp: `timings` so far on every streamed chunk (llama-ui sends true)
 
 
-def _check_messages(messages: list[ChatMessage]) -> None:
+def _check_messages(messages: Sequence[ChatMessage]) -> None:
     """A tool message answers a call: it names the call's id, which an earlier assistant message made."""
     called: set[str] = set()
     for index, message in enumerate(messages):
@@ -123,7 +146,6 @@ def _check_messages(messages: list[ChatMessage]) -> None:
 
 
 def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
-    _check_messages(body.messages)
     if body.top_logprobs and body.logprobs is not True:
         raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
     kwargs = dict(body.chat_template_kwargs or {})
@@ -141,8 +163,10 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     )
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Chat messages as the chat template takes them (the same for a generation and for `/apply-template`)."""
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Chat messages as the chat template takes them, checked (the same for a generation and for
+    `/apply-template`)."""
+    _check_messages(messages)
     return [_template_message(msgspec.to_builtins(m)) for m in messages]
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from ninfer.engine import SAMPLER_STAGES, SamplingParams, sampler_stages
+from ninfer.engine import SAMPLER_ALIASES, SAMPLER_STAGES, SamplingParams, sampler_stages
 from ninfer.errors import NinferError
 from ninfer.serve.errors import InvalidRequestError, describe, openai_body
 from ninfer.serve.fields import (
@@ -30,6 +30,7 @@ from ninfer.serve.fields import (
     Temperature,
     TopK,
     TopNSigma,
+    TopP,
     TypicalP,
 )
 from ninfer.serve.generation import (
@@ -58,6 +59,11 @@ ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
 
 
 
+# `samplers`: llama.cpp's stage names and their other spellings (blank entries are skipped), documented here;
+# sampler_order refuses any other name, naming the stages there are.
+_SAMPLER_NAME = rf"\s*({'|'.join(sorted({*SAMPLER_STAGES, *SAMPLER_ALIASES}))})?\s*"
+SamplerNames = Annotated[str, Meta(extra_json_schema={"pattern": rf"^{_SAMPLER_NAME}(;{_SAMPLER_NAME})*$"})]
+SamplerList = list[Annotated[str, Meta(extra_json_schema={"pattern": rf"^{_SAMPLER_NAME}$"})]]
 # Choices per request: they run at once, a lane each, and an engine has at most 8 lanes (a model's
 # max_concurrency bounds them further: ninfer.serve.generation.start_generations).
 MAX_CHOICES = 8
@@ -66,7 +72,7 @@ MAX_CHOICES = 8
 class SamplingFields(msgspec.Struct, kw_only=True):
     model: str | None = None
     temperature: Temperature | None = None
-    top_p: Probability | None = None
+    top_p: TopP | None = None
     top_k: TopK | None = None
     min_p: Probability | None = None
     presence_penalty: Penalty | None = None
@@ -88,7 +94,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     dry_allowed_length: TopK | None = None
     dry_penalty_last_n: LastN | None = None
     dry_sequence_breakers: list[str] | None = None
-    samplers: str | list[str] | None = None  # the stage order: a list, or names separated by ';'
+    samplers: SamplerNames | SamplerList | None = None  # the stage order: a list, or names separated by ';'
     stop: str | StopStrings | None = None
     # The next two bounds are documented here and enforced by choice_count and refuse_logit_bias, whose messages
     # say why (a lane per choice; no per-token bias in the sampler: only an empty object, which SDKs send, is taken).

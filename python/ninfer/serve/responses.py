@@ -40,9 +40,9 @@ from ninfer.errors import NinferError
 from ninfer.frontend.chat import flatten_content
 from ninfer.frontend.chat_media import flatten_unless_media
 from ninfer.serve.answer import answer, prepare
-from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
+from ninfer.serve.custom_tools import ResponsesTool, as_function_tool, call_input, function_arguments
 from ninfer.serve.errors import InvalidRequestError, describe
-from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK, TopLogprobs
+from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK, TopLogprobs, TopP
 from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
     ChatPrompt,
@@ -53,6 +53,7 @@ from ninfer.serve.generation import (
     prepare_prompt,
     sampling_overrides,
 )
+from ninfer.serve.openai_chat import PART_KINDS
 from ninfer.serve.openai_common import (
     ReasoningEffort,
     ToolChoice,
@@ -74,9 +75,28 @@ from ninfer.serve.output_blocks import (
 )
 from ninfer.serve.response_store import ResponseStore, StoredResponse
 from ninfer.serve.sse import SSEStream, sse_frame, sse_response
-from ninfer.serve.structured import responses_text_format
+from ninfer.serve.structured import TextConfig, responses_text_format
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
+
+
+# The input items served (items_to_messages reads them; msgspec types them as objects, the document gives each
+# kind's fields, and items_to_messages refuses any other item). A message's content parts are chat's.
+_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": PART_KINDS}}, {"type": "null"}]}
+_ITEM_KINDS = [
+    {"required": ["role"], "properties": {"type": {"const": "message"}, "content": _CONTENT,
+                                          "role": {"enum": ["user", "system", "developer", "assistant"]}}},
+    {"required": ["type"], "properties": {"type": {"const": "reasoning"}, "content": {"type": "array"},
+                                          "summary": {"type": "array"}}},
+    {"required": ["type", "name"], "properties": {"type": {"const": "function_call"}, "name": {"type": "string"},
+                                                  "arguments": {"type": "string"}}},
+    {"required": ["type", "name", "input"], "properties": {"type": {"const": "custom_tool_call"},
+                                                           "name": {"type": "string"}, "input": {"type": "string"}}},
+    {"required": ["type"], "properties": {"type": {"enum": ["function_call_output", "custom_tool_call_output"]},
+                                          "output": {"anyOf": [{"type": "string"}, {"type": "null"}, {
+                                              "type": "array", "items": PART_KINDS[0]}]}}},
+]
+InputItems = list[Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": _ITEM_KINDS})]]
 
 
 class Reasoning(msgspec.Struct, kw_only=True):
@@ -86,16 +106,16 @@ class Reasoning(msgspec.Struct, kw_only=True):
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | InputItems | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
     max_output_tokens: OutputTokens | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ResponsesTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     reasoning: Reasoning | None = None
-    text: dict[str, Any] | None = None
+    text: TextConfig | None = None
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
@@ -103,7 +123,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     background: Annotated[bool, Meta(extra_json_schema={"enum": [False]})] | None = None
     stream: bool = False
     temperature: Temperature | None = None
-    top_p: Probability | None = None
+    top_p: TopP | None = None
     top_logprobs: TopLogprobs | None = None
     user: str | None = None
     # Extensions, as chat accepts them.
@@ -114,10 +134,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
 
 class InputTokensRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | InputItems | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ResponsesTool] | None = None
     tool_choice: ToolChoice | None = None
     reasoning: Reasoning | None = None
 

@@ -26,10 +26,11 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import llguidance
 import numpy as np
+from msgspec import Meta
 
 from ninfer.errors import EngineError
 from ninfer.frontend.reasoning import ReasoningParser
@@ -78,6 +79,26 @@ def _format_from(kind: Any, schema: Any, name: Any, strict: Any, field: str) -> 
     if strict is not None and not isinstance(strict, bool):
         raise InvalidRequestError(f"{field}.strict must be a boolean", param=f"{field}.strict")
     return OutputFormat("json_schema", schema, name, strict)
+
+
+# The request fields the parsers below read, as the OpenAPI document gives them (msgspec types each as an object;
+# the parsers refuse the rest, and compile_grammar the schemas llguidance cannot enforce).
+_PLAIN = {"properties": {"type": {"enum": ["text", "json_object"]}}}  # no type: no constraint
+_NAMED = {"name": {"type": "string"}, "strict": {"type": "boolean"}}
+
+
+def _json_schema(fields: dict[str, Any]) -> dict[str, Any]:
+    return {"required": ["type", "schema"], "properties": {"type": {"const": "json_schema"},
+                                                           "schema": {"type": "object"}, **fields}}
+
+
+_FLAT_FORMAT = {"anyOf": [_PLAIN, _json_schema(_NAMED)]}
+ResponseFormat = Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": [_PLAIN, {
+    "required": ["type", "json_schema"], "properties": {"type": {"const": "json_schema"}, "json_schema": {
+        "type": "object", "required": ["schema"], "properties": {"schema": {"type": "object"}, **_NAMED}}}}]})]
+TextConfig = Annotated[dict[str, Any], Meta(extra_json_schema={"properties": {"format": {
+    "anyOf": [{"type": "null"}, {"type": "object", **_FLAT_FORMAT}]}}})]  # Responses `text`
+OutputFormatField = Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": [_PLAIN, _json_schema({})]})]
 
 
 def chat_response_format(value: Any) -> OutputFormat | None:
