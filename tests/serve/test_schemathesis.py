@@ -71,8 +71,8 @@ ACCEPTANCE_EXEMPT_BY: list[tuple[tuple[str, ...], int, str, str]] = [
      "token ids are bounded by the addressed model's vocabulary; one document describes every model of the router"),
     ((*CHAT, *COMPLETIONS), 400, "(max_concurrency)",
      "n is bounded by the addressed model's max_concurrency (the document states the global bound, 8)"),
-    *[(PROMPTS, 400, fragment, "images and video need a model with the vision tower (a property of the addressed "
-       "model), as a base64 data URL that decodes within the media limits (docs/vision.md)")
+    *[(PROMPTS, 400, fragment, ("images and video need a model with the vision tower (a property of the addressed "
+                                "model), as a base64 data URL that decodes within the media limits (docs/vision.md)"))
       for fragment in ("without the vision tower", "data URL", "send base64 data")],
     (PROMPTS, 400, "Tool call arguments must be a mapping",
      "an earlier tool call's arguments are the JSON text of an object: a string whose content no schema types"),
@@ -82,13 +82,13 @@ ACCEPTANCE_EXEMPT_BY: list[tuple[tuple[str, ...], int, str, str]] = [
      "input, instructions or a previous response must give the model something: a constraint across fields"),
     (TOOLS, 400, "'s name ", "a tool's name must be one the call parsers can return (its bytes, no quotes or spaces)"),
     ((*TOOLS, *SCHEMAS), 400, "JSON Schema",
-     "a schema (tool parameters, structured output) is checked by compiling it with llguidance, whose subset of "
-     "JSON Schema no schema describes"),
+     ("a schema (tool parameters, structured output) is checked by compiling it with llguidance, whose subset of "
+      "JSON Schema no schema describes")),
     (("/v1/decisions", "/v1/systemone"), 422, "",
      "the decision contract (docs/decisions.md) is checked by its own validator; the document gives an object only"),
     (("/v1/score", "/v1/rerank"), 400, "",
-     "score and rerank read their JSON object by hand (one of text / prompt / messages; query and documents); the "
-     "document gives an object only"),
+     ("score and rerank read their JSON object by hand (one of text / prompt / messages; query and documents); "
+      "the document gives an object only")),
 ]
 ACCEPTANCE_EXEMPT: dict[tuple[str, str, int], list[str]] = {}
 for _paths, _status, _fragment, _why in ACCEPTANCE_EXEMPT_BY:
@@ -155,7 +155,7 @@ def _server_errors(operations: list) -> list[str]:
         def no_server_error(case) -> None:
             _cap_lengths(case.body)
             response = case.call(timeout=60)
-            case.validate_response(response, checks=_checks_for(_key(operation), response))
+            case.validate_response(response, checks=_checks_for(_key(case.operation), response))
 
         try:
             no_server_error()

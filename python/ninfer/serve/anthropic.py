@@ -42,6 +42,7 @@ from ninfer.serve.generation import (
     GenerationResult,
     prepare_prompt,
     sampling_overrides,
+    shown_tools,
 )
 from ninfer.serve.openai_common import advisory_tool_choice, new_id, stop_strings
 from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
@@ -208,7 +209,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
 
 
 def chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
-    if not body.tools or (body.tool_choice or {}).get("type") == "none":
+    if not body.tools:
         return None
     result = []
     for tool in body.tools:
@@ -221,7 +222,7 @@ def chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         result.append({"type": "function", "function": function})
-    return result
+    return shown_tools(result, hidden=(body.tool_choice or {}).get("type") == "none")
 
 
 def _enable_thinking(thinking: Thinking | None) -> bool | None:
@@ -409,6 +410,7 @@ async def create_message(data: JSONBody[MessagesRequest], lease: LeaseDependency
 
 @post("/v1/messages/count_tokens", status_code=200, summary="Anthropic token count of a Messages request")
 async def count_tokens(data: JSONBody[CountTokensRequest], lease: LeaseDependency) -> dict[str, int]:
+    output_format(data)  # checked as on /v1/messages, although a count does not use it
     return {"input_tokens": len((await prepare_prompt(lease.served, chat_prompt(data))).token_ids)}
 
 

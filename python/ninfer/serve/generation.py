@@ -246,6 +246,16 @@ def _refuse_overlong_text(n_chars: int, max_token_chars: int, n_ctx: int) -> Non
         raise TextOverflowError(n_chars, at_least, n_ctx)
 
 
+def shown_tools(tools: list[dict[str, Any]] | None, *, hidden: bool) -> list[dict[str, Any]] | None:
+    """The tools (chat form) the template shows: none when the request hides them (`tool_choice: none`), which are
+    checked all the same (prepare_prompt checks the shown ones), so a tool is refused or not whatever it is sent
+    with."""
+    if hidden and tools:
+        _check_tools(tools)
+        return None
+    return tools
+
+
 def _check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
     """400 for a tool whose name no call could carry (the parsers would give such a call back as plain text), and
     for parameters that are not a JSON Schema structured output would accept (the same check as response_format's:

@@ -45,6 +45,7 @@ from ninfer.serve.generation import (
     TokenLogprob,
     combined_usage,
     merged_deltas,
+    shown_tools,
 )
 from ninfer.serve.openai_common import (
     DONE_FRAME,
@@ -180,7 +181,7 @@ def _template_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-    return None if body.tool_choice == "none" or not body.tools else chat_form_tools(body.tools)[0]
+    return shown_tools(chat_form_tools(body.tools)[0] if body.tools else None, hidden=body.tool_choice == "none")
 
 
 def _tool_choice_note(body: ChatCompletionRequest) -> dict[str, Any] | None:
