@@ -42,7 +42,6 @@ from ninfer.serve.generation import (
     GenerationResult,
     prepare_prompt,
     sampling_overrides,
-    shown_tools,
 )
 from ninfer.serve.openai_common import advisory_tool_choice, new_id, stop_strings
 from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
@@ -222,7 +221,7 @@ def chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         result.append({"type": "function", "function": function})
-    return shown_tools(result, hidden=(body.tool_choice or {}).get("type") == "none")
+    return result
 
 
 def _enable_thinking(thinking: Thinking | None) -> bool | None:
@@ -235,6 +234,7 @@ def chat_prompt(body: CountTokensRequest) -> ChatPrompt:
     return ChatPrompt(
         messages=chat_messages(body),
         tools=chat_tools(body),
+        hide_tools=(body.tool_choice or {}).get("type") == "none",
         enable_thinking=_enable_thinking(body.thinking),
         reasoning_effort=body.output_config.effort if body.output_config is not None else None,
     )

@@ -45,7 +45,6 @@ from ninfer.serve.generation import (
     TokenLogprob,
     combined_usage,
     merged_deltas,
-    shown_tools,
 )
 from ninfer.serve.openai_common import (
     DONE_FRAME,
@@ -156,6 +155,7 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     return ChatPrompt(
         messages=template_messages(body.messages),
         tools=_tools(body),
+        hide_tools=body.tool_choice == "none",
         add_generation_prompt=body.add_generation_prompt if body.add_generation_prompt is not None else True,
         continue_final_message=body.continue_final_message,
         enable_thinking=enable_thinking if isinstance(enable_thinking, bool) else None,
@@ -181,7 +181,7 @@ def _template_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-    return shown_tools(chat_form_tools(body.tools)[0] if body.tools else None, hidden=body.tool_choice == "none")
+    return chat_form_tools(body.tools)[0] if body.tools else None
 
 
 def _tool_choice_note(body: ChatCompletionRequest) -> dict[str, Any] | None:

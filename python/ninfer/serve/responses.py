@@ -52,7 +52,6 @@ from ninfer.serve.generation import (
     TokenLogprob,
     prepare_prompt,
     sampling_overrides,
-    shown_tools,
 )
 from ninfer.serve.openai_chat import PART_KINDS
 from ninfer.serve.openai_common import (
@@ -304,7 +303,8 @@ def _chat_prompt(
         raise InvalidRequestError("input is empty", param="input")
     return ChatPrompt(
         messages=system + conversation,
-        tools=shown_tools(chat_tools(body.tools), hidden=body.tool_choice == "none"),
+        tools=chat_tools(body.tools),
+        hide_tools=body.tool_choice == "none",
         enable_thinking=enable_thinking if isinstance(enable_thinking, bool) else None,
         reasoning_effort=effort if effort != "none" else None,
         chat_template_kwargs=kwargs or None,

@@ -154,7 +154,9 @@ def check_schema(schema: Any, field: str) -> None:
 
 def compile_grammar(fmt: OutputFormat, field: str) -> str:
     """The llguidance grammar for `fmt`; InvalidRequestError naming the schema features it cannot enforce."""
-    schema = _with_whitespace_limit(fmt.schema)
+    # As JSON text: llguidance reads a str without holding the GIL as long as it does converting a dict (a large
+    # schema is compiled in a worker thread, and the event loop needs the GIL meanwhile).
+    schema = json.dumps(_with_whitespace_limit(fmt.schema))
     try:
         # Validated on its own first: its messages name the unsupported keywords without the wrapper's source.
         error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(schema))
@@ -164,7 +166,7 @@ def compile_grammar(fmt: OutputFormat, field: str) -> str:
         raise InvalidRequestError(
             f"{field} uses JSON Schema features that structured output cannot enforce: {error}", param=field
         )
-    lark = f"start: {_LEADING_WHITESPACE} answer\nanswer: %json {json.dumps(schema)}\n"
+    lark = f"start: {_LEADING_WHITESPACE} answer\nanswer: %json {schema}\n"
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
@@ -196,7 +198,7 @@ async def build_constraint(
 ) -> TokenConstraint:
     """The request's TokenConstraint (refusing, with InvalidRequestError, a schema the grammar cannot enforce), to
     pass with its engine Request. The model's tokenizer index is built in a worker thread the first time."""
-    grammar = compile_grammar(fmt, field)
+    grammar = await asyncio.to_thread(compile_grammar, fmt, field)  # seconds for a large schema: off the event loop
     tokenizer = await asyncio.to_thread(grammar_tokenizer, engine.frontend, engine.info.vocab_size)
     return TokenConstraint(grammar, tokenizer, engine.frontend, starts_in_reasoning=starts_in_reasoning)
 
