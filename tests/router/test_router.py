@@ -378,8 +378,14 @@ def test_management_routes_shapes(smollm2: Path) -> None:
         refused = client.post("/tools", json={"tool": "read_file", "params": {}})
         # llama.cpp's tool-error shape, which llama-ui reads (it probes the file tools on every page load)
         assert refused.status_code == 200 and "no server tool named 'read_file'" in refused.json()["error"]
+        # llama.cpp answers 400 here; a model known but not loaded is a conflict with its state, not a bad body
+        # (docs/router.md), in the shape of the other management errors
         not_loaded = client.post("/models/unload", json={"model": "beta"})
-        assert not_loaded.status_code == 400 and "neither loaded nor loading" in not_loaded.json()["error"]["message"]
+        assert not_loaded.status_code == 409, not_loaded.text
+        error = not_loaded.json()["error"]
+        assert error["type"] == "invalid_request_error" and "neither loaded nor loading" in error["message"]
+        unknown = client.post("/models/unload", json={"model": "gamma"})
+        assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error", unknown.text
 
 
 def test_one_model_is_the_same_router_loaded_lazily(smollm2: Path) -> None:

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 USER = [{"role": "user", "content": "hi"}]
-BAD_SCHEMAS = [5, [1, 2], {"type": "nonsense"}]
+BAD_SCHEMAS = [5, [1, 2], {"type": "nonsense"}, 0]  # 0: Messages replaced a falsy input_schema
 
 
 def _chat_tool(schema):
@@ -26,11 +26,23 @@ CASES = {
                                                                           "json_schema": {"name": "x"}}}, "schema"),
     "top_logprobs without logprobs": ("/v1/chat/completions", {"messages": USER, "top_logprobs": 3}, "logprobs"),
     "completions logprobs 6": ("/v1/completions", {"prompt": "hi", "logprobs": 6}, "logprobs"),
+    # /apply-template renders what chat would: the same messages are refused
+    "apply-template tool message answering nothing": (
+        "/apply-template", {"messages": [*USER, {"role": "tool", "content": "42", "tool_call_id": "c1"}]},
+        "answers no tool call"),
+    "messages empty content": ("/v1/messages", {"messages": [{"role": "user", "content": []}]}, "content"),
+    "count_tokens output_format": ("/v1/messages/count_tokens",
+                                   {"messages": USER, "output_format": {"type": "yaml"}}, "output_format.type"),
+    # llama.cpp's sampler fields in the engine's ranges (a float32 0 or an int32 overflow was the engine's 400)
+    "chat xtc_threshold": ("/v1/chat/completions", {"messages": USER, "xtc_threshold": 2}, "xtc_threshold"),
+    "chat repeat_last_n": ("/v1/chat/completions", {"messages": USER, "repeat_last_n": 2**31}, "repeat_last_n"),
+    "chat repetition_penalty": ("/v1/chat/completions", {"messages": USER, "repetition_penalty": 1e-300},
+                                "repetition_penalty"),
 }
 # The sampling fields each route carries are typed once (ninfer.serve.fields): the same bounds everywhere.
 for path, base in (("/v1/chat/completions", {"messages": USER}), ("/v1/responses", {"input": "hi"}),
                    ("/v1/messages", {"messages": USER})):
-    for name, value in (("temperature", 2.5), ("temperature", -0.1), ("top_p", 1.5), ("top_k", -1)):
+    for name, value in (("temperature", 2.5), ("temperature", -0.1), ("top_p", 1.5), ("top_p", 0.0), ("top_k", -1)):
         CASES[f"{path} {name}={value}"] = (path, {**base, name: value}, name)
 for path, base in (("/v1/chat/completions", {"messages": USER, "logprobs": True}), ("/v1/responses", {"input": "hi"})):
     CASES[f"{path} top_logprobs=21"] = (path, {**base, "top_logprobs": 21}, "top_logprobs")
@@ -51,6 +63,14 @@ for i, schema in enumerate(BAD_SCHEMAS):
     CASES[f"count_tokens tool schema {i}"] = (
         "/v1/messages/count_tokens", {"messages": USER, "tools": [{"name": "f", "input_schema": schema}]},
         "tools[0].parameters")
+# Tools are checked whether or not `tool_choice` hides them from the template.
+CASES["chat hidden tool"] = ("/v1/chat/completions",
+                             {"messages": USER, "tools": _chat_tool(5), "tool_choice": "none"}, "tools[0].parameters")
+CASES["responses hidden tool"] = (
+    "/v1/responses", {"input": "hi", "tool_choice": "none",
+                      "tools": [{"type": "function", "name": "f", "parameters": 5}]}, "tools[0].parameters")
+CASES["messages hidden tool"] = ("/v1/messages", {"messages": USER, "tool_choice": {"type": "none"},
+                                                  "tools": [{"name": "f", "input_schema": 5}]}, "tools[0].parameters")
 
 
 @pytest.mark.parametrize("case", list(CASES))

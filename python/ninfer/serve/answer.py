@@ -57,7 +57,7 @@ async def prepare(served: ServedModel, prompt: ChatPrompt | TextPrompt, params: 
                                               starts_in_reasoning=rendered.starts_in_reasoning)
                        for _ in range(params.n)]
         params = replace(params, constraint=constraints[0], choice_constraints=tuple(constraints[1:]))
-    return Prepared(rendered, params, prompt.tools if isinstance(prompt, ChatPrompt) else None)
+    return Prepared(rendered, params, prompt.shown_tools if isinstance(prompt, ChatPrompt) else None)
 
 
 async def answer(request: Request, lease: Lease, prepared: Prepared, *, response_id: str,

@@ -31,8 +31,9 @@ from ninfer.errors import NinferError
 from ninfer.frontend.chat import is_media_part
 from ninfer.frontend.chat_media import tag_media_parts
 from ninfer.serve.answer import answer, prepare
+from ninfer.serve.custom_tools import AnthropicTool
 from ninfer.serve.errors import InvalidRequestError, anthropic_body, describe
-from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK
+from ninfer.serve.fields import OutputTokens, StopStrings, Temperature, TopK, TopP
 from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
     ChatPrompt,
@@ -45,34 +46,71 @@ from ninfer.serve.generation import (
 from ninfer.serve.openai_common import advisory_tool_choice, new_id, stop_strings
 from ninfer.serve.output_blocks import REASONING, TEXT, Block, BlockDelta, BlockStart, BlockStop, OutputBlocks
 from ninfer.serve.sse import sse_frame, sse_response
-from ninfer.serve.structured import anthropic_output_format
+from ninfer.serve.structured import OutputFormatField, anthropic_output_format
 
 _STOP_REASONS = {"length": "max_tokens", "cancelled": "end_turn"}
-EFFORTS = ("low", "medium", "high", "xhigh", "max")  # passed to the template as reasoning_effort
+
+
+class Thinking(msgspec.Struct, kw_only=True):
+    type: Literal["enabled", "adaptive", "between_tools", "disabled"] | None = None  # None: the template's default
+    budget_tokens: int | None = None  # accepted, not enforced
+
+
+class OutputConfig(msgspec.Struct, kw_only=True):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None  # the template's reasoning_effort
+    format: OutputFormatField | None = None
+
+
+# The content blocks served, by role (chat_messages reads them; msgspec types them as objects, the document gives
+# each kind's fields, and chat_messages refuses any other block). An image needs a model with the vision tower.
+_TEXT_BLOCK = {"type": "object", "required": ["type", "text"],
+               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_USER_BLOCKS = [
+    _TEXT_BLOCK,
+    {"required": ["type", "source"], "properties": {"type": {"const": "image"}, "source": {"type": "object"}}},
+    {"required": ["type"], "properties": {"type": {"const": "tool_result"}, "content": {
+        "anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}, {"type": "null"}]}}},
+]
+_ASSISTANT_BLOCKS = [
+    _TEXT_BLOCK,
+    {"required": ["type"], "properties": {"type": {"enum": ["thinking", "redacted_thinking"]}}},
+    {"required": ["type", "name"], "properties": {"type": {"const": "tool_use"}, "name": {"type": "string"},
+                                                  "input": {"type": "object"}}},
+]
+
+
+def _blocks(kinds: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"properties": {"content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": kinds}}]}}}
+
+
+_BLOCKS_BY_ROLE = {"if": {"properties": {"role": {"const": "user"}}}, "then": _blocks(_USER_BLOCKS),
+                   "else": _blocks(_ASSISTANT_BLOCKS)}
+TextBlocks = list[Annotated[dict[str, Any], Meta(extra_json_schema=_TEXT_BLOCK)]]  # system
 
 
 class AnthropicMessage(msgspec.Struct, kw_only=True):
     role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
+    content: str | Annotated[list[dict[str, Any]], Meta(min_length=1)]
 
 
 class CountTokensRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    messages: Annotated[list[AnthropicMessage], Meta(min_length=1)]
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
+    messages: Annotated[list[Annotated[AnthropicMessage, Meta(extra_json_schema=_BLOCKS_BY_ROLE)]],
+                        Meta(min_length=1)]
+    system: str | TextBlocks | None = None
+    tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None  # {effort, format}
-    output_format: dict[str, Any] | None = None  # the older place of output_config.format
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormatField | None = None  # the older place of output_config.format
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
     max_tokens: OutputTokens
-    stop_sequences: list[str] | None = None
+    stop_sequences: StopStrings | None = None
     stream: bool = False
     temperature: Temperature | None = None
-    top_p: Probability | None = None
+    top_p: TopP | None = None
     top_k: TopK | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
@@ -170,7 +208,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
 
 
 def chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
-    if not body.tools or (body.tool_choice or {}).get("type") == "none":
+    if not body.tools:
         return None
     result = []
     for tool in body.tools:
@@ -178,40 +216,32 @@ def chat_tools(body: CountTokensRequest) -> list[dict[str, Any]] | None:
             raise InvalidRequestError(
                 f"only client tools with a name and input_schema are served, got type {tool.get('type')!r}"
             )
-        function = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
+        schema = tool.get("input_schema")  # anything but an object or null is a 400 (as on the other routes)
+        function = {"name": tool["name"], "parameters": {"type": "object"} if schema is None else schema}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         result.append({"type": "function", "function": function})
     return result
 
 
-def _enable_thinking(thinking: dict[str, Any] | None) -> bool | None:
-    kind = (thinking or {}).get("type")
-    if kind is None:
+def _enable_thinking(thinking: Thinking | None) -> bool | None:
+    if thinking is None or thinking.type is None:
         return None
-    if kind not in ("enabled", "disabled", "adaptive", "between_tools"):
-        raise InvalidRequestError("thinking.type must be enabled, adaptive, between_tools or disabled")
-    return kind != "disabled"
-
-
-def _effort(body: CountTokensRequest) -> str | None:
-    effort = (body.output_config or {}).get("effort")
-    if effort is not None and effort not in EFFORTS:
-        raise InvalidRequestError(f"output_config.effort must be one of {', '.join(EFFORTS)}")
-    return effort
+    return thinking.type != "disabled"
 
 
 def chat_prompt(body: CountTokensRequest) -> ChatPrompt:
     return ChatPrompt(
         messages=chat_messages(body),
         tools=chat_tools(body),
+        hide_tools=(body.tool_choice or {}).get("type") == "none",
         enable_thinking=_enable_thinking(body.thinking),
-        reasoning_effort=_effort(body),
+        reasoning_effort=body.output_config.effort if body.output_config is not None else None,
     )
 
 
 def output_format(body: CountTokensRequest) -> Any:
-    fmt = (body.output_config or {}).get("format")
+    fmt = body.output_config.format if body.output_config is not None else None
     return anthropic_output_format(fmt if fmt is not None else body.output_format)
 
 
@@ -380,6 +410,7 @@ async def create_message(data: JSONBody[MessagesRequest], lease: LeaseDependency
 
 @post("/v1/messages/count_tokens", status_code=200, summary="Anthropic token count of a Messages request")
 async def count_tokens(data: JSONBody[CountTokensRequest], lease: LeaseDependency) -> dict[str, int]:
+    output_format(data)  # checked as on /v1/messages, although a count does not use it
     return {"input_tokens": len((await prepare_prompt(lease.served, chat_prompt(data))).token_ids)}
 
 

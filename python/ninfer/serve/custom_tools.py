@@ -15,11 +15,40 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 from ninfer.serve.errors import InvalidRequestError
 
 INPUT = "input"  # the one parameter a custom tool has in the template
+
+# The tools each protocol declares, as the OpenAPI document gives them (msgspec types each as an object; the
+# converters below refuse the rest, and ninfer.serve.generation a name no call could carry or a schema structured
+# output cannot enforce).
+_FORMAT = {"anyOf": [{"type": "null"},
+                     {"type": "object", "required": ["type"], "properties": {"type": {"const": "text"}}},
+                     {"type": "object", "required": ["type", "grammar"], "properties": {
+                         "type": {"const": "grammar"}, "grammar": {
+                             "type": "object", "required": ["syntax", "definition"], "properties": {
+                                 "syntax": {"enum": ["lark", "regex"]}, "definition": {"type": "string"}}}}}]}
+_CUSTOM = {"name": {"type": "string", "minLength": 1}, "description": {"type": ["string", "null"]}, "format": _FORMAT}
+_PARAMETERS = {"type": "object"}
+ChatTool = Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": [
+    {"required": ["type", "custom"], "properties": {"type": {"const": "custom"}, "custom": {
+        "type": "object", "required": ["name"], "properties": _CUSTOM}}},
+    {"required": ["function"], "properties": {"type": {"not": {"const": "custom"}}, "function": {
+        "type": "object", "required": ["name"], "properties": {"name": {"type": "string"},
+                                                               "parameters": _PARAMETERS}}}},
+]})]
+ResponsesTool = Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": [
+    {"required": ["type", "name"], "properties": {"type": {"const": "custom"}, **_CUSTOM}},
+    {"required": ["type", "name"], "properties": {"type": {"const": "function"}, "name": {"type": "string"},
+                                                  "parameters": _PARAMETERS}},
+]})]
+AnthropicTool = Annotated[dict[str, Any], Meta(extra_json_schema={
+    "required": ["name"], "properties": {"type": {"const": "custom"}, "name": {"type": "string"},
+                                         "input_schema": _PARAMETERS}})]
 
 
 def _format_note(tool_format: Any, param: str) -> str:

@@ -19,6 +19,7 @@ from ninfer.decisions.runner import run_questions, typed_questions
 from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import ErrorInfo, describe, openai_body
 from ninfer.serve.gate import LeaseDependency
+from ninfer.serve.openapi import JSON_OBJECT_BODY
 
 LIMITS_STATE_KEY = "decision_limits"  # app.state entry: the DecisionLimits the server was started with
 
@@ -102,14 +103,14 @@ _DOC = "TypeSafe System One: calibrated probabilities over each question's answe
 
 # The contract's shape violations are 422s (ninfer.serve.openapi documents them from `error_statuses`).
 @post("/v1/decisions", status_code=200, exception_handlers={Exception: openai_handler}, summary=_DOC,
-      opt={"error_statuses": (422,)})
+      opt={"error_statuses": (422,), JSON_OBJECT_BODY: True})
 async def decisions(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     return await decide(request, lease)
 
 
 @post("/v1/systemone", status_code=200, exception_handlers={Exception: typesafe_handler},
       summary=_DOC + "; errors in TypeSafe's `detail` shape",
-      opt={"error_statuses": (422,), "error_body": TypeSafeErrorBody})
+      opt={"error_statuses": (422,), "error_body": TypeSafeErrorBody, JSON_OBJECT_BODY: True})
 async def systemone(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     return await decide(request, lease)
 

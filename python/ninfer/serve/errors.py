@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import msgspec
 from litestar import MediaType, Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import ClientException, HTTPException, ValidationException
 
 from ninfer import errors
 
@@ -65,6 +65,13 @@ class TextOverflowError(ContextOverflowError):
             (f"the request's prompt text has {n_chars} characters, at least {at_least_tokens} tokens, which "
              f"cannot fit the context of {n_ctx} tokens"),
         )
+
+
+class Conflict(ClientException):
+    """What was asked does not fit the addressed thing's present state (a generation whose reasoning cannot be
+    ended, a model that is neither loaded nor loading): 409, in the route's error shape."""
+
+    status_code = 409
 
 
 class ServerShuttingDownError(errors.NinferError):

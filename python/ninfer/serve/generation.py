@@ -99,12 +99,18 @@ class ServedModel(Protocol):
 @dataclass(frozen=True)
 class ChatPrompt:
     messages: Sequence[Mapping[str, Any]]
-    tools: Sequence[Mapping[str, Any]] | None = None  # given to the template (and to the tool-call parser)
+    tools: Sequence[Mapping[str, Any]] | None = None  # the request's tools (chat form), all of them checked
+    hide_tools: bool = False  # tool_choice none: the template is not given them, and no call is parsed
     add_generation_prompt: bool = True
     continue_final_message: bool | None = None  # None: continue a final text-only assistant message
     enable_thinking: bool | None = None  # None: the template's default (on for Qwen3.5)
     reasoning_effort: str | None = None
     chat_template_kwargs: Mapping[str, Any] | None = None
+
+    @property
+    def shown_tools(self) -> Sequence[Mapping[str, Any]] | None:
+        """The tools given to the template and to the tool-call parser."""
+        return None if self.hide_tools else self.tools
 
 
 @dataclass(frozen=True)
@@ -216,7 +222,8 @@ async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) ->
         text = prompt.text or ""
         _refuse_overlong_text(len(text), frontend.max_token_chars, n_ctx)
         return PreparedPrompt(await asyncio.to_thread(frontend.encode, text), text, False, is_chat=False)
-    _check_tools(prompt.tools or ())
+    # Off the event loop too: a tool's schema is compiled to check it, and a large one takes seconds.
+    await asyncio.to_thread(_check_tools, prompt.tools or ())
     messages, media_parts = extract_media(prompt.messages)
     if media_parts and frontend.vision is None:
         raise MediaError(media_parts[0].part, "this server runs without the vision tower: images and video "
@@ -224,7 +231,7 @@ async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) ->
     rendered = await asyncio.to_thread(
         frontend.render,
         messages,
-        tools=prompt.tools or None,
+        tools=prompt.shown_tools or None,
         add_generation_prompt=prompt.add_generation_prompt,
         continue_final_message=prompt.continue_final_message,
         enable_thinking=prompt.enable_thinking,

@@ -2,7 +2,7 @@
 
     POST /models/load {model}      -> {success: true} at once; /models/sse reports the load
     POST /models/unload {model}    -> {success: true}; the model unloads once its in-flight requests finish (a
-                                      loading one: its load is cancelled)
+                                      loading one: its load is cancelled); 409 when it is neither
     GET  /models/sse               -> `model_status` events on every load / swap / unload (with the load's progress),
                                       keepalives every `sse_ping_interval` s of the router config (default 5)
     GET  /props[?model=&autoload=] -> what llama-ui reads (role, default_generation_settings, total_slots, ...)
@@ -27,7 +27,7 @@ from litestar.params import FromQuery, JSONBody
 from ninfer import __version__ as NINFER_VERSION
 from ninfer.engine import DEFAULT_SAMPLER_ORDER
 from ninfer.frontend.sampling_defaults import recommended_sampling
-from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.errors import Conflict
 from ninfer.serve.gate import EXEMPT, RouterDependency
 from ninfer.serve.generation import DRY_SEQUENCE_BREAKERS, UNTIL_CONTEXT_END
 from ninfer.serve.router import (
@@ -95,13 +95,12 @@ async def load_model(data: JSONBody[ModelRequest], router: RouterDependency) -> 
     return {"success": True}
 
 
-@post("/models/unload", status_code=200, opt=EXEMPT, raises=[ModelNotFoundError],
+@post("/models/unload", status_code=200, opt=EXEMPT, raises=[ModelNotFoundError, Conflict],
       summary="Unload a model once its requests finish, or cancel its load")
 async def unload_model(data: JSONBody[ModelRequest], router: RouterDependency) -> dict[str, Any]:
     entry = router.lookup(data.model)
     if not router.request_unload(entry.name):
-        raise InvalidRequestError(f"model {entry.name!r} is neither loaded nor loading ({entry.status})",
-                                  param="model")
+        raise Conflict(detail=f"model {entry.name!r} is neither loaded nor loading ({entry.status})")
     return {"success": True}
 
 

@@ -8,20 +8,20 @@ Prometheus metrics.
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from litestar import Response, get, post
 from litestar.params import JSONBody
-from msgspec import Meta
 
+from ninfer.serve.custom_tools import ChatTool, chat_form_tools
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.fields import TokenId
 from ninfer.serve.gate import LeaseDependency, RouterDependency
 from ninfer.serve.generation import ChatPrompt, prepare_prompt
 from ninfer.serve.llamacpp import model_rows
 from ninfer.serve.metrics import CONTENT_TYPE
-from ninfer.serve.openai_chat import ChatMessage, template_messages
+from ninfer.serve.openai_chat import ChatMessages, template_messages
 from ninfer.serve.state import ServedModel
 
 PUBLIC = {"public": True}
@@ -78,9 +78,9 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 
 
 class ApplyTemplateRequest(msgspec.Struct, kw_only=True):
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    messages: ChatMessages
     model: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
 
@@ -110,7 +110,7 @@ async def detokenize(data: JSONBody[DetokenizeRequest], lease: LeaseDependency) 
 async def apply_template(data: JSONBody[ApplyTemplateRequest], lease: LeaseDependency) -> dict[str, Any]:
     kwargs = dict(data.chat_template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)
-    chat = ChatPrompt(template_messages(data.messages), tools=data.tools,
+    chat = ChatPrompt(template_messages(data.messages), tools=chat_form_tools(data.tools)[0] if data.tools else None,
                       add_generation_prompt=data.add_generation_prompt,
                       enable_thinking=thinking if isinstance(thinking, bool) else None,
                       chat_template_kwargs=kwargs or None)

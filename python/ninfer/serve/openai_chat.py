@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
@@ -33,7 +33,7 @@ from msgspec import Meta
 from ninfer.engine import PrefillProgress
 from ninfer.frontend.tool_calls import ParseIssue, ToolCallDelta
 from ninfer.serve.answer import answer_choices, prepare
-from ninfer.serve.custom_tools import call_input, chat_form_tools, chat_history_call
+from ninfer.serve.custom_tools import ChatTool, call_input, chat_form_tools, chat_history_call
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.fields import MaxTokens, TopLogprobs
 from ninfer.serve.gate import LeaseDependency
@@ -48,8 +48,9 @@ from ninfer.serve.generation import (
 )
 from ninfer.serve.openai_common import (
     DONE_FRAME,
-    REASONING_EFFORTS,
+    ReasoningEffort,
     SamplingFields,
+    ToolChoice,
     advisory_tool_choice,
     generation_params,
     include_usage,
@@ -63,14 +64,29 @@ from ninfer.serve.openai_common import (
 )
 from ninfer.serve.reasoning_control import ReasoningControl
 from ninfer.serve.sse import PING_INTERVAL_S, sse_frame, sse_response
-from ninfer.serve.structured import chat_response_format
+from ninfer.serve.structured import ResponseFormat, chat_response_format
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 
 
+# A content part (ninfer.frontend.chat reads them): text, or an image or video, which only a model with the vision
+# tower takes (a 400 naming the part otherwise). msgspec types the parts as objects; the document gives each kind's
+# fields, and the frontend refuses any other part.
+PART_KINDS: list[dict[str, Any]] = [
+    {"type": "object", "required": ["type", "text"],
+     "properties": {"type": {"enum": ["text", "input_text", "output_text"]}, "text": {"type": "string"}}},
+    {"required": ["type"], "properties": {"type": {"enum": ["image_url", "video_url", "input_image"]}}},
+    {"required": ["type", "source"], "properties": {"type": {"enum": ["image", "video"]},
+                                                    "source": {"type": "object"}}},
+    {"required": ["type", "image"], "properties": {"type": {"const": "image"}, "image": {"type": "string"}}},
+    {"required": ["type", "video"], "properties": {"type": {"const": "video"}, "video": {"type": "string"}}},
+]
+ContentPart = Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": PART_KINDS})]
+
+
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: ChatRole
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -78,17 +94,25 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     reasoning: str | None = None
 
 
+# A tool message names the call it answers (check_messages also holds it to an earlier assistant message's call,
+# which a schema cannot say).
+_TOOL_MESSAGE = {"if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
+                 "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string",
+                                                                                       "minLength": 1}}}}
+ChatMessages = Annotated[list[Annotated[ChatMessage, Meta(extra_json_schema=_TOOL_MESSAGE)]], Meta(min_length=1)]
+
+
 class ChatCompletionRequest(SamplingFields, kw_only=True):
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    messages: ChatMessages
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
+    response_format: ResponseFormat | None = None
+    reasoning_effort: ReasoningEffort | None = None
     reasoning_format: str | None = None  # llama.cpp: "none" returns the raw text, reasoning included
     chat_template_kwargs: dict[str, Any] | None = None
     continue_final_message: bool | None = None
@@ -103,7 +127,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     timings_per_token: bool = False  # llama.cpp: `timings` so far on every streamed chunk (llama-ui sends true)
 
 
-def _check_messages(messages: list[ChatMessage]) -> None:
+def _check_messages(messages: Sequence[ChatMessage]) -> None:
     """A tool message answers a call: it names the call's id, which an earlier assistant message made."""
     called: set[str] = set()
     for index, message in enumerate(messages):
@@ -122,17 +146,8 @@ def _check_messages(messages: list[ChatMessage]) -> None:
 
 
 def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
-    _check_messages(body.messages)
     if body.top_logprobs and body.logprobs is not True:
         raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
-    if body.reasoning_effort is not None and body.reasoning_effort not in REASONING_EFFORTS:
-        raise InvalidRequestError(
-            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning_effort"
-        )
-    if body.tool_choice not in (None, "none", "auto", "required") and not isinstance(body.tool_choice, dict):
-        raise InvalidRequestError(
-            "tool_choice must be none, auto, required or a named function", param="tool_choice"
-        )
     kwargs = dict(body.chat_template_kwargs or {})
     enable_thinking = kwargs.pop("enable_thinking", None)
     if body.reasoning_effort == "none":
@@ -140,6 +155,7 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     return ChatPrompt(
         messages=template_messages(body.messages),
         tools=_tools(body),
+        hide_tools=body.tool_choice == "none",
         add_generation_prompt=body.add_generation_prompt if body.add_generation_prompt is not None else True,
         continue_final_message=body.continue_final_message,
         enable_thinking=enable_thinking if isinstance(enable_thinking, bool) else None,
@@ -148,8 +164,10 @@ def _chat_prompt(body: ChatCompletionRequest) -> ChatPrompt:
     )
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Chat messages as the chat template takes them (the same for a generation and for `/apply-template`)."""
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Chat messages as the chat template takes them, checked (the same for a generation and for
+    `/apply-template`)."""
+    _check_messages(messages)
     return [_template_message(msgspec.to_builtins(m)) for m in messages]
 
 
@@ -163,7 +181,7 @@ def _template_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-    return None if body.tool_choice == "none" or not body.tools else chat_form_tools(body.tools)[0]
+    return chat_form_tools(body.tools)[0] if body.tools else None
 
 
 def _tool_choice_note(body: ChatCompletionRequest) -> dict[str, Any] | None:

@@ -9,21 +9,29 @@ what the engine cannot do (a non-empty `logit_bias`: the sampler has no per-toke
 from __future__ import annotations
 
 import secrets
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-from ninfer.engine import SAMPLER_STAGES, SamplingParams, sampler_stages
+from ninfer.engine import SAMPLER_ALIASES, SAMPLER_STAGES, SamplingParams, sampler_stages
 from ninfer.errors import NinferError
 from ninfer.serve.errors import InvalidRequestError, describe, openai_body
 from ninfer.serve.fields import (
+    MAX_STOP_STRINGS,
+    DryBase,
+    Hundred,
+    LastN,
     Penalty,
     Probability,
     RepetitionPenalty,
     Seed,
+    StopStrings,
     Temperature,
     TopK,
+    TopNSigma,
+    TopP,
+    TypicalP,
 )
 from ninfer.serve.generation import (
     UNTIL_CONTEXT_END,
@@ -45,14 +53,26 @@ def template_role(role: str) -> str:
 
 
 # What `reasoning_effort` (chat) and `reasoning.effort` (Responses) may be.
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+# `tool_choice` (chat, Responses): one of these, or an object naming a tool
+ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
 
+
+
+# `samplers`: llama.cpp's stage names and their other spellings (blank entries are skipped), documented here;
+# sampler_order refuses any other name, naming the stages there are.
+_SAMPLER_NAME = rf"\s*({'|'.join(sorted({*SAMPLER_STAGES, *SAMPLER_ALIASES}))})?\s*"
+SamplerNames = Annotated[str, Meta(extra_json_schema={"pattern": rf"^{_SAMPLER_NAME}(;{_SAMPLER_NAME})*$"})]
+SamplerList = list[Annotated[str, Meta(extra_json_schema={"pattern": rf"^{_SAMPLER_NAME}$"})]]
+# Choices per request: they run at once, a lane each, and an engine has at most 8 lanes (a model's
+# max_concurrency bounds them further: ninfer.serve.generation.start_generations).
+MAX_CHOICES = 8
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):
     model: str | None = None
     temperature: Temperature | None = None
-    top_p: Probability | None = None
+    top_p: TopP | None = None
     top_k: TopK | None = None
     min_p: Probability | None = None
     presence_penalty: Penalty | None = None
@@ -60,30 +80,30 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     repeat_penalty: RepetitionPenalty | None = None  # llama.cpp's name
     repetition_penalty: RepetitionPenalty | None = None  # vLLM's name
     seed: Seed | None = None
-    # llama.cpp's sampler fields (llama-ui's settings dialog sends them); the engine checks their ranges
-    repeat_last_n: Annotated[int, Meta(ge=-1)] | None = None
-    typical_p: float | None = None
-    typ_p: float | None = None  # llama-ui's name for typical_p
-    top_n_sigma: float | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_penalty_last_n: Annotated[int, Meta(ge=-1)] | None = None
+    # llama.cpp's sampler fields (llama-ui's settings dialog sends them), in the ranges the engine accepts
+    repeat_last_n: LastN | None = None
+    typical_p: TypicalP | None = None
+    typ_p: TypicalP | None = None  # llama-ui's name for typical_p
+    top_n_sigma: TopNSigma | None = None
+    dynatemp_range: Hundred | None = None
+    dynatemp_exponent: Hundred | None = None
+    xtc_probability: Probability | None = None
+    xtc_threshold: Probability | None = None
+    dry_multiplier: Hundred | None = None
+    dry_base: DryBase | None = None
+    dry_allowed_length: TopK | None = None
+    dry_penalty_last_n: LastN | None = None
     dry_sequence_breakers: list[str] | None = None
-    samplers: str | list[str] | None = None  # the stage order: a list, or names separated by ';'
-    stop: str | list[str] | None = None
-    n: Annotated[int, Meta(ge=1)] | None = None
-    logit_bias: dict[str, float] | None = None  # refused unless empty
+    samplers: SamplerNames | SamplerList | None = None  # the stage order: a list, or names separated by ';'
+    stop: str | StopStrings | None = None
+    # The next two bounds are documented here and enforced by choice_count and refuse_logit_bias, whose messages
+    # say why (a lane per choice; no per-token bias in the sampler: only an empty object, which SDKs send, is taken).
+    n: Annotated[int, Meta(ge=1, extra_json_schema={"maximum": MAX_CHOICES})] | None = None
+    logit_bias: Annotated[dict[str, float], Meta(extra_json_schema={"maxProperties": 0})] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     user: str | None = None
 
-
-MAX_STOP_STRINGS = 16
 # The request fields that are SamplingParams fields of the same name and meaning (the rest are mapped by hand below).
 SHARED_SAMPLING_FIELDS = tuple(name for name in SamplingFields.__struct_fields__
                                if name in SamplingParams.__dataclass_fields__ and name not in ("repetition_penalty",
@@ -103,9 +123,6 @@ def advisory_tool_choice(requested: Any, *, forcing: bool, strict: bool) -> dict
     }
 
 
-# Choices per request: they run at once, a lane each, and an engine has at most 8 lanes (a model's
-# max_concurrency bounds them further: ninfer.serve.generation.start_generations).
-MAX_CHOICES = 8
 
 
 def choice_count(n: int | None) -> int:

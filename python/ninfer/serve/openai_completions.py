@@ -47,13 +47,16 @@ NonEmptyTokenIds = Annotated[list[TokenId], Meta(min_length=1)]
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    # a string, token ids, or a batch of one of either (msgspec allows one list type per union); none of them empty
-    prompt: NonEmptyText | Annotated[list[TokenId | NonEmptyText | NonEmptyTokenIds], Meta(min_length=1)]
+    # a string, token ids, or a batch of one of either (msgspec allows one list type per union, so the document
+    # states the rest: all token ids, or one item; _prompt refuses any other list); none of them empty
+    prompt: NonEmptyText | Annotated[list[TokenId | NonEmptyText | NonEmptyTokenIds], Meta(
+        min_length=1, extra_json_schema={"anyOf": [{"items": {"type": "integer"}}, {"maxItems": 1}]})]
     max_tokens: MaxTokens | None = DEFAULT_MAX_TOKENS
     logprobs: Annotated[int, Meta(ge=0, le=MAX_LEGACY_LOGPROBS)] | None = None
     echo: bool = False
-    suffix: str | None = None
-    best_of: Annotated[int, Meta(ge=1)] | None = None
+    # neither is served: documented as their no-op values, refused otherwise by _refuse_unsupported (which says so)
+    suffix: Annotated[str, Meta(extra_json_schema={"maxLength": 0})] | None = None
+    best_of: Annotated[int, Meta(ge=1, extra_json_schema={"maximum": 1})] | None = None
 
 
 def _prompt(body: CompletionRequest) -> TextPrompt:

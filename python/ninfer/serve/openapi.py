@@ -11,7 +11,10 @@ or cannot know are put right here, each from the same source the server itself u
   the route is public (ninfer.serve.auth), 413 and 415 for a JSON body (size, Content-Type), 404 / 429 / 503 for a
   request the model gate pins a model for (unknown model; engine full; model unavailable), 503 for any request
   while the server shuts down (529 on the Anthropic routes), and the handler's own `raises`.
-- Streaming: a generation route whose body has `stream` answers either JSON or `text/event-stream`.
+- Streaming: a generation route whose body has `stream` answers either JSON or `text/event-stream`; an event
+  stream's schema is that of one event (OpenAPI before 3.2: `schema` describes each event, as its fields).
+- Bodies a handler reads itself (`opt["json_object_body"]`: the decision contract, score, rerank, which check their
+  fields by hand): a required JSON object, without the fields' schema.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from ninfer.serve.strict_body import json_body_model
 
 REF = "#/components/schemas/{name}"
 OVERLOADED = "Overloaded (Anthropic's 529: the server is shutting down)"
+# One server-sent event, as readers parse it (ninfer.serve.sse writes `event`, `data` and comments).
+SSE_EVENT = {"type": "object", "properties": {"event": {"type": "string"}, "data": {"type": "string"},
+                                              "id": {"type": "string"}, "retry": {"type": "integer"}}}
+JSON_OBJECT_BODY = "json_object_body"  # route opt: the handler reads a JSON object body itself
 
 
 def _error_statuses(handler: HTTPRouteHandler, method: str, anthropic: bool) -> set[int]:
@@ -78,6 +85,9 @@ def finish(document: dict[str, Any], handlers: dict[tuple[str, str], HTTPRouteHa
             if handler is None or not isinstance(operation, dict):
                 continue
             model = models.get((method.upper(), path))
+            if (handler.opt or {}).get(JSON_OBJECT_BODY):
+                operation["requestBody"] = {"required": True,
+                                            "content": {"application/json": {"schema": {"type": "object"}}}}
             if model is not None:
                 operation["requestBody"] = {
                     "required": True,
@@ -85,8 +95,11 @@ def finish(document: dict[str, Any], handlers: dict[tuple[str, str], HTTPRouteHa
                 if "stream" in model.__struct_fields__:
                     success = operation["responses"][str(handler.status_code)]
                     content = success.setdefault("content", {})
-                    content[EVENT_STREAM] = {"schema": {"type": "string"}}
+                    content[EVENT_STREAM] = {}
             responses = operation.setdefault("responses", {})
+            for answer in responses.values():
+                if EVENT_STREAM in (answer.get("content") or {}):
+                    answer["content"][EVENT_STREAM] = {"schema": SSE_EVENT}
             anthropic = path.startswith(ANTHROPIC_PREFIX)
             body = _error_body(handler, anthropic)
             for status in _error_statuses(handler, method.upper(), anthropic):

@@ -40,9 +40,9 @@ from ninfer.errors import NinferError
 from ninfer.frontend.chat import flatten_content
 from ninfer.frontend.chat_media import flatten_unless_media
 from ninfer.serve.answer import answer, prepare
-from ninfer.serve.custom_tools import as_function_tool, call_input, function_arguments
+from ninfer.serve.custom_tools import ResponsesTool, as_function_tool, call_input, function_arguments
 from ninfer.serve.errors import InvalidRequestError, describe
-from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK, TopLogprobs
+from ninfer.serve.fields import OutputTokens, Probability, Temperature, TopK, TopLogprobs, TopP
 from ninfer.serve.gate import LeaseDependency
 from ninfer.serve.generation import (
     ChatPrompt,
@@ -53,8 +53,10 @@ from ninfer.serve.generation import (
     prepare_prompt,
     sampling_overrides,
 )
+from ninfer.serve.openai_chat import PART_KINDS
 from ninfer.serve.openai_common import (
-    REASONING_EFFORTS,
+    ReasoningEffort,
+    ToolChoice,
     advisory_tool_choice,
     logprob_json,
     new_id,
@@ -73,30 +75,55 @@ from ninfer.serve.output_blocks import (
 )
 from ninfer.serve.response_store import ResponseStore, StoredResponse
 from ninfer.serve.sse import SSEStream, sse_frame, sse_response
-from ninfer.serve.structured import responses_text_format
+from ninfer.serve.structured import TextConfig, responses_text_format
 
 OUTPUT_TEXT_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
 
 
+# The input items served (items_to_messages reads them; msgspec types them as objects, the document gives each
+# kind's fields, and items_to_messages refuses any other item). A message's content parts are chat's.
+_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": PART_KINDS}}, {"type": "null"}]}
+_ITEM_KINDS = [
+    {"required": ["role"], "properties": {"type": {"const": "message"}, "content": _CONTENT,
+                                          "role": {"enum": ["user", "system", "developer", "assistant"]}}},
+    {"required": ["type"], "properties": {"type": {"const": "reasoning"}, "content": {"type": "array"},
+                                          "summary": {"type": "array"}}},
+    {"required": ["type", "name"], "properties": {"type": {"const": "function_call"}, "name": {"type": "string"},
+                                                  "arguments": {"type": "string"}}},
+    {"required": ["type", "name", "input"], "properties": {"type": {"const": "custom_tool_call"},
+                                                           "name": {"type": "string"}, "input": {"type": "string"}}},
+    {"required": ["type"], "properties": {"type": {"enum": ["function_call_output", "custom_tool_call_output"]},
+                                          "output": {"anyOf": [{"type": "string"}, {"type": "null"}, {
+                                              "type": "array", "items": PART_KINDS[0]}]}}},
+]
+InputItems = list[Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": _ITEM_KINDS})]]
+
+
+class Reasoning(msgspec.Struct, kw_only=True):
+    effort: ReasoningEffort | None = None
+    summary: str | None = None  # accepted; no summary is generated
+
+
 class ResponsesRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | InputItems | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
     max_output_tokens: OutputTokens | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    reasoning: dict[str, Any] | None = None
-    text: dict[str, Any] | None = None
+    reasoning: Reasoning | None = None
+    text: TextConfig | None = None
     metadata: dict[str, str] | None = None
-    truncation: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
-    background: bool | None = None
+    # documented as false only; _check_supported refuses true with the reason
+    background: Annotated[bool, Meta(extra_json_schema={"enum": [False]})] | None = None
     stream: bool = False
     temperature: Temperature | None = None
-    top_p: Probability | None = None
+    top_p: TopP | None = None
     top_logprobs: TopLogprobs | None = None
     user: str | None = None
     # Extensions, as chat accepts them.
@@ -107,12 +134,12 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
 
 class InputTokensRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    input: str | list[dict[str, Any]] | None = None
+    input: str | InputItems | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: ToolChoice | None = None
+    reasoning: Reasoning | None = None
 
 
 def response_store(state: State) -> ResponseStore:
@@ -251,15 +278,6 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return result
 
 
-def _reasoning_effort(reasoning: dict[str, Any] | None) -> str | None:
-    effort = (reasoning or {}).get("effort")
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise InvalidRequestError(
-            f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}", param="reasoning.effort"
-        )
-    return effort
-
-
 def _previous(store: ResponseStore, response_id: str | None) -> list[dict[str, Any]]:
     if response_id is None:
         return []
@@ -275,7 +293,7 @@ def _previous(store: ResponseStore, response_id: str | None) -> list[dict[str, A
 def _chat_prompt(
     body: ResponsesRequest | InputTokensRequest, conversation: list[dict[str, Any]]
 ) -> ChatPrompt:
-    effort = _reasoning_effort(body.reasoning)
+    effort = body.reasoning.effort if body.reasoning is not None else None
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     kwargs = dict(getattr(body, "chat_template_kwargs", None) or {})
     enable_thinking = kwargs.pop("enable_thinking", None)
@@ -285,7 +303,8 @@ def _chat_prompt(
         raise InvalidRequestError("input is empty", param="input")
     return ChatPrompt(
         messages=system + conversation,
-        tools=None if body.tool_choice == "none" else chat_tools(body.tools),
+        tools=chat_tools(body.tools),
+        hide_tools=body.tool_choice == "none",
         enable_thinking=enable_thinking if isinstance(enable_thinking, bool) else None,
         reasoning_effort=effort if effort != "none" else None,
         chat_template_kwargs=kwargs or None,
@@ -401,7 +420,7 @@ class _Shape:
             "output": output,
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
+            "reasoning": {"effort": body.reasoning.effort if body.reasoning is not None else None, "summary": None},
             "store": body.store,
             "temperature": body.temperature,
             "top_p": body.top_p,
@@ -586,8 +605,6 @@ def _check_supported(body: ResponsesRequest) -> None:
         raise InvalidRequestError(
             "background responses are not served; send background: false", param="background"
         )
-    if body.truncation not in (None, "disabled", "auto"):
-        raise InvalidRequestError("truncation must be 'auto' or 'disabled'", param="truncation")
 
 
 def _conversation(body: ResponsesRequest | InputTokensRequest,

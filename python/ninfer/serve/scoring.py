@@ -28,6 +28,7 @@ from ninfer.serve.decisions import limits_of, openai_handler
 from ninfer.serve.disconnect import run_while_connected
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.gate import LeaseDependency
+from ninfer.serve.openapi import JSON_OBJECT_BODY
 from ninfer.serve.state import ServedModel
 
 RERANK_SYSTEM = "You are a relevance judge. Decide whether documents are relevant to this query:\n"
@@ -88,7 +89,7 @@ def _score_tokens(model: ServedModel, data: dict[str, Any]) -> tuple[list[int], 
     return head + tail, len(head)
 
 
-@post("/v1/score", status_code=200, exception_handlers=HANDLERS,
+@post("/v1/score", status_code=200, exception_handlers=HANDLERS, opt={JSON_OBJECT_BODY: True},
       summary="Per-token logprobs of a text, or of a continuation after a prompt or a chat")
 async def score(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     data = _json_object(await request.body())
@@ -121,7 +122,7 @@ def _documents(data: dict[str, Any]) -> list[str]:
     return out
 
 
-@post("/v1/rerank", status_code=200, exception_handlers=HANDLERS,
+@post("/v1/rerank", status_code=200, exception_handlers=HANDLERS, opt={JSON_OBJECT_BODY: True},
       summary="Jina rerank: documents sorted by relevance to the query (a yes/no decision per document)")
 async def rerank(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     data = _json_object(await request.body())

@@ -36,12 +36,12 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 from litestar import Request, delete, get, post
-from litestar.exceptions import ClientException, NotFoundException
+from litestar.exceptions import NotFoundException
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from ninfer.serve.asgi_headers import scope_header
 from ninfer.serve.calls import Call
-from ninfer.serve.errors import InvalidRequestError
+from ninfer.serve.errors import Conflict, InvalidRequestError
 from ninfer.serve.gate import EXEMPT, RouterDependency, lease_of
 from ninfer.serve.sse import EVENT_STREAM, sse_response
 
@@ -258,12 +258,6 @@ class ControlRequest(msgspec.Struct, kw_only=True):
     id: str  # the completion id streamed back as `id` (chatcmpl-...), or a conversation id
     action: ControlAction = "stop"
     model: str | None = None
-
-
-class Conflict(ClientException):
-    """The addressed generation cannot do what was asked (its reasoning cannot be ended)."""
-
-    status_code = 409
 
 
 def _registry(request: Request) -> StreamRegistry:

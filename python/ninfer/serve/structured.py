@@ -26,10 +26,11 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import llguidance
 import numpy as np
+from msgspec import Meta
 
 from ninfer.errors import EngineError
 from ninfer.frontend.reasoning import ReasoningParser
@@ -78,6 +79,26 @@ def _format_from(kind: Any, schema: Any, name: Any, strict: Any, field: str) -> 
     if strict is not None and not isinstance(strict, bool):
         raise InvalidRequestError(f"{field}.strict must be a boolean", param=f"{field}.strict")
     return OutputFormat("json_schema", schema, name, strict)
+
+
+# The request fields the parsers below read, as the OpenAPI document gives them (msgspec types each as an object;
+# the parsers refuse the rest, and compile_grammar the schemas llguidance cannot enforce).
+_PLAIN = {"properties": {"type": {"enum": ["text", "json_object"]}}}  # no type: no constraint
+_NAMED = {"name": {"type": "string"}, "strict": {"type": "boolean"}}
+
+
+def _json_schema(fields: dict[str, Any]) -> dict[str, Any]:
+    return {"required": ["type", "schema"], "properties": {"type": {"const": "json_schema"},
+                                                           "schema": {"type": "object"}, **fields}}
+
+
+_FLAT_FORMAT = {"anyOf": [_PLAIN, _json_schema(_NAMED)]}
+ResponseFormat = Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": [_PLAIN, {
+    "required": ["type", "json_schema"], "properties": {"type": {"const": "json_schema"}, "json_schema": {
+        "type": "object", "required": ["schema"], "properties": {"schema": {"type": "object"}, **_NAMED}}}}]})]
+TextConfig = Annotated[dict[str, Any], Meta(extra_json_schema={"properties": {"format": {
+    "anyOf": [{"type": "null"}, {"type": "object", **_FLAT_FORMAT}]}}})]  # Responses `text`
+OutputFormatField = Annotated[dict[str, Any], Meta(extra_json_schema={"anyOf": [_PLAIN, _json_schema({})]})]
 
 
 def chat_response_format(value: Any) -> OutputFormat | None:
@@ -133,7 +154,9 @@ def check_schema(schema: Any, field: str) -> None:
 
 def compile_grammar(fmt: OutputFormat, field: str) -> str:
     """The llguidance grammar for `fmt`; InvalidRequestError naming the schema features it cannot enforce."""
-    schema = _with_whitespace_limit(fmt.schema)
+    # As JSON text: llguidance reads a str without holding the GIL as long as it does converting a dict (a large
+    # schema is compiled in a worker thread, and the event loop needs the GIL meanwhile).
+    schema = json.dumps(_with_whitespace_limit(fmt.schema))
     try:
         # Validated on its own first: its messages name the unsupported keywords without the wrapper's source.
         error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_json_schema(schema))
@@ -143,7 +166,7 @@ def compile_grammar(fmt: OutputFormat, field: str) -> str:
         raise InvalidRequestError(
             f"{field} uses JSON Schema features that structured output cannot enforce: {error}", param=field
         )
-    lark = f"start: {_LEADING_WHITESPACE} answer\nanswer: %json {json.dumps(schema)}\n"
+    lark = f"start: {_LEADING_WHITESPACE} answer\nanswer: %json {schema}\n"
     return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
@@ -175,7 +198,7 @@ async def build_constraint(
 ) -> TokenConstraint:
     """The request's TokenConstraint (refusing, with InvalidRequestError, a schema the grammar cannot enforce), to
     pass with its engine Request. The model's tokenizer index is built in a worker thread the first time."""
-    grammar = compile_grammar(fmt, field)
+    grammar = await asyncio.to_thread(compile_grammar, fmt, field)  # seconds for a large schema: off the event loop
     tokenizer = await asyncio.to_thread(grammar_tokenizer, engine.frontend, engine.info.vocab_size)
     return TokenConstraint(grammar, tokenizer, engine.frontend, starts_in_reasoning=starts_in_reasoning)
 
