@@ -37,6 +37,7 @@ let
     "--host-kv-mib" = "hostTier.kvMib";
     "--host-state-slots" = "hostTier.stateSlots";
     "--vision" = "vision.enable";
+    "--shutdown-grace" = "shutdownGrace";
   }
   // builtins.listToAttrs (
     lib.mapAttrsToList (name: _: {
@@ -123,6 +124,7 @@ let
           port
           model
           logLevel
+          shutdownGrace
           apiKeyFile
           gpu
           environment
@@ -214,6 +216,15 @@ in
         ttl = 600;
       };
       description = "Free-form top-level router settings, written to the config file with `models`.";
+    };
+
+    shutdownGrace = mkOption {
+      type = types.ints.unsigned;
+      default = 30;
+      description = ''
+        Seconds running requests get to finish after SIGTERM before their streams are ended with an error
+        (ninfer-serve's `--shutdown-grace`); the unit's `TimeoutStopSec` is this plus 30 s.
+      '';
     };
 
     extraFlags = mkOption {

@@ -23,6 +23,9 @@ let
   optional = cond: value: if cond then [ value ] else [ ];
   optionalAttrs = cond: attrs: if cond then attrs else { };
 
+  # What TimeoutStopSec adds to the shutdown grace (systemd_unit.py's STOP_MARGIN_S).
+  stopMarginSeconds = 30;
+
   # Names under which the API key is handed over with LoadCredential; `%d` is the credentials directory.
   credentialName = "api-key";
 
@@ -100,6 +103,9 @@ let
       webui ? false,
       webuiDir ? null,
       extraFlags ? [ ],
+      # Whole seconds running requests get to finish after SIGTERM (ninfer-serve's --shutdown-grace, default 30);
+      # TimeoutStopSec follows it.
+      shutdownGrace ? 30,
       # CUDA device index; null leaves every GPU visible.
       gpu ? null,
       environment ? { },
@@ -111,6 +117,11 @@ let
       description ? "ninfer inference server",
     }:
     let
+      grace =
+        if builtins.isInt shutdownGrace && shutdownGrace >= 0 then
+          shutdownGrace
+        else
+          throw "mkUnit: shutdownGrace must be whole seconds (0 or more), not ${builtins.toJSON shutdownGrace}";
       stateDir = "/var/lib/${stateDirectory}";
       cacheDir = "/var/cache/${cacheDirectory}";
 
@@ -130,6 +141,8 @@ let
         ++ optional webui "--webui"
         ++ optional (webuiDir != null) "--webui-dir"
         ++ optional (webuiDir != null) (toString webuiDir)
+        ++ optional (grace != 30) "--shutdown-grace"
+        ++ optional (grace != 30) (toString grace)
         ++ map toString extraFlags;
 
       # The key file path is a systemd specifier, so it is appended unescaped.
@@ -159,9 +172,9 @@ let
           ExecStart = execStart;
           Restart = "on-failure";
           RestartSec = 5;
-          # Above ninfer-serve's default --shutdown-grace (30 s) plus its 5 s stream-end and 5 s connection waits,
-          # so SIGTERM's graceful shutdown ends its streams before systemd's SIGKILL.
-          TimeoutStopSec = 60;
+          # The grace plus ninfer-serve's 5 s stream-end and 5 s connection waits and 20 s to spare, so SIGTERM's
+          # graceful shutdown ends its streams before systemd's SIGKILL.
+          TimeoutStopSec = grace + stopMarginSeconds;
           StateDirectory = stateDirectory;
           StateDirectoryMode = "0700";
           CacheDirectory = cacheDirectory;

@@ -8,16 +8,23 @@ unit.nix's `mkUnit` and `renderUnitFile` so the two agree field for field (tests
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from ninfer.serve.shutdown import DEFAULT_GRACE_S
+
 # The name under which LoadCredential hands the API key file over; `%d` is the credentials directory.
 CREDENTIAL_NAME = "api-key"
 STATE_DIRECTORY = "ninfer"
 CACHE_DIRECTORY = "ninfer"
+# TimeoutStopSec is the shutdown grace plus this: ninfer-serve's 5 s stream-end and 5 s connection waits and 20 s
+# to spare, so SIGTERM's graceful shutdown ends its streams before systemd's SIGKILL (nix/unit.nix's
+# stopMarginSeconds).
+STOP_MARGIN_S = 30
 
 # ExecStart is not a shell line: systemd splits on blanks, honours "..." with C escapes and expands %-specifiers
 # and $VARIABLES. Arguments of only these characters go bare; any other is double-quoted with \ " % $ neutralised.
@@ -42,6 +49,7 @@ class UnitOptions:
     webui: bool = False
     webui_dir: str | None = None
     extra_flags: Sequence[str] = field(default_factory=tuple)
+    shutdown_grace_s: float = DEFAULT_GRACE_S
 
 
 def hardening() -> dict[str, Any]:
@@ -69,6 +77,9 @@ def exec_start(options: UnitOptions) -> str:
         argv.append("--webui")
     if options.webui_dir is not None:
         argv += ["--webui-dir", options.webui_dir]
+    if options.shutdown_grace_s != DEFAULT_GRACE_S:
+        grace = options.shutdown_grace_s
+        argv += ["--shutdown-grace", str(int(grace)) if grace.is_integer() else repr(grace)]  # whole: as Nix writes it
     argv += list(options.extra_flags)
     words = [escape_exec_argument(a) for a in argv]
     if options.api_key_file is not None:
@@ -106,9 +117,7 @@ def render_unit(options: UnitOptions) -> str:
         "ExecStart": exec_start(options),
         "Restart": "on-failure",
         "RestartSec": 5,
-        # Above ninfer-serve's default --shutdown-grace (30 s) plus its 5 s stream-end and 5 s connection waits, so
-        # SIGTERM's graceful shutdown ends its streams before systemd's SIGKILL (nix/unit.nix says the same).
-        "TimeoutStopSec": 60,
+        "TimeoutStopSec": math.ceil(options.shutdown_grace_s) + STOP_MARGIN_S,
         "StateDirectory": STATE_DIRECTORY,
         "StateDirectoryMode": "0700",
         "CacheDirectory": CACHE_DIRECTORY,

@@ -192,6 +192,7 @@ def test_module_settings_can_be_overridden_with_mkforce():
         ('group = "gpu";', "`group` needs `user`"),
         ('apiKeyFile = "${builtins.storeDir}/abc-keys";', "keep secrets outside it"),
         ('extraFlags = [ "--port=9" "--api-key-file" "/k" ];', "--port=9, --api-key-file; use the module's options"),
+        ('extraFlags = [ "--shutdown-grace" "90" ];', "--shutdown-grace; use the module's options"),
         ("webui.enable = true;", "webui.enable needs webui.directory, a built llama-ui bundle"),
         ('vision.mediaLimits.max_images_per_request = 2; extraFlags = [ "--vision" "--max-images-per-request=3" ];',
          "--vision, --max-images-per-request=3; use the module's options"),
@@ -274,3 +275,15 @@ def test_module_vision_renders_its_flags():
     off = nixos_eval('enable = true; model = "/m.ninfer";')
     assert "--vision" not in off["service"]["serviceConfig"]["ExecStart"]
 
+
+def test_module_shutdown_grace_renders_its_flag_and_stop_timeout():
+    longer = nixos_eval('enable = true; model = "/m.ninfer"; shutdownGrace = 120;')["service"]["serviceConfig"]
+    assert longer["ExecStart"].endswith("--log-level info --shutdown-grace 120")
+    assert longer["TimeoutStopSec"] == 150
+    default = nixos_eval('enable = true; model = "/m.ninfer";')["service"]["serviceConfig"]
+    assert "--shutdown-grace" not in default["ExecStart"] and default["TimeoutStopSec"] == 60
+
+
+def test_unit_refuses_a_fractional_shutdown_grace():
+    with pytest.raises(NixError, match="shutdownGrace must be whole seconds"):
+        mk_unit("shutdownGrace = 7.5;")

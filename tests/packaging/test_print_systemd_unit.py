@@ -44,6 +44,7 @@ CASES = {
             "extraFlags": ["--max-context", "8192", "--preserve-thinking"],
         },
     ),
+    "a-longer-shutdown-grace": (["--shutdown-grace", "120"], {"shutdownGrace": 120}),
 }
 
 
@@ -94,6 +95,15 @@ def test_printed_unit_is_the_nix_unit(name, tmp_path):
     rendered = nix_unit(nix_arguments, tmp_path)
     assert fields(printed) == fields(rendered)
     assert printed == rendered
+
+
+def test_the_stop_timeout_follows_the_shutdown_grace():
+    # systemd's SIGKILL must come after the grace and the stream-end and connection waits that follow it.
+    assert fields(printed_unit([]))["Service"]["TimeoutStopSec"] == ["60"]
+    longer = fields(printed_unit(["--shutdown-grace", "120"]))["Service"]
+    assert longer["TimeoutStopSec"] == ["150"]
+    assert longer["ExecStart"][0].endswith("--log-level info --shutdown-grace 120")
+    assert fields(printed_unit(["--shutdown-grace", "7.5"]))["Service"]["TimeoutStopSec"] == ["38"]
 
 
 def test_printed_unit_reads_the_shared_hardening_table():

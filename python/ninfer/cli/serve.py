@@ -323,7 +323,8 @@ def _app(args: argparse.Namespace, keys: frozenset[str]) -> Any:
 # Options the unit renders itself (ExecStart's fixed part, LoadCredential); every other option that differs from its
 # default is passed on after them.
 _UNIT_MANAGED = {
-    "model", "host", "port", "log_level", "config", "api_key_file", "webui", "webui_dir", "print_systemd_unit"
+    "model", "host", "port", "log_level", "config", "api_key_file", "webui", "webui_dir", "print_systemd_unit",
+    "shutdown_grace",
 }
 
 
@@ -355,6 +356,7 @@ def _unit_options(args: argparse.Namespace) -> Any:
         webui=args.webui,
         webui_dir=absolute(args.webui_dir),
         extra_flags=tuple(extra),
+        shutdown_grace_s=args.shutdown_grace,
     )
 
 
