@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from logit_tolerance import logit_tolerance
 from ninfer import _engine
 from ninfer.artifact.convert import convert
 
@@ -16,7 +17,6 @@ from ninfer.artifact.convert import convert
 CONFIG = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384, "num_hidden_layers": 2,
           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "initializer_range": 0.05,
           "tie_word_embeddings": False}
-F32_TOL = 1e-4  # max |engine - HF| over max |logit|: same weights, only f32 rounding order differs
 
 
 def convert_layers_as(encoding: str, folder: Path, out: Path) -> Path:
@@ -46,4 +46,4 @@ def engine_logits(artifact: Path, tokens: np.ndarray) -> np.ndarray:
 def assert_logits_match(artifact: Path, weights: dict[str, torch.Tensor]) -> None:
     tokens = np.random.default_rng(3).integers(0, CONFIG["vocab_size"], 24).astype(np.int32)
     theirs = hf_logits(weights, tokens)
-    assert np.abs(engine_logits(artifact, tokens) - theirs).max() <= F32_TOL * np.abs(theirs).max()
+    assert np.abs(engine_logits(artifact, tokens) - theirs).max() <= logit_tolerance(artifact) * np.abs(theirs).max()
