@@ -18,7 +18,8 @@ INT32_MAX = 2**31 - 1
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]  # min_p, xtc_probability, xtc_threshold
 TopP = Annotated[float, Meta(ge=FLOAT32_MIN, le=1.0)]  # 0 would keep no token: the sampler refuses it
-TopK = Annotated[int, Meta(ge=0, le=INT32_MAX)]
+NonNegativeInt32 = Annotated[int, Meta(ge=0, le=INT32_MAX)]
+TopK = NonNegativeInt32  # 0 disables it
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]  # presence_penalty, frequency_penalty
 RepetitionPenalty = Annotated[float, Meta(ge=FLOAT32_MIN, le=10.0)]
 Seed = Annotated[int, Meta(ge=0, extra_json_schema={"maximum": 2**64 - 1})]  # the engine refuses more (a 400)
@@ -27,6 +28,7 @@ TypicalP = Annotated[float, Meta(ge=FLOAT32_MIN, le=1.0)]
 TopNSigma = Annotated[float, Meta(ge=-100.0, le=100.0)]  # <= 0 disables it
 Hundred = Annotated[float, Meta(ge=0.0, le=100.0)]  # dynatemp_range, dynatemp_exponent, dry_multiplier
 DryBase = Annotated[float, Meta(ge=1.0, le=100.0)]
+DryAllowedLength = NonNegativeInt32
 LastN = Annotated[int, Meta(ge=-1, le=INT32_MAX)]  # repeat_last_n, dry_penalty_last_n: -1 looks at every token
 TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 TokenId = Annotated[int, Meta(ge=0)]

@@ -19,6 +19,7 @@ from ninfer.errors import NinferError
 from ninfer.serve.errors import InvalidRequestError, describe, openai_body
 from ninfer.serve.fields import (
     MAX_STOP_STRINGS,
+    DryAllowedLength,
     DryBase,
     Hundred,
     LastN,
@@ -91,7 +92,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     xtc_threshold: Probability | None = None
     dry_multiplier: Hundred | None = None
     dry_base: DryBase | None = None
-    dry_allowed_length: TopK | None = None
+    dry_allowed_length: DryAllowedLength | None = None
     dry_penalty_last_n: LastN | None = None
     dry_sequence_breakers: list[str] | None = None
     samplers: SamplerNames | SamplerList | None = None  # the stage order: a list, or names separated by ';'
