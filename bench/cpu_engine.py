@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from cpu_linear import cpu_name  # bench/ is the script's directory
 from ninfer.artifact.reader import read_artifact
 from ninfer.default_model import default_model_path
