@@ -7,6 +7,10 @@ copy rate (torch, when it is installed) beside the restore rate the engine's TTF
     python bench/cuda_prefix_cache.py --model qwen3.5-27b qwen3.5-35b-a3b --recipe groupwise-int \
         --out bench/results/cuda_prefix_cache.json
 
+--op-split PREFIX instead measures where a reused turn's time goes: a cached prefix of PREFIX tokens, then one turn of
+--user new tokens after it and a prompt of those new tokens alone, each with the device time per backend op
+(EngineOptions.cuda_op_times) beside its TTFT: what the reused turn costs beyond the new tokens' own prefill.
+
 The session's shape is the issue's (cpu_prefix_cache.FULL) unless --system / --turns / --user / --answer change it;
 `--model tiny --backend cpu --turns 3` is a dry run of the script on the CPU. The results file is rewritten after
 each model, so a run stopped during the second keeps the first.
@@ -29,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from cpu_prefix_cache import FULL, commit_sha, random_tokens, run_scenarios, session_options, turn  # noqa: E402
+from cuda_engine import op_time_split  # noqa: E402
 from synthetic import MODELS, write_synthetic  # noqa: E402
 
 from ninfer.engine import Engine, EngineOptions  # noqa: E402
@@ -71,6 +76,40 @@ def bench_model(model: str, recipe: str, path: Path, args: argparse.Namespace) -
             "wall_s": round(time.perf_counter() - started, 1), **result}
 
 
+def op_split_model(model: str, recipe: str, path: Path, args: argparse.Namespace) -> dict:
+    """A reused turn (--op-split cached tokens, then --user new ones) against a prompt of its new tokens alone, each
+    run twice: TTFT, cached tokens and the device time per op. TTFT minus the ops' sum is host time."""
+    if not path.exists():
+        write_synthetic(model, recipe, path, progress=False)
+    user = args.user or FULL["user"]
+    context = -(-(args.op_split + user + 128) // 64) * 64
+    options = EngineOptions(backend=args.backend, max_context=context, kv_capacity=2 * context, max_concurrency=1,
+                            decision_lanes=0, device_state_slots=8, verify_checksums=False, cuda_op_times=True)
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    with Engine(path, options) as engine:
+        turn(engine, random_tokens(rng, engine, min(8192, context - 64)), 1)  # scratch and GEMM algorithms
+        for _ in range(2):
+            prefix = random_tokens(rng, engine, args.op_split)
+            turn(engine, prefix, 1)  # now cached
+            new = random_tokens(rng, engine, user)
+            for name, prompt in (("reused_turn", prefix + new), ("new_tokens_only", new)):
+                before = engine.memory_plan()["op_times"]
+                _, ttft, cached = turn(engine, prompt, 1)
+                ops = op_time_split(before, engine.memory_plan()["op_times"])
+                device_ms = sum(t["device_us"] for t in ops.values()) / 1e3
+                rows.append({"case": name, "prompt_tokens": len(prompt), "cached_tokens": cached,
+                             "ttft_ms": round(ttft * 1e3, 2), "device_ops_ms": round(device_ms, 2), "op_times": ops})
+    return {"model": model, "recipe": recipe, "prefix": args.op_split, "user": user, "rows": rows}
+
+
+def print_op_split(m: dict) -> None:
+    for r in m["rows"]:
+        top = ", ".join(f"{op} {t['device_us'] / 1e3:.1f} ms/{t['calls']}" for op, t in list(r["op_times"].items())[:8])
+        print(f"{m['model']} {r['case']}: {r['prompt_tokens']} tokens ({r['cached_tokens']} cached) TTFT "
+              f"{r['ttft_ms']} ms, device ops {r['device_ops_ms']} ms: {top}", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", nargs="+", choices=sorted(MODELS), required=True)
@@ -83,8 +122,20 @@ def main() -> int:
     for key in FULL:
         p.add_argument(f"--{key}", type=int, help=f"the session's {key} (default {FULL[key]})")
     p.add_argument("--backend", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--op-split", type=int, metavar="PREFIX",
+                   help="only the op split of a turn after PREFIX cached tokens (see the description)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if args.op_split:
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = args.workdir or Path(tmp)
+            models = [op_split_model(model, args.recipe, workdir / f"{model}.{args.recipe}.ninfer", args)
+                      for model in args.model]
+        args.out.write_text(json.dumps({"commit": commit_sha(), "backend": args.backend, "models": models},
+                                       indent=1) + "\n")
+        for m in models:
+            print_op_split(m)
+        return 0
     result = {"commit": commit_sha(), "backend": args.backend,
               "pinned_h2d_gb_per_s": pinned_copy_gb_per_s() if args.backend == "cuda" else None, "models": []}
     with tempfile.TemporaryDirectory() as tmp:

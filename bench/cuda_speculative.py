@@ -9,6 +9,10 @@ round there emits one token; the decode speed at an acceptance length L (tokens 
 L / round time, the round's cost barely depending on how many drafts it accepts (the MTP head's catch-up grows by
 the accepted rows: a few rows of one layer).
 
+--op-times runs every pass eagerly (no graphs) with the device time per backend op (EngineOptions.cuda_op_times):
+each row then also has the ops' device time per round (drafting, verify pass, sampling), so that the round's wall
+time minus it is what the host adds.
+
     python bench/cuda_speculative.py --model qwen3.5-27b --out bench/results/cuda_speculative_27b.json
 """
 
@@ -26,7 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from cuda_engine import graph_pass_split, run_batch
+from cuda_engine import graph_pass_split, op_time_split, run_batch
 from cuda_kernels import source_commit
 from ninfer.engine import Engine, EngineOptions
 from synthetic import MODELS, write_synthetic
@@ -42,10 +46,12 @@ def round_seconds(final) -> float:
     return decode_s / max(generated - 1 - final.timings.draft_n_accepted, 1)
 
 
-def run_engine(path: Path, k: int, batches: list[int], prompt_len: int, new_tokens: int) -> list[dict]:
+def run_engine(path: Path, k: int, batches: list[int], prompt_len: int, new_tokens: int,
+               op_times: bool = False) -> list[dict]:
     spec = {"spec": "mtp", "draft_tokens": k} if k else {}
     options = EngineOptions(backend="cuda", max_context=prompt_len + new_tokens + 64, max_concurrency=max(batches),
-                            kv_capacity="auto", verify_checksums=False, **spec)
+                            kv_capacity="auto", verify_checksums=False, cuda_op_times=op_times,
+                            cuda_graphs=not op_times, **spec)
     rng = np.random.default_rng(0)
     rows = []
     with Engine.open_sync(path, options) as engine:
@@ -54,9 +60,16 @@ def run_engine(path: Path, k: int, batches: list[int], prompt_len: int, new_toke
             asyncio.run(run_batch(engine, prompts, 2 * k + 4))  # warm-up: this shape's eager pass and capture
             before = engine.memory_plan()
             finals = asyncio.run(run_batch(engine, prompts, new_tokens))
-            passes = graph_pass_split(before, engine.memory_plan())
+            after = engine.memory_plan()
+            passes = graph_pass_split(before, after)
             drafted = sum(f.timings.draft_n for f in finals)
-            rows.append({"k": k, "batch": batch, "graph_pass_device_ms": passes["device"],
+            ops = {}
+            if op_times:  # per round of one lane: the timed run's rounds over its lanes (prefill included)
+                rounds = max(f.usage.generated_tokens - 1 - f.timings.draft_n_accepted for f in finals)
+                ops = {op: {"calls": t["calls"] / rounds, "device_us": t["device_us"] / rounds}
+                       for op, t in op_time_split(before["op_times"], after["op_times"]).items()}
+            rows.append({"op_times_per_round": ops,
+                         "device_ms_per_round": sum(t["device_us"] for t in ops.values()) / 1e3, "k": k, "batch": batch, "graph_pass_device_ms": passes["device"],
                          "graph_passes": passes["passes"], "graph_captures": passes["captures"],
                          "round_ms": 1e3 * float(np.median([round_seconds(f) for f in finals])),
                          "drafted": drafted, "accepted": sum(f.timings.draft_n_accepted for f in finals)})
@@ -72,7 +85,8 @@ def derive(rows: list[dict]) -> list[dict]:
         p = plain[r["batch"]]
         d = dict(r, plain_tokens_per_s=1e3 / p["round_ms"])
         if r["k"]:
-            d["verify_over_decode_device"] = r["graph_pass_device_ms"] / p["graph_pass_device_ms"]
+            d["verify_over_decode_device"] = (r["graph_pass_device_ms"] / p["graph_pass_device_ms"]
+                                              if p["graph_pass_device_ms"] else None)  # None: no graphs (--op-times)
             d["round_over_decode_round"] = r["round_ms"] / p["round_ms"]
             d["derived_tokens_per_s"] = {str(a): 1e3 * a / r["round_ms"] for a in ACCEPTANCE_LENGTHS}
             d["derived_speedup"] = {str(a): p["round_ms"] * a / r["round_ms"] for a in ACCEPTANCE_LENGTHS}
@@ -89,6 +103,7 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--op-times", action="store_true", help="eager passes with per-op device times (see above)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     started = time.perf_counter()
@@ -97,7 +112,7 @@ def main() -> int:
         written_s = time.perf_counter() - started
         rows = []
         for k in [0, *args.drafts]:
-            rows += run_engine(path, k, args.batches, args.prompt, args.new_tokens)
+            rows += run_engine(path, k, args.batches, args.prompt, args.new_tokens, args.op_times)
     from ninfer import _engine
 
     result = {"model": args.model, "recipe": args.recipe, "device": _engine.cuda.device_name(),
@@ -113,9 +128,15 @@ def main() -> int:
         if r["k"]:
             derived = ", ".join(f"L={a}: {v:.1f} tok/s/seq ({r['derived_speedup'][a]:.2f}x)"
                                 for a, v in r["derived_tokens_per_s"].items())
-            line += (f"; verify/decode {r['verify_over_decode_device']:.2f}x device, round/decode "
+            ratio = r["verify_over_decode_device"]
+            line += (f"; verify/decode {ratio:.2f}x device" if ratio else "; no graphs")
+            line += (f", round/decode "
                      f"{r['round_over_decode_round']:.2f}x; DERIVED {derived}; accepted {r['accepted']}/{r['drafted']}")
         print(line)
+        if r["op_times_per_round"]:
+            top = ", ".join(f"{op} {t['device_us']:.0f} us/{t['calls']:.1f}"
+                            for op, t in list(r["op_times_per_round"].items())[:10])
+            print(f"  per round: device {r['device_ms_per_round']:.2f} ms: {top}")
     return 0
 
 
