@@ -7,8 +7,9 @@ copy rate (torch, when it is installed) beside the restore rate the engine's TTF
     python bench/cuda_prefix_cache.py --model qwen3.5-27b qwen3.5-35b-a3b --recipe groupwise-int \
         --out bench/results/cuda_prefix_cache.json
 
---op-split PREFIX instead measures where a reused turn's time goes: a cached prefix of PREFIX tokens, then one turn of
---user new tokens after it and a prompt of those new tokens alone, each with the device time per backend op
+--op-split PREFIX [PREFIX ...] instead measures where a reused turn's time goes: for each length, a cached prefix of
+PREFIX tokens, then one turn of --user new tokens after it and a prompt of those new tokens alone, each with the
+device time per backend op
 (EngineOptions.cuda_op_times) beside its TTFT: what the reused turn costs beyond the new tokens' own prefill.
 
 The session's shape is the issue's (cpu_prefix_cache.FULL) unless --system / --turns / --user / --answer change it;
@@ -77,20 +78,20 @@ def bench_model(model: str, recipe: str, path: Path, args: argparse.Namespace) -
 
 
 def op_split_model(model: str, recipe: str, path: Path, args: argparse.Namespace) -> dict:
-    """A reused turn (--op-split cached tokens, then --user new ones) against a prompt of its new tokens alone, each
-    run twice: TTFT, cached tokens and the device time per op. TTFT minus the ops' sum is host time."""
+    """For each --op-split length, a reused turn (that many cached tokens, then --user new ones) against a prompt of
+    its new tokens alone: TTFT, cached tokens and the device time per op. TTFT minus the ops' sum is host time."""
     if not path.exists():
         write_synthetic(model, recipe, path, progress=False)
     user = args.user or FULL["user"]
-    context = -(-(args.op_split + user + 128) // 64) * 64
+    context = -(-(max(args.op_split) + user + 128) // 64) * 64
     options = EngineOptions(backend=args.backend, max_context=context, kv_capacity=2 * context, max_concurrency=1,
                             decision_lanes=0, device_state_slots=8, verify_checksums=False, cuda_op_times=True)
     rng = np.random.default_rng(args.seed)
     rows = []
     with Engine(path, options) as engine:
         turn(engine, random_tokens(rng, engine, min(8192, context - 64)), 1)  # scratch and GEMM algorithms
-        for _ in range(2):
-            prefix = random_tokens(rng, engine, args.op_split)
+        for length in args.op_split:
+            prefix = random_tokens(rng, engine, length)
             turn(engine, prefix, 1)  # now cached
             new = random_tokens(rng, engine, user)
             for name, prompt in (("reused_turn", prefix + new), ("new_tokens_only", new)):
@@ -100,7 +101,7 @@ def op_split_model(model: str, recipe: str, path: Path, args: argparse.Namespace
                 device_ms = sum(t["device_us"] for t in ops.values()) / 1e3
                 rows.append({"case": name, "prompt_tokens": len(prompt), "cached_tokens": cached,
                              "ttft_ms": round(ttft * 1e3, 2), "device_ops_ms": round(device_ms, 2), "op_times": ops})
-    return {"model": model, "recipe": recipe, "prefix": args.op_split, "user": user, "rows": rows}
+    return {"model": model, "recipe": recipe, "user": user, "rows": rows}
 
 
 def print_op_split(m: dict) -> None:
@@ -122,8 +123,8 @@ def main() -> int:
     for key in FULL:
         p.add_argument(f"--{key}", type=int, help=f"the session's {key} (default {FULL[key]})")
     p.add_argument("--backend", default="cuda", choices=("cuda", "cpu"))
-    p.add_argument("--op-split", type=int, metavar="PREFIX",
-                   help="only the op split of a turn after PREFIX cached tokens (see the description)")
+    p.add_argument("--op-split", type=int, nargs="+", metavar="PREFIX",
+                   help="only the op split of a turn after PREFIX cached tokens, per length (see the description)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if args.op_split:

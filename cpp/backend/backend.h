@@ -104,11 +104,17 @@ class Backend {
   }
   // out[i] = row tokens[i] of `table` (any encoding).
   virtual void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) = 0;
+  // embed with the token ids in memory() rather than on the host: ids an earlier op wrote (an MTP draft step's
+  // token is the step before's argmax_rows), so that no host round trip sits between the two.
+  virtual void embed_resident_ids(const int32_t* ids, int64_t n, const TensorView& table, float* out) = 0;
   // out[i] = x[rows[i]] (rows of `dim` values).
   virtual void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) = 0;
   // out[j] = <rows[j], x> for n rows of `dim` values (a GEMV over rows gathered by embed: the candidate projection
   // of a decision readout, a handful of lm-head rows instead of the whole vocabulary).
   virtual void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) = 0;
+  // ids[r] = the column of row r's largest value, the lowest such column on ties (std::max_element's choice);
+  // `ids` in memory().
+  virtual void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) = 0;
 
   // --- elementwise ---
   virtual void add(float* inout, const float* x, int64_t n) = 0;

@@ -325,11 +325,13 @@ class Ops {
   std::tuple<IntArray, FloatArray> moe_route(In<float> logits, int64_t rows, int32_t experts, int32_t top_k) {
     MemoryBlock dl = put(logits), ids = poisoned<int32_t>(rows * top_k), w = poisoned<float>(rows * top_k);
     run([&] { be_->moe_route(dl.get<float>(), rows, experts, top_k, ids.get<int32_t>(), w.get<float>()); });
-    int32_t* host_ids = new int32_t[size_t(std::max<int64_t>(rows * top_k, 1))];
-    nb::capsule owner(host_ids, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
-    be_->memory().to_host(host_ids, ids.get(), ids.bytes());
-    const size_t shape[2] = {size_t(rows), size_t(top_k)};
-    return {IntArray(host_ids, 2, shape, owner), get(w, {rows, top_k})};
+    return {get_ids(ids, rows, top_k), get(w, {rows, top_k})};
+  }
+
+  IntArray argmax_rows(In<float> x, int64_t rows, int64_t cols) {
+    MemoryBlock dx = put(x), ids = poisoned<int32_t>(rows);
+    run([&] { be_->argmax_rows(dx.get<float>(), rows, cols, ids.get<int32_t>()); });
+    return get_ids(ids, rows, 1);
   }
 
   // With shared_out [rows, hidden] and shared_logit [rows]: plus the gated shared expert.
@@ -431,6 +433,13 @@ class Ops {
     be_->memory().fill(block.get(), 0xff, block.bytes());  // NaN as f32, -1 as int32
     return block;
   }
+  IntArray get_ids(const MemoryBlock& block, int64_t rows, int64_t cols) {
+    int32_t* host_ids = new int32_t[size_t(std::max<int64_t>(rows * cols, 1))];
+    nb::capsule owner(host_ids, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+    be_->memory().to_host(host_ids, block.get(), size_t(rows * cols) * sizeof(int32_t));
+    const size_t shape[2] = {size_t(rows), size_t(cols)};
+    return IntArray(host_ids, 2, shape, owner);
+  }
   FloatArray get(const MemoryBlock& block, const std::vector<int64_t>& shape) {
     size_t count = 1;
     for (int64_t d : shape) count *= size_t(d);
@@ -520,6 +529,7 @@ void bind_backend_ops(nb::module_& m) {
       .def("segment_attention", &Ops::segment_attention)
       .def("attention", &Ops::attention)
       .def("moe_route", &Ops::moe_route)
+      .def("argmax_rows", &Ops::argmax_rows, nb::arg("x"), nb::arg("rows"), nb::arg("cols"))
       .def("moe_experts", &Ops::moe_experts, nb::arg("x"), nb::arg("rows"), nb::arg("hidden"), nb::arg("ids"),
            nb::arg("weights"), nb::arg("top_k"), nb::arg("artifact"), nb::arg("gate"), nb::arg("up"), nb::arg("down"),
            nb::arg("shared_out").none() = nb::none(), nb::arg("shared_logit").none() = nb::none())

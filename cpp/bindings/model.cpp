@@ -43,6 +43,7 @@ struct ModelState {
   int64_t max_context = 0;
   std::mutex mutex;  // one pass at a time; Python threads may share a Model
   ForwardOutput last;
+  std::vector<float> mtp_normed;  // the last mtp_logits call's mtp.norm rows
 
   // Grows `cache` so it holds `total_tokens` (pages, and a zeroed state slot on first use); false, changing
   // nothing, when the pools are short.
@@ -248,9 +249,28 @@ class PyModel {
       std::lock_guard lock(s_->mutex);
       ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, true);
       item.start = start;
-      s_->model->mtp_forward(hidden.data(), item, *s_->pools, logits);
+      s_->model->mtp_forward(hidden.data(), item, *s_->pools, logits, &s_->mtp_normed);
     }
     return rows_of(logits, 0, n, s_->model->config().vocab_size);
+  }
+
+  FloatArray mtp_hidden() const {
+    const int64_t h = s_->model->config().hidden_size;
+    return rows_of(s_->mtp_normed, 0, int64_t(s_->mtp_normed.size()) / h, h);
+  }
+
+  std::vector<int32_t> mtp_drafts(PySequence& seq, HiddenArray hidden, TokenArray next_tokens, int64_t start,
+                                  int32_t drafts) {
+    const int64_t n = int64_t(next_tokens.shape(0)), h = s_->model->config().hidden_size;
+    if (int64_t(hidden.shape(0)) != n || int64_t(hidden.shape(1)) != h)
+      throw EngineError("mtp_drafts: hidden must be [" + std::to_string(n) + ", " + std::to_string(h) + "]");
+    std::vector<int32_t> tokens;
+    nb::gil_scoped_release release;
+    std::lock_guard lock(s_->mutex);
+    ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, false);
+    item.start = start;
+    s_->model->mtp_draft(hidden.data(), item, *s_->pools, drafts, tokens);
+    return tokens;
   }
 
   // Per-token log-probabilities of tokens[1:] given their prefixes, in a temporary sequence, 64 rows of logits at
@@ -391,6 +411,11 @@ void bind_model(nb::module_& m) {
                    "Final-normed hidden rows [rows, hidden] of the last pass.")
       .def("mtp_logits", &PyModel::mtp_logits, nb::arg("seq"), nb::arg("hidden"), nb::arg("next_tokens"),
            nb::arg("start"), "MTP draft logits [n, vocab] from hidden rows at positions start.. and next tokens.")
+      .def_prop_ro("mtp_hidden", &PyModel::mtp_hidden, nb::rv_policy::move,
+                   "mtp.norm output rows [n, hidden] of the last mtp_logits call (a next draft step's hidden).")
+      .def("mtp_drafts", &PyModel::mtp_drafts, nb::arg("seq"), nb::arg("hidden"), nb::arg("next_tokens"),
+           nb::arg("start"), nb::arg("drafts"),
+           "The MTP head's greedy drafts after mtp_logits' rows (Model::mtp_draft: argmax and hidden on the backend).")
       .def("score", &PyModel::score, nb::arg("tokens"), "log p(tokens[i+1] | tokens[:i+1]) for each i, f64.")
       .def("release", &PyModel::release, nb::arg("seq"))
       .def("kv_free_tokens", &PyModel::kv_free_tokens)

@@ -135,45 +135,9 @@ class DecoderModel final : public Model {
 
   void mtp_forward(const float* hidden, const ForwardItem& item, CachePools& pools, std::vector<float>& logits,
                    std::vector<float>* normed_out) override {
-    if (!weights_.mtp) throw EngineError(artifact_->path() + ": this model has no MTP head");
-    const int64_t n = item.n_tokens, start = item.start;
-    const int32_t* next_tokens = item.tokens;
-    if (n <= 0 || start < 0) throw EngineError("mtp_forward needs n > 0 rows at a start position >= 0");
-    if (start + n > int64_t(item.pages.size()) * kKvPageTokens)
-      throw EngineError("mtp_forward at positions " + std::to_string(start) + ".." + std::to_string(start + n - 1) +
-                        " beyond the sequence's reserved " + std::to_string(item.pages.size() * kKvPageTokens) +
-                        " tokens");
-    check_tokens(next_tokens, n);
-    backend_->bind_calling_thread();
-    const MtpWeights& m = *weights_.mtp;
-    const int64_t h = config_.hidden_size;
-    const NormKind kind = config_.norm_offset ? NormKind::Offset : NormKind::Plain;
-    const float eps = float(config_.rms_norm_eps);
-
-    // u = fc([norm(embed(next token)) | norm(hidden)])
-    float* embedded = scratch_.get(Buf::MtpEmbed, n * h);
-    float* concat = scratch_.get(Buf::MtpConcat, n * 2 * h);
-    float* u = scratch_.get(Buf::Hidden, n * h);
-    backend_->embed(next_tokens, n, *weights_.embed, embedded);
-    backend_->rmsnorm(embedded, n, h, h, m.pre_fc_norm_embedding.data(), kind, eps, concat, 2 * h);
-    const float* hidden_rows = hidden;
-    if (!backend_->memory().host_accessible()) {
-      float* staged = scratch_.get(Buf::MtpHidden, n * h);
-      backend_->memory().from_host(staged, hidden, size_t(n * h) * sizeof(float));
-      hidden_rows = staged;
-    }
-    backend_->rmsnorm(hidden_rows, n, h, h, m.pre_fc_norm_hidden.data(), kind, eps, concat + h, 2 * h);
-    backend_->linear(concat, n, *m.fc, u);
-
-    int64_t* positions = scratch_.positions(n);
-    for (int64_t t = 0; t < n; ++t) positions[t] = start + t + item.position_offset;
-    seqs_.assign(1, SequenceRows{0, n, start, item.pages.data(), item.state_slot});
-    const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, n, rope_,
-                           options_.gdn_chunk};
-    decoder_layers(pass, std::span(&m.layer, 1), u);
-
-    float* normed = scratch_.get(Buf::OutRows, n * h);
-    backend_->rmsnorm(u, n, h, h, m.norm.data(), kind, eps, normed, h);
+    check_mtp_item(item);
+    const int64_t n = item.n_tokens, h = config_.hidden_size;
+    const float* normed = mtp_layer(staged_hidden(hidden, n), item.tokens, nullptr, n, item.start, item, pools);
     if (normed_out) {
       normed_out->resize(size_t(n * h));
       backend_->memory().to_host(normed_out->data(), normed, normed_out->size() * sizeof(float));
@@ -183,6 +147,32 @@ class DecoderModel final : public Model {
     float* out = output_buffer(logits, Buf::Logits);
     backend_->linear(normed + (n - logit_rows) * h, logit_rows, *weights_.lm_head, out);
     copy_output(logits, out);
+  }
+
+  void mtp_draft(const float* hidden, const ForwardItem& item, CachePools& pools, int32_t drafts,
+                 std::vector<int32_t>& tokens) override {
+    check_mtp_item(item);
+    if (drafts < 0) throw EngineError("mtp_draft: drafts must be >= 0, got " + std::to_string(drafts));
+    const int64_t n = item.n_tokens, h = config_.hidden_size, vocab = config_.vocab_size;
+    if (drafts > 0 && item.start + n - 1 + drafts > int64_t(item.pages.size()) * kKvPageTokens)
+      throw EngineError("mtp_draft: " + std::to_string(drafts) + " drafts after position " +
+                        std::to_string(item.start + n - 1) + " go beyond the sequence's reserved " +
+                        std::to_string(item.pages.size() * kKvPageTokens) + " tokens");
+    const float* normed = mtp_layer(staged_hidden(hidden, n), item.tokens, nullptr, n, item.start, item, pools);
+    int32_t* ids = scratch_.draft_ids(std::max(drafts, 1));
+    for (int32_t j = 0; j < drafts; ++j) {
+      if (j > 0) {  // the step before's output row is this step's hidden, its draft this step's token
+        float* step_hidden = scratch_.get(Buf::MtpHidden, h);
+        const int64_t last_row = j == 1 ? n - 1 : 0;
+        backend_->gather_rows(normed, h, &last_row, 1, step_hidden);
+        normed = mtp_layer(step_hidden, nullptr, ids + j - 1, 1, item.start + n - 1 + j, item, pools);
+      }
+      float* logits = scratch_.get(Buf::Logits, vocab);
+      backend_->linear(normed + (j == 0 ? n - 1 : 0) * h, 1, *weights_.lm_head, logits);
+      backend_->argmax_rows(logits, 1, vocab, ids + j);
+    }
+    tokens.resize(size_t(drafts));
+    if (drafts > 0) backend_->memory().to_host(tokens.data(), ids, size_t(drafts) * sizeof(int32_t));
   }
 
   const VisionTower* vision() const override { return vision_.get(); }
@@ -245,6 +235,59 @@ class DecoderModel final : public Model {
       backend_->row_dots(rows, k, h, final_hidden + out.row_offset[i] * h, dots + out.candidate_offset[i]);
     }
     copy_output(out.candidate_logits, dots);
+  }
+
+  void check_mtp_item(const ForwardItem& item) const {
+    if (!weights_.mtp) throw EngineError(artifact_->path() + ": this model has no MTP head");
+    const int64_t n = item.n_tokens, start = item.start;
+    if (n <= 0 || start < 0) throw EngineError("mtp_forward needs n > 0 rows at a start position >= 0");
+    if (start + n > int64_t(item.pages.size()) * kKvPageTokens)
+      throw EngineError("mtp_forward at positions " + std::to_string(start) + ".." + std::to_string(start + n - 1) +
+                        " beyond the sequence's reserved " + std::to_string(item.pages.size() * kKvPageTokens) +
+                        " tokens");
+    check_tokens(item.tokens, n);
+  }
+
+  // The target's hidden rows (host memory) where the backend's ops read them.
+  const float* staged_hidden(const float* hidden, int64_t n) {
+    backend_->bind_calling_thread();
+    if (backend_->memory().host_accessible()) return hidden;
+    float* staged = scratch_.get(Buf::MtpHidden, n * config_.hidden_size);
+    backend_->memory().from_host(staged, hidden, size_t(n * config_.hidden_size) * sizeof(float));
+    return staged;
+  }
+
+  // The MTP layer over n rows at positions start..: u = fc([norm(embed(next token)) | norm(hidden)]), one decoder
+  // layer (its KV in item's pages), mtp.norm. `hidden_rows` are in the backend's memory; the next tokens are host
+  // ids or, for a draft step, `resident_ids` in the backend's memory (the step before's argmax). Returns the normed
+  // rows (Buf::OutRows).
+  const float* mtp_layer(const float* hidden_rows, const int32_t* host_ids, const int32_t* resident_ids, int64_t n,
+                         int64_t start, const ForwardItem& item, CachePools& pools) {
+    const MtpWeights& m = *weights_.mtp;
+    const int64_t h = config_.hidden_size;
+    const NormKind kind = config_.norm_offset ? NormKind::Offset : NormKind::Plain;
+    const float eps = float(config_.rms_norm_eps);
+    float* embedded = scratch_.get(Buf::MtpEmbed, n * h);
+    float* concat = scratch_.get(Buf::MtpConcat, n * 2 * h);
+    float* u = scratch_.get(Buf::Hidden, n * h);
+    if (resident_ids)
+      backend_->embed_resident_ids(resident_ids, n, *weights_.embed, embedded);
+    else
+      backend_->embed(host_ids, n, *weights_.embed, embedded);
+    backend_->rmsnorm(embedded, n, h, h, m.pre_fc_norm_embedding.data(), kind, eps, concat, 2 * h);
+    backend_->rmsnorm(hidden_rows, n, h, h, m.pre_fc_norm_hidden.data(), kind, eps, concat + h, 2 * h);
+    backend_->linear(concat, n, *m.fc, u);
+
+    int64_t* positions = scratch_.positions(n);
+    for (int64_t t = 0; t < n; ++t) positions[t] = start + t + item.position_offset;
+    seqs_.assign(1, SequenceRows{0, n, start, item.pages.data(), item.state_slot});
+    const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, n, rope_,
+                           options_.gdn_chunk};
+    decoder_layers(pass, std::span(&m.layer, 1), u);
+
+    float* normed = scratch_.get(Buf::OutRows, n * h);
+    backend_->rmsnorm(u, n, h, h, m.norm.data(), kind, eps, normed, h);
+    return normed;
   }
 
   void check_tokens(const int32_t* tokens, int64_t n) const {

@@ -111,6 +111,13 @@ class Model {
                              std::vector<float>& out) = 0;
   virtual void mtp_forward(const float* hidden, const ForwardItem& item, CachePools& pools,
                            std::vector<float>& logits, std::vector<float>* normed = nullptr) = 0;
+  // The MTP head's greedy drafts (runtime/speculative.h): mtp_forward's rows (their KV written the same way), then
+  // `drafts` tokens into `tokens`: step 0 the argmax of the last row's logits, step j the argmax after one more
+  // row at the next position, from step j - 1's normed output and draft. Logits, hidden rows and drafts stay in the
+  // backend's memory until the drafts' one copy back (no logits row or host argmax per step). drafts = 0: only the
+  // rows' KV. mtp_forward is its slow twin (tests/test_mtp_draft.py).
+  virtual void mtp_draft(const float* hidden, const ForwardItem& item, CachePools& pools, int32_t drafts,
+                         std::vector<int32_t>& tokens) = 0;
 };
 
 }  // namespace ninfer

@@ -28,6 +28,7 @@ class Scratch {
   // A buffer of at least n floats. Pointers stay valid until the same buffer is asked for more.
   float* get(Buf b, int64_t n) { return grow<float>(floats_[size_t(b)], n); }
   int32_t* route_ids(int64_t n) { return grow<int32_t>(route_ids_, n); }
+  int32_t* draft_ids(int64_t n) { return grow<int32_t>(draft_ids_, n); }
   int64_t* positions(int64_t n) { return grow_host(positions_, n); }
   int64_t* row_index(int64_t n) { return grow_host(row_index_, n); }
 
@@ -50,7 +51,7 @@ class Scratch {
   }
   MemoryResource& memory_;
   std::array<MemoryBlock, size_t(Buf::Count)> floats_;
-  MemoryBlock route_ids_;
+  MemoryBlock route_ids_, draft_ids_;
   std::vector<int64_t> positions_, row_index_;
 };
 

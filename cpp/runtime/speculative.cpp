@@ -8,10 +8,6 @@
 namespace ninfer {
 namespace {
 
-int32_t argmax(std::span<const float> row) {
-  return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
 // An MTP item: `n` rows from position `start`, logits of the last (the head's KV lives in the lane's pages).
 ForwardItem mtp_item(const int32_t* next_tokens, int64_t n, int64_t start, std::span<const int32_t> pages) {
   ForwardItem item;
@@ -44,7 +40,7 @@ Drafter::Drafter(Model& model, CachePools& pools) : model_(model), pools_(pools)
 
 void Drafter::prepare(LaneDrafts& d, std::span<const int32_t> tokens, std::span<const int32_t> pages,
                       int32_t drafts) {
-  const int64_t h = model_.config().hidden_size, vocab = model_.config().vocab_size;
+  const int64_t h = model_.config().hidden_size;
   const int64_t rows = int64_t(d.pending_hidden.size()) / h;
   if (d.mtp_next + rows >= int64_t(tokens.size()))
     throw EngineError("MTP rows up to position " + std::to_string(d.mtp_next + rows - 1) + " need " +
@@ -55,24 +51,16 @@ void Drafter::prepare(LaneDrafts& d, std::span<const int32_t> tokens, std::span<
     if (drafts > 0) throw EngineError("a lane drafts without the target's hidden row of its last token");
     return;
   }
-  // Step 0: the rows the target computed since, with the tokens after them; the last row drafts the first token.
-  const ForwardItem item = mtp_item(tokens.data() + d.mtp_next + 1, rows, d.mtp_next, pages);
-  model_.mtp_forward(d.pending_hidden.data(), item, pools_, logits_, drafts > 1 ? &normed_ : nullptr);
+  // The rows the target computed since, with the tokens after them; the last row drafts the first token, each
+  // draft step the next (Model::mtp_draft).
   const int64_t last = d.mtp_next + rows - 1;  // the position of the target's last computed token
+  if (drafts > 0 && last + 2 != int64_t(tokens.size()))
+    throw EngineError("a lane drafts with " + std::to_string(tokens.size() - last - 2) + " tokens not yet verified");
+  const ForwardItem item = mtp_item(tokens.data() + d.mtp_next + 1, rows, d.mtp_next, pages);
+  model_.mtp_draft(d.pending_hidden.data(), item, pools_, drafts, drafted_);
   d.mtp_next += rows;
   d.pending_hidden.clear();
-  if (drafts == 0) return;
-  if (last + 2 != int64_t(tokens.size()))
-    throw EngineError("a lane drafts with " + std::to_string(tokens.size() - last - 2) + " tokens not yet verified");
-  d.verify_tokens.push_back(argmax(logits_));
-  // Steps 1..: the head's own output as the hidden, the draft before as the token, one position on.
-  std::vector<float> hidden;
-  for (int32_t j = 1; j < drafts; ++j) {
-    hidden.assign(normed_.end() - h, normed_.end());
-    const ForwardItem step = mtp_item(&d.verify_tokens.back(), 1, last + j, pages);
-    model_.mtp_forward(hidden.data(), step, pools_, logits_, j + 1 < drafts ? &normed_ : nullptr);
-    d.verify_tokens.push_back(argmax(std::span<const float>(logits_.data(), size_t(vocab))));
-  }
+  d.verify_tokens.insert(d.verify_tokens.end(), drafted_.begin(), drafted_.end());
 }
 
 int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts, Sampler& sampler,

@@ -51,7 +51,7 @@ class Drafter {
  private:
   Model& model_;
   CachePools& pools_;
-  std::vector<float> logits_, normed_;
+  std::vector<int32_t> drafted_;
 };
 
 // The tokens a verify pass emits: rows of `logits` ([drafts + 1, vocab]) drawn in order by `sampler` with the

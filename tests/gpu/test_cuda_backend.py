@@ -284,6 +284,21 @@ def test_kv_write_and_attention(ops, kv_dtype, case):
                  atol=1e-5)
 
 
+# ---------- greedy drafts ----------
+
+# 248,320: the Qwen3.5 vocabulary (the MTP head's draft logits); 5: fewer columns than the block's threads.
+@pytest.mark.parametrize("rows,cols", [(1, 248320), (3, 5), (4, 1000)])
+def test_argmax_rows(ops, rows, cols):
+    cuda, cpu = ops
+    x = f32(rows, cols)
+    x[0, cols // 2] = x[0, cols - 1] = x[0].max() + 1  # a tie: the lower column wins
+    if rows > 1:
+        x[1] = -np.inf  # nothing finite: column 0, as std::max_element gives
+    want = np.argmax(x, axis=1).reshape(rows, 1)
+    np.testing.assert_array_equal(cpu.argmax_rows(x, rows, cols), want)
+    np.testing.assert_array_equal(cuda.argmax_rows(x, rows, cols), want)
+
+
 # ---------- mixture of experts ----------
 
 # 256 and 512 experts: the warp kernel's widest shapes (35B-A3B has 256); 600 takes the thread kernel.

@@ -19,6 +19,7 @@ from pathlib import Path
 import agreeing_mtp
 import numpy as np
 import pytest
+from mtp_drafts import check_drafts_against_the_twin
 from ninfer import _engine
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from test_cuda_backend import GDN_TF32_REL, assert_close, assert_gdn_rule_close, gdn_rule_inputs
@@ -98,6 +99,17 @@ def artifacts(tiny_artifacts, tmp_path_factory, tiny_qwen3_5) -> dict[str, Path]
     return {"dense": tiny_artifacts["qwen3_5"], "moe": tiny_artifacts["qwen3_5_moe"],
             "agreeing": agreeing_mtp.agreeing_artifact(folder, tiny_qwen3_5),
             "partly": agreeing_mtp.agreeing_artifact(folder, tiny_qwen3_5, gdn_scale=0.05)}
+
+
+@pytest.mark.parametrize("model", ["dense", "moe"])
+def test_drafts_on_the_device_are_the_heads_argmax_chain(artifacts, model):
+    """Model.mtp_drafts (argmax, next token and hidden row on the device) against mtp_logits steps with the argmax
+    on the host; the twin's lm-head runs on the rows of its step, so a draft is held within the f32 sums' order."""
+    m = _engine.Model.open(str(artifacts[model]), max_context=256, max_sequences=8, kv_dtype="f32", backend="cuda")
+    rng = np.random.default_rng()
+    for drafts in (1, 3, 5):
+        prompt = rng.integers(0, m.config["vocab_size"], int(rng.integers(2, 40))).astype(np.int32)
+        check_drafts_against_the_twin(m, prompt, drafts, rel_tol=1e-5)
 
 
 @pytest.mark.parametrize("model", ["dense", "moe"])

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -30,6 +31,10 @@ void CpuBackend::embed(const int32_t* tokens, int64_t n, const TensorView& table
 
 void CpuBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * dim, x + rows[i] * dim, size_t(dim) * sizeof(float));
+}
+
+void CpuBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) {
+  for (int64_t r = 0; r < rows; ++r) ids[r] = int32_t(std::max_element(x + r * cols, x + (r + 1) * cols) - (x + r * cols));
 }
 
 void CpuBackend::row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) {

@@ -16,8 +16,12 @@ class CpuBackend final : public Backend {
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) override;
+  void embed_resident_ids(const int32_t* ids, int64_t n, const TensorView& table, float* out) override {
+    embed(ids, n, table, out);  // host memory is the backend's
+  }
   void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) override;
   void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override;
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override;
 
   void add(float* inout, const float* x, int64_t n) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;

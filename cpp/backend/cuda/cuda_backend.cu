@@ -38,6 +38,31 @@ __global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* r
   NINFER_GRID_STRIDE(i, n * dim) out[i] = x[rows[i / dim] * dim + i % dim];
 }
 
+// One block per row: ids[r] = the lowest column holding row r's largest value (a NaN never wins: `>` is false).
+__global__ void argmax_rows_kernel(const float* x, int64_t cols, int32_t* ids) {
+  chain_start();
+  const float* row = x + int64_t(blockIdx.x) * cols;
+  float best = -INFINITY;
+  int64_t at = cols;  // none yet
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    if (row[c] > best) best = row[c], at = c;  // a thread's columns rise: its first maximum is kept
+  __shared__ float values[kThreads];
+  __shared__ int64_t columns[kThreads];
+  values[threadIdx.x] = best;
+  columns[threadIdx.x] = at;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      const float v = values[threadIdx.x + half];
+      const int64_t c = columns[threadIdx.x + half];
+      if (v > values[threadIdx.x] || (v == values[threadIdx.x] && c < columns[threadIdx.x]))
+        values[threadIdx.x] = v, columns[threadIdx.x] = c;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ids[blockIdx.x] = int32_t(columns[0] < cols ? columns[0] : 0);
+}
+
 // One block per row: out[j] = <rows[j], x>.
 __global__ void row_dots_kernel(const float* rows, int64_t dim, const float* x, float* out) {
   chain_start();
@@ -359,6 +384,20 @@ void CudaBackend::embed(const int32_t* tokens, int64_t n, const TensorView& tabl
     launch_chained(embed_kernel<decltype(encoding)::value>, dim3(blocks_for(n * dt.cols())), dim3(kThreads), 0,
                    stream_, dtokens, n, weight_ref(dt), out);
   });
+}
+
+void CudaBackend::embed_resident_ids(const int32_t* ids, int64_t n, const TensorView& table, float* out) {
+  if (n <= 0 || tables_only()) return;
+  const TensorView& dt = resident(table);
+  dispatch_encoding(dt.encoding, [&](auto encoding) {
+    launch_chained(embed_kernel<decltype(encoding)::value>, dim3(blocks_for(n * dt.cols())), dim3(kThreads), 0,
+                   stream_, ids, n, weight_ref(dt), out);
+  });
+}
+
+void CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) {
+  if (rows <= 0 || tables_only()) return;
+  launch_chained(argmax_rows_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream_, x, cols, ids);
 }
 
 void CudaBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {

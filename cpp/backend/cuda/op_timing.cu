@@ -132,6 +132,14 @@ class TimedCudaBackend final : public CudaBackend {
     OpTimer::Scope s(timer_, "gather_rows");
     CudaBackend::gather_rows(x, dim, rows, n, out);
   }
+  void embed_resident_ids(const int32_t* ids, int64_t n, const TensorView& table, float* out) override {
+    OpTimer::Scope s(timer_, "embed");
+    CudaBackend::embed_resident_ids(ids, n, table, out);
+  }
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
+    OpTimer::Scope s(timer_, "argmax_rows");
+    CudaBackend::argmax_rows(x, rows, cols, ids);
+  }
   void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override {
     OpTimer::Scope s(timer_, "row_dots");
     CudaBackend::row_dots(rows, n, dim, x, out);
