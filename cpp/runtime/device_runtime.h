@@ -67,6 +67,9 @@ class DeviceRuntime {
   virtual int32_t graphs_captured() const = 0; // pass shapes with a graph
   virtual int64_t graph_replays() const = 0;   // passes run as graph launches
   virtual GraphPassTimings graph_timings() const = 0;
+  // The most rows a pass's linear layers run on the decode path (the CUDA backend's GEMV kernels); a pass of more
+  // takes the prefill GEMM, several times a decode pass's cost (the scheduler keeps verify passes within it).
+  virtual int32_t decode_path_rows() const = 0;
   // Starts the pass queued since begin_pass (a captured decode pass: its graph launch) without waiting for it.
   virtual void launch_pass() = 0;
   // Samples each row's next token from `logits` (device memory, [*, vocab], written by the last pass) as

@@ -180,7 +180,8 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
       options_.decision_lanes * context_pages + decision_row_tokens / kKvPageTokens, 0,
       capacity.device_pages - context_pages);
   scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.decision_lanes, options_.prefill_chunk,
-                                           decision_share_pages_, *cache_, draft_tokens);
+                                           decision_share_pages_, *cache_, draft_tokens,
+                                           device_ ? device_->decode_path_rows() : 0);
   executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling, drafter_.get());
   outputs_ = std::make_unique<OutputProcessor>(
       *scheduler_, [this](EngineEvent ev) { publish(std::move(ev)); }, [this](JobOutput output) {

@@ -21,8 +21,9 @@ void add_prefill(const PlannedSlice& slice, int64_t budget, std::vector<PlannedS
 }  // namespace
 
 Scheduler::Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
-                     CacheManager& cache, int32_t draft_tokens)
-    : prefill_chunk_(prefill_chunk), draft_tokens_(draft_tokens), cache_(cache), chat_lanes_(num_lanes),
+                     CacheManager& cache, int32_t draft_tokens, int32_t verify_rows)
+    : prefill_chunk_(prefill_chunk), draft_tokens_(draft_tokens), verify_rows_(verify_rows), cache_(cache),
+      chat_lanes_(num_lanes),
       decision_pages_(decision_pages),
       lanes_(num_lanes + decision_lanes) {}
 
@@ -181,8 +182,17 @@ void Scheduler::finish_row(int32_t index, int32_t row) {
 // a chunk's end has that state at hand). The budget only decides how many chunks run in one step; the first
 // always runs. A decision row's suffix follows the same rule from the context's end, so a question computes the
 // same slices alone or among fifty.
+int32_t Scheduler::drafts_per_lane() const {
+  if (verify_rows_ <= 0 || draft_tokens_ == 0) return draft_tokens_;
+  int32_t decoding = 0;  // lanes past their prompt: each runs a decode or a verify slice
+  for (const std::optional<Lane>& lane : lanes_)
+    decoding += lane && lane->generated > 0 && lane->computed < int64_t(lane->tokens.size());
+  return std::clamp(verify_rows_ / std::max(decoding, 1) - 1, 0, draft_tokens_);
+}
+
 StepPlan Scheduler::plan() const {
   StepPlan plan;
+  const int32_t draft_tokens = drafts_per_lane();
   std::vector<PlannedSlice> prefills;
   int64_t prefill_tokens = 0;
   for (int32_t i = 0; i < num_lanes(); ++i) {
@@ -198,7 +208,7 @@ StepPlan Scheduler::plan() const {
       continue;
     }
     if (lane.speculative && lane.generated > 0) {  // decoding: verify the last token and this round's drafts
-      const int32_t drafts = drafts_this_round(draft_tokens_, lane.job.request.max_new_tokens - lane.generated,
+      const int32_t drafts = drafts_this_round(draft_tokens, lane.job.request.max_new_tokens - lane.generated,
                                                lane.job.reservation - begin);
       if (drafts > 0) {
         PlannedSlice verify{i, begin, target, SliceKind::Verify, SliceOutput::Sample};

@@ -104,9 +104,12 @@ class Scheduler {
   // `decision_lanes` more lanes, after the others, run decision jobs only (their own queue too), and chat jobs
   // leave `decision_pages` KV pages (less what decision jobs hold) free for them: chat traffic cannot starve
   // decisions, nor decisions chat. `draft_tokens` > 0: speculative decoding with that many MTP drafts per round
-  // (each speculative lane then holds draft_tokens + 1 step slots for the verify pass's states).
+  // (each speculative lane then holds draft_tokens + 1 step slots for the verify pass's states). `verify_rows` > 0:
+  // a step's decode and verify rows stay within that many (the backend's decode path, DeviceRuntime::
+  // decode_path_rows): each decoding lane then drafts at most verify_rows / lanes - 1 tokens, none from that many
+  // lanes on, since a pass of more rows costs several decode passes.
   Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
-            CacheManager& cache, int32_t draft_tokens = 0);
+            CacheManager& cache, int32_t draft_tokens = 0, int32_t verify_rows = 0);
 
   void enqueue(Job job) { (job.output == JobOutput::Decide ? decision_queue_ : queue_).push_back(std::move(job)); }
   // Removes a queued job and returns it; nullopt when `id` is not queued.
@@ -142,9 +145,10 @@ class Scheduler {
   void plan_rows(int32_t index, const Lane& lane, std::vector<PlannedSlice>& prefills, int64_t& prefill_tokens) const;
 
   int64_t decision_pages_unused() const;  // the decision share's pages no decision job holds
+  int32_t drafts_per_lane() const;        // draft_tokens_ within verify_rows_ for this step's decoding lanes
 
   int64_t prefill_chunk_;
-  int32_t draft_tokens_;
+  int32_t draft_tokens_, verify_rows_;
   CacheManager& cache_;
   int32_t chat_lanes_;
   int64_t decision_pages_;

@@ -206,6 +206,21 @@ def test_accepted_runs_keep_the_state_of_their_last_row(artifacts, artifact):
                 assert stats.draft_tokens_accepted >= 0.9 * stats.draft_tokens
 
 
+def test_verify_rows_stay_on_the_decode_path(artifacts):
+    """Four lanes at K = 3 would verify 16 rows a pass, which takes the prefill GEMM at several times a decode pass's
+    cost (bench/NOTES-cuda.md, session 12): with four lanes decoding, each drafts 8 / 4 - 1 = 1 a round. Lanes
+    admitted a step apart may draft more while fewer decode (at most 2 extra in each of 3 such rounds); without the
+    cap a lane would draft ~3 a round. The output stays plain decoding's."""
+    rng = np.random.default_rng()
+    prompts = _prompts(rng, _vocab(artifacts["dense"]), (40, 40, 40, 40))
+    plain, _, _ = _run(artifacts["dense"], _options(0, max_concurrency=4), prompts, 16, temperature=0)
+    spec, stats, _ = _run(artifacts["dense"], _options(3, max_concurrency=4), prompts, 16, temperature=0)
+    assert [r[0] for r in spec] == [r[0] for r in plain]
+    assert stats.draft_tokens > 0
+    for _, _, last in spec:
+        assert last.timings.draft_n <= last.usage.generated_tokens + 6, (last.timings.draft_n, last.usage)
+
+
 def test_verify_passes_replayed_as_graphs_equal_eager_passes(artifacts):
     rng = np.random.default_rng()
     prompts = _prompts(rng, _vocab(artifacts["partly"]), (20, 64, 100))

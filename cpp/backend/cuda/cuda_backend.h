@@ -22,6 +22,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/decode_graphs.h"
 #include "backend/cuda/device_memory.h"
+#include "backend/cuda/gemv.h"
 #include "backend/cuda/gemv_mma.h"
 #include "backend/cuda/prefill_gemm.h"
 #include "backend/cuda/sampling.h"
@@ -69,6 +70,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   int32_t graphs_captured() const override { return graphs_.captured(); }
   int64_t graph_replays() const override { return graphs_.replays(); }
   GraphPassTimings graph_timings() const override { return graphs_.timings(); }
+  int32_t decode_path_rows() const override { return kMaxGemvRows; }
   // Use the slow, obviously-right twin where an op has a fast kernel and a reference one (today: gdn_rule's
   // token-by-token kernel instead of the decode and chunked kernels; moe_experts' simple kernels instead of the
   // grouped matmul; gdn_conv_qkv as gdn_conv, l2norm_heads and copy_columns), so that tests can compare them.
