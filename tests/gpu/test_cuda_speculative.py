@@ -226,8 +226,13 @@ def test_verify_passes_replayed_as_graphs_equal_eager_passes(artifacts):
     prompts = _prompts(rng, _vocab(artifacts["partly"]), (20, 64, 100))
     graphs, _, plan = _run(artifacts["partly"], _options(3), prompts, 40, temperature=0)
     eager, _, eager_plan = _run(artifacts["partly"], _options(3, cuda_graphs=False), prompts, 40, temperature=0)
-    # Same kernels on the same data: the same tokens and bit-identical logprobs.
-    assert [r[:2] for r in graphs] == [r[:2] for r in eager]
+    # The same tokens; logprobs within the split-KV decode kernel's order of sums, not bit for bit: the three
+    # requests are admitted as the engine thread sees them, so a lane may start a step earlier in one run and meet
+    # other batch sizes, whose split count differs (session 12 measured 9.5e-7 between two runs of the same arm,
+    # graphs or eager alike; test_graph_replays_across_pages_and_batch_changes_equal_eager has the same cause).
+    for (g_tokens, g_lp, _), (e_tokens, e_lp, _) in zip(graphs, eager, strict=True):
+        assert g_tokens == e_tokens
+        np.testing.assert_allclose(g_lp, e_lp, rtol=0, atol=5e-4)
     # Three lanes verifying 3 drafts each is one shape, (3 lanes, 4 rows); (2, 4) and (1, 4) once lanes end.
     assert plan["graph_replays"] > 0 and plan["graphs_captured"] >= 1, plan
     assert eager_plan["graph_replays"] == 0
