@@ -56,8 +56,11 @@ def test_the_int8_layout_loads_within_half_a_step_of_each_f16_value(tmp_path):
         if want.ndim == 1:
             assert stored[name].dtype == np.float16 and np.array_equal(got, want), (name, seed)
             continue
-        assert stored[name].dtype == np.int8 and stored[name + SCALE_SUFFIX].dtype == np.float16
+        codes, scale = stored[name], stored[name + SCALE_SUFFIX].astype(np.float64)
+        assert codes.dtype == np.int8 and stored[name + SCALE_SUFFIX].dtype == np.float16
         peak = np.abs(want).max(axis=1, keepdims=True).astype(np.float64)
+        # symmetric: -128 is never used, and the f16 scale is max|row| / 127 rounded up, never down
+        assert np.abs(codes.astype(np.int32)).max() <= 127 and (scale >= peak[:, 0] / 127).all(), (name, seed)
         # max|row| / 254 per element, widened only by the f16 scale's rounding up (at most 2^-10 relative)
         bound = peak / 254 * (1 + 2.0**-10)
         error = np.abs(got.astype(np.float64) - want)
