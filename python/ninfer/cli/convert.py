@@ -24,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="chat template: 'auto' keeps the checkpoint's own, else qwen3_5 for the Qwen3.5 "
                              "family and chatml for plain models; a name forces that project template")
     parser.add_argument("--mtp-head", metavar="FILE", default=None,
-                        help="attach this MTP draft head (safetensors, logical names) to a model without one, "
-                             "for --spec mtp (docs/speculative-decoding.md)")
+                        help="attach this MTP draft head (safetensors, logical names; float, or int8 with "
+                             "per-row scales: docs/conversion.md) to a model without one, for --spec mtp "
+                             "(docs/speculative-decoding.md)")
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
 
 
