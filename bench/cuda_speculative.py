@@ -104,18 +104,22 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--op-times", action="store_true", help="eager passes with per-op device times (see above)")
+    parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                        help="the artifact's drafts score an N-row lm-head shortlist (ninfer convert --draft-vocab)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-        path = write_synthetic(args.model, args.recipe, Path(tmp) / f"{args.model}.ninfer", progress=False, mtp=True)
+        path = write_synthetic(args.model, args.recipe, Path(tmp) / f"{args.model}.ninfer", progress=False, mtp=True,
+                               draft_vocab=args.draft_vocab)
         written_s = time.perf_counter() - started
         rows = []
         for k in [0, *args.drafts]:
             rows += run_engine(path, k, args.batches, args.prompt, args.new_tokens, args.op_times)
     from ninfer import _engine
 
-    result = {"model": args.model, "recipe": args.recipe, "device": _engine.cuda.device_name(),
+    result = {"model": args.model, "recipe": args.recipe, "draft_vocab": args.draft_vocab,
+              "device": _engine.cuda.device_name(),
               "commit": source_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "write_s": written_s,
               "prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "rows": derive(rows),
               "note": "derived_* figures assume the acceptance length; random weights accept almost no draft"}

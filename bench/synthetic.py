@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ninfer.artifact.draft_vocab import draft_vocab_ids
 from ninfer.artifact.encodings import blob_specs
 from ninfer.artifact.recipes import load_recipe
 from ninfer.artifact.writer import ArtifactWriter, TensorPlan
@@ -174,14 +175,19 @@ def control_values(name: str, shape: tuple[int, ...], rng: np.random.Generator) 
 
 
 def write_synthetic(model: str, recipe_name: str, out: Path, progress: bool = True,
-                    config: dict | None = None, mtp: bool = False) -> Path:
+                    config: dict | None = None, mtp: bool = False, draft_vocab: int | None = None) -> Path:
     """`model`'s artifact (`config`: a variant of MODELS[model], e.g. with_vision / with_layers of it); with `mtp`,
-    its MTP head too (with_mtp)."""
+    its MTP head too (with_mtp); with `draft_vocab`, the drafts' shortlist of that many rows (its own random rows,
+    the ids `ninfer convert --draft-vocab` would keep)."""
     config = config or MODELS[model]
     if mtp:
         config = with_mtp(config)
     recipe = load_recipe(recipe_name)
     shapes = tensor_shapes(config)
+    draft_ids = None
+    if draft_vocab:
+        draft_ids = draft_vocab_ids(config["vocab_size"], config["eos_token_ids"], draft_vocab).astype(np.float32)
+        shapes |= {"mtp.draft_vocab": (draft_vocab,), "mtp.draft_head": (draft_vocab, config["hidden_size"])}
     plans = [TensorPlan(name, shape, *recipe.plan(name, shape)) for name, shape in shapes.items()]
     rng = np.random.default_rng(0)
     frontend = {"tokenizer_json": None, "chat_templates": {}, "generation_defaults": {}, "preprocessing": {},
@@ -189,7 +195,9 @@ def write_synthetic(model: str, recipe_name: str, out: Path, progress: bool = Tr
     with ArtifactWriter(out, config=config, tensors=plans, frontend=frontend, recipe=recipe.to_json(),
                         source={"kind": "synthetic", "path": "", "architecture": model}, progress=progress) as w:
         for plan in plans:
-            if plan.encoding == "f32" and len(plan.shape) == 1 or plan.name.endswith("gdn.conv"):
+            if plan.name == "mtp.draft_vocab":
+                w.write(plan.name, draft_ids)
+            elif plan.encoding == "f32" and len(plan.shape) == 1 or plan.name.endswith("gdn.conv"):
                 w.write(plan.name, control_values(plan.name, plan.shape, rng))
             else:
                 w.write_encoded(plan.name, synthetic_blobs(rng, plan.encoding, plan.shape, plan.group_size))

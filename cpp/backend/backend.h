@@ -112,9 +112,11 @@ class Backend {
   // out[j] = <rows[j], x> for n rows of `dim` values (a GEMV over rows gathered by embed: the candidate projection
   // of a decision readout, a handful of lm-head rows instead of the whole vocabulary).
   virtual void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) = 0;
-  // ids[r] = the column of row r's largest value, the lowest such column on ties (std::max_element's choice);
-  // `ids` in memory().
-  virtual void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) = 0;
+  // ids[r] = the column of row r's largest value, the lowest such column on ties (std::max_element's choice), or
+  // with `column_ids` (a host vector of `cols` exact integers, like the weights' small vectors) that column's id:
+  // a draft shortlist's token. `ids` in memory().
+  virtual void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids,
+                           const float* column_ids = nullptr) = 0;
 
   // --- elementwise ---
   virtual void add(float* inout, const float* x, int64_t n) = 0;

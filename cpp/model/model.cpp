@@ -159,6 +159,11 @@ class DecoderModel final : public Model {
                         std::to_string(item.start + n - 1) + " go beyond the sequence's reserved " +
                         std::to_string(item.pages.size() * kKvPageTokens) + " tokens");
     const float* normed = mtp_layer(staged_hidden(hidden, n), item.tokens, nullptr, n, item.start, item, pools);
+    // The drafts' rows of the lm-head: its shortlist when the artifact has one (the verify pass reads the whole).
+    const MtpWeights& m = *weights_.mtp;
+    const bool shortlist = m.draft_head != nullptr;
+    const TensorView& draft_head = shortlist ? *m.draft_head : *weights_.lm_head;
+    const int64_t draft_cols = shortlist ? int64_t(m.draft_vocab.size()) : vocab;
     int32_t* ids = scratch_.draft_ids(std::max(drafts, 1));
     for (int32_t j = 0; j < drafts; ++j) {
       if (j > 0) {  // the step before's output row is this step's hidden, its draft this step's token
@@ -167,9 +172,9 @@ class DecoderModel final : public Model {
         backend_->gather_rows(normed, h, &last_row, 1, step_hidden);
         normed = mtp_layer(step_hidden, nullptr, ids + j - 1, 1, item.start + n - 1 + j, item, pools);
       }
-      float* logits = scratch_.get(Buf::Logits, vocab);
-      backend_->linear(normed + (j == 0 ? n - 1 : 0) * h, 1, *weights_.lm_head, logits);
-      backend_->argmax_rows(logits, 1, vocab, ids + j);
+      float* logits = scratch_.get(Buf::Logits, draft_cols);
+      backend_->linear(normed + (j == 0 ? n - 1 : 0) * h, 1, draft_head, logits);
+      backend_->argmax_rows(logits, 1, draft_cols, ids + j, shortlist ? m.draft_vocab.data() : nullptr);
     }
     tokens.resize(size_t(drafts));
     if (drafts > 0) backend_->memory().to_host(tokens.data(), ids, size_t(drafts) * sizeof(int32_t));

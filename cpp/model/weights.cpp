@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <cmath>
+
 #include "backend/cpu/linear.h"
 
 namespace ninfer {
@@ -123,6 +125,18 @@ ModelWeights load_weights(const Artifact& artifact, const ModelConfig& c) {
     m.pre_fc_norm_hidden = load.vector("mtp.pre_fc_norm_hidden", {c.hidden_size});
     m.norm = load.vector("mtp.norm", {c.hidden_size});
     m.layer = load.layer("mtp.layers.0.", LayerKind::FullAttention, kv_layer, -1);
+    if (artifact.has("mtp.draft_vocab")) {
+      const int64_t rows = artifact.tensor("mtp.draft_vocab").numel();
+      m.draft_vocab = load.vector("mtp.draft_vocab", {rows});
+      m.draft_head = load.matrix("mtp.draft_head", {rows, c.hidden_size});
+      for (size_t i = 0; i < m.draft_vocab.size(); ++i) {
+        const float id = m.draft_vocab[i];
+        if (!(id >= 0 && id < float(c.vocab_size) && id == std::floor(id) && (i == 0 || id > m.draft_vocab[i - 1])))
+          throw ArtifactError(artifact.path() + ": mtp.draft_vocab[" + std::to_string(i) + "] = " +
+                              std::to_string(id) + " is not an ascending token id below " +
+                              std::to_string(c.vocab_size));
+      }
+    }
     w.mtp = std::move(m);
   }
   return w;

@@ -48,6 +48,10 @@ struct MtpWeights {
   const TensorView* fc = nullptr;
   std::vector<float> pre_fc_norm_embedding, pre_fc_norm_hidden, norm;
   LayerWeights layer;
+  // The drafts' shortlist (`ninfer convert --draft-vocab`, python/ninfer/artifact/draft_vocab.py): the lm-head rows
+  // of these token ids (ascending, exact integers in f32); none: drafts score the whole lm-head.
+  const TensorView* draft_head = nullptr;
+  std::vector<float> draft_vocab;
 };
 
 struct ModelWeights {

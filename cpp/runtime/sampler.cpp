@@ -404,15 +404,22 @@ bool needs_host_sampler(const SamplingParams& p) {
          p.dynatemp_range > 0.0f || p.xtc_probability > 0.0f || p.dry_multiplier > 0.0f;
 }
 
+bool reads_token_counts(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
 void TokenHistory::add_prompt(std::span<const int32_t> tokens) {
-  for (int32_t t : tokens) ++seen[t];
+  if (counted)
+    for (int32_t t : tokens) ++seen[t];
   sequence.insert(sequence.end(), tokens.begin(), tokens.end());
   prompt_length = sequence.size();
 }
 
 void TokenHistory::add_generated(int32_t token) {
-  ++seen[token];
-  ++generated[token];
+  if (counted) {
+    ++seen[token];
+    ++generated[token];
+  }
   sequence.push_back(token);
 }
 

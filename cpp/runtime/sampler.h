@@ -62,12 +62,20 @@ struct SampledToken {
   std::vector<TokenLogprob> top;    // the top_logprobs most likely tokens of that same distribution
 };
 
+// Whether sampling with `params` reads a history's token counts (the repetition, presence and frequency
+// penalties).
+bool reads_token_counts(const SamplingParams& params);
+
 // The tokens a request has seen, which the penalties and DRY read.
 struct TokenHistory {
   std::unordered_map<int32_t, int32_t> generated;  // token -> occurrences in the output so far
   std::unordered_map<int32_t, int32_t> seen;       // token -> occurrences in prompt + output
   std::vector<int32_t> sequence;                   // prompt + output, in order
   size_t prompt_length = 0;
+  // false: `generated` and `seen` stay empty, for a request whose sampling reads no counts (reads_token_counts):
+  // counting a 120k-token prompt took ~10 ms of its admission, and the device sampler uploads the counts of every
+  // row it draws.
+  bool counted = true;
   void add_prompt(std::span<const int32_t> tokens);
   void add_generated(int32_t token);
 };

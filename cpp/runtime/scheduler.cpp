@@ -105,6 +105,7 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
     lane.drafts.mtp_next = lane.computed;
     if (lane.job.output == JobOutput::Generate) {
       lane.sampler.emplace(lane.job.request.sampling);
+      lane.history.counted = reads_token_counts(lane.job.request.sampling);
       lane.history.add_prompt(lane.tokens);
     }
     for (int32_t k = 1; k <= forks; ++k) {  // the other choices wait for the prompt but its last token
@@ -118,6 +119,7 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
       choice.tokens = lane.tokens;
       choice.admitted = lane.admitted;
       choice.sampler.emplace(choice.job.request.sampling);
+      choice.history.counted = lane.history.counted;
       choice.history.add_prompt(choice.tokens);
       lane.forks.push_back(j);
       filled.push_back(j);

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from mtp_drafts import check_drafts_against_the_twin
 from ninfer import _engine
+from ninfer.artifact.convert import convert
+from ninfer.artifact.reader import read_artifact
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from test_cuda_backend import GDN_TF32_REL, assert_close, assert_gdn_rule_close, gdn_rule_inputs
 
@@ -94,22 +96,30 @@ def test_verify_chains_in_the_causal_conv_match_the_twins(fused):
 @pytest.fixture(scope="session")
 def artifacts(tiny_artifacts, tmp_path_factory, tiny_qwen3_5) -> dict[str, Path]:
     """The tiny dense and MoE artifacts, and the dense one with an agreeing MTP head (tests/agreeing_mtp.py: whole
-    rounds accepted) and with 5 % of its Gated DeltaNet output kept (rounds stop anywhere)."""
+    rounds accepted), with 5 % of its Gated DeltaNet output kept (rounds stop anywhere), and with a 96-row draft
+    shortlist (`ninfer convert --draft-vocab 96`)."""
     folder = tmp_path_factory.mktemp("agreeing")
+    shortlisted = folder / "shortlist96.bf16.ninfer"
+    convert(tiny_qwen3_5, shortlisted, recipe="bf16", progress=False, draft_vocab=96)
     return {"dense": tiny_artifacts["qwen3_5"], "moe": tiny_artifacts["qwen3_5_moe"],
             "agreeing": agreeing_mtp.agreeing_artifact(folder, tiny_qwen3_5),
-            "partly": agreeing_mtp.agreeing_artifact(folder, tiny_qwen3_5, gdn_scale=0.05)}
+            "partly": agreeing_mtp.agreeing_artifact(folder, tiny_qwen3_5, gdn_scale=0.05),
+            "shortlist": shortlisted}
 
 
-@pytest.mark.parametrize("model", ["dense", "moe"])
+@pytest.mark.parametrize("model", ["dense", "moe", "shortlist"])
 def test_drafts_on_the_device_are_the_heads_argmax_chain(artifacts, model):
     """Model.mtp_drafts (argmax, next token and hidden row on the device) against mtp_logits steps with the argmax
     on the host; the twin's lm-head runs on the rows of its step, so a draft is held within the f32 sums' order."""
     m = _engine.Model.open(str(artifacts[model]), max_context=256, max_sequences=8, kv_dtype="f32", backend="cuda")
+    shortlist = None
+    if model == "shortlist":
+        (ids,) = read_artifact(artifacts[model]).tensor_bytes("mtp.draft_vocab").values()
+        shortlist = np.asarray(ids).astype(np.int64)
     rng = np.random.default_rng()
     for drafts in (1, 3, 5):
         prompt = rng.integers(0, m.config["vocab_size"], int(rng.integers(2, 40))).astype(np.int32)
-        check_drafts_against_the_twin(m, prompt, drafts, rel_tol=1e-5)
+        check_drafts_against_the_twin(m, prompt, drafts, rel_tol=1e-5, shortlist=shortlist)
 
 
 @pytest.mark.parametrize("model", ["dense", "moe"])

@@ -33,8 +33,11 @@ void CpuBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, i
   for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * dim, x + rows[i] * dim, size_t(dim) * sizeof(float));
 }
 
-void CpuBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) {
-  for (int64_t r = 0; r < rows; ++r) ids[r] = int32_t(std::max_element(x + r * cols, x + (r + 1) * cols) - (x + r * cols));
+void CpuBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, const float* column_ids) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t best = std::max_element(x + r * cols, x + (r + 1) * cols) - (x + r * cols);
+    ids[r] = column_ids ? int32_t(column_ids[best]) : int32_t(best);
+  }
 }
 
 void CpuBackend::row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) {

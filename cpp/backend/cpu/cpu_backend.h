@@ -21,7 +21,7 @@ class CpuBackend final : public Backend {
   }
   void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) override;
   void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override;
-  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override;
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, const float* column_ids) override;
 
   void add(float* inout, const float* x, int64_t n) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;

@@ -38,29 +38,56 @@ __global__ void gather_rows_kernel(const float* x, int64_t dim, const int64_t* r
   NINFER_GRID_STRIDE(i, n * dim) out[i] = x[rows[i / dim] * dim + i % dim];
 }
 
-// One block per row: ids[r] = the lowest column holding row r's largest value (a NaN never wins: `>` is false).
-__global__ void argmax_rows_kernel(const float* x, int64_t cols, int32_t* ids) {
-  chain_start();
-  const float* row = x + int64_t(blockIdx.x) * cols;
-  float best = -INFINITY;
-  int64_t at = cols;  // none yet
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-    if (row[c] > best) best = row[c], at = c;  // a thread's columns rise: its first maximum is kept
-  __shared__ float values[kThreads];
-  __shared__ int64_t columns[kThreads];
-  values[threadIdx.x] = best;
-  columns[threadIdx.x] = at;
+// argmax_rows in two launches: a row of the vocabulary is 1 MB, so one block per row would read it at one SM's
+// rate. Stage 1: block (chunk, row) reduces its chunk of the row to (largest value, lowest column holding it);
+// stage 2: one block per row reduces the chunks' pairs. A NaN never wins (`>` is false), as in the CPU backend's
+// std::max_element for finite rows.
+constexpr int kArgmaxChunks = 128;
+
+struct ValueColumn {
+  float value;
+  int32_t column;
+};
+
+// The block's best (value, column) over each thread's (value, column); ties go to the lower column.
+__device__ ValueColumn block_argmax(ValueColumn mine) {
+  __shared__ ValueColumn best[kThreads];
+  best[threadIdx.x] = mine;
   __syncthreads();
   for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
     if (threadIdx.x < half) {
-      const float v = values[threadIdx.x + half];
-      const int64_t c = columns[threadIdx.x + half];
-      if (v > values[threadIdx.x] || (v == values[threadIdx.x] && c < columns[threadIdx.x]))
-        values[threadIdx.x] = v, columns[threadIdx.x] = c;
+      const ValueColumn other = best[threadIdx.x + half];
+      if (other.value > best[threadIdx.x].value ||
+          (other.value == best[threadIdx.x].value && other.column < best[threadIdx.x].column))
+        best[threadIdx.x] = other;
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) ids[blockIdx.x] = int32_t(columns[0] < cols ? columns[0] : 0);
+  return best[0];
+}
+
+__global__ void argmax_chunks_kernel(const float* x, int64_t cols, ValueColumn* partial) {
+  chain_start();
+  const float* row = x + int64_t(blockIdx.y) * cols;
+  const int64_t per_chunk = (cols + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = int64_t(blockIdx.x) * per_chunk, end = begin + per_chunk < cols ? begin + per_chunk : cols;
+  ValueColumn mine{-INFINITY, int32_t(cols)};  // none yet
+  for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x)
+    if (row[c] > mine.value) mine = {row[c], int32_t(c)};  // a thread's columns rise: its first maximum is kept
+  const ValueColumn best = block_argmax(mine);
+  if (threadIdx.x == 0) partial[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = best;
+}
+
+__global__ void argmax_finish_kernel(const ValueColumn* partial, int32_t chunks, int64_t cols,
+                                     const float* column_ids, int32_t* ids) {
+  chain_start();
+  const ValueColumn mine = threadIdx.x < chunks ? partial[int64_t(blockIdx.x) * chunks + threadIdx.x]
+                                                : ValueColumn{-INFINITY, int32_t(cols)};
+  const ValueColumn best = block_argmax(mine);
+  if (threadIdx.x == 0) {
+    const int32_t column = best.column < cols ? best.column : 0;  // nothing finite: column 0
+    ids[blockIdx.x] = column_ids ? int32_t(column_ids[column]) : column;
+  }
 }
 
 // One block per row: out[j] = <rows[j], x>.
@@ -395,9 +422,17 @@ void CudaBackend::embed_resident_ids(const int32_t* ids, int64_t n, const Tensor
   });
 }
 
-void CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) {
+void CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, const float* column_ids) {
   if (rows <= 0 || tables_only()) return;
-  launch_chained(argmax_rows_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream_, x, cols, ids);
+  if (cols >= int64_t(INT32_MAX)) throw EngineError("argmax_rows: " + std::to_string(cols) + " columns");
+  static_assert(kArgmaxChunks <= kThreads && sizeof(ValueColumn) == 2 * sizeof(float));
+  const int32_t chunks = int32_t(std::min<int64_t>(kArgmaxChunks, (cols + kThreads - 1) / kThreads));
+  auto* partial = reinterpret_cast<ValueColumn*>(scratch(argmax_partial_, size_t(2 * rows * chunks)));
+  launch_chained(argmax_chunks_kernel, dim3(unsigned(chunks), unsigned(rows)), dim3(kThreads), 0, stream_, x, cols,
+                 partial);
+  const float* device_ids = column_ids ? resident(column_ids, cols) : nullptr;
+  launch_chained(argmax_finish_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream_, partial, chunks, cols,
+                 device_ids, ids);
 }
 
 void CudaBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {

@@ -90,7 +90,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   void embed_resident_ids(const int32_t* ids, int64_t n, const TensorView& table, float* out) override;
   void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) override;
   void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override;
-  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override;
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, const float* column_ids) override;
 
   void add(float* inout, const float* x, int64_t n) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
@@ -202,6 +202,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   bool reference_kernels_ = false;
   bool f32_twins_ = false;
   DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)
+  DeviceBuffer argmax_partial_;     // argmax_rows' per-chunk (value, column) pairs
   PrefillGemm prefill_gemm_;
   GemmImpl gemm_impl_ = GemmImpl::Auto;
   DeviceSampler sampler_;

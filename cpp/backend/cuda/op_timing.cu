@@ -136,9 +136,9 @@ class TimedCudaBackend final : public CudaBackend {
     OpTimer::Scope s(timer_, "embed");
     CudaBackend::embed_resident_ids(ids, n, table, out);
   }
-  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids) override {
+  void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, const float* column_ids) override {
     OpTimer::Scope s(timer_, "argmax_rows");
-    CudaBackend::argmax_rows(x, rows, cols, ids);
+    CudaBackend::argmax_rows(x, rows, cols, ids, column_ids);
   }
   void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override {
     OpTimer::Scope s(timer_, "row_dots");

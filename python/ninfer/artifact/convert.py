@@ -183,15 +183,20 @@ def _write_tensor(writer: ArtifactWriter, path: Path, tensor: SourceTensor, plan
 
 
 def convert(src: str | Path, out: str | Path, recipe: str = "bf16", template: str = AUTO_TEMPLATE,
-            progress: bool = True, mtp_head: str | Path | None = None) -> Path:
+            progress: bool = True, mtp_head: str | Path | None = None, draft_vocab: int | None = None) -> Path:
     """Convert `src` into the artifact `out`; returns `out`. Nothing appears under `out` unless it completes.
-    `mtp_head`: a head file (mtp_head.py) to attach to a model without one."""
+    `mtp_head`: a head file (mtp_head.py) to attach to a model without one. `draft_vocab`: the MTP head's drafts
+    score only that many lm-head rows (draft_vocab.py)."""
     recipe_obj = load_recipe(recipe)
     source = open_source(Path(src))
     if mtp_head is not None:
         from ninfer.artifact.mtp_head import attach_mtp_head
 
         source = attach_mtp_head(source, Path(mtp_head))
+    if draft_vocab is not None:
+        from ninfer.artifact.draft_vocab import attach_draft_vocab
+
+        source = attach_draft_vocab(source, draft_vocab)
     names = [t.name for t in source.tensors]
     if len(set(names)) != len(names):
         raise ConversionError(f"{source.path}: two source tensors map to the same logical name")

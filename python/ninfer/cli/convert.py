@@ -1,5 +1,5 @@
-"""`ninfer convert SRC OUT --recipe NAME|FILE [--template NAME] [--mtp-head FILE]`: argument parsing only (the work is in
-ninfer.artifact.convert)."""
+"""`ninfer convert SRC OUT --recipe NAME|FILE [--template NAME] [--mtp-head FILE] [--draft-vocab N]`: argument parsing
+only (the work is in ninfer.artifact.convert)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attach this MTP draft head (safetensors, logical names; float, or int8 with "
                              "per-row scales: docs/conversion.md) to a model without one, for --spec mtp "
                              "(docs/speculative-decoding.md)")
+    parser.add_argument("--draft-vocab", metavar="N", type=int, default=None,
+                        help="the MTP head's drafts score only N lm-head rows (the N most frequent tokens by the "
+                             "tokenizer's merge order, end-of-sequence tokens kept); verification uses the full "
+                             "head, so output is unchanged (docs/speculative-decoding.md)")
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
 
 
@@ -34,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="ninfer: %(message)s")
     try:
         out = convert(args.src, args.out, recipe=args.recipe, template=args.template,
-                      progress=not args.no_progress, mtp_head=args.mtp_head)
+                      progress=not args.no_progress, mtp_head=args.mtp_head, draft_vocab=args.draft_vocab)
     except NinferError as exc:
         raise CliError(str(exc)) from exc
     print(f"wrote {out}")
