@@ -61,9 +61,9 @@ nb::object linear(const Matrix& x, const ArtifactHandle& h, const std::string& n
 
 // linear_shared_input over the named 2-D weights (all with x's width), into `outs` (one per weight, tests poison
 // them first) with `biases` (one per weight, None for none): the outputs.
-std::vector<OutMatrix> linear_shared_input(const Matrix& x, const ArtifactHandle& h, const std::vector<std::string>& names,
-                                           std::vector<OutMatrix> outs, std::vector<std::optional<Vector>> biases,
-                                           const std::string& path) {
+std::vector<OutMatrix> linear_shared_input(const Matrix& x, const ArtifactHandle& h,
+                                           const std::vector<std::string>& names, std::vector<OutMatrix> outs,
+                                           std::vector<std::optional<Vector>> biases, const std::string& path) {
   const cpu::LinearPath kernel_path = linear_path(path);
   const int64_t rows = int64_t(x.shape(0));
   if (outs.size() != names.size() || biases.size() != names.size())
