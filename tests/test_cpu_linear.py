@@ -251,3 +251,66 @@ def test_rows_zero(weights) -> None:
     name = "real/" + weight_id(WEIGHTS[-2])
     assert _engine.kernels.linear(np.zeros((0, 48), np.float32), art, name).shape == (0, 7)
 
+
+
+# linear_shared_input sets (encoding, group, out) on one input width: a layer's q/k/v (together past the size at
+# which a decode step goes parallel, each alone below it), a gate/up pair, and a mix of group sizes and encodings
+# (two int16 groups, and weights that take the f32 kernels beside them).
+SHARED_COLS = 576
+SHARED_SETS = {
+    "qkv": [("int4_affine", 32, 512), ("int4_affine", 32, 128), ("int4_affine", 32, 130)],
+    "gate_up": [("int4_affine", 32, 1536), ("int4_affine", 32, 1533)],
+    "mixed": [("int4", 32, 13), ("int4_affine", 64, 6), ("f16", None, 5), ("int8", 32, 9), ("int8", 64, 700),
+              ("bf16", None, 3)],
+}
+
+
+@pytest.fixture(scope="module")
+def shared_weights(tmp_path_factory: pytest.TempPathFactory):
+    rng = np.random.default_rng(7)
+    tensors = {f"{label}/{i}": encoded(rng.standard_normal((out, SHARED_COLS)).astype(np.float32), encoding, group)
+               for label, cases in SHARED_SETS.items() for i, (encoding, group, out) in enumerate(cases)}
+    art = _engine.Artifact.open(write_artifact(tmp_path_factory.mktemp("shared") / "w.ninfer", tensors))
+    yield art
+    art.close()
+
+
+@pytest.mark.parametrize("path", ["fast", "f32"])
+@pytest.mark.parametrize("label", list(SHARED_SETS))
+def test_shared_input_equals_separate_linears(shared_weights, label: str, path: str) -> None:
+    """linear_shared_input (one rounding of x for the int16 weights of one group size, one parallel region for all
+    their tiles at rows = 1) gives each weight exactly its own linear() call's output, with and without bias, on
+    fresh random inputs; outputs start as NaN, so a tile the shared loop skips cannot pass."""
+    art = shared_weights
+    names = [f"{label}/{i}" for i in range(len(SHARED_SETS[label]))]
+    outs_of = [art.tensor_info(name)["shape"][0] for name in names]
+    rng = np.random.default_rng()
+    for rows in (1, 2, 3, 7, 64):
+        x = (rng.standard_normal((rows, SHARED_COLS)) * rng.uniform(0.01, 100)).astype(np.float32)
+        biases = [rng.standard_normal(n).astype(np.float32) if i % 2 == 0 else None for i, n in enumerate(outs_of)]
+        outs = [np.full((rows, n), np.nan, np.float32) for n in outs_of]
+        got = _engine.kernels.linear_shared_input(x, art, names, outs, biases, path=path)
+        assert len(got) == len(names) and all(np.shares_memory(g, o) for g, o in zip(got, outs, strict=True))
+        for name, out, bias in zip(names, outs, biases, strict=True):
+            alone = linear_poisoned(art, name, x, bias=bias, path=path)
+            np.testing.assert_array_equal(out, alone, err_msg=f"{name} rows={rows} path={path}")
+
+
+def test_cpu_backend_shared_input_equals_separate_linears(shared_weights) -> None:
+    """The model's entry point, CpuBackend::linear_shared_input (through the ops binding), is the same call."""
+    art, ops = shared_weights, _engine.cuda.Ops("cpu")
+    names = [f"qkv/{i}" for i in range(len(SHARED_SETS["qkv"]))] + ["mixed/3", "mixed/2"]
+    rng = np.random.default_rng()
+    for rows in (1, 5):
+        x = rng.standard_normal((rows, SHARED_COLS)).astype(np.float32)
+        for name, got in zip(names, ops.linear_shared_input(x, art, names), strict=True):
+            np.testing.assert_array_equal(got, linear_poisoned(art, name, x), err_msg=f"{name} rows={rows}")
+
+
+def test_shared_input_refuses_misfits(shared_weights) -> None:
+    art = shared_weights
+    x = np.zeros((2, SHARED_COLS), np.float32)
+    with pytest.raises(EngineError, match="does not fit weight"):
+        _engine.kernels.linear_shared_input(x, art, ["qkv/0"], [np.zeros((2, 511), np.float32)], [None])
+    with pytest.raises(EngineError, match="1 weights, 2 outputs, 1 biases"):
+        _engine.kernels.linear_shared_input(x, art, ["qkv/0"], [np.zeros((2, 512), np.float32)] * 2, [None])

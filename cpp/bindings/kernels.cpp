@@ -2,9 +2,11 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/linear.h"
 #include "backend/cpu/linear_int16.h"
@@ -57,6 +59,31 @@ nb::object linear(const Matrix& x, const ArtifactHandle& h, const std::string& n
   return out ? nb::cast(*out) : nb::cast(as_array(*fresh, {rows, w.rows()}));
 }
 
+// linear_shared_input over the named 2-D weights (all with x's width), into `outs` (one per weight, tests poison
+// them first) with `biases` (one per weight, None for none): the outputs.
+std::vector<OutMatrix> linear_shared_input(const Matrix& x, const ArtifactHandle& h,
+                                           const std::vector<std::string>& names, std::vector<OutMatrix> outs,
+                                           std::vector<std::optional<Vector>> biases, const std::string& path) {
+  const cpu::LinearPath kernel_path = linear_path(path);
+  const int64_t rows = int64_t(x.shape(0));
+  if (outs.size() != names.size() || biases.size() != names.size())
+    throw EngineError("linear_shared_input: " + std::to_string(names.size()) + " weights, " +
+                      std::to_string(outs.size()) + " outputs, " + std::to_string(biases.size()) + " biases");
+  std::vector<LinearOut> projections;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const TensorView& w = h.get()->tensor(names[i]);
+    if (w.shape.size() != 2 || int64_t(x.shape(1)) != w.cols() || int64_t(outs[i].shape(0)) != rows ||
+        int64_t(outs[i].shape(1)) != w.rows() || (biases[i] && int64_t(biases[i]->shape(0)) != w.rows()))
+      throw EngineError("linear_shared_input: x, out or bias does not fit weight " + w.name);
+    projections.push_back({&w, outs[i].data(), biases[i] ? biases[i]->data() : nullptr});
+  }
+  {
+    nb::gil_scoped_release release;
+    cpu::linear_shared_input(x.data(), rows, projections, kernel_path);
+  }
+  return outs;
+}
+
 FloatArray dequantize_row(const ArtifactHandle& h, const std::string& name, int64_t row) {
   const TensorView& w = h.get()->tensor(name);
   const int64_t rows = w.numel() / w.cols();
@@ -77,6 +104,10 @@ void bind_kernels(nb::module_& m) {
         "x[rows, cols] @ W.T (+ bias) with W consumed in its stored encoding; `matrix` picks one of a stack; "
         "writes into `out` when given and returns it. path \"fast\" is what the engine runs (int16 activations "
         "for int4 / int8 / int4_affine where built), \"f32\" its f32 twin.");
+  k.def("linear_shared_input", &linear_shared_input, nb::arg("x"), nb::arg("artifact"), nb::arg("names"),
+        nb::arg("outs"), nb::arg("biases"), nb::arg("path") = "fast",
+        "linear() for every named weight on the same x, as the model's q/k/v and gate/up run (x rounded once, one "
+        "parallel region per decode step); writes outs[i] = x @ W_i.T (+ biases[i]) and returns outs.");
   k.def("int16_activations", [](const ArtifactHandle& h, const std::string& name) {
         return cpu::linear_int16_applies(h.get()->tensor(name)); }, nb::arg("artifact"), nb::arg("name"),
         "Whether linear(path=\"fast\") rounds the input to int16 blocks for this weight in this build.");

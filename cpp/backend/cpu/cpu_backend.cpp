@@ -23,6 +23,10 @@ void CpuBackend::linear(const float* x, int64_t rows, const TensorView& w, float
   cpu::linear(x, rows, w, y, bias);
 }
 
+void CpuBackend::linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) {
+  cpu::linear_shared_input(x, rows, outs);
+}
+
 void CpuBackend::embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) {
   const int64_t dim = table.cols();
 #pragma omp parallel for if (n > 1)

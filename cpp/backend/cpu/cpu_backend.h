@@ -15,6 +15,7 @@ class CpuBackend final : public Backend {
   void bind_calling_thread() override;
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
+  void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;
   void embed(const int32_t* tokens, int64_t n, const TensorView& table, float* out) override;
   void embed_resident_ids(const int32_t* ids, int64_t n, const TensorView& table, float* out) override {
     embed(ids, n, table, out);  // host memory is the backend's

@@ -7,11 +7,10 @@
 // activations (LinearPath::F32): these f32 kernels are then its twin.
 #include "backend/cpu/linear.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/linear_decode.h"
 #include "backend/cpu/linear_grouped.h"
@@ -159,12 +158,10 @@ void linear(const float* x, int64_t rows, const TensorView& w, float* y, const f
   const int64_t out = w.rows(), cols = w.cols();
   const int64_t tiles = (out + kTileRows - 1) / kTileRows;
 
-  // Dynamic chunks of a few tiles: on a busy machine a descheduled thread then delays the call by one chunk,
-  // not by its whole static share.
-  const int64_t chunk = std::max<int64_t>(1, tiles / (8 * omp_get_max_threads()));
+  const int64_t chunk = tile_chunk_size(tiles);
 
   if (path == LinearPath::Fast && linear_int16_applies(w)) {
-    linear_int16(x, rows, w, y, bias, chunk);
+    linear_int16(x, rows, w, y, bias);
     return;
   }
   if (linear_grouped_applies(w)) {
@@ -200,6 +197,31 @@ void linear(const float* x, int64_t rows, const TensorView& w, float* y, const f
       for (int64_t t = 0; t < tile_rows; ++t)
         y[(r0 + r) * out + o0 + t] = s.acc[r * kTileRows + t] + (bias ? bias[o0 + t] : 0.0f);
   });
+}
+
+void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs, LinearPath path) {
+  // The weights linear_int16 takes, one linear_int16_shared call per group size (a layer's projections have one):
+  // each call rounds x once. The others, and every weight on the F32 path, go through linear() one by one.
+  // thread_local scratch: a decode step's calls allocate nothing once these have grown.
+  static thread_local std::vector<char> done;
+  static thread_local std::vector<LinearOut> same_group;
+  // (A stacked weight is left to linear(), which refuses it.)
+  auto int16 = [](const TensorView& w) { return w.shape.size() == 2 && linear_int16_applies(w); };
+  done.assign(outs.size(), 0);
+  if (path == LinearPath::Fast) {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (done[i] || !int16(*outs[i].w)) continue;
+      same_group.clear();
+      for (size_t j = i; j < outs.size(); ++j)
+        if (!done[j] && int16(*outs[j].w) && outs[j].w->group_size == outs[i].w->group_size) {
+          same_group.push_back(outs[j]);
+          done[j] = 1;
+        }
+      linear_int16_shared(x, rows, same_group);
+    }
+  }
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (!done[i]) linear(x, rows, *outs[i].w, outs[i].y, outs[i].bias, path);
 }
 
 void dequantize_row(const TensorView& w, int64_t row, float* out) {

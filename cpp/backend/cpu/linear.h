@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "artifact/artifact.h"
+#include "backend/backend.h"
 
 namespace ninfer::cpu {
 
@@ -18,6 +20,12 @@ enum class LinearPath { Fast, F32 };
 // Weight rows are streamed once per call whatever `rows` is (decode batches share the weight traffic).
 void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias = nullptr,
             LinearPath path = LinearPath::Fast);
+
+// linear() for each of `outs` on the same x (Backend::linear_shared_input: a layer's q/k/v, its gate/up), each
+// output equal to its linear() call bit for bit. On the Fast path the int16 weights of one group size share one
+// rounding of x, and at rows == 1 one parallel region (linear_int16_shared); x's width must be every weight's.
+void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs,
+                         LinearPath path = LinearPath::Fast);
 
 // The reference dequantization (the obviously-right twin of linear's inner loops).
 void dequantize_row(const TensorView& w, int64_t row, float* out);  // row of a 2-D view, W.cols() values

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "errors.h"
@@ -216,31 +217,56 @@ inline void tile_chunk(const RoundedRow& x, const Tile& tile, int64_t c0, int64_
   _mm_storeu_ps(acc, _mm_add_ps(_mm_loadu_ps(acc), chunk));
 }
 
+// One input row against the tile of w's weight rows from o0, written to y[o0 ..] (+ bias): a decode step's unit of
+// work, the same whether w is computed alone or beside the other weights of a linear_int16_shared call.
 template <Encoding E>
-void linear_int16_typed(const RoundedRows& rounded, int64_t rows, const TensorView& w, float* y, const float* bias,
-                        int64_t chunk) {
-  const int64_t out = w.rows(), cols = w.cols(), group = w.group_size, tiles = (out + kTileRows - 1) / kTileRows;
-  auto write = [&](const float* acc, int64_t r, int64_t o0) {
-    for (int64_t t = 0; t < std::min(kTileRows, out - o0); ++t)
-      y[r * out + o0 + t] = acc[t] + (bias ? bias[o0 + t] : 0.0f);
-  };
-  if (rows == 1) {
-    const RoundedRow x = row_of(rounded, 0);
-#pragma omp parallel for schedule(dynamic, chunk) if (out * cols >= kParallelMinWeights)
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-      const int64_t o0 = tile * kTileRows;
-      const TileInPlace<E> weights(w, o0);
-      alignas(16) float acc[kTileRows] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int64_t c0 = 0; c0 < cols; c0 += kChunkCols)
-        tile_chunk(x, weights, c0, std::min(kChunkCols, cols - c0), group, acc);
-      write(acc, 0, o0);
-    }
-    return;
+void row_tile(const RoundedRow& x, const TensorView& w, int64_t o0, float* y, const float* bias) {
+  const TileInPlace<E> weights(w, o0);
+  alignas(16) float acc[kTileRows] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t c0 = 0; c0 < w.cols(); c0 += kChunkCols)
+    tile_chunk(x, weights, c0, std::min(kChunkCols, w.cols() - c0), w.group_size, acc);
+  for (int64_t t = 0; t < std::min(kTileRows, w.rows() - o0); ++t)
+    y[o0 + t] = acc[t] + (bias ? bias[o0 + t] : 0.0f);
+}
+
+void row_tile_any(const RoundedRow& x, const LinearOut& o, int64_t o0) {
+  switch (o.w->encoding) {
+    case Encoding::INT4: return row_tile<Encoding::INT4>(x, *o.w, o0, o.y, o.bias);
+    case Encoding::INT8: return row_tile<Encoding::INT8>(x, *o.w, o0, o.y, o.bias);
+    default: return row_tile<Encoding::INT4_AFFINE>(x, *o.w, o0, o.y, o.bias);  // checked by linear_int16_shared
   }
+}
+
+// A decode step: the tiles of every weight in `outs` as one loop, so that they cost one fork and join (on a shared
+// machine, waking the other threads is a visible share of a step: bench/NOTES-cpu.md, session 11). Small sets
+// stay on the calling thread, as one small matrix does (kParallelMinWeights), now counted over all of them.
+void decode_tiles(const RoundedRow& x, std::span<const LinearOut> outs) {
+  static thread_local std::vector<int64_t> first_tile;  // outs[i]'s tiles are [first_tile[i], first_tile[i + 1])
+  first_tile.assign(1, 0);
+  int64_t weights = 0;
+  for (const LinearOut& o : outs) {
+    first_tile.push_back(first_tile.back() + (o.w->rows() + kTileRows - 1) / kTileRows);
+    weights += o.w->rows() * o.w->cols();
+  }
+  // The calling thread's table, read through a pointer: inside the region first_tile would name each thread's own.
+  const int64_t* first = first_tile.data();
+  const int64_t tiles = first_tile.back();
+#pragma omp parallel for schedule(dynamic, tile_chunk_size(tiles)) if (weights >= kParallelMinWeights)
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    size_t i = 0;
+    while (tile >= first[i + 1]) ++i;
+    row_tile_any(x, outs[i], (tile - first[i]) * kTileRows);
+  }
+}
+
+template <Encoding E>
+void batch_typed(const RoundedRows& rounded, int64_t rows, const TensorView& w, float* y, const float* bias) {
+  const int64_t out = w.rows(), cols = w.cols(), group = w.group_size;
   struct Scratch {
     TileUnpacked unpacked;
     alignas(16) float acc[kMaxRowBlock * kTileRows];
   };
+  const int64_t chunk = tile_chunk_size((out + kTileRows - 1) / kTileRows);
   for_each_tile_of_row_blocks<Scratch>(rows, cols, out, chunk, [&](Scratch& s, int64_t r0, int64_t block_rows,
                                                                     int64_t o0) {
     const TileInPlace<E> weights(w, o0);
@@ -251,8 +277,20 @@ void linear_int16_typed(const RoundedRows& rounded, int64_t rows, const TensorVi
       for (int64_t r = 0; r < block_rows; ++r)
         tile_chunk(row_of(rounded, r0 + r), s.unpacked, c0, n, group, s.acc + r * kTileRows);
     }
-    for (int64_t r = 0; r < block_rows; ++r) write(s.acc + r * kTileRows, r0 + r, o0);
+    for (int64_t r = 0; r < block_rows; ++r)
+      for (int64_t t = 0; t < std::min(kTileRows, out - o0); ++t)
+        y[(r0 + r) * out + o0 + t] = s.acc[r * kTileRows + t] + (bias ? bias[o0 + t] : 0.0f);
   });
+}
+
+// Several input rows (a prefill chunk, a decode batch): each weight in its own pass over its tiles, each weight
+// tile unpacked once per block of rows, all reading the one rounding of x.
+void batch(const RoundedRows& rounded, int64_t rows, const LinearOut& o) {
+  switch (o.w->encoding) {
+    case Encoding::INT4: return batch_typed<Encoding::INT4>(rounded, rows, *o.w, o.y, o.bias);
+    case Encoding::INT8: return batch_typed<Encoding::INT8>(rounded, rows, *o.w, o.y, o.bias);
+    default: return batch_typed<Encoding::INT4_AFFINE>(rounded, rows, *o.w, o.y, o.bias);
+  }
 }
 
 }  // namespace
@@ -263,23 +301,38 @@ bool linear_int16_applies(const TensorView& w) {
   return grouped && w.group_size >= kBlock && w.group_size % kBlock == 0 && kChunkCols % w.group_size == 0;
 }
 
-void linear_int16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, int64_t chunk) {
+void linear_int16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) {
+  const LinearOut one{&w, y, bias};
+  linear_int16_shared(x, rows, {&one, 1});
+}
+
+void linear_int16_shared(const float* x, int64_t rows, std::span<const LinearOut> outs) {
+  if (outs.empty()) return;
+  const int64_t cols = outs[0].w->cols(), group = outs[0].w->group_size;
+  for (const LinearOut& o : outs)
+    if (o.w->shape.size() != 2 || !linear_int16_applies(*o.w) || o.w->cols() != cols || o.w->group_size != group)
+      throw EngineError("linear_int16: " + o.w->name + " is not a 2-D int4, int8 or int4_affine matrix of " +
+                        std::to_string(cols) + " columns in groups of " + std::to_string(group) +
+                        " like the call's first weight");
   // The calling thread's buffer, kept between calls: a decode step's calls then allocate nothing.
   static thread_local RoundedRows rounded;
-  round_rows(x, rows, w.cols(), w.group_size, rounded);
-  switch (w.encoding) {
-    case Encoding::INT4: return linear_int16_typed<Encoding::INT4>(rounded, rows, w, y, bias, chunk);
-    case Encoding::INT8: return linear_int16_typed<Encoding::INT8>(rounded, rows, w, y, bias, chunk);
-    case Encoding::INT4_AFFINE: return linear_int16_typed<Encoding::INT4_AFFINE>(rounded, rows, w, y, bias, chunk);
-    default: throw EngineError("linear_int16: " + w.name + " is not int4, int8 or int4_affine");
+  round_rows(x, rows, cols, group, rounded);
+  if (rows == 1) {
+    decode_tiles(row_of(rounded, 0), outs);
+    return;
   }
+  for (const LinearOut& o : outs) batch(rounded, rows, o);
 }
 
 #else
 
 bool linear_int16_applies(const TensorView&) { return false; }
 
-void linear_int16(const float*, int64_t, const TensorView&, float*, const float*, int64_t) {
+void linear_int16(const float*, int64_t, const TensorView&, float*, const float*) {
+  throw EngineError("linear_int16: not built for this CPU (needs AVX2, F16C and FMA)");
+}
+
+void linear_int16_shared(const float*, int64_t, std::span<const LinearOut>) {
   throw EngineError("linear_int16: not built for this CPU (needs AVX2, F16C and FMA)");
 }
 

@@ -15,11 +15,18 @@
 // the two, and each against float64 with that bound. With x = I every product is exact and so is the result.
 // The single-row path (every decode step) and the batched path share one routine per block, so a row's output
 // does not depend on the batch it is computed in.
+//
+// Several weights that read the same x (a layer's q/k/v, its gate/up: Backend::linear_shared_input) share one
+// rounding of x, and a decode step (rows == 1) computes the tiles of all of them in one OpenMP parallel region
+// instead of one region each. Every tile's arithmetic is the same as in a call for its weight alone, so each output
+// equals that call's bit for bit (tests/test_cpu_linear.py compares them).
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "artifact/artifact.h"
+#include "backend/backend.h"
 
 namespace ninfer::cpu {
 
@@ -27,7 +34,11 @@ namespace ninfer::cpu {
 // 32 .. 512 columns, a multiple of 32). Without AVX2 linear() keeps the f32 kernels for every weight.
 bool linear_int16_applies(const TensorView& w);
 
-// linear() for such a w: y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]); `chunk` is the OpenMP chunk in tiles.
-void linear_int16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, int64_t chunk);
+// linear() for such a w: y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]).
+void linear_int16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias);
+
+// linear_int16 for each of `outs` on the same x [rows, cols]: every weight one that linear_int16_applies to, with
+// `cols` columns and one group size (all of them the same; refused otherwise). x is rounded once for all.
+void linear_int16_shared(const float* x, int64_t rows, std::span<const LinearOut> outs);
 
 }  // namespace ninfer::cpu

@@ -3,6 +3,8 @@
 // the order of their sums) so that a row's result does not depend on how many rows share the call.
 #pragma once
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -20,6 +22,12 @@ constexpr int64_t kRowBlockBytes = 256 * 1024;  // input-row block sized to stay
 // work, waking and joining a second thread costs about as much as it saves, and on a busy machine the join waits
 // for that thread to be scheduled.
 constexpr int64_t kParallelMinWeights = 400 * 1024;
+
+// The OpenMP chunk, in tiles, for a loop over `tiles` tiles: dynamic chunks of a few tiles, so that on a busy
+// machine a descheduled thread delays the loop by one chunk, not by its whole static share.
+inline int64_t tile_chunk_size(int64_t tiles) {
+  return std::max<int64_t>(1, tiles / (8 * omp_get_max_threads()));
+}
 
 // Input rows per block for rows of `cols` floats: even, 8 .. kMaxRowBlock.
 inline int64_t input_row_block(int64_t cols) {
