@@ -20,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from artifact_files import encoded, write_artifact  # noqa: E402
+from logit_tolerance import F32_TOL, INT16_TOL  # noqa: E402
 
 from ninfer import _engine  # noqa: E402
 
@@ -332,7 +333,10 @@ def test_moe_experts(ops, weights, enc, rows, shared):
         term = {"shared_out": f32(rows, hidden) * np.float32(np.abs(routed).max()), "shared_logit": f32(rows) * 3}
     got = cuda.moe_experts(x, rows, hidden, ids, w, top_k, weights, *names, **term)
     want = cpu.moe_experts(x, rows, hidden, ids, w, top_k, weights, *names, **term)
-    assert_close(got, want, 0, f"moe_experts {enc}", atol=1e-4 * np.abs(want).max())
+    # The CPU twin's int4 experts round their inputs to int16 where the build has that path (tests/logit_tolerance.py:
+    # ~1e-4 of the largest output after gate/up and down, which failed the f32 bound by 13 % on the H200, session 12).
+    rel = INT16_TOL if any(_engine.kernels.int16_activations(weights, n) for n in names) else F32_TOL
+    assert_close(got, want, 0, f"moe_experts {enc}", atol=rel * np.abs(want).max())
 
 
 # ---------- Gated DeltaNet ----------
