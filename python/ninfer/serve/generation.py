@@ -60,7 +60,7 @@ from ninfer.engine import (
     TokenConstraint,
 )
 from ninfer.errors import MediaError
-from ninfer.frontend.chat_media import extract_media
+from ninfer.frontend.chat_media import MediaPart, extract_media
 from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser
 from ninfer.frontend.stop_strings import StopStringMatcher
 from ninfer.frontend.text import TextStream
@@ -222,9 +222,9 @@ async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) ->
         text = prompt.text or ""
         _refuse_overlong_text(len(text), frontend.max_token_chars, n_ctx)
         return PreparedPrompt(await asyncio.to_thread(frontend.encode, text), text, False, is_chat=False)
-    # Off the event loop too: a tool's schema is compiled to check it, and a large one takes seconds.
-    await asyncio.to_thread(_check_tools, prompt.tools or ())
-    messages, media_parts = extract_media(prompt.messages)
+    # Off the event loop too: a tool's schema is compiled to check it, and a large one takes seconds; the media
+    # are looked for in every content part, which can be hundreds of thousands.
+    messages, media_parts = await asyncio.to_thread(_checked_media, prompt)
     if media_parts and frontend.vision is None:
         raise MediaError(media_parts[0].part, "this server runs without the vision tower: images and video "
                                               "need ninfer-serve --vision")
@@ -251,6 +251,12 @@ def _refuse_overlong_text(n_chars: int, max_token_chars: int, n_ctx: int) -> Non
     at_least = n_chars // (max_token_chars * NORMALIZATION_SLACK)
     if at_least >= n_ctx:
         raise TextOverflowError(n_chars, at_least, n_ctx)
+
+
+def _checked_media(prompt: ChatPrompt) -> tuple[list[dict[str, Any]], list[MediaPart]]:
+    """The prompt's tools checked (_check_tools), then its messages and media parts (extract_media)."""
+    _check_tools(prompt.tools or ())
+    return extract_media(prompt.messages)
 
 
 def _check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
