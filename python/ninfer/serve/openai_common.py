@@ -21,6 +21,7 @@ from ninfer.serve.fields import (
     MAX_STOP_STRINGS,
     DryAllowedLength,
     DryBase,
+    DrySequenceBreakers,
     Hundred,
     LastN,
     Penalty,
@@ -100,7 +101,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     dry_base: DryBase | None = None
     dry_allowed_length: DryAllowedLength | None = None
     dry_penalty_last_n: LastN | None = None
-    dry_sequence_breakers: list[str] | None = None
+    dry_sequence_breakers: DrySequenceBreakers | None = None
     samplers: SamplerNames | SamplerList | None = None  # the stage order: a list, or names separated by ';'
     stop: str | StopStrings | None = None
     # The next two bounds are documented here and enforced by choice_count and refuse_logit_bias, whose messages
