@@ -51,6 +51,13 @@ TOO_MANY_STOPS = [f"stop{i}" for i in range(1000)]
 CASES["chat 1000 stop strings"] = ("/v1/chat/completions", {"messages": USER, "stop": TOO_MANY_STOPS}, "stop")
 CASES["messages 1000 stop_sequences"] = ("/v1/messages", {"messages": USER, "stop_sequences": TOO_MANY_STOPS},
                                          "stop_sequences")
+# llama.cpp's `samplers` (chat and completions): at most 64 entries, as a list or as ';'-separated names; at most
+# 64 `dry_sequence_breakers`.
+for path, base in (("/v1/chat/completions", {"messages": USER}), ("/v1/completions", {"prompt": "hi"})):
+    CASES[f"{path} 65 samplers"] = (path, {**base, "samplers": ["top_k"] * 65}, "samplers")
+    CASES[f"{path} 65 ';' samplers"] = (path, {**base, "samplers": ";".join(["top_k"] * 65)}, "samplers")
+    CASES[f"{path} 65 dry_sequence_breakers"] = (path, {**base, "dry_sequence_breakers": ["x"] * 65},
+                                                 "dry_sequence_breakers")
 for i, schema in enumerate(BAD_SCHEMAS):
     CASES[f"chat tool schema {i}"] = ("/v1/chat/completions", {"messages": USER, "tools": _chat_tool(schema)},
                                       "tools[0].parameters")

@@ -15,6 +15,7 @@ generations.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,6 +30,7 @@ from ninfer.serve.generation import (
     PreparedPrompt,
     ServedModel,
     TextPrompt,
+    dry_breakers,
     prepare_prompt,
     start_generations,
 )
@@ -52,6 +54,9 @@ async def prepare(served: ServedModel, prompt: ChatPrompt | TextPrompt, params: 
     """Renders and tokenizes the prompt and, for structured output, builds its constraint (`format_param` names
     the request field in a refusal)."""
     rendered = await prepare_prompt(served, prompt)
+    breakers = dry_breakers(served, rendered, params)
+    if breakers is not None:  # a scan of the vocabulary, cached by the frontend for build_request
+        await asyncio.to_thread(served.engine.frontend.tokens_containing, breakers)
     if output_format is not None:  # one per choice: a constraint keeps its request's state
         constraints = [await build_constraint(served.engine, output_format, format_param,
                                               starts_in_reasoning=rendered.starts_in_reasoning)

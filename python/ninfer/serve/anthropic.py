@@ -18,6 +18,7 @@ cannot force a call; the message says so under `ninfer.tool_choice`) and `none` 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any, Literal
@@ -397,7 +398,8 @@ def _tool_choice_note(body: MessagesRequest) -> dict[str, Any] | None:
 
 @post("/v1/messages", status_code=200, summary="Anthropic Messages")
 async def create_message(data: JSONBody[MessagesRequest], lease: LeaseDependency, request: Request) -> Any:
-    prepared = await prepare(lease.served, chat_prompt(data), _params(data), output_format=output_format(data),
+    chat = await asyncio.to_thread(chat_prompt, data)  # a walk over every message and block: off the event loop
+    prepared = await prepare(lease.served, chat, _params(data), output_format=output_format(data),
                              format_param="output_format.schema")
     shape = _Shape(lease.served.model_id, _tool_choice_note(data))
     return await answer(
@@ -411,7 +413,8 @@ async def create_message(data: JSONBody[MessagesRequest], lease: LeaseDependency
 @post("/v1/messages/count_tokens", status_code=200, summary="Anthropic token count of a Messages request")
 async def count_tokens(data: JSONBody[CountTokensRequest], lease: LeaseDependency) -> dict[str, int]:
     output_format(data)  # checked as on /v1/messages, although a count does not use it
-    return {"input_tokens": len((await prepare_prompt(lease.served, chat_prompt(data))).token_ids)}
+    chat = await asyncio.to_thread(chat_prompt, data)
+    return {"input_tokens": len((await prepare_prompt(lease.served, chat)).token_ids)}
 
 
 route_handlers = [create_message, count_tokens]

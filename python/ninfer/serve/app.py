@@ -6,7 +6,8 @@
 closes it at shutdown. Each protocol module exports `route_handlers`; the ones listed in PROTOCOL_MODULES that are
 importable are mounted (a module another engineer has not landed yet is simply absent). Everything shared is wired
 here, once: the `router` and `lease` dependencies (ninfer.serve.gate), the API-key guard (ninfer.serve.auth), the exception
-handler that maps every error to the protocol's body (ninfer.serve.errors), and the request counter for /metrics.
+handler that maps every error to the protocol's body (ninfer.serve.errors), the body validation
+(ninfer.serve.strict_body: its request class and hook), and the request counter for /metrics.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ninfer.serve.router import ModelRouter
 from ninfer.serve.shutdown import Drain, ShutdownGate
 from ninfer.serve.static_paths import check_static_path
 from ninfer.serve.streams import StreamRecorder, StreamRegistry
-from ninfer.serve.strict_body import refuse_wrong_types
+from ninfer.serve.strict_body import BodyRequest, refuse_wrong_types
 from ninfer.serve.tools_registry import ToolRegistry
 
 PROTOCOL_MODULES = (
@@ -123,6 +124,7 @@ def create_app(open_router: Callable[[], Awaitable[ModelRouter]], *, api_keys: f
         guards=[api_key_guard],
         exception_handlers=EXCEPTION_HANDLERS,
         before_request=refuse_wrong_types,
+        request_class=BodyRequest,  # a route's body model is decoded and validated once, off the loop when large
         # ModelGate pins (loading or swapping to) the model a POST names; StreamRecorder records chat streams;
         # DisconnectClock notes when the app sees a client's disconnect (innermost: a recorded stream, which goes on
         # without its client, does not see it).

@@ -6,6 +6,7 @@ violation as `{type, loc, msg, input}`), with the same statuses (docs/decisions.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -34,9 +35,12 @@ def served_name(model_id: str, temperature: float) -> str:
 
 async def decide(request: Request, lease: LeaseDependency) -> dict[str, Any]:
     limits = limits_of(request)
-    body = parse_request(load_json(await request.body()), limits)
+    raw = await request.body()
+    # Decoding and checking the contract, and building the shared context, take time in proportion to the body
+    # (its JSON is read with a Python hook per object): off the event loop, as the generation routes read theirs.
+    body = await asyncio.to_thread(lambda: parse_request(load_json(raw), limits))
     served = lease.served  # the model the body names, pinned by the gate
-    shared = context_messages(body.state, body.messages)
+    shared = await asyncio.to_thread(context_messages, body.state, body.messages)
     work = run_questions(served.engine, shared, typed_questions(body.questions), limits, body.temperature)
     probs, input_tokens = await run_while_connected(request, work)
     return {"model": served_name(served.model_id, body.temperature),

@@ -40,3 +40,8 @@ OutputTokens = Annotated[int, Meta(ge=1)]
 # chat / completions `stop`, Messages `stop_sequences`: the bound is documented here and enforced by
 # ninfer.serve.openai_common.stop_strings, whose message names the field as the route's protocol spells it
 StopStrings = Annotated[list[str], Meta(extra_json_schema={"maxItems": MAX_STOP_STRINGS})]
+# llama.cpp's `dry_sequence_breakers`: each is looked for in every vocabulary entry when a request brings a new set
+# (in a worker thread, ~7 ms a breaker over a 248k vocabulary), so a set is bounded: a million would hold a worker
+# for hours. llama.cpp's default has four.
+MAX_DRY_SEQUENCE_BREAKERS = 64
+DrySequenceBreakers = Annotated[list[str], Meta(max_length=MAX_DRY_SEQUENCE_BREAKERS)]

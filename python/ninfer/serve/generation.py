@@ -60,7 +60,7 @@ from ninfer.engine import (
     TokenConstraint,
 )
 from ninfer.errors import MediaError
-from ninfer.frontend.chat_media import extract_media
+from ninfer.frontend.chat_media import MediaPart, extract_media
 from ninfer.frontend.reasoning import ReasoningDelta, ReasoningParser
 from ninfer.frontend.stop_strings import StopStringMatcher
 from ninfer.frontend.text import TextStream
@@ -222,9 +222,9 @@ async def prepare_prompt(model: ServedModel, prompt: ChatPrompt | TextPrompt) ->
         text = prompt.text or ""
         _refuse_overlong_text(len(text), frontend.max_token_chars, n_ctx)
         return PreparedPrompt(await asyncio.to_thread(frontend.encode, text), text, False, is_chat=False)
-    # Off the event loop too: a tool's schema is compiled to check it, and a large one takes seconds.
-    await asyncio.to_thread(_check_tools, prompt.tools or ())
-    messages, media_parts = extract_media(prompt.messages)
+    # Off the event loop too: a tool's schema is compiled to check it, and a large one takes seconds; the media
+    # are looked for in every content part, which can be hundreds of thousands.
+    messages, media_parts = await asyncio.to_thread(_checked_media, prompt)
     if media_parts and frontend.vision is None:
         raise MediaError(media_parts[0].part, "this server runs without the vision tower: images and video "
                                               "need ninfer-serve --vision")
@@ -253,6 +253,12 @@ def _refuse_overlong_text(n_chars: int, max_token_chars: int, n_ctx: int) -> Non
         raise TextOverflowError(n_chars, at_least, n_ctx)
 
 
+def _checked_media(prompt: ChatPrompt) -> tuple[list[dict[str, Any]], list[MediaPart]]:
+    """The prompt's tools checked (_check_tools), then its messages and media parts (extract_media)."""
+    _check_tools(prompt.tools or ())
+    return extract_media(prompt.messages)
+
+
 def _check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
     """400 for a tool whose name no call could carry (the parsers would give such a call back as plain text), and
     for parameters that are not a JSON Schema structured output would accept (the same check as response_format's:
@@ -266,6 +272,24 @@ def _check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
             raise InvalidRequestError(f"tool {index}'s name {shown!r} {problem}", param="tools")
         if "parameters" in function:
             check_schema(function["parameters"], f"tools[{index}].parameters")
+
+
+def _sampling(model: ServedModel, prompt: PreparedPrompt, params: GenerationParams) -> SamplingParams:
+    """The request's sampling values over the model's defaults (DRY's breakers still the defaults' token ids)."""
+    defaults = model.sampling_defaults(thinking=prompt.starts_in_reasoning or not prompt.is_chat)
+    chosen = dict(params.sampling)
+    if "order" in chosen:
+        chosen["order"] = tuple(chosen["order"])
+    return replace(defaults, **chosen)
+
+
+def dry_breakers(model: ServedModel, prompt: PreparedPrompt, params: GenerationParams) -> tuple[str, ...] | None:
+    """DRY's sequence breakers when the request samples with DRY, else None. Their token ids come from a scan of
+    the whole vocabulary (Frontend.tokens_containing: ~0.5 s for 64 breakers, 0.9 s the first time a model is
+    asked), so ninfer.serve.answer.prepare makes it in a worker thread and build_request finds it cached."""
+    if _sampling(model, prompt, params).dry_multiplier <= 0:
+        return None
+    return tuple(DRY_SEQUENCE_BREAKERS if params.dry_sequence_breakers is None else params.dry_sequence_breakers)
 
 
 def build_request(model: ServedModel, prompt: PreparedPrompt, params: GenerationParams) -> Request:
@@ -287,14 +311,10 @@ def build_request(model: ServedModel, prompt: PreparedPrompt, params: Generation
         )
     if not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
-    defaults = model.sampling_defaults(thinking=prompt.starts_in_reasoning or not prompt.is_chat)
-    chosen = dict(params.sampling)
-    if "order" in chosen:
-        chosen["order"] = tuple(chosen["order"])
-    sampling = replace(defaults, **chosen)
-    if sampling.dry_multiplier > 0:
-        breakers = DRY_SEQUENCE_BREAKERS if params.dry_sequence_breakers is None else params.dry_sequence_breakers
-        sampling = replace(sampling, dry_breakers=engine.frontend.tokens_containing(tuple(breakers)))
+    sampling = _sampling(model, prompt, params)
+    breakers = dry_breakers(model, prompt, params)
+    if breakers is not None:  # (prepare has scanned the vocabulary for them, off the event loop: cached)
+        sampling = replace(sampling, dry_breakers=engine.frontend.tokens_containing(breakers))
     return Request(
         prompt.token_ids,
         sampling,

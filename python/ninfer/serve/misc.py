@@ -110,7 +110,8 @@ async def detokenize(data: JSONBody[DetokenizeRequest], lease: LeaseDependency) 
 async def apply_template(data: JSONBody[ApplyTemplateRequest], lease: LeaseDependency) -> dict[str, Any]:
     kwargs = dict(data.chat_template_kwargs or {})
     thinking = kwargs.pop("enable_thinking", None)
-    chat = ChatPrompt(template_messages(data.messages), tools=chat_form_tools(data.tools)[0] if data.tools else None,
+    messages = await asyncio.to_thread(template_messages, data.messages)  # every message: off the event loop
+    chat = ChatPrompt(messages, tools=chat_form_tools(data.tools)[0] if data.tools else None,
                       add_generation_prompt=data.add_generation_prompt,
                       enable_thinking=thinking if isinstance(thinking, bool) else None,
                       chat_template_kwargs=kwargs or None)

@@ -19,6 +19,7 @@ after the text, since its raw input is known only once the call's arguments are 
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -428,7 +429,7 @@ async def chat_completions(data: JSONBody[ChatCompletionRequest], lease: LeaseDe
         split_reasoning=data.reasoning_format != "none",
         report_progress=data.stream and data.return_progress,
     )
-    chat = _chat_prompt(data)
+    chat = await asyncio.to_thread(_chat_prompt, data)  # a walk over every message: off the event loop
     prepared = await prepare(model, chat, params, output_format=chat_response_format(data.response_format),
                              format_param="response_format")
     budget = _reasoning_budget(data)

@@ -21,6 +21,7 @@ from ninfer.serve.fields import (
     MAX_STOP_STRINGS,
     DryAllowedLength,
     DryBase,
+    DrySequenceBreakers,
     Hundred,
     LastN,
     Penalty,
@@ -60,11 +61,17 @@ ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
 
 
 
-# `samplers`: llama.cpp's stage names and their other spellings (blank entries are skipped), documented here;
-# sampler_order refuses any other name, naming the stages there are.
+# `samplers`: llama.cpp's stage names and their other spellings (blank entries are skipped), at most
+# MAX_SAMPLER_ENTRIES entries, documented here; sampler_order refuses any other name, naming the stages there are,
+# and more entries. The bound: the sampler runs every entry for every token (each a pass over the candidates), so
+# a 10 MB list (a million entries) would take seconds per token of the engine's step, which every lane shares;
+# llama.cpp's chains have a dozen stages.
+MAX_SAMPLER_ENTRIES = 64
 _SAMPLER_NAME = rf"\s*({'|'.join(sorted({*SAMPLER_STAGES, *SAMPLER_ALIASES}))})?\s*"
-SamplerNames = Annotated[str, Meta(extra_json_schema={"pattern": rf"^{_SAMPLER_NAME}(;{_SAMPLER_NAME})*$"})]
-SamplerList = list[Annotated[str, Meta(extra_json_schema={"pattern": rf"^{_SAMPLER_NAME}$"})]]
+SamplerNames = Annotated[str, Meta(extra_json_schema={
+    "pattern": rf"^{_SAMPLER_NAME}(;{_SAMPLER_NAME}){{0,{MAX_SAMPLER_ENTRIES - 1}}}$"})]
+SamplerList = Annotated[list[Annotated[str, Meta(extra_json_schema={"pattern": rf"^{_SAMPLER_NAME}$"})]],
+                        Meta(extra_json_schema={"maxItems": MAX_SAMPLER_ENTRIES})]
 # Choices per request: they run at once, a lane each, and an engine has at most 8 lanes (a model's
 # max_concurrency bounds them further: ninfer.serve.generation.start_generations).
 MAX_CHOICES = 8
@@ -94,7 +101,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     dry_base: DryBase | None = None
     dry_allowed_length: DryAllowedLength | None = None
     dry_penalty_last_n: LastN | None = None
-    dry_sequence_breakers: list[str] | None = None
+    dry_sequence_breakers: DrySequenceBreakers | None = None
     samplers: SamplerNames | SamplerList | None = None  # the stage order: a list, or names separated by ';'
     stop: str | StopStrings | None = None
     # The next two bounds are documented here and enforced by choice_count and refuse_logit_bias, whose messages
@@ -144,9 +151,13 @@ def refuse_logit_bias(logit_bias: dict[str, float] | None) -> None:
 
 def sampler_order(samplers: str | list[str] | None) -> list[str] | None:
     """llama.cpp's `samplers` (a list, or one string of names separated by ';') as stage names; 400 for a name the
-    sampler has no stage for."""
+    sampler has no stage for, and for more than MAX_SAMPLER_ENTRIES entries (blank ones included)."""
     if samplers is None:
         return None
+    entries = samplers.count(";") + 1 if isinstance(samplers, str) else len(samplers)  # counted before split
+    if entries > MAX_SAMPLER_ENTRIES:
+        raise InvalidRequestError(f"samplers: at most {MAX_SAMPLER_ENTRIES} entries, got {entries}",
+                                  param="samplers")
     names = [n.strip() for n in (samplers.split(";") if isinstance(samplers, str) else samplers) if n.strip()]
     order, unknown = sampler_stages(names)
     if unknown:

@@ -25,6 +25,7 @@ tool-call tokens are not shown (the output has no place for them).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Annotated, Any, Literal
@@ -628,7 +629,7 @@ async def create_response(data: JSONBody[ResponsesRequest], lease: LeaseDependen
         logprobs=wants_logprobs(data),
         top_logprobs=data.top_logprobs or 0,
     )
-    items, conversation, chat = _conversation(data, store)
+    items, conversation, chat = await asyncio.to_thread(_conversation, data, store)  # every item: off the loop
     prepared = await prepare(lease.served, chat, params, output_format=fmt, format_param="text.format.schema")
     shape = _Shape(data, lease.served.model_id)
 
@@ -646,7 +647,7 @@ async def create_response(data: JSONBody[ResponsesRequest], lease: LeaseDependen
 @post("/v1/responses/input_tokens", status_code=200, summary="Count a Responses request's input tokens")
 async def count_input_tokens(data: JSONBody[InputTokensRequest], lease: LeaseDependency,
                              state: State) -> dict[str, Any]:
-    *_, chat = _conversation(data, response_store(state))
+    *_, chat = await asyncio.to_thread(_conversation, data, response_store(state))
     prompt = await prepare_prompt(lease.served, chat)
     return {"object": "response.input_tokens", "input_tokens": len(prompt.token_ids)}
 

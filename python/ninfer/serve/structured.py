@@ -20,7 +20,6 @@ favours whitespace cannot run to max_tokens without writing the value.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import threading
 import weakref
@@ -141,7 +140,9 @@ def anthropic_output_format(value: Any) -> OutputFormat | None:
 
 def _with_whitespace_limit(schema: Mapping[str, Any]) -> dict[str, Any]:
     # `x-guidance` carries llguidance's compile options inside the schema; a client's own is replaced, not merged.
-    bounded = copy.deepcopy(dict(schema))
+    # A shallow copy: only the top level changes, and a deep one of a 10 MB schema takes seconds of CPU (with the
+    # GIL held through its garbage collections) before llguidance refuses the schema as too large.
+    bounded = dict(schema)
     bounded["x-guidance"] = {"whitespace_pattern": _INNER_WHITESPACE}
     return bounded
 
