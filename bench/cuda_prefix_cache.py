@@ -35,9 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from cpu_prefix_cache import FULL, commit_sha, random_tokens, run_scenarios, session_options, turn  # noqa: E402
 from cuda_engine import op_time_split  # noqa: E402
-from synthetic import MODELS, write_synthetic  # noqa: E402
-
 from ninfer.engine import Engine, EngineOptions  # noqa: E402
+from synthetic import MODELS, write_synthetic  # noqa: E402
 
 
 def pinned_copy_gb_per_s(megabytes: int = 2048) -> float | None:

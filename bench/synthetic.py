@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from ninfer.artifact.draft_vocab import draft_vocab_ids
 from ninfer.artifact.encodings import blob_specs
 from ninfer.artifact.recipes import load_recipe

@@ -9,7 +9,6 @@ import asyncio
 import numpy as np
 import pytest
 from mtp_drafts import check_drafts_against_the_twin
-
 from ninfer import _engine
 from ninfer.artifact.convert import convert
 from ninfer.artifact.draft_vocab import draft_vocab_ids

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mtp_drafts import check_drafts_against_the_twin
-
 from ninfer import _engine
 from ninfer.artifact.convert import convert
 from ninfer.errors import EngineError

@@ -21,7 +21,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from artifact_files import encoded, write_artifact  # noqa: E402
 from logit_tolerance import F32_TOL, INT16_TOL  # noqa: E402
-
 from ninfer import _engine  # noqa: E402
 
 pytestmark = pytest.mark.gpu

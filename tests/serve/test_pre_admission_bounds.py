@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.answer import prepare
+from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.generation import ChatPrompt, GenerationParams, build_request, prepare_prompt
 from ninfer.serve.strict_body import OFF_LOOP_BODY_BYTES
 from ninfer.serve.structured import OutputFormat, build_constraint
