@@ -13,7 +13,13 @@ import httpx
 import pytest
 from live_servers import artifact_for, lanes_free_within, serve_model
 from ninfer.decisions.contract import Question
-from ninfer.decisions.prompt import context_messages, labels_for, question_text, render_decision
+from ninfer.decisions.prompt import (
+    context_messages,
+    labels_for,
+    more_tokens_than,
+    question_text,
+    render_decision,
+)
 
 ROUTES = ("/v1/decisions", "/v1/systemone")
 QUESTIONS = {
@@ -126,6 +132,22 @@ ERRORS = [
     ("too many questions", {"state": "s", "questions": {f"q{i}": {"type": "noul"} for i in range(257)}}, 413),
     ("over the token budget", {"state": "word " * 70_000, "questions": {"a": {"type": "noul"}}}, 413),
 ]
+
+
+def test_the_budget_check_never_refuses_a_context_that_fits(qwen35_server):
+    """more_tokens_than (a long context counted a piece at a time) against the whole text's encode, on fresh random
+    texts of several pieces with words, CJK, emoji, long runs and whitespace cut anywhere: it says "more" only when
+    the whole encode has more, and it does say so for a text twice the limit."""
+    frontend = qwen35_server.engine.frontend
+    rng = random.Random()
+    words = ["word", "ticket", "€", "数据", "🙂", "\n", "  ", "x" * 40, "3.14159", "don't", "Über"]
+    for _ in range(5):
+        text = "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(20_000, 50_000)))
+        whole = len(frontend.encode(text))
+        for limit in (whole // 2, whole - 40, whole - 1, whole, whole + 1000):
+            if more_tokens_than(frontend, text, limit):
+                assert whole > limit, (limit, whole, len(text))
+        assert more_tokens_than(frontend, text, whole // 2), (whole, len(text))
 
 
 @pytest.mark.parametrize("case", ERRORS, ids=[c[0] for c in ERRORS])

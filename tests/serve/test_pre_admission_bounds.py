@@ -125,6 +125,26 @@ def test_a_50_mb_body_is_refused_while_health_and_streams_go_on(qwen35_server, p
     assert watch.stream_worst < STALL_BOUND_S, f"a stream chunk waited {watch.stream_worst:.2f} s"
 
 
+def test_a_decision_over_its_budget_is_refused_before_it_is_tokenized_whole(qwen35_server):
+    """A 9.4 MiB `state` (~1.6 million words) against the 64,000-token decision budget is refused (413) after a few
+    pieces of it are counted (ninfer.decisions.prompt.more_tokens_than). Before, the context was tokenized whole,
+    once more inside every question's prompt, each encode holding the GIL: `/health` waited 10 s, a stream 20 s,
+    and the 413 came after ~24 s."""
+    body = json.dumps({"state": "hello " * 1_650_000, "questions": {"a": {"type": "noul"}}}).encode()
+    with _Watch(qwen35_server.url) as watch:
+        started = time.perf_counter()
+        response = httpx.post(f"{qwen35_server.url}/v1/decisions", content=body,
+                              headers={"content-type": "application/json"}, timeout=120)
+        refused_in = time.perf_counter() - started
+        time.sleep(0.3)
+    assert response.status_code == 413, response.text[:300]
+    assert "decision budget" in response.json()["error"]["message"]
+    assert refused_in < 10, refused_in
+    assert not watch.errors, watch.errors
+    assert watch.health_worst < STALL_BOUND_S, f"/health took {watch.health_worst:.2f} s"
+    assert watch.stream_worst < STALL_BOUND_S, f"a stream chunk waited {watch.stream_worst:.2f} s"
+
+
 def test_a_long_prompt_that_fits_is_still_tokenized_and_counted(qwen35_server):
     # Below the length bound the text is tokenized (off the event loop): the count is the tokenizer's own.
     text = "hello " * 500

@@ -101,7 +101,7 @@ async def run_questions(engine: DecisionEngine, shared: list[dict[str, Any]], qu
                         limits: DecisionLimits, temperature: float = 1.0) -> tuple[list[list[float]], int]:
     """Each question's label probabilities (its labels' order) and the request's input tokens."""
     frontend = engine.frontend
-    rendered = await asyncio.to_thread(render_decision, frontend, shared, questions)
+    rendered = await asyncio.to_thread(render_decision, frontend, shared, questions, limits.max_total_tokens)
     if rendered.input_tokens > limits.max_total_tokens:
         raise TooLargeError(f"the rendered questions take {rendered.input_tokens} tokens; the decision budget is "
                             f"{limits.max_total_tokens}")
