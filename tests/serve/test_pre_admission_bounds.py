@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from ninfer.frontend.text import BREAKER_SETS_KEPT
 from ninfer.serve.answer import prepare
 from ninfer.serve.errors import InvalidRequestError
 from ninfer.serve.generation import ChatPrompt, GenerationParams, build_request, prepare_prompt
@@ -232,6 +233,18 @@ def test_a_huge_schema_is_compiled_off_the_event_loop(qwen35_server, where):
 
     worst = asyncio.run(_worst_loop_gap(refused()))
     assert worst < LOOP_GAP_BOUND_S, f"the event loop waited {worst:.2f} s"
+
+
+def test_the_dry_breaker_sets_a_frontend_keeps_are_bounded(qwen35_server):
+    """Every request may bring a new set of breakers, and one set's ids can be most of the vocabulary: the frontend
+    keeps the last BREAKER_SETS_KEPT sets (it kept every set before), and finds a dropped one again the same."""
+    frontend = qwen35_server.engine.frontend
+    first = frontend.tokens_containing(("ing",))
+    for i in range(BREAKER_SETS_KEPT + 8):
+        frontend.tokens_containing((f"q{i + 1}", "zz"))
+    assert len(frontend._containing) == BREAKER_SETS_KEPT
+    assert ("ing",) not in frontend._containing
+    assert frontend.tokens_containing(("ing",)) == first and len(first) > 0
 
 
 def test_dry_breakers_are_looked_up_off_the_event_loop(qwen35_server):

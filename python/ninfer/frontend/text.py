@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +17,8 @@ from ninfer.frontend.chat_media import MediaPart, load_media
 from ninfer.frontend.media_limits import MediaLimits
 from ninfer.frontend.vision import VisionPreprocessor
 from ninfer.frontend.vision_prompt import PromptMedia, VisionTokenIds, expand_placeholders, prompt_media
+
+BREAKER_SETS_KEPT = 32  # DRY breaker sets whose token ids a frontend keeps (tokens_containing)
 
 
 def _tokenizer(source: Any) -> tokenizers.Tokenizer:
@@ -42,7 +46,10 @@ class Frontend:
         self.bos_token_id: int | None = special.get("bos")
         self.generation_defaults: dict[str, Any] = dict(frontend.get("generation_defaults") or {})
         self._token_texts: list[str] | None = None
-        self._containing: dict[tuple[str, ...], tuple[int, ...]] = {}
+        # DRY breaker sets -> their token ids, the most recently used BREAKER_SETS_KEPT (an entry can hold most of
+        # the vocabulary, and every request may bring a new set); threads of the server's pool share it.
+        self._containing: OrderedDict[tuple[str, ...], tuple[int, ...]] = OrderedDict()
+        self._containing_lock = threading.Lock()
         templates = frontend.get("chat_templates") or {}
         source = templates.get("default")
         self.chat_template = None if source is None else ChatTemplate(
@@ -83,15 +90,22 @@ class Frontend:
 
     def tokens_containing(self, pieces: tuple[str, ...]) -> tuple[int, ...]:
         """The ids of the tokens whose text contains one of `pieces` (DRY's sequence breakers), sorted; the
-        vocabulary is decoded once per model."""
-        if pieces not in self._containing:
-            if self._token_texts is None:
-                tokenizer = self._require_tokenizer()
-                ids = [[i] for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
-                self._token_texts = tokenizer.decode_batch(ids, skip_special_tokens=False)
-            self._containing[pieces] = tuple(i for i, text in enumerate(self._token_texts)
-                                             if any(piece in text for piece in pieces))
-        return self._containing[pieces]
+        vocabulary is decoded once per model, and the last BREAKER_SETS_KEPT sets' ids are kept."""
+        with self._containing_lock:
+            found = self._containing.get(pieces)
+            if found is not None:
+                self._containing.move_to_end(pieces)
+                return found
+        if self._token_texts is None:
+            tokenizer = self._require_tokenizer()
+            ids = [[i] for i in range(tokenizer.get_vocab_size(with_added_tokens=True))]
+            self._token_texts = tokenizer.decode_batch(ids, skip_special_tokens=False)
+        found = tuple(i for i, text in enumerate(self._token_texts) if any(piece in text for piece in pieces))
+        with self._containing_lock:
+            self._containing[pieces] = found
+            while len(self._containing) > BREAKER_SETS_KEPT:
+                self._containing.popitem(last=False)
+        return found
 
     def encode_with_media(self, text: str, parts: Sequence[MediaPart]) -> tuple[list[int], PromptMedia]:
         """A rendered prompt with media placeholders -> ids with each placeholder expanded, and the media the engine
