@@ -511,6 +511,17 @@ def assert_only_blocks_removed(text: str, result: ToolParseResult, formats: Coll
     assert calls_before == len(result.calls)
 
 
+def test_a_bad_parameter_name_cut_by_a_chunk_drops_what_it_drops_whole():
+    """Found by the fuzz test below (session 12): a parameter name that turns bad only after a chunk boundary
+    (`<` then `tool_call>...`) was dropped up to the chunk's end when streamed but up to its `">` when whole, so the
+    streamed call kept a parameter the whole parse did not. Both now drop it up to the next tag."""
+    chunks = ['x<function_calls>\r<invoke name="f"><parameter name="<', 'tool_call><parameter name="0">']
+    whole = parse_tool_calls("".join(chunks), None, (CLAUDE_XML,))
+    _, streamed = stream(chunks, None, (CLAUDE_XML,))
+    assert (streamed.content, streamed.calls) == (whole.content, whole.calls)
+    assert whole.calls[0].arguments == '{"0": ""}' and whole.calls[0].truncated
+
+
 @settings(max_examples=500, deadline=None)
 @given(arbitrary_text(), st.sampled_from(FORMAT_SETS), st.booleans(), st.data())
 def test_fuzz_never_raises_and_loses_no_text_outside_calls(

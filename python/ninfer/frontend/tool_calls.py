@@ -624,8 +624,11 @@ class ToolCallParser:
         try:
             name = self._read_name(self._dialect.name_end)
         except _BadName as bad:
+            # Dropped up to the next tag, as stray text inside a call is: a bad name seen whole and one seen while
+            # it streams in (cut anywhere) then leave the same rest to the call.
+            nxt = self._buf.find("<", 1)
             self._issue("malformed", "invalid parameter name", bad.text)
-            self._consume(max(1, len(bad.text)))
+            self._consume(len(self._buf) if nxt < 0 else nxt)
             self._state = _State.INVOKE_BODY
             return True
         if name is None:
