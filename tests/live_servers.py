@@ -56,13 +56,13 @@ class LiveServer:
     loop: asyncio.AbstractEventLoop | None = None  # serve_router's: the server's event loop, to run its coroutines
 
 
-def artifact_for(pytestconfig: pytest.Config, src: Path) -> Path:
-    """The bf16 artifact of a checkpoint folder or GGUF, converted once into the pytest cache (shared with the
-    runtime tests)."""
+def artifact_for(pytestconfig: pytest.Config, src: Path, draft_vocab: int | None = None) -> Path:
+    """The bf16 artifact of a checkpoint folder or GGUF (with `draft_vocab`, its drafts' shortlist of that many
+    rows), converted once into the pytest cache (shared with the runtime tests)."""
     folder = Path(pytestconfig.cache.mkdir("runtime-artifacts"))
-    out = folder / f"{src.name}.bf16.ninfer"
+    out = folder / f"{src.name}{f'.draft{draft_vocab}' if draft_vocab else ''}.bf16.ninfer"
     if not out.exists():
-        convert(src, out, recipe="bf16", progress=False)
+        convert(src, out, recipe="bf16", progress=False, draft_vocab=draft_vocab)
     return out
 
 

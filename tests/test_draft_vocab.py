@@ -8,6 +8,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from live_servers import artifact_for
 from mtp_drafts import check_drafts_against_the_twin
 from ninfer import _engine
 from ninfer.artifact.convert import convert
@@ -30,10 +31,7 @@ def test_the_shortlist_is_the_lowest_ids_and_the_end_tokens():
 
 @pytest.fixture(scope="module")
 def shortlisted(tiny_qwen3_5, pytestconfig):
-    path = pytestconfig.cache.mkdir("draft-vocab-artifacts") / f"{tiny_qwen3_5.name}.draft96.bf16.ninfer"
-    if not path.exists():
-        convert(tiny_qwen3_5, path, recipe="bf16", progress=False, draft_vocab=96)
-    return path
+    return artifact_for(pytestconfig, tiny_qwen3_5, draft_vocab=96)
 
 
 def _shortlist(path) -> np.ndarray:

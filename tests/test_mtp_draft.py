@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from live_servers import artifact_for
 from mtp_drafts import check_drafts_against_the_twin
 from ninfer import _engine
-from ninfer.artifact.convert import convert
 from ninfer.errors import EngineError
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
 def model(request, pytestconfig):
-    src = request.getfixturevalue(f"tiny_{request.param}")
-    path = pytestconfig.cache.mkdir("mtp-draft-artifacts") / f"{src.name}.bf16.ninfer"
-    if not path.exists():
-        convert(src, path, recipe="bf16", progress=False)
+    path = artifact_for(pytestconfig, request.getfixturevalue(f"tiny_{request.param}"))
     return _engine.Model.open(str(path), max_context=256, max_sequences=4, kv_dtype="f32", threads=2)
 
 

@@ -239,16 +239,24 @@ class PyModel {
     return rows_of(o.hidden, 0, o.hidden_size ? int64_t(o.hidden.size()) / o.hidden_size : 0, o.hidden_size);
   }
 
-  FloatArray mtp_logits(PySequence& seq, HiddenArray hidden, TokenArray next_tokens, int64_t start) {
+  // The MTP calls' item over `seq`: next_tokens at positions start.., their hidden rows checked [n, hidden_size].
+  ForwardItem mtp_item(const char* what, PySequence& seq, const HiddenArray& hidden, const TokenArray& next_tokens,
+                       int64_t start, bool all_logits) const {
     const int64_t n = int64_t(next_tokens.shape(0)), h = s_->model->config().hidden_size;
     if (int64_t(hidden.shape(0)) != n || int64_t(hidden.shape(1)) != h)
-      throw EngineError("mtp_logits: hidden must be [" + std::to_string(n) + ", " + std::to_string(h) + "]");
+      throw EngineError(std::string(what) + ": hidden must be [" + std::to_string(n) + ", " + std::to_string(h) + "]");
+    ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, all_logits);
+    item.start = start;
+    return item;
+  }
+
+  FloatArray mtp_logits(PySequence& seq, HiddenArray hidden, TokenArray next_tokens, int64_t start) {
+    const int64_t n = int64_t(next_tokens.shape(0));
     std::vector<float> logits;
     {
       nb::gil_scoped_release release;
       std::lock_guard lock(s_->mutex);
-      ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, true);
-      item.start = start;
+      const ForwardItem item = mtp_item("mtp_logits", seq, hidden, next_tokens, start, true);
       s_->model->mtp_forward(hidden.data(), item, *s_->pools, logits, &s_->mtp_normed);
     }
     return rows_of(logits, 0, n, s_->model->config().vocab_size);
@@ -261,14 +269,10 @@ class PyModel {
 
   std::vector<int32_t> mtp_drafts(PySequence& seq, HiddenArray hidden, TokenArray next_tokens, int64_t start,
                                   int32_t drafts) {
-    const int64_t n = int64_t(next_tokens.shape(0)), h = s_->model->config().hidden_size;
-    if (int64_t(hidden.shape(0)) != n || int64_t(hidden.shape(1)) != h)
-      throw EngineError("mtp_drafts: hidden must be [" + std::to_string(n) + ", " + std::to_string(h) + "]");
     std::vector<int32_t> tokens;
     nb::gil_scoped_release release;
     std::lock_guard lock(s_->mutex);
-    ForwardItem item = s_->item(next_tokens.data(), n, seq.cache, false);
-    item.start = start;
+    const ForwardItem item = mtp_item("mtp_drafts", seq, hidden, next_tokens, start, false);
     s_->model->mtp_draft(hidden.data(), item, *s_->pools, drafts, tokens);
     return tokens;
   }

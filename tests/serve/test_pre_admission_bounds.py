@@ -105,16 +105,22 @@ class _Watch:
             thread.join(timeout=60)
 
 
-@pytest.mark.parametrize("path", list(_huge_bodies()))
-def test_a_50_mb_body_is_refused_while_health_and_streams_go_on(qwen35_server, path):
-    body = _huge_bodies()[path]
-    with _Watch(qwen35_server.url) as watch:
+def _post_watched(url: str, path: str, body: bytes) -> tuple[httpx.Response, float, _Watch, int]:
+    """`body` posted to `path` while _Watch runs: the answer, the seconds it took, the watch, and the stream's chunk
+    count when it was sent."""
+    with _Watch(url) as watch:
         chunks_before = watch.stream_chunks
         started = time.perf_counter()
-        response = httpx.post(f"{qwen35_server.url}{path}", content=body,
-                              headers={"content-type": "application/json"}, timeout=120)
-        refused_in = time.perf_counter() - started
+        response = httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"},
+                              timeout=120)
+        answered_in = time.perf_counter() - started
         time.sleep(0.3)
+    return response, answered_in, watch, chunks_before
+
+
+@pytest.mark.parametrize("path", list(_huge_bodies()))
+def test_a_50_mb_body_is_refused_while_health_and_streams_go_on(qwen35_server, path):
+    response, refused_in, watch, chunks_before = _post_watched(qwen35_server.url, path, _huge_bodies()[path])
     assert response.status_code == 400, response.text[:300]
     error = response.json()["error"]
     assert "cannot fit the context of 1024 tokens" in error["message"]
@@ -132,12 +138,7 @@ def test_a_decision_over_its_budget_is_refused_before_it_is_tokenized_whole(qwen
     once more inside every question's prompt, each encode holding the GIL: `/health` waited 10 s, a stream 20 s,
     and the 413 came after ~24 s."""
     body = json.dumps({"state": "hello " * 1_650_000, "questions": {"a": {"type": "noul"}}}).encode()
-    with _Watch(qwen35_server.url) as watch:
-        started = time.perf_counter()
-        response = httpx.post(f"{qwen35_server.url}/v1/decisions", content=body,
-                              headers={"content-type": "application/json"}, timeout=120)
-        refused_in = time.perf_counter() - started
-        time.sleep(0.3)
+    response, refused_in, watch, _ = _post_watched(qwen35_server.url, "/v1/decisions", body)
     assert response.status_code == 413, response.text[:300]
     assert "decision budget" in response.json()["error"]["message"]
     assert refused_in < 10, refused_in
