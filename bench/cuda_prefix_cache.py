@@ -39,21 +39,36 @@ from ninfer.engine import Engine, EngineOptions  # noqa: E402
 from synthetic import MODELS, write_synthetic  # noqa: E402
 
 
-def pinned_copy_gb_per_s(megabytes: int = 2048) -> float | None:
-    """Host-to-device copy rate from page-locked memory (torch), the bound the host tier's restores run against."""
+def pinned_copy_gb_per_s(megabytes: int = 2048) -> dict | None:
+    """Copy rates between page-locked host memory and the device (torch, when installed): host-to-device,
+    device-to-host, and both at once on two streams, the bounds the host tier's loads and stores run against."""
     try:
         import torch
     except ImportError:
         return None
     host = torch.empty(megabytes << 20, dtype=torch.uint8, pin_memory=True)
+    host2 = torch.empty_like(host, pin_memory=True)
     device = torch.empty_like(host, device="cuda")
-    device.copy_(host, non_blocking=True)  # warm-up
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(3):
+    device2 = torch.empty_like(device)
+    other = torch.cuda.Stream()
+
+    def rate(copies) -> float:
+        copies()  # warm-up
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(3):
+            copies()
+        torch.cuda.synchronize()
+        return round(3 * host.numel() / (time.perf_counter() - start) / 1e9, 2)
+
+    def both() -> None:
         device.copy_(host, non_blocking=True)
-    torch.cuda.synchronize()
-    return round(3 * host.numel() / (time.perf_counter() - start) / 1e9, 2)
+        with torch.cuda.stream(other):
+            host2.copy_(device2, non_blocking=True)
+
+    return {"h2d": rate(lambda: device.copy_(host, non_blocking=True)),
+            "d2h": rate(lambda: host2.copy_(device2, non_blocking=True)),
+            "both_directions_each": rate(both)}
 
 
 def bench_model(model: str, recipe: str, path: Path, args: argparse.Namespace) -> dict:
@@ -137,7 +152,7 @@ def main() -> int:
             print_op_split(m)
         return 0
     result = {"commit": commit_sha(), "backend": args.backend,
-              "pinned_h2d_gb_per_s": pinned_copy_gb_per_s() if args.backend == "cuda" else None, "models": []}
+              "pinned_copy_gb_per_s": pinned_copy_gb_per_s() if args.backend == "cuda" else None, "models": []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)
         for model in args.model:
@@ -148,8 +163,10 @@ def main() -> int:
             print(f"{m['model']}: written {m['write_s']} s, all {m['wall_s']} s; turn {last['turn']} "
                   f"({last['prompt_tokens']} tokens, {last['cached_tokens']} reused) TTFT {last['ttft_ms_reuse']} ms "
                   f"vs {last.get('ttft_ms_no_reuse')} ms without; from the device {m['resume_device']}; from the "
-                  f"host {m['resume_host']}; after reopen {m['resume_after_reopen']}; restore "
-                  f"{m['host_restore_gb_per_s_estimate']} GB/s (pinned copy {result['pinned_h2d_gb_per_s']} GB/s)",
+                  f"host {m['resume_host']} (sibling from the device {m['resume_host_sibling']}); after reopen "
+                  f"{m['resume_after_reopen']} (sibling {m['resume_after_reopen_sibling']}); restore "
+                  f"{m['resume_host_gb_per_s']} GB/s after an eviction, {m['resume_after_reopen_gb_per_s']} GB/s "
+                  f"after the reopen (pinned copies {result['pinned_copy_gb_per_s']} GB/s)",
                   flush=True)
     return 0
 

@@ -98,16 +98,23 @@ void PrefixCache::pin(const Match& m, int32_t delta) {
   }
 }
 
+// The device pages were freed just before (CacheManager::take_pages evicts them, queuing their stores to the host),
+// and the free pages are a stack, so the page freed first comes last: the blocks take them from the back, and the
+// first load goes to the page whose store was queued first. Each load waits only for the store of its own page
+// (backend/cuda/device_memory.h), so the loads overlap the stores still running instead of waiting for all of them.
 void PrefixCache::restore(Match& m) {
+  std::vector<int32_t> pages;
+  if (!pages_->acquire(m.host_blocks, pages)) throw EngineError("restoring host blocks without free device pages");
   for (int64_t d = 0; d < m.blocks; ++d) {
     if (m.pages[size_t(d)] >= 0) continue;
     const int32_t id = m.path[size_t(d)];
     Node& n = nodes_[size_t(id)];
-    std::vector<int32_t> page;
-    if (!pages_->acquire(1, page)) throw EngineError("restoring a host block without a free device page");
-    contents_->load_page(n.host_page, page[0]);
-    to_device(id, page[0]);  // (its parent is on the device by now: restored in order)
-    m.pages[size_t(d)] = page[0];
+    if (pages.empty()) throw EngineError("a match with more host blocks than it counted");
+    const int32_t page = pages.back();
+    pages.pop_back();
+    contents_->load_page(n.host_page, page);
+    to_device(id, page);  // (its parent is on the device by now: restored in order)
+    m.pages[size_t(d)] = page;
     ++counters_.host_restored_blocks;
   }
   m.host_blocks = 0;

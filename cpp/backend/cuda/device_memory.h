@@ -6,14 +6,20 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "backend/memory.h"
 
 namespace ninfer::cuda {
 
-// The host tier's copies run on a stream of their own, ordered against the passes' stream by events: the first
-// copy after a fence waits for the work queued so far, and the fence makes later work wait for the copies. (They
-// do not overlap the passes yet: every copy sits between two passes that need it done.)
+// The host tier's copies: device-to-host stores on one stream, host-to-device loads on another, so that a restore
+// which must evict first (store device pages, then load host blocks into them) uses the bus in both directions at
+// once. Both streams are ordered against the passes' stream by events: the first copy after a fence waits for the
+// work queued so far, and the fence makes later work wait for every copy. Between the two streams a copy waits for
+// the latest copy of the other direction queued before it whose bytes it meets (the device page a store still
+// reads and a load would write, or the host page a load still reads and a store would write), through that copy's
+// own event, and for nothing else. (The copies do not overlap the passes: every batch sits between two passes that
+// need it done.)
 class CopyStream {
  public:
   CopyStream();
@@ -21,12 +27,31 @@ class CopyStream {
   CopyStream(const CopyStream&) = delete;
   CopyStream& operator=(const CopyStream&) = delete;
   void begin(cudaStream_t after);  // once per batch of copies
+  void store(void* pinned, const void* device, size_t bytes);
+  void load(void* device, const void* pinned, size_t bytes);
   void fence(cudaStream_t before);
-  cudaStream_t stream() const { return stream_; }
+  void synchronize();  // waits on the host for every copy queued
 
  private:
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t queued_ = nullptr, copied_ = nullptr;
+  // One direction: its stream and this batch's copies that the other direction has not waited for yet.
+  struct Direction {
+    struct Copy {
+      const uint8_t *device, *pinned;
+      size_t bytes;
+      size_t event;  // into events
+    };
+    cudaStream_t stream = nullptr;
+    std::vector<cudaEvent_t> events;  // one per copy of a batch, reused by later batches
+    std::vector<Copy> pending;
+    cudaEvent_t done = nullptr;  // recorded at a fence
+    bool used = false;           // in this batch
+  };
+  // Queues a copy on `to` after the latest copy of `other` its bytes meet.
+  void queue(Direction& to, Direction& other, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+             const uint8_t* device, const uint8_t* pinned);
+
+  Direction stores_, loads_;
+  cudaEvent_t queued_ = nullptr;
   bool copying_ = false;
 };
 
