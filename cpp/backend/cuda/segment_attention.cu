@@ -10,14 +10,19 @@
 // taken over the f32 P. So a score is off by about 2 * 2^-9 * sum_i |q_i k_i| * scale and an output by about
 // 2^-8 of the weighted mean of |v| (plus the score error's effect on the weights) beside the exact result.
 //
-// The inputs are f32, so tiles are converted on the way (global -> registers -> shared) and their fetch is not
-// overlapped within the block; two blocks per SM (heads up to 80) overlap each other. Next steps: a bf16 copy of
-// q/k/v made once per layer (cp.async or TMA tiles, read by every query tile of the segment), then wgmma.
+// Two kernels. Every query tile of a segment reads the segment's whole K and V (32 tiles of 128 rows read the 4,096
+// keys of a 1024 x 1024 image 32 times), so the rounding to bf16 is done once, by a pre-kernel that writes q (times
+// scale * log2 e), k and v as bf16 planes [heads][rows][D] (zero columns past the head) into a scratch buffer. The
+// attention kernel then reads half the bytes of f32, and its tiles are contiguous 16-byte chunks fetched with
+// cp.async straight into shared memory: K/V tiles are double-buffered (tile j + 1 is on its way while tile j is
+// computed; one barrier a tile). The values rounded, and the order of every sum, are the kernel's before the split.
+// Next step: wgmma (sm_90a) with TMA tiles.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/mma_bf16.cuh"
 #include "errors.h"
@@ -36,43 +41,92 @@ struct QueryTile {
   int64_t row0, n, first;
 };
 
+// The bf16 planes of one call: q, k, v one after another, each [heads][rows][D] (D the padded head).
 template <int D>
-constexpr size_t shared_bytes() {
-  return size_t(kQueryRows + 2 * kKeys) * kStride<D> * sizeof(uint16_t);
+__host__ __device__ constexpr int64_t plane_elements(int64_t rows, int32_t heads) {
+  return int64_t(heads) * rows * D;
 }
 
-// Rows [from, from + count) of x (head offset applied, `valid` of them real, the rest zeros) into `rows` rows of
-// dst as bf16 times `scale`, columns past head_dim zeroed.
+constexpr int kStages = 2;  // K/V tiles in shared memory: the one computed on and the one on its way
+
 template <int D>
-__device__ void load_rows(const float* x, int64_t row_stride, int64_t from, int rows, int valid, int head_dim,
-                          float scale, uint16_t* dst) {
-  constexpr int kChunks = D / 4;  // 4 elements per chunk
-  const int real_chunks = head_dim / 4;
+constexpr size_t shared_bytes() {
+  return size_t(kQueryRows + kStages * 2 * kKeys) * kStride<D> * sizeof(uint16_t);
+}
+
+// Rows [0, rows) of q, k, v (row stride row_stride, head h at columns h * head_dim) into the bf16 planes at `out`
+// (plane_elements apart): plane p, head h, row r at ((p * heads + h) * rows + r) * D, columns past head_dim zero;
+// q times q_scale (in f32, then rounded). One thread per 8 columns of one (row, head), all three planes.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    segment_planes_kernel(const float* q, const float* k, const float* v, int64_t row_stride, int64_t rows,
+                          int32_t heads, int32_t head_dim, float q_scale, uint16_t* out) {
+  chain_start();
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a plane row
+  const int per_row = heads * kChunks;
+  const int64_t plane = plane_elements<D>(rows, heads);
+  NINFER_GRID_STRIDE(i, rows * per_row) {
+    const int64_t row = i / per_row;
+    const int in_row = int(i - row * per_row), h = in_row / kChunks, c = 8 * (in_row % kChunks);
+    const int64_t from = row * row_stride + int64_t(h) * head_dim + c;
+    uint16_t* to = out + (int64_t(h) * rows + row) * D + c;
+    const float* src[3] = {q, k, v};
+#pragma unroll
+    for (int p = 0; p < 3; ++p) {
+      const float s = p == 0 ? q_scale : 1.0f;  // k * 1.0f == k: the same rounding as the q path
+      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+      // head_dim is a multiple of 4: a 4-column group is wholly in the head or wholly past it.
+      if (c < head_dim) a = *reinterpret_cast<const float4*>(src[p] + from);
+      if (c + 4 < head_dim) b = *reinterpret_cast<const float4*>(src[p] + from + 4);
+      *reinterpret_cast<uint4*>(to + p * plane) = make_uint4(pack_bf16(a.x * s, a.y * s), pack_bf16(a.z * s, a.w * s),
+                                                             pack_bf16(b.x * s, b.y * s), pack_bf16(b.z * s, b.w * s));
+    }
+  }
+}
+
+// Rows [from, from + rows) of a plane (rows of D bf16) into `rows` rows of dst (rows of kStride<D>) with cp.async;
+// rows past `valid` are zero-filled (their source address stays in bounds: row `from`, which is real).
+template <int D>
+__device__ __forceinline__ void copy_rows_async(uint16_t* dst, const uint16_t* plane, int64_t from, int rows,
+                                                int valid) {
+  constexpr int kChunks = D / 8;
   for (int c = threadIdx.x; c < rows * kChunks; c += kAttentionThreads) {
-    const int row = c / kChunks, c4 = c % kChunks;
-    float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (row < valid && c4 < real_chunks) f = reinterpret_cast<const float4*>(x + (from + row) * row_stride)[c4];
-    *reinterpret_cast<uint2*>(dst + row * kStride<D> + c4 * 4) =
-        make_uint2(pack_bf16(f.x * scale, f.y * scale), pack_bf16(f.z * scale, f.w * scale));
+    const int row = c / kChunks, c8 = 8 * (c % kChunks);
+    const bool real = row < valid;
+    cp_async16(dst + row * kStride<D> + c8, plane + (from + (real ? row : 0)) * D + c8, real);
   }
 }
 
 // Two blocks an SM up to heads of 80 (128 registers a thread, no spills); the wider heads' accumulators need more.
+// planes: segment_planes_kernel's output for `rows` rows.
 template <int D>
 __global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
-    segment_attention_kernel(const float* q, const float* k, const float* v, int64_t row_stride,
-                             const QueryTile* tiles, int32_t heads, int32_t head_dim, float scale, float* out) {
+    segment_attention_kernel(const uint16_t* planes, int64_t rows, const QueryTile* tiles, int32_t heads,
+                             int32_t head_dim, float* out) {
   chain_start();
   extern __shared__ uint4 shared_words[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(shared_words);
-  uint16_t* ks = qs + kQueryRows * kStride<D>;
-  uint16_t* vs = ks + kKeys * kStride<D>;
+  uint16_t* const kv = qs + kQueryRows * kStride<D>;  // stage s: K at kv + 2 s kKeys rows, V kKeys rows after
+  auto ks = [&](int stage) { return kv + (2 * stage) * kKeys * kStride<D>; };
+  auto vs = [&](int stage) { return kv + (2 * stage + 1) * kKeys * kStride<D>; };
 
   const QueryTile tile = tiles[blockIdx.x];
-  const int64_t head_offset = int64_t(blockIdx.y) * head_dim;
-  const int64_t segment = tile.row0 * row_stride + head_offset;  // q, k, v offset of the segment's first row
+  const int64_t plane = plane_elements<D>(rows, heads);
+  const uint16_t* qp = planes + int64_t(blockIdx.y) * rows * D;  // this head's q plane; k, v planes after
+  const uint16_t* kp = qp + plane;
+  const uint16_t* vp = kp + plane;
   const int queries = int(min(int64_t(kQueryRows), tile.n - tile.first));
-  load_rows<D>(q + segment, row_stride, tile.first, kQueryRows, queries, head_dim, scale * kLog2e, qs);
+  const int64_t tiles_n = (tile.n + kKeys - 1) / kKeys;
+  auto issue_keys = [&](int64_t j) {  // K and V of key tile j into stage j % 2, as one cp.async group
+    const int64_t key0 = j * kKeys;
+    const int keys = int(min(int64_t(kKeys), tile.n - key0));
+    copy_rows_async<D>(ks(int(j % kStages)), kp, tile.row0 + key0, kKeys, keys);
+    copy_rows_async<D>(vs(int(j % kStages)), vp, tile.row0 + key0, kKeys, keys);
+    cp_async_commit();
+  };
+  copy_rows_async<D>(qs, qp, tile.row0 + tile.first, kQueryRows, queries);
+  cp_async_commit();
+  issue_keys(0);  // a segment has at least one key
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
   const bool warp_active = warp * 16 < queries;
@@ -80,7 +134,8 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
 #pragma unroll
   for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  __syncthreads();  // Q is in
+  cp_async_wait<1>();  // this thread's Q chunks are in (key tile 0 may still be on its way)
+  __syncthreads();     // ... and every thread's
   uint32_t qa[D / 16][4];  // this warp's Q fragments, read once
   if (warp_active) {
 #pragma unroll
@@ -88,19 +143,21 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
       ldmatrix_x4(qa[kk], qs + (warp * 16 + lane % 16) * kStride<D> + kk * 16 + (lane / 16) * 8);
   }
 
-  for (int64_t key0 = 0; key0 < tile.n; key0 += kKeys) {
-    const int keys = int(min(int64_t(kKeys), tile.n - key0));
-    __syncthreads();  // every warp is done with the previous tile
-    load_rows<D>(k + segment, row_stride, key0, kKeys, keys, head_dim, 1.0f, ks);
-    load_rows<D>(v + segment, row_stride, key0, kKeys, keys, head_dim, 1.0f, vs);
+  for (int64_t j = 0; j < tiles_n; ++j) {
+    const int keys = int(min(int64_t(kKeys), tile.n - j * kKeys));
+    cp_async_wait<0>();  // this thread's chunks of tile j are in (the only group in flight)
+    // Every thread's chunks of tile j are in, and every warp is done with tile j - 1, whose stage tile j + 1 takes.
     __syncthreads();
+    if (j + 1 < tiles_n) issue_keys(j + 1);
     if (!warp_active) continue;
+    const uint16_t* k_tile = ks(int(j % kStages));
+    const uint16_t* v_tile = vs(int(j % kStages));
     // S = Q K^T for this warp's 16 rows and the tile's 64 keys; keys past the segment masked.
     float sc[kKeys / 8][4];
 #pragma unroll
     for (int nt = 0; nt < kKeys / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) add_key_scores<kKeys, D>(sc, qa[kk], ks, kk, lane);
+    for (int kk = 0; kk < D / 16; ++kk) add_key_scores<kKeys, D>(sc, qa[kk], k_tile, kk, lane);
     if (keys < kKeys) {
 #pragma unroll
       for (int nt = 0; nt < kKeys / 8; ++nt)
@@ -115,7 +172,7 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
       const uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
                               pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                               pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-      add_weighted_values<D>(o, pa, vs, kk, lane);
+      add_weighted_values<D>(o, pa, v_tile, kk, lane);
     }
   }
   if (!warp_active) return;
@@ -126,7 +183,7 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
     const int row = warp * 16 + g + 8 * rr;
     const float inv = 1.0f / quad_sum(row_sum[rr]);  // every lane of the warp takes part (rows past the end too)
     if (row >= queries) continue;
-    float* to = out + (tile.row0 + tile.first + row) * int64_t(heads) * head_dim + head_offset;
+    float* to = out + (tile.row0 + tile.first + row) * int64_t(heads) * head_dim + int64_t(blockIdx.y) * head_dim;
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
       const int col = nt * 8 + 2 * t;  // head_dim is a multiple of 4: col + 1 is in the head when col is
@@ -136,9 +193,11 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
   }
 }
 
+// The pre-kernel and the attention kernel for a head padded to D; planes: scratch of plane_elements<D> x 3.
 template <int D>
 void launch(dim3 grid, cudaStream_t stream, const float* q, const float* k, const float* v, int64_t row_stride,
-            const QueryTile* tiles, int32_t heads, int32_t head_dim, float scale, float* out) {
+            int64_t rows, const QueryTile* tiles, int32_t heads, int32_t head_dim, float scale, uint16_t* planes,
+            float* out) {
   constexpr size_t bytes = shared_bytes<D>();
   static const bool configured = [] {
     NINFER_CUDA_CHECK(cudaFuncSetAttribute(segment_attention_kernel<D>,
@@ -146,22 +205,31 @@ void launch(dim3 grid, cudaStream_t stream, const float* q, const float* k, cons
     return true;
   }();
   (void)configured;
-  launch_chained(segment_attention_kernel<D>, grid, dim3(kAttentionThreads), bytes, stream, q, k, v, row_stride,
-                 tiles, heads, head_dim, scale, out);
+  launch_chained(segment_planes_kernel<D>, dim3(blocks_for(rows * heads * (D / 8))), dim3(kThreads), 0, stream, q,
+                 k, v, row_stride, rows, heads, head_dim, scale * kLog2e, planes);
+  launch_chained(segment_attention_kernel<D>, grid, dim3(kAttentionThreads), bytes, stream, planes, rows, tiles,
+                 heads, head_dim, out);
 }
 
 // The head padded to the next multiple of 16 (the mma's k step).
+int padded_head(int32_t head_dim) { return (head_dim + 15) / 16 * 16; }
+
 void launch_padded(int32_t head_dim, dim3 grid, cudaStream_t stream, const float* q, const float* k, const float* v,
-                   int64_t row_stride, const QueryTile* tiles, int32_t heads, float scale, float* out) {
-  switch ((head_dim + 15) / 16 * 16) {
-    case 16: return launch<16>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
-    case 32: return launch<32>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
-    case 48: return launch<48>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
-    case 64: return launch<64>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
-    case 80: return launch<80>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
-    case 96: return launch<96>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
-    case 112: return launch<112>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
-    case 128: return launch<128>(grid, stream, q, k, v, row_stride, tiles, heads, head_dim, scale, out);
+                   int64_t row_stride, int64_t rows, const QueryTile* tiles, int32_t heads, float scale,
+                   uint16_t* planes, float* out) {
+  switch (padded_head(head_dim)) {
+#define NINFER_SEGMENT_CASE(D)                                                                                \
+  case D:                                                                                                    \
+    return launch<D>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
+    NINFER_SEGMENT_CASE(16)
+    NINFER_SEGMENT_CASE(32)
+    NINFER_SEGMENT_CASE(48)
+    NINFER_SEGMENT_CASE(64)
+    NINFER_SEGMENT_CASE(80)
+    NINFER_SEGMENT_CASE(96)
+    NINFER_SEGMENT_CASE(112)
+    NINFER_SEGMENT_CASE(128)
+#undef NINFER_SEGMENT_CASE
   }
 }
 
@@ -177,8 +245,11 @@ void CudaBackend::segment_attention(const float* q, const float* k, const float*
     throw EngineError("cuda segment_attention: q, k, v and out must be 16-byte aligned with a row stride of 4k");
   if (heads <= 0 || heads > 65535) throw EngineError("cuda segment_attention: 1..65535 heads");
   std::vector<QueryTile> query_tiles;
-  for (const RowSegment& s : segments)
+  int64_t rows = 0;  // the rows the planes hold: up to the end of the last segment
+  for (const RowSegment& s : segments) {
     for (int64_t first = 0; first < s.n; first += kQueryRows) query_tiles.push_back({s.row0, s.n, first});
+    if (s.n > 0) rows = std::max(rows, s.row0 + s.n);
+  }
   if (query_tiles.empty()) return;
   if (query_tiles.size() > 0x7fffffff) throw EngineError("cuda segment_attention: too many rows for one launch");
   // The longest segments' tiles first, so that the short ones fill in behind them.
@@ -188,8 +259,10 @@ void CudaBackend::segment_attention(const float* q, const float* k, const float*
   const size_t at = tables.add(query_tiles.data(), query_tiles.size());
   const uint8_t* base = upload(tables);
   if (tables_only()) return;
-  launch_padded(head_dim, dim3(unsigned(query_tiles.size()), unsigned(heads)), stream_, q, k, v, row_stride,
-                reinterpret_cast<const QueryTile*>(base + at), heads, scale, out);
+  const size_t plane_bytes = 3 * size_t(heads) * size_t(rows) * size_t(padded_head(head_dim)) * sizeof(uint16_t);
+  auto* planes = reinterpret_cast<uint16_t*>(scratch(segment_planes_, (plane_bytes + 3) / 4));
+  launch_padded(head_dim, dim3(unsigned(query_tiles.size()), unsigned(heads)), stream_, q, k, v, row_stride, rows,
+                reinterpret_cast<const QueryTile*>(base + at), heads, scale, planes, out);
 }
 
 }  // namespace ninfer::cuda
