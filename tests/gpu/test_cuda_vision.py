@@ -174,6 +174,24 @@ def test_tower_matches_cpu(models, grids):
     close_to_scale(cuda.encode_vision(patches, grids), cpu.encode_vision(patches, grids), TOWER_TOL, "tower")
 
 
+def test_op_times_split_an_encode(tiny_artifacts):
+    """A model opened with op_times (bench/vision_tower.py --op-times) times each backend op of an encode: one
+    segment_attention per tower block, with device time, and the same rows as a model without the events."""
+    path = str(tiny_artifacts["qwen3_5"])
+    timed, plain = (_engine.Model.open(path, kv_dtype="f32", max_context=1024, backend="cuda", vision=True,
+                                       op_times=on) for on in (True, False))
+    grids = [(1, 8, 6), (1, 2, 10)]
+    patches = rng().uniform(-1, 1, (68, patch_values(plain))).astype(np.float32)
+    before = timed.op_times()
+    got = timed.encode_vision(patches, grids)
+    after = timed.op_times()
+    attention, was = after["segment_attention"], before.get("segment_attention", {"calls": 0, "device_us": 0.0})
+    assert attention["calls"] - was["calls"] == timed.config["vision"]["depth"]
+    assert attention["device_us"] > was["device_us"]
+    assert plain.op_times() == {}
+    close_to_scale(got, plain.encode_vision(patches, grids), 1e-6, "timed encode vs plain")
+
+
 MEDIA = {
     "one-image": [("image", (1, 8, 6))],
     "two-images": [("image", (1, 4, 4)), ("image", (1, 6, 10))],

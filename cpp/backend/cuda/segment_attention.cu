@@ -1,6 +1,7 @@
 // Segment attention of the CUDA backend (the vision tower's bidirectional attention within one image or one video
-// frame group) on tensor cores: a block takes 128 query rows of one segment and one head (eight warps, 16 rows
-// each); K and V come through shared memory 64 keys at a time; S = Q K^T and O += P V run on mma.sync m16n8k16
+// frame group) on tensor cores: a block takes 128 query rows of one segment and one head (four warps of 32 rows up
+// to heads of 80, eight of 16 rows beyond); K and V come through shared memory 64 keys at a time, Q stays there
+// too (its fragments are read again each tile); S = Q K^T and O += P V run on mma.sync m16n8k16
 // bf16 with f32 accumulation (mma_bf16.cuh, as flash_prefill.cu), with an online softmax in f32 (exp2 domain).
 // A head of any multiple of 4 up to 128 is zero-padded to the next multiple of 16 (72 -> 80): zero columns of Q
 // and K add nothing to a score, and V's zero columns make output columns that are never written.
@@ -15,7 +16,7 @@
 // scale * log2 e), k and v as bf16 planes [heads][rows][D] (zero columns past the head) into a scratch buffer. The
 // attention kernel then reads half the bytes of f32, and its tiles are contiguous 16-byte chunks fetched with
 // cp.async straight into shared memory: K/V tiles are double-buffered (tile j + 1 is on its way while tile j is
-// computed; one barrier a tile). The values rounded, and the order of every sum, are the kernel's before the split.
+// computed; one barrier a tile). The values rounded, and the order of every sum, are the single-kernel version's.
 // Next step: wgmma (sm_90a) with TMA tiles.
 #include <algorithm>
 #include <string>
@@ -30,10 +31,17 @@
 namespace ninfer::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kQueryRows = 16 * kWarps;
-constexpr int kAttentionThreads = 32 * kWarps;
-constexpr int kKeys = 64;  // keys of one K/V tile
+constexpr int kQueryRows = 128;  // query rows of a block
+constexpr int kKeys = 64;        // keys of one K/V tile
+// M-tiles (16 rows) a warp takes: two up to heads of 80, so that each K and V fragment read from shared memory
+// feeds two mma (at one m-tile a warp, the ldmatrix reads bound the kernel before the mma do); one for the wider
+// heads, whose accumulators would not fit twice in 255 registers.
+template <int D>
+constexpr int kTilesPerWarp = D <= 80 ? 2 : 1;
+template <int D>
+constexpr int kWarps = kQueryRows / (16 * kTilesPerWarp<D>);
+template <int D>
+constexpr int kAttentionThreads = 32 * kWarps<D>;
 constexpr int kMaxHeadDim = 128;
 
 // One block's query rows: rows [first, first + 128) (clipped to n) of the segment of rows [row0, row0 + n).
@@ -90,19 +98,21 @@ template <int D>
 __device__ __forceinline__ void copy_rows_async(uint16_t* dst, const uint16_t* plane, int64_t from, int rows,
                                                 int valid) {
   constexpr int kChunks = D / 8;
-  for (int c = threadIdx.x; c < rows * kChunks; c += kAttentionThreads) {
+  for (int c = threadIdx.x; c < rows * kChunks; c += kAttentionThreads<D>) {
     const int row = c / kChunks, c8 = 8 * (c % kChunks);
     const bool real = row < valid;
     cp_async16(dst + row * kStride<D> + c8, plane + (from + (real ? row : 0)) * D + c8, real);
   }
 }
 
-// Two blocks an SM up to heads of 80 (128 registers a thread, no spills); the wider heads' accumulators need more.
-// planes: segment_planes_kernel's output for `rows` rows.
+// Two blocks an SM up to heads of 80 (4 warps of 32 rows: up to 255 registers a thread), one for the wider heads (8
+// warps of 16 rows, whose accumulators need more than 128 registers). planes: segment_planes_kernel's output for
+// `rows` rows.
 template <int D>
-__global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
+__global__ void __launch_bounds__(kAttentionThreads<D>, D <= 80 ? 2 : 1)
     segment_attention_kernel(const uint16_t* planes, int64_t rows, const QueryTile* tiles, int32_t heads,
                              int32_t head_dim, float* out) {
+  constexpr int M = kTilesPerWarp<D>;
   chain_start();
   extern __shared__ uint4 shared_words[];
   uint16_t* qs = reinterpret_cast<uint16_t*>(shared_words);
@@ -128,69 +138,87 @@ __global__ void __launch_bounds__(kAttentionThreads, D <= 80 ? 2 : 1)
   cp_async_commit();
   issue_keys(0);  // a segment has at least one key
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4;
-  const bool warp_active = warp * 16 < queries;
-  float o[D / 8][4];
+  // This warp's rows: m-tile m is rows [first_row + 16 m, first_row + 16 m + 16) of the block's.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t = lane % 4, first_row = warp * 16 * M;
+  const bool warp_active = first_row < queries;  // m-tiles past the end of an active warp run on zero rows
+  float o[M][D / 8][4];
 #pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  cp_async_wait<1>();  // this thread's Q chunks are in (key tile 0 may still be on its way)
-  __syncthreads();     // ... and every thread's
-  uint32_t qa[D / 16][4];  // this warp's Q fragments, read once
-  if (warp_active) {
+  for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      ldmatrix_x4(qa[kk], qs + (warp * 16 + lane % 16) * kStride<D> + kk * 16 + (lane / 16) * 8);
-  }
+    for (int nt = 0; nt < D / 8; ++nt) o[m][nt][0] = o[m][nt][1] = o[m][nt][2] = o[m][nt][3] = 0.0f;
+  float row_max[M][2], row_sum[M][2];
+#pragma unroll
+  for (int m = 0; m < M; ++m) row_max[m][0] = row_max[m][1] = -INFINITY, row_sum[m][0] = row_sum[m][1] = 0.0f;
 
   for (int64_t j = 0; j < tiles_n; ++j) {
     const int keys = int(min(int64_t(kKeys), tile.n - j * kKeys));
-    cp_async_wait<0>();  // this thread's chunks of tile j are in (the only group in flight)
+    cp_async_wait<0>();  // this thread's chunks of tile j (and at j = 0 of Q) are in: the only groups in flight
     // Every thread's chunks of tile j are in, and every warp is done with tile j - 1, whose stage tile j + 1 takes.
     __syncthreads();
     if (j + 1 < tiles_n) issue_keys(j + 1);
     if (!warp_active) continue;
     const uint16_t* k_tile = ks(int(j % kStages));
     const uint16_t* v_tile = vs(int(j % kStages));
-    // S = Q K^T for this warp's 16 rows and the tile's 64 keys; keys past the segment masked.
-    float sc[kKeys / 8][4];
+    // S = Q K^T for this warp's rows and the tile's 64 keys; keys past the segment masked.
+    float sc[M][kKeys / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < kKeys / 8; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+    for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) add_key_scores<kKeys, D>(sc, qa[kk], k_tile, kk, lane);
+      for (int nt = 0; nt < kKeys / 8; ++nt) sc[m][nt][0] = sc[m][nt][1] = sc[m][nt][2] = sc[m][nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // Q's fragments are read again each tile (as FlashAttention-2 does): kept in registers across tiles they
+      // would take 40 of the 255 at two m-tiles of a head of 80, leaving the compiler none to overlap loads.
+      uint32_t qa[M][4];
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        ldmatrix_x4(qa[m], qs + (first_row + 16 * m + lane % 16) * kStride<D> + kk * 16 + (lane / 16) * 8);
+      add_key_scores_tiles<kKeys, D, M>(sc, qa, k_tile, kk, lane);
+    }
     if (keys < kKeys) {
 #pragma unroll
-      for (int nt = 0; nt < kKeys / 8; ++nt)
+      for (int m = 0; m < M; ++m)
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (nt * 8 + 2 * t + (c & 1) >= keys) sc[nt][c] = -INFINITY;
+        for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            if (nt * 8 + 2 * t + (c & 1) >= keys) sc[m][nt][c] = -INFINITY;
     }
-    online_softmax_tile<kKeys, D>(sc, o, row_max, row_sum);  // finite maxima: every tile has a key
+#pragma unroll
+    for (int m = 0; m < M; ++m)  // finite maxima: every tile has a key
+      online_softmax_tile<kKeys, D>(sc[m], o[m], row_max[m], row_sum[m]);
     // O += P V, P as bf16 A fragments straight from the S accumulators.
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
-                              pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                              pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-      add_weighted_values<D>(o, pa, v_tile, kk, lane);
+      uint32_t pa[M][4];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        pa[m][0] = pack_bf16(sc[m][2 * kk][0], sc[m][2 * kk][1]);
+        pa[m][1] = pack_bf16(sc[m][2 * kk][2], sc[m][2 * kk][3]);
+        pa[m][2] = pack_bf16(sc[m][2 * kk + 1][0], sc[m][2 * kk + 1][1]);
+        pa[m][3] = pack_bf16(sc[m][2 * kk + 1][2], sc[m][2 * kk + 1][3]);
+      }
+      add_weighted_values_tiles<D, M>(o, pa, v_tile, kk, lane);
     }
   }
   if (!warp_active) return;
 
   const int g = lane / 4;
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int row = warp * 16 + g + 8 * rr;
-    const float inv = 1.0f / quad_sum(row_sum[rr]);  // every lane of the warp takes part (rows past the end too)
-    if (row >= queries) continue;
-    float* to = out + (tile.row0 + tile.first + row) * int64_t(heads) * head_dim + int64_t(blockIdx.y) * head_dim;
+  for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      const int col = nt * 8 + 2 * t;  // head_dim is a multiple of 4: col + 1 is in the head when col is
-      if (col < head_dim)
-        *reinterpret_cast<float2*>(to + col) = make_float2(o[nt][2 * rr] * inv, o[nt][2 * rr + 1] * inv);
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = first_row + 16 * m + g + 8 * rr;
+      const float inv = 1.0f / quad_sum(row_sum[m][rr]);  // every lane of the warp takes part (rows past the end too)
+      if (row >= queries) continue;
+      float* to = out + (tile.row0 + tile.first + row) * int64_t(heads) * head_dim + int64_t(blockIdx.y) * head_dim;
+#pragma unroll
+      for (int nt = 0; nt < D / 8; ++nt) {
+        const int col = nt * 8 + 2 * t;  // head_dim is a multiple of 4: col + 1 is in the head when col is
+        if (col < head_dim)
+          *reinterpret_cast<float2*>(to + col) = make_float2(o[m][nt][2 * rr] * inv, o[m][nt][2 * rr + 1] * inv);
+      }
     }
-  }
 }
 
 // The pre-kernel and the attention kernel for a head padded to D; planes: scratch of plane_elements<D> x 3.
@@ -207,7 +235,7 @@ void launch(dim3 grid, cudaStream_t stream, const float* q, const float* k, cons
   (void)configured;
   launch_chained(segment_planes_kernel<D>, dim3(blocks_for(rows * heads * (D / 8))), dim3(kThreads), 0, stream, q,
                  k, v, row_stride, rows, heads, head_dim, scale * kLog2e, planes);
-  launch_chained(segment_attention_kernel<D>, grid, dim3(kAttentionThreads), bytes, stream, planes, rows, tiles,
+  launch_chained(segment_attention_kernel<D>, grid, dim3(kAttentionThreads<D>), bytes, stream, planes, rows, tiles,
                  heads, head_dim, out);
 }
 
