@@ -138,6 +138,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.op_times and args.backend != "cuda":
+        parser.error("--op-times times the CUDA backend's ops")
     config = with_vision(MODELS[args.model], args.tower)
     if args.layers:
         config = with_layers(config, args.layers)
