@@ -246,18 +246,14 @@ void launch_padded(int32_t head_dim, dim3 grid, cudaStream_t stream, const float
                    int64_t row_stride, int64_t rows, const QueryTile* tiles, int32_t heads, float scale,
                    uint16_t* planes, float* out) {
   switch (padded_head(head_dim)) {
-#define NINFER_SEGMENT_CASE(D)                                                                                \
-  case D:                                                                                                    \
-    return launch<D>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
-    NINFER_SEGMENT_CASE(16)
-    NINFER_SEGMENT_CASE(32)
-    NINFER_SEGMENT_CASE(48)
-    NINFER_SEGMENT_CASE(64)
-    NINFER_SEGMENT_CASE(80)
-    NINFER_SEGMENT_CASE(96)
-    NINFER_SEGMENT_CASE(112)
-    NINFER_SEGMENT_CASE(128)
-#undef NINFER_SEGMENT_CASE
+    case 16: return launch<16>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
+    case 32: return launch<32>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
+    case 48: return launch<48>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
+    case 64: return launch<64>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
+    case 80: return launch<80>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
+    case 96: return launch<96>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
+    case 112: return launch<112>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
+    case 128: return launch<128>(grid, stream, q, k, v, row_stride, rows, tiles, heads, head_dim, scale, planes, out);
   }
 }
 
