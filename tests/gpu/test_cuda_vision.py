@@ -97,6 +97,7 @@ SEGMENT_CASES = [  # (heads, head_dim, segments, rows)
     (16, 72, UNEVEN, 500),  # rows 493.. in no segment
     (2, 8, UNEVEN, 493),  # the tiny towers' head size
     (2, 52, UNEVEN[1:], 493),  # a head that is not a multiple of 8 (padded to 64)
+    (4, 72, [(0, 1000), (1000, 24)], 1024),  # 16 key tiles through the two shared-memory stages, then a short one
 ]
 
 
