@@ -5,7 +5,8 @@ GELUs, add_embedding_mix over f32 and bf16 tables, segment_attention over severa
 (against its bf16 rounding model and the float64 reference, and rows outside every segment left unwritten), rope with two and three
 position streams. End to end, on the tiny Qwen3.5 dense and MoE artifacts (conftest's tiny_artifacts): the tower's
 rows for images and videos, and whole-model logits with one image, two images, a video and a mix (prefill, then
-decoding at index + delta), backend="cuda" against backend="cpu"."""
+decoding at index + delta), backend="cuda" against backend="cpu"; and the op timing of an encode
+(Model.open(op_times=True), what bench/vision_tower.py --op-times reads)."""
 
 from __future__ import annotations
 
