@@ -8,10 +8,15 @@ released checkpoints' video settings (2 fps: 20 frames, 10 temporal groups, resi
 plus the prefill of the prompt around the image (16 text tokens, the image's placeholders, 16 text tokens) in one
 pass, through the last token's logits on the host; the engine's scheduler adds no device work to that.
 Each figure is also given as achieved TFLOP/s: the tower's matmul and attention FLOPs over the encode time.
+--op-times adds where one encode's device time goes: after the timings, one more encode of the first
+workload on the model reopened with op timing (CUDA events around each backend op, as bench/cuda_engine.py
+--op-times), so the timed figures are not taken with the events in.
 
     python bench/vision_tower.py --model qwen3.5-27b --layers 4 --out /tmp/vision_27b.json        # encode only
     python bench/vision_tower.py --model qwen3.5-27b --ttft --out /tmp/vision_27b_ttft.json
     python bench/vision_tower.py --model tiny --tower tiny --backend cpu --out bench/results/vision_cpu_tiny.json
+    python bench/vision_tower.py --model qwen3.5-27b --layers 4 --workloads image-1024x1024 --op-times \
+        --out /tmp/vision_27b_ops.json
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from cuda_engine import op_time_split
 from cuda_kernels import source_commit
 from ninfer import _engine
 from ninfer.frontend.vision import VisionPreprocessor, smart_resize_video
@@ -93,6 +99,28 @@ def one_image_prompt(grid: tuple[int, int, int], text: int, rng: np.random.Gener
     return np.asarray(tokens, np.int32), spans, np.ascontiguousarray(positions.T)
 
 
+def encode_op_times(path: Path, name: str, values: int, rng: np.random.Generator) -> dict:
+    """Device time per backend op of one encode of workload `name` (after a warm-up one) on the artifact at
+    `path` opened with op timing; printed as a table."""
+    model = _engine.Model.open(str(path), max_context=4096, kv_dtype="bf16", backend="cuda", vision=True,
+                               op_times=True)
+    grids = WORKLOADS[name]
+    patches = rng.uniform(-1, 1, (sum(t * h * w for t, h, w in grids), values)).astype(np.float32)
+    model.encode_vision(patches, grids)  # warm-up: weight uploads, scratch growth
+    before = model.op_times()
+    start = time.perf_counter()
+    model.encode_vision(patches, grids)
+    wall = time.perf_counter() - start
+    split = op_time_split(before, model.op_times())
+    total = sum(t["device_us"] for t in split.values())
+    print(f"device time per op, one encode of {name}: {total / 1e3:.2f} ms in ops of {wall * 1e3:.1f} ms "
+          "wall (with the events)", flush=True)
+    for op, t in split.items():
+        ms, share = t["device_us"] / 1e3, t["device_us"] / total
+        print(f"  {op:22s} {t['calls']:6d} calls {ms:9.2f} ms {share:6.1%}", flush=True)
+    return {"workload": name, "wall_ms": wall * 1e3, "device_ms": total / 1e3, "ops": split}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), required=True)
@@ -105,9 +133,13 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--ttft", action="store_true", help="also the TTFT of a one-image (1024 x 1024) prompt")
+    parser.add_argument("--op-times", action="store_true",
+                        help="also the device time per backend op of one encode of the first workload (cuda)")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.op_times and args.backend != "cuda":
+        parser.error("--op-times times the CUDA backend's ops")
     config = with_vision(MODELS[args.model], args.tower)
     if args.layers:
         config = with_layers(config, args.layers)
@@ -153,6 +185,9 @@ def main() -> int:
                               "ttft_ms": statistics.median(runs) * 1e3, "ttft_ms_runs": [r * 1e3 for r in runs]}
             print(f"TTFT, one 1024x1024 image in a {len(tokens)}-token prompt: {result['ttft']['ttft_ms']:.1f} ms",
                   flush=True)
+        if args.op_times and args.workloads:
+            del model  # one model on the device at a time
+            result["op_times"] = encode_op_times(path, args.workloads[0], values, rng)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     return 0

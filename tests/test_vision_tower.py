@@ -88,3 +88,12 @@ def test_the_tower_loads_only_when_asked(tower, tiny_root, tmp_path):
     convert(build_tiny_checkpoint("llama", tiny_root), llama, recipe="bf16", progress=False)
     with pytest.raises(EngineError, match="has no vision tower"):
         _engine.Model.open(str(llama), threads=2, max_context=256, vision=True)
+
+
+def test_op_times_are_a_cuda_mode(tower):
+    """Model.open(op_times=True) (bench/vision_tower.py --op-times) times a CUDA backend's ops: the CPU backend
+    refuses it, and a model opened without it reports no times (tests/gpu/test_cuda_vision.py times an encode)."""
+    out, model, _ = tower
+    assert model.op_times() == {}
+    with pytest.raises(EngineError, match="op times need the cuda backend"):
+        _engine.Model.open(str(out), threads=2, max_context=256, op_times=True)

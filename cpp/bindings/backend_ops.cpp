@@ -40,10 +40,27 @@ std::unique_ptr<Backend> make_engine_cuda_backend(const EngineOptions& options) 
 #endif
 }
 
-std::unique_ptr<Backend> make_backend_named(const std::string& name, int32_t threads) {
+std::unique_ptr<Backend> make_backend_named(const std::string& name, int32_t threads, bool cuda_op_times) {
+  if (name == "cuda") {
+    EngineOptions options;
+    options.cuda_op_times = cuda_op_times;
+    return make_engine_cuda_backend(options);
+  }
+  if (cuda_op_times) throw EngineError("op times need the cuda backend, not \"" + name + "\"");
   if (name == "cpu") return make_cpu_backend(threads);
-  if (name == "cuda") return make_engine_cuda_backend(EngineOptions{});
   throw EngineError("unknown backend \"" + name + "\" (expected \"cpu\" or \"cuda\")");
+}
+
+nanobind::dict op_times_dict(const DeviceRuntime* device) {
+  nanobind::dict out;
+  if (!device) return out;
+  for (const OpTime& t : device->op_times()) {
+    nanobind::dict one;
+    one["calls"] = t.calls;
+    one["device_us"] = t.device_us;
+    out[t.op.c_str()] = one;
+  }
+  return out;
 }
 
 namespace {

@@ -40,6 +40,7 @@ struct ModelState {
   std::shared_ptr<const Artifact> artifact;
   std::unique_ptr<Model> model;
   std::unique_ptr<CachePools> pools;
+  const DeviceRuntime* device = nullptr;  // the model's backend when it is a device (CUDA), for op_times()
   int64_t max_context = 0;
   std::mutex mutex;  // one pass at a time; Python threads may share a Model
   ForwardOutput last;
@@ -113,7 +114,7 @@ class PyModel {
 
   static PyModel open(const std::string& path, int64_t max_context, int64_t kv_capacity, int32_t max_sequences,
                       const std::string& kv_dtype, int32_t threads, int32_t gdn_chunk, bool verify_checksums,
-                      const std::string& backend, bool vision) {
+                      const std::string& backend, bool vision, bool op_times) {
     if (max_context <= 0) throw EngineError("max_context must be positive, got " + std::to_string(max_context));
     if (max_sequences <= 0)
       throw EngineError("max_sequences must be positive, got " + std::to_string(max_sequences));
@@ -128,7 +129,9 @@ class PyModel {
     {
       nb::gil_scoped_release release;
       state->artifact = Artifact::open(path, verify_checksums);
-      state->model = Model::load(state->artifact, o, make_backend_named(backend, threads));
+      std::unique_ptr<Backend> be = make_backend_named(backend, threads, op_times);
+      state->device = dynamic_cast<const DeviceRuntime*>(be.get());
+      state->model = Model::load(state->artifact, o, std::move(be));
       CacheCapacity capacity;
       capacity.device_pages = kv_pages_for(kv_capacity > 0 ? kv_capacity : max_context * max_sequences);
       capacity.device_state_slots = max_sequences;
@@ -138,6 +141,9 @@ class PyModel {
     }
     return PyModel(state);
   }
+
+  // The device time per backend op so far (opened with op_times: CUDA events around each op), else empty.
+  nb::dict op_times() const { return op_times_dict(s_->device); }
 
   nb::object config() const {
     nb::object json = nb::module_::import_("json");
@@ -394,8 +400,11 @@ void bind_model(nb::module_& m) {
       .def_static("open", &PyModel::open, nb::arg("path"), nb::arg("max_context") = 4096,
                   nb::arg("kv_capacity") = 0, nb::arg("max_sequences") = 1, nb::arg("kv_dtype") = "bf16",
                   nb::arg("threads") = 0, nb::arg("gdn_chunk") = 64, nb::arg("verify_checksums") = true,
-                  nb::arg("backend") = "cpu", nb::arg("vision") = false)
+                  nb::arg("backend") = "cpu", nb::arg("vision") = false, nb::arg("op_times") = false)
       .def_prop_ro("config", &PyModel::config, "The manifest's model config as a dict.")
+      .def("op_times", &PyModel::op_times,
+           "Device microseconds and calls per backend op so far, {op: {calls, device_us}} (open(op_times=True) "
+           "on the cuda backend; empty otherwise).")
       .def_prop_ro("has_mtp", &PyModel::has_mtp)
       .def("new_sequence", &PyModel::new_sequence, nb::rv_policy::take_ownership)
       .def("prefill", &PyModel::prefill, nb::arg("seq"), nb::arg("tokens"), nb::arg("all_logits") = false,

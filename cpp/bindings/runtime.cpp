@@ -300,15 +300,7 @@ nb::dict memory_plan(const Engine& e) {
   d["graph_replay_host_us"] = t.replay_host_us;
   d["graph_passes_timed"] = t.passes;
   d["graph_device_us"] = t.device_us;
-  nb::dict op_times;  // empty unless the backend times its ops (EngineOptions::cuda_op_times)
-  if (e.device())
-    for (const OpTime& t : e.device()->op_times()) {
-      nb::dict one;
-      one["calls"] = t.calls;
-      one["device_us"] = t.device_us;
-      op_times[t.op.c_str()] = one;
-    }
-  d["op_times"] = op_times;
+  d["op_times"] = op_times_dict(e.device());  // empty unless the backend times its ops (EngineOptions::cuda_op_times)
   // Graphs are captured as batch sizes first run, so their memory is what the captures so far measured.
   d["summary"] = e.device() ? describe(p) + ", CUDA graphs " + std::to_string(e.device()->graph_bytes() >> 20) +
                                   " MiB measured (batch sizes captured so far: " +

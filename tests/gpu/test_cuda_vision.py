@@ -5,7 +5,8 @@ GELUs, add_embedding_mix over f32 and bf16 tables, segment_attention over severa
 (against its bf16 rounding model and the float64 reference, and rows outside every segment left unwritten), rope with two and three
 position streams. End to end, on the tiny Qwen3.5 dense and MoE artifacts (conftest's tiny_artifacts): the tower's
 rows for images and videos, and whole-model logits with one image, two images, a video and a mix (prefill, then
-decoding at index + delta), backend="cuda" against backend="cpu"."""
+decoding at index + delta), backend="cuda" against backend="cpu"; and the op timing of an encode
+(Model.open(op_times=True), what bench/vision_tower.py --op-times reads)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ SEGMENT_CASES = [  # (heads, head_dim, segments, rows)
     (16, 72, UNEVEN, 500),  # rows 493.. in no segment
     (2, 8, UNEVEN, 493),  # the tiny towers' head size
     (2, 52, UNEVEN[1:], 493),  # a head that is not a multiple of 8 (padded to 64)
+    (4, 72, [(0, 1000), (1000, 24)], 1024),  # 16 key tiles through the two shared-memory stages, then a short one
 ]
 
 
@@ -172,6 +174,24 @@ def test_tower_matches_cpu(models, grids):
     rows = sum(t * h * w for t, h, w in grids)
     patches = rng().uniform(-1, 1, (rows, patch_values(cpu))).astype(np.float32)
     close_to_scale(cuda.encode_vision(patches, grids), cpu.encode_vision(patches, grids), TOWER_TOL, "tower")
+
+
+def test_op_times_split_an_encode(tiny_artifacts):
+    """A model opened with op_times (bench/vision_tower.py --op-times) times each backend op of an encode: one
+    segment_attention per tower block, with device time, and the same rows as a model without the events."""
+    path = str(tiny_artifacts["qwen3_5"])
+    timed, plain = (_engine.Model.open(path, kv_dtype="f32", max_context=1024, backend="cuda", vision=True,
+                                       op_times=on) for on in (True, False))
+    grids = [(1, 8, 6), (1, 2, 10)]
+    patches = rng().uniform(-1, 1, (68, patch_values(plain))).astype(np.float32)
+    before = timed.op_times()
+    got = timed.encode_vision(patches, grids)
+    after = timed.op_times()
+    attention, was = after["segment_attention"], before.get("segment_attention", {"calls": 0, "device_us": 0.0})
+    assert attention["calls"] - was["calls"] == timed.config["vision"]["depth"]
+    assert attention["device_us"] > was["device_us"]
+    assert plain.op_times() == {}
+    close_to_scale(got, plain.encode_vision(patches, grids), 1e-6, "timed encode vs plain")
 
 
 MEDIA = {

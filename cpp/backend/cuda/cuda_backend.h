@@ -203,6 +203,7 @@ class CudaBackend : public Backend, public DeviceRuntime {
   bool f32_twins_ = false;
   DeviceBuffer attention_partial_;  // split-KV decode partials (flash_decode)
   DeviceBuffer argmax_partial_;     // argmax_rows' per-chunk (value, column) pairs
+  DeviceBuffer segment_planes_;     // segment_attention's bf16 q, k, v planes
   PrefillGemm prefill_gemm_;
   GemmImpl gemm_impl_ = GemmImpl::Auto;
   DeviceSampler sampler_;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 
@@ -498,14 +499,6 @@ struct Smem {
   }
 };
 
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-// Waits until at most one of this thread's cp.async groups is still in flight.
-__device__ __forceinline__ void cp_async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;"); }
-
 // `rows` rows of `cols` floats (a multiple of 4) from src (row stride src_stride) to dst (row stride dst_stride);
 // rows past `valid` are zero-filled (their source address stays in bounds: row 0).
 __device__ __forceinline__ void copy_rows_async(float* dst, int dst_stride, const float* src, int64_t src_stride,
@@ -585,7 +578,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_scan_mma_kernel(ChunkedArg
         const int r = row0 + g + 8 * (e / 2), col = slice0 + col0 + 8 * nt + 2 * t + e % 2;
         u0v[nt][e] = col < Dv ? u0[r * Dv + col] : 0.0f;
       }
-    cp_async_wait_all_but_one();  // group A of chunk j is in (group B may still be on its way)
+    cp_async_wait<1>();  // group A of chunk j is in (group B may still be on its way)
     __syncthreads();              // ... for every thread; and the previous chunk's S is in shared memory
 
     // Phase 1: ws = W S and qs = Q S on this warp's tile.
@@ -615,7 +608,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_scan_mma_kernel(ChunkedArg
       issue_group_a(j + 1);
     else
       cp_async_commit();  // an empty group keeps the count in flight the same
-    cp_async_wait_all_but_one();  // group B of chunk j is in
+    cp_async_wait<1>();  // group B of chunk j is in
     __syncthreads();
 
     // Phase 2: o = e^G (Q S) + P u on this warp's tile; P is lower triangular, so k stops at the tile's last row.

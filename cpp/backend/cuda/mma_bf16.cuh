@@ -50,33 +50,57 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <int D>
 constexpr int kStride = D + 8;
 
-// One k step (head columns [16 kk, 16 kk + 16)) of S = Q K^T for a warp's 16 rows and Keys keys: qa the rows' A
-// fragment of that step, ks the keys' tile in shared memory (rows of kStride<D>); sc[Keys / 8] accumulators.
-template <int Keys, int D>
-__device__ __forceinline__ void add_key_scores(float (*sc)[4], const uint32_t qa[4], const uint16_t* ks, int kk,
-                                               int lane) {
+// One k step (head columns [16 kk, 16 kk + 16)) of S = Q K^T for M m-tiles of 16 rows of a warp and Keys keys,
+// each K fragment loaded once for all M: qa[m] m-tile m's A fragment of that step, ks the keys' tile in shared
+// memory (rows of kStride<D>); sc[m][Keys / 8] m-tile m's accumulators.
+template <int Keys, int D, int M>
+__device__ __forceinline__ void add_key_scores_tiles(float (*sc)[Keys / 8][4], const uint32_t (*qa)[4],
+                                                     const uint16_t* ks, int kk, int lane) {
 #pragma unroll
   for (int np = 0; np < Keys / 16; ++np) {
     uint32_t kb[4];
     ldmatrix_x4(kb, ks + (np * 16 + lane % 8 + (lane / 16) * 8) * kStride<D> + kk * 16 + ((lane / 8) % 2) * 8);
-    mma_bf16(sc[2 * np], qa, kb[0], kb[1]);
-    mma_bf16(sc[2 * np + 1], qa, kb[2], kb[3]);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      mma_bf16(sc[m][2 * np], qa[m], kb[0], kb[1]);
+      mma_bf16(sc[m][2 * np + 1], qa[m], kb[2], kb[3]);
+    }
   }
 }
 
-// One k step (keys [16 kk, 16 kk + 16)) of O += P V for a warp's 16 rows: pa P's A fragment of those keys, vs the
-// values' tile in shared memory (rows of kStride<D>); o[D / 8] accumulators.
-template <int D>
-__device__ __forceinline__ void add_weighted_values(float (*o)[4], const uint32_t pa[4], const uint16_t* vs, int kk,
-                                                    int lane) {
+// The same for a warp's 16 rows: qa their A fragment of the step, sc[Keys / 8] their accumulators.
+template <int Keys, int D>
+__device__ __forceinline__ void add_key_scores(float (*sc)[4], const uint32_t qa[4], const uint16_t* ks, int kk,
+                                               int lane) {
+  add_key_scores_tiles<Keys, D, 1>(reinterpret_cast<float(*)[Keys / 8][4]>(sc),
+                                   reinterpret_cast<const uint32_t(*)[4]>(qa), ks, kk, lane);
+}
+
+// One k step (keys [16 kk, 16 kk + 16)) of O += P V for M m-tiles of 16 rows of a warp, each V fragment loaded
+// once for all M: pa[m] m-tile m's P A fragment of those keys, vs the values' tile in shared memory (rows of
+// kStride<D>); o[m][D / 8] m-tile m's accumulators.
+template <int D, int M>
+__device__ __forceinline__ void add_weighted_values_tiles(float (*o)[D / 8][4], const uint32_t (*pa)[4],
+                                                          const uint16_t* vs, int kk, int lane) {
 #pragma unroll
   for (int dp = 0; dp < D / 16; ++dp) {
     uint32_t vb[4];
     const int key = kk * 16 + lane % 8 + ((lane / 8) % 2) * 8;
     ldmatrix_x4_trans(vb, vs + key * kStride<D> + dp * 16 + (lane / 16) * 8);
-    mma_bf16(o[2 * dp], pa, vb[0], vb[1]);
-    mma_bf16(o[2 * dp + 1], pa, vb[2], vb[3]);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      mma_bf16(o[m][2 * dp], pa[m], vb[0], vb[1]);
+      mma_bf16(o[m][2 * dp + 1], pa[m], vb[2], vb[3]);
+    }
   }
+}
+
+// The same for a warp's 16 rows: pa their P A fragment, o[D / 8] their accumulators.
+template <int D>
+__device__ __forceinline__ void add_weighted_values(float (*o)[4], const uint32_t pa[4], const uint16_t* vs, int kk,
+                                                    int lane) {
+  add_weighted_values_tiles<D, 1>(reinterpret_cast<float(*)[D / 8][4]>(o), reinterpret_cast<const uint32_t(*)[4]>(pa),
+                                  vs, kk, lane);
 }
 
 // One tile of the online softmax for a warp's 16 rows (two per lane, held with the quad of lanes that share them):
