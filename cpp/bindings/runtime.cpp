@@ -124,6 +124,7 @@ void bind_structs(nb::module_& m) {
       .def_rw("decision_lanes", &EngineOptions::decision_lanes)
       .def_rw("decision_rows", &EngineOptions::decision_rows)
       .def_rw("prefill_chunk", &EngineOptions::prefill_chunk)
+      .def_rw("decoding_prefill_chunk", &EngineOptions::decoding_prefill_chunk)
       .def_prop_rw("kv_dtype", [](const EngineOptions& o) { return std::string(kv_dtype_name(o.kv_dtype)); },
                    [](EngineOptions& o, const std::string& name) { o.kv_dtype = parse_kv_dtype(name); })
       .def_rw("threads", &EngineOptions::threads)
@@ -281,6 +282,7 @@ nb::dict memory_plan(const Engine& e) {
   d["headroom"] = p.headroom;
   d["vision_weights"] = e.vision_weight_bytes();
   d["prefill_chunk"] = e.options().prefill_chunk;  // resolved: never 0 (auto) here
+  d["decoding_prefill_chunk"] = e.options().decoding_prefill_chunk;  // resolved
   d["prefix_cache"] = e.options().prefix_cache;
   d["state_slots"] = e.config().linear_attention ? e.options().device_state_slots : 0;  // resolved
   d["snapshot_interval"] = e.options().snapshot_interval;                              // resolved

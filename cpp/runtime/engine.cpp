@@ -68,6 +68,13 @@ void validate_engine_options(const EngineOptions& o) {
     fail("host_kv_mib / host_state_slots need the prefix cache (prefix_cache is off)");
   if (o.prefill_chunk != kPrefillChunkAuto && (o.prefill_chunk < kKvPageTokens || o.prefill_chunk % kKvPageTokens))
     fail("prefill_chunk = " + std::to_string(o.prefill_chunk) + " (must be a positive multiple of 64, or 0 = auto)");
+  if (o.decoding_prefill_chunk != kPrefillChunkAuto &&
+      (o.decoding_prefill_chunk < kKvPageTokens || o.decoding_prefill_chunk % kKvPageTokens))
+    fail("decoding_prefill_chunk = " + std::to_string(o.decoding_prefill_chunk) +
+         " (must be a positive multiple of 64, or 0 = auto)");
+  if (o.prefill_chunk != kPrefillChunkAuto && o.decoding_prefill_chunk > o.prefill_chunk)
+    fail("decoding_prefill_chunk = " + std::to_string(o.decoding_prefill_chunk) + " is above prefill_chunk = " +
+         std::to_string(o.prefill_chunk));
 }
 
 const char* finish_reason_name(FinishReason r) {
@@ -135,6 +142,11 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
     std::fprintf(stderr, "ninfer: %s\n", describe(memory_plan_).c_str());
   }
   if (options_.prefill_chunk == kPrefillChunkAuto) options_.prefill_chunk = kDefaultPrefillChunk;
+  if (options_.decoding_prefill_chunk == kPrefillChunkAuto)
+    options_.decoding_prefill_chunk =
+        device_ ? std::min(options_.prefill_chunk, kDecodingPrefillChunk) : options_.prefill_chunk;
+  // (an auto prefill_chunk may have come out below a given decoding chunk)
+  options_.decoding_prefill_chunk = std::min(options_.decoding_prefill_chunk, options_.prefill_chunk);
   if (options_.snapshot_interval == 0) options_.snapshot_interval = std::max<int64_t>(4096, 2 * options_.prefill_chunk);
   CacheManagerOptions cache_options;
   cache_options.prefix_cache = options_.prefix_cache;
@@ -181,7 +193,8 @@ Engine::Engine(const std::string& path, const EngineOptions& options, std::uniqu
       capacity.device_pages - context_pages);
   scheduler_ = std::make_unique<Scheduler>(options_.max_concurrency, options_.decision_lanes, options_.prefill_chunk,
                                            decision_share_pages_, *cache_, draft_tokens,
-                                           device_ ? device_->decode_path_rows() : 0);
+                                           device_ ? device_->decode_path_rows() : 0,
+                                           options_.decoding_prefill_chunk);
   executor_ = std::make_unique<StepExecutor>(*model_, *pools_, device_, options_.device_sampling, drafter_.get());
   outputs_ = std::make_unique<OutputProcessor>(
       *scheduler_, [this](EngineEvent ev) { publish(std::move(ev)); }, [this](JobOutput output) {

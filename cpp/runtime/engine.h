@@ -52,6 +52,11 @@ struct EngineOptions {
   // (choose_prefill_chunk). Decoding lanes wait at most one chunk's pass, so the chunk trades a long prompt's
   // time to first token (fewer, more efficient passes) against other lanes' worst inter-token gap.
   int64_t prefill_chunk = kPrefillChunkAuto;
+  // The prefill chunk (and per-step prefill budget) while some lane is decoding, a multiple of 64 up to
+  // prefill_chunk, or kPrefillChunkAuto: prefill_chunk on the CPU backend, at most kDecodingPrefillChunk on a device
+  // backend. A long prompt that arrives while other lanes decode then runs in these smaller passes (its decoding
+  // neighbours wait one such pass per token, not one of prefill_chunk); alone, it runs in prefill_chunk's.
+  int64_t decoding_prefill_chunk = kPrefillChunkAuto;
   KvDtype kv_dtype = KvDtype::BF16;
   int32_t threads = 0;           // 0 = all cores
   bool verify_checksums = true;

@@ -26,6 +26,9 @@ inline constexpr int64_t kGemmLtWorkspaceBytes = int64_t(32) << 20;
 inline constexpr int64_t kPrefillChunkAuto = 0;
 inline constexpr int64_t kDefaultPrefillChunk = 512;
 inline constexpr int64_t kMaxAutoPrefillChunk = 8192;
+// The auto EngineOptions::decoding_prefill_chunk of a device backend (bench/NOTES-cuda.md, session 13: the decode
+// gaps and long-prompt TTFTs of 512 .. 8192 on the H200).
+inline constexpr int64_t kDecodingPrefillChunk = 2048;
 inline constexpr int64_t kAutoChunkMemoryShare = 8;  // the workspace may take 1 / this of that memory
 // Tokens per chunk of the chunked Gated DeltaNet prefill (its per-chunk workspace is part of a pass's).
 inline constexpr int64_t kGdnPrefillChunkTokens = 64;

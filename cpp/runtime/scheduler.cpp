@@ -21,8 +21,11 @@ void add_prefill(const PlannedSlice& slice, int64_t budget, std::vector<PlannedS
 }  // namespace
 
 Scheduler::Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
-                     CacheManager& cache, int32_t draft_tokens, int32_t verify_rows)
-    : prefill_chunk_(prefill_chunk), draft_tokens_(draft_tokens), verify_rows_(verify_rows), cache_(cache),
+                     CacheManager& cache, int32_t draft_tokens, int32_t verify_rows, int64_t decoding_prefill_chunk)
+    : prefill_chunk_(prefill_chunk),
+      decoding_prefill_chunk_(decoding_prefill_chunk > 0 ? std::min(decoding_prefill_chunk, prefill_chunk)
+                                                         : prefill_chunk),
+      draft_tokens_(draft_tokens), verify_rows_(verify_rows), cache_(cache),
       chat_lanes_(num_lanes),
       decision_pages_(decision_pages),
       lanes_(num_lanes + decision_lanes) {}
@@ -178,12 +181,22 @@ void Scheduler::finish_row(int32_t index, int32_t row) {
   lane.rows[size_t(row)].reset();
 }
 
-// NOTE: a lane's prefill chunks are [k * chunk, (k + 1) * chunk) clipped to its prompt, whatever else runs, so a
-// request computes exactly the same slices alone or in company (and chunk ends sit on multiples of 64, where
-// prefix snapshots go; a chunk also ends where the cache manager takes a state snapshot of the prompt, since only
-// a chunk's end has that state at hand). The budget only decides how many chunks run in one step; the first
-// always runs. A decision row's suffix follows the same rule from the context's end, so a question computes the
-// same slices alone or among fifty.
+// NOTE: a lane's prefill chunks are [k * chunk, (k + 1) * chunk) clipped to its prompt, so a request computes the
+// same slices alone or in company of other prefills (and chunk ends sit on multiples of 64, where prefix snapshots
+// go; a chunk also ends where the cache manager takes a state snapshot of the prompt, since only a chunk's end has
+// that state at hand). The chunk is prefill_chunk_ unless some lane is decoding: then it is the smaller
+// decoding_prefill_chunk_ (chunk_now), so that a long prompt holds each of their tokens back by one small pass.
+// So the slices of a prompt do depend on whether others decode meanwhile: on the CPU backend the results do not
+// (its ops do not depend on how a prompt is cut at multiples of 64), on a device backend within its rounding (a
+// GEMM of other rows may sum in another order). The budget only decides how many chunks run in one step; the
+// first always runs. A decision row's suffix follows the same rule from the context's end, so a question computes
+// the same slices alone or among fifty.
+int64_t Scheduler::chunk_now() const {
+  for (const std::optional<Lane>& lane : lanes_)
+    if (lane && lane->job.output == JobOutput::Generate && lane->generated > 0) return decoding_prefill_chunk_;
+  return prefill_chunk_;
+}
+
 int32_t Scheduler::drafts_per_lane() const {
   if (verify_rows_ <= 0 || draft_tokens_ == 0) return draft_tokens_;
   int32_t decoding = 0;  // lanes past their prompt: each runs a decode or a verify slice
@@ -195,6 +208,7 @@ int32_t Scheduler::drafts_per_lane() const {
 StepPlan Scheduler::plan() const {
   StepPlan plan;
   const int32_t draft_tokens = drafts_per_lane();
+  const int64_t chunk = chunk_now();
   std::vector<PlannedSlice> prefills;
   int64_t prefill_tokens = 0;
   for (int32_t i = 0; i < num_lanes(); ++i) {
@@ -206,7 +220,7 @@ StepPlan Scheduler::plan() const {
     const int64_t target = static_cast<int64_t>(lane.tokens.size()) - (lane.forks.empty() ? 0 : 1);
     const bool deciding = lane.job.output == JobOutput::Decide;
     if (begin >= target) {
-      if (deciding) plan_rows(i, lane, prefills, prefill_tokens);
+      if (deciding) plan_rows(i, lane, chunk, prefills, prefill_tokens);
       continue;
     }
     if (lane.speculative && lane.generated > 0) {  // decoding: verify the last token and this round's drafts
@@ -220,7 +234,7 @@ StepPlan Scheduler::plan() const {
       }
     }
     const int64_t prompt = static_cast<int64_t>(lane.job.request.prompt.size());
-    const int64_t end = std::min(chunk_end(begin, target, prefill_chunk_), cache_.next_snapshot(begin, prompt));
+    const int64_t end = std::min(chunk_end(begin, target, chunk), cache_.next_snapshot(begin, prompt));
     const bool scoring = lane.job.output == JobOutput::PromptLogprobs;
     const bool forking = !lane.forks.empty();
     // A decision's context (its rows read the answers) and the first choice of n > 1 before its fork (every
@@ -235,24 +249,24 @@ StepPlan Scheduler::plan() const {
     if (slice.kind == SliceKind::Decode)
       plan.slices.push_back(slice);
     else
-      add_prefill(slice, prefill_chunk_, prefills, prefill_tokens);
+      add_prefill(slice, chunk, prefills, prefill_tokens);
   }
   plan.slices.insert(plan.slices.end(), prefills.begin(), prefills.end());
   return plan;
 }
 
-void Scheduler::plan_rows(int32_t index, const Lane& lane, std::vector<PlannedSlice>& prefills,
+void Scheduler::plan_rows(int32_t index, const Lane& lane, int64_t chunk, std::vector<PlannedSlice>& prefills,
                           int64_t& prefill_tokens) const {
   const int64_t context = static_cast<int64_t>(lane.tokens.size());
   for (size_t r = 0; r < lane.rows.size(); ++r) {
     const std::optional<DecisionRow>& row = lane.rows[r];
     if (!row) continue;
     const int64_t target = context + static_cast<int64_t>(lane.job.decision.questions[size_t(row->question)].suffix.size());
-    const int64_t end = chunk_end(row->computed, target, prefill_chunk_);
+    const int64_t end = chunk_end(row->computed, target, chunk);
     PlannedSlice slice{index, row->computed, end, SliceKind::Prefill,
                        end == target ? SliceOutput::CandidateLogprobs : SliceOutput::None};
     slice.row = int32_t(r);
-    add_prefill(slice, prefill_chunk_, prefills, prefill_tokens);
+    add_prefill(slice, chunk, prefills, prefill_tokens);
   }
 }
 

@@ -108,8 +108,11 @@ class Scheduler {
   // a step's decode and verify rows stay within that many (the backend's decode path, DeviceRuntime::
   // decode_path_rows): each decoding lane then drafts at most verify_rows / lanes - 1 tokens, none from that many
   // lanes on, since a pass of more rows costs several decode passes.
+  // `decoding_prefill_chunk` (0: prefill_chunk) is the chunk and the step's prefill budget while some lane
+  // decodes (EngineOptions::decoding_prefill_chunk).
   Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
-            CacheManager& cache, int32_t draft_tokens = 0, int32_t verify_rows = 0);
+            CacheManager& cache, int32_t draft_tokens = 0, int32_t verify_rows = 0,
+            int64_t decoding_prefill_chunk = 0);
 
   void enqueue(Job job) { (job.output == JobOutput::Decide ? decision_queue_ : queue_).push_back(std::move(job)); }
   // Removes a queued job and returns it; nullopt when `id` is not queued.
@@ -142,12 +145,14 @@ class Scheduler {
   void admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t end_lane, std::vector<int32_t>& filled);
   void start_rows(Lane& lane);
   void start_forks(Lane& lane);
-  void plan_rows(int32_t index, const Lane& lane, std::vector<PlannedSlice>& prefills, int64_t& prefill_tokens) const;
+  void plan_rows(int32_t index, const Lane& lane, int64_t chunk, std::vector<PlannedSlice>& prefills,
+                 int64_t& prefill_tokens) const;
+  int64_t chunk_now() const;  // this step's prefill chunk: decoding_prefill_chunk_ while some lane decodes
 
   int64_t decision_pages_unused() const;  // the decision share's pages no decision job holds
   int32_t drafts_per_lane() const;        // draft_tokens_ within verify_rows_ for this step's decoding lanes
 
-  int64_t prefill_chunk_;
+  int64_t prefill_chunk_, decoding_prefill_chunk_;
   int32_t draft_tokens_, verify_rows_;
   CacheManager& cache_;
   int32_t chat_lanes_;

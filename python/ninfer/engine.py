@@ -67,6 +67,9 @@ class EngineOptions:
     # tokens per prefill chunk, a multiple of 64; 0 = auto: 512 on the CPU backend, on CUDA the largest chunk up to
     # 8192 the memory plan allows (memory_plan()["prefill_chunk"] says which). Decoding lanes wait at most one chunk.
     prefill_chunk: int = 0
+    # the prefill chunk while other lanes decode (a long prompt then holds their tokens back by one such pass), a
+    # multiple of 64 up to prefill_chunk; 0 = auto: prefill_chunk on the CPU backend, at most 2048 on CUDA
+    decoding_prefill_chunk: int = 0
     threads: int = 0  # 0 = all cores
     verify_checksums: bool = True
     cuda_graphs: bool = True  # decode passes as CUDA graphs (cuda backend)
@@ -292,6 +295,7 @@ def _native_options(options: EngineOptions) -> _engine.EngineOptions:
     native.decision_rows = options.decision_rows
     native.kv_dtype = options.kv_dtype
     native.prefill_chunk = options.prefill_chunk
+    native.decoding_prefill_chunk = options.decoding_prefill_chunk
     native.threads = options.threads
     native.verify_checksums = options.verify_checksums
     native.vision = options.vision

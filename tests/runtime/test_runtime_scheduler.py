@@ -181,7 +181,8 @@ def test_admission_busy_capacity_and_invalid_values(tiny_llama_artifact):
 
 
 @pytest.mark.parametrize("options", [dict(max_concurrency=9), dict(prefill_chunk=100), dict(max_context=0),
-                                     dict(cuda_gemm="fast")])
+                                     dict(cuda_gemm="fast"), dict(decoding_prefill_chunk=100),
+                                     dict(decoding_prefill_chunk=512, prefill_chunk=256)])
 def test_invalid_engine_options_name_the_option(tiny_llama_artifact, options):
     name = next(iter(options))
     with pytest.raises(errors.EngineError, match=f"invalid engine option: {name} = "):
@@ -194,6 +195,43 @@ def test_prefill_chunk_auto_is_512_on_the_cpu(tiny_llama_artifact):
         assert engine.memory_plan()["prefill_chunk"] == 512
     with open_engine(tiny_llama_artifact, backend="cpu", prefill_chunk=192) as engine:
         assert engine.memory_plan()["prefill_chunk"] == 192
+
+
+def test_a_prompt_arriving_while_another_lane_decodes_runs_in_decoding_chunks(artifact):
+    """A prompt admitted while a lane decodes is prefilled in decoding_prefill_chunk pieces (its progress events say
+    so), in prefill_chunk pieces once it is alone; and both requests give exactly the tokens and logprobs they give
+    alone (the CPU backend's results do not depend on where a prompt is cut at multiples of 64)."""
+    rng = np.random.default_rng()
+    with open_engine(artifact, max_concurrency=2, prefill_chunk=256, decoding_prefill_chunk=64,
+                     prefix_cache=False) as engine:  # (the runs alone compute again what the first ones did)
+        assert (engine.memory_plan()["prefill_chunk"], engine.memory_plan()["decoding_prefill_chunk"]) == (256, 64)
+        vocab = engine.info.vocab_size
+        decoding = Request(random_prompt(rng, 9, vocab), SamplingParams(temperature=0), max_new_tokens=120,
+                           stop_token_ids=(), logprobs=True)
+        arriving = Request(random_prompt(rng, 600, vocab), SamplingParams(temperature=0), max_new_tokens=4,
+                           stop_token_ids=(), logprobs=True, report_progress=True)
+
+        async def events(request):
+            return [ev async for ev in engine.generate(request)]
+
+        async def arrive_mid_decode():
+            stream = engine.generate(decoding)
+            first = [await anext(stream)]  # the decoding lane has its first token: it decodes from here on
+            later = asyncio.create_task(events(arriving))
+            return first + [ev async for ev in stream], await later
+
+        decoded, arrived = asyncio.run(arrive_mid_decode())
+        alone = [asyncio.run(events(r)) for r in (decoding, arriving)]
+    processed = [ev.progress.processed for ev in arrived if ev.progress is not None]
+    # The decoding lane runs its 120 tokens past the arrival's prefill: every chunk is 64 tokens.
+    assert processed == [min(64 * (i + 1), 600) for i in range(len(processed))] and processed[-1] == 600
+    assert [ev.progress.processed for ev in alone[1] if ev.progress is not None] == [256, 512, 600]
+
+    def tokens_and_logprobs(evs):
+        return [(ev.token_ids, ev.logprobs) for ev in evs if ev.token_ids]
+
+    assert tokens_and_logprobs(decoded) == tokens_and_logprobs(alone[0])
+    assert tokens_and_logprobs(arrived) == tokens_and_logprobs(alone[1])
 
 
 def test_score_matches_hf_log_softmax_up_to_the_full_context(tiny_llama_artifact, tiny_llama):

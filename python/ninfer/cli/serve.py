@@ -122,7 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="prompt tokens per prefill step, a multiple of 64; 0 (default) = auto: 512 on the CPU, up to 8192 "
-        "on a GPU as memory allows (decoding requests wait at most one chunk)",
+        "on a GPU as memory allows",
+    )
+    engine.add_argument(
+        "--decoding-prefill-chunk",
+        type=_positive("--decoding-prefill-chunk", 0),
+        default=0,
+        metavar="N",
+        help="prompt tokens per prefill step while other requests are decoding (each of their tokens then waits "
+        "at most one such step), a multiple of 64 up to --prefill-chunk; 0 (default) = auto: the prefill chunk "
+        "on the CPU, at most 2048 on a GPU",
     )
     engine.add_argument(
         "--prefix-cache",
@@ -219,6 +228,11 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError(f"--max-concurrency must be in 1..8, got {args.max_concurrency}")
     if args.prefill_chunk % 64:
         raise CliError(f"--prefill-chunk must be a multiple of 64, got {args.prefill_chunk}")
+    if args.decoding_prefill_chunk % 64:
+        raise CliError(f"--decoding-prefill-chunk must be a multiple of 64, got {args.decoding_prefill_chunk}")
+    if args.prefill_chunk and args.decoding_prefill_chunk > args.prefill_chunk:
+        raise CliError(f"--decoding-prefill-chunk {args.decoding_prefill_chunk} is above --prefill-chunk "
+                       f"{args.prefill_chunk}")
     if args.snapshot_interval % 64:
         raise CliError(f"--snapshot-interval must be a multiple of 64, got {args.snapshot_interval}")
     if args.prefix_cache == "off" and (args.host_kv_mib or args.host_state_slots):
@@ -265,6 +279,7 @@ def _engine_options(args: argparse.Namespace) -> Any:
         decision_rows=args.decision_rows,
         kv_dtype=args.kv_dtype,
         prefill_chunk=args.prefill_chunk,
+        decoding_prefill_chunk=args.decoding_prefill_chunk,
         threads=args.threads,
         vision=args.vision,
         media_limits=media_limits(args),

@@ -156,6 +156,12 @@ def _engine_options(entry: Mapping[str, Any], defaults: EngineOptions, where: st
     if options.prefill_chunk % 64:
         raise RouterConfigError(f"{where}.prefill_chunk must be a positive multiple of 64 or 0 (auto), "
                                 f"got {options.prefill_chunk}")
+    if options.decoding_prefill_chunk % 64:
+        raise RouterConfigError(f"{where}.decoding_prefill_chunk must be a positive multiple of 64 or 0 (auto), "
+                                f"got {options.decoding_prefill_chunk}")
+    if options.prefill_chunk and options.decoding_prefill_chunk > options.prefill_chunk:
+        raise RouterConfigError(f"{where}.decoding_prefill_chunk {options.decoding_prefill_chunk} is above "
+                                f"prefill_chunk {options.prefill_chunk}")
     if options.snapshot_interval % 64:
         raise RouterConfigError(f"{where}.snapshot_interval must be a multiple of 64 or 0 (auto), "
                                 f"got {options.snapshot_interval}")
