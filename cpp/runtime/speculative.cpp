@@ -63,11 +63,14 @@ void Drafter::prepare(LaneDrafts& d, std::span<const int32_t> tokens, std::span<
   d.verify_tokens.insert(d.verify_tokens.end(), drafted_.begin(), drafted_.end());
 }
 
-int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts, Sampler& sampler,
-                      TokenHistory history, std::vector<SampledToken>& tokens) {
+int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts,
+                      std::span<const std::vector<uint32_t>> masks, Sampler& sampler, TokenHistory history,
+                      std::vector<SampledToken>& tokens) {
+  std::vector<float> scratch;
   return accept_in_order(drafts, tokens, [&](size_t row) {
     if (row > 0) history.add_generated(drafts[row - 1]);  // the row before was accepted
-    return sampler.sample(logits.subspan(row * size_t(vocab), size_t(vocab)), history);
+    const std::span<const uint32_t> mask = row < masks.size() ? std::span(masks[row]) : std::span<const uint32_t>();
+    return sampler.sample(masked_logits(logits.subspan(row * size_t(vocab), size_t(vocab)), mask, scratch), history);
   });
 }
 
