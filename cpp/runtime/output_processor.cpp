@@ -120,9 +120,9 @@ void OutputProcessor::absorb_verified(Lane& lane, const PlannedSlice& slice, con
   const int32_t accepted = int32_t(result.verified.size()) - 1;
   lane.computed = slice.begin + accepted + 1;
   keep_accepted_state(lane.cache, accepted);
-  lane.drafts.drafted += result.drafts_verified;
+  lane.drafts.drafted += result.drafts_checked;
   lane.drafts.accepted += accepted;
-  counters_.draft_tokens += result.drafts_verified;
+  counters_.draft_tokens += result.drafts_checked;
   counters_.draft_tokens_accepted += accepted;
   for (const SampledToken& token : result.verified) {
     take_token(lane, slice.lane, token);

@@ -82,6 +82,13 @@ int32_t accept_drawn(std::span<const SampledToken> drawn, std::span<const int32_
   return accept_in_order(drafts, tokens, [&](size_t row) { return drawn[row]; });
 }
 
+int32_t drafts_checked(int32_t verified, std::span<const int32_t> drafts, std::span<const uint32_t> last_mask) {
+  if (size_t(verified) >= drafts.size() || last_mask.empty()) return verified;
+  const int32_t next = drafts[size_t(verified)];
+  const bool forbidden = size_t(next >> 5) >= last_mask.size() || !((last_mask[size_t(next >> 5)] >> (next & 31)) & 1u);
+  return verified + int32_t(forbidden);
+}
+
 void keep_accepted_state(SequenceCache& cache, int32_t accepted) {
   if (cache.state_slot >= 0) std::swap(cache.state_slot, cache.step_slots.at(size_t(accepted)));
 }

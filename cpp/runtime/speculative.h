@@ -69,6 +69,11 @@ int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<co
 int32_t accept_drawn(std::span<const SampledToken> drawn, std::span<const int32_t> drafts,
                      std::vector<SampledToken>& tokens);
 
+// The drafts a round checked (draft_n): the `verified` ones, and the next of `drafts` (every draft of the round)
+// when `last_mask`, the mask of the round's last drawn row, forbids it: the grammar rejected it, so its row's draw,
+// under that mask, is the correction.
+int32_t drafts_checked(int32_t verified, std::span<const int32_t> drafts, std::span<const uint32_t> last_mask);
+
 // After a verify round that accepted `accepted` drafts: the state of that row becomes the lane's (a slot swap).
 void keep_accepted_state(SequenceCache& cache, int32_t accepted);
 

@@ -151,9 +151,10 @@ void StepExecutor::sample_on_device(const StepPlan& plan, std::span<const SliceI
       continue;
     }
     const std::span<const SampledToken> drawn(tokens.data() + r, size_t(inputs[i].verified + 1));
-    const std::span<const int32_t> drafts(inputs[i].drafts->verify_tokens.data() + 1, size_t(inputs[i].verified));
+    const std::span<const int32_t> drafts = inputs[i].round_drafts().first(size_t(inputs[i].verified));
     const int32_t accepted = accept_drawn(drawn, drafts, result.slices[i].verified);
-    result.slices[i].drafts_verified = inputs[i].verified;
+    result.slices[i].drafts_checked =
+        drafts_checked(inputs[i].verified, inputs[i].round_drafts(), inputs[i].mask(drawn.size() - 1));
     result.slices[i].hidden.resize(size_t((accepted + 1) * out_.hidden_size));  // the rows the lane keeps
     r += drawn.size();
   }
@@ -168,10 +169,10 @@ void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceIn
     const float* rows = out_.logits.data() + out_.row_offset[i] * vocab;
     if (in.drafts) keep_hidden(i, s, result.slices[i]);
     if (s.kind == SliceKind::Verify && in.sample) {
-      const std::span<const int32_t> drafts(in.drafts->verify_tokens.data() + 1, size_t(in.verified));
+      const std::span<const int32_t> drafts = in.round_drafts().first(size_t(in.verified));
       const int32_t accepted = verify_drafts(std::span(rows, size_t((in.verified + 1) * vocab)), vocab, drafts,
                                              in.masks, *in.sampler, *in.history, result.slices[i].verified);
-      result.slices[i].drafts_verified = in.verified;
+      result.slices[i].drafts_checked = drafts_checked(in.verified, in.round_drafts(), in.mask(size_t(in.verified)));
       // The lane keeps the rows up to the last accepted one.
       result.slices[i].hidden.resize(size_t((accepted + 1) * out_.hidden_size));
     } else if (s.output == SliceOutput::PromptLogprobs && in.tokens) {

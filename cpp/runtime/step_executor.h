@@ -32,6 +32,9 @@ struct SliceInput {
   std::span<const std::vector<uint32_t>> masks;
   int32_t verified = 0;            // kind Verify: the drafts this round verifies (fewer than planned where masks stop)
   LaneDrafts* drafts = nullptr;    // a speculative lane's: its MTP rows catch up before the pass (kind Verify: drafts)
+  std::span<const int32_t> round_drafts() const {  // kind Verify: every draft of the round (the drafter's)
+    return std::span<const int32_t>(drafts->verify_tokens).subspan(1);
+  }
   std::span<const uint32_t> mask(size_t row) const {
     return row < masks.size() ? std::span<const uint32_t>(masks[row]) : std::span<const uint32_t>();
   }

@@ -129,6 +129,9 @@ def test_stand_in_grammar_output_is_unchanged_by_speculation_and_its_forbidden_d
         # the head drafts what the model says, so only the masks reject: some drafts pass them, some do not
         assert sum(c.forbidden for c in constraints) > 0, k
         assert sum(last.timings.draft_n_accepted for _, last in spec) > 0, k
+        # a forbidden draft counts as drafted and rejected
+        assert (sum(last.timings.draft_n for _, last in spec) >=
+                sum(last.timings.draft_n_accepted for _, last in spec) + sum(c.forbidden for c in constraints))
         assert sum(c.rows_given for c in constraints) > sum(last.usage.generated_tokens for _, last in spec) / 2
 
 
