@@ -6,8 +6,9 @@ consumer only lets its own queue grow and never stalls the engine or other reque
 
 Constrained requests (structured output) carry a `TokenConstraint`. Before such a request samples, the C++ engine
 posts a mask request (before the step's forward) and waits, after the forward, for the answer; the pump computes
-every mask of the step with one hold of the GIL and hands them back. No Python ever runs on the scheduler thread,
-and unconstrained requests never wait for Python.
+every mask of the step with one hold of the GIL and hands them back. With speculative decoding, a constraint that
+can mask draft rows (`DraftTokenConstraint`) gets the round's drafts and answers with a mask per verified row. No
+Python ever runs on the scheduler thread, and unconstrained requests never wait for Python.
 
 The pump holds the native engine, never the `Engine`, so an engine nobody closed is still collected; a
 `weakref.finalize` closes it then, or at interpreter exit (before Python finalizes, while the pump can still take
@@ -157,7 +158,9 @@ class DraftTokenConstraint(TokenConstraint, Protocol):
     cannot know a later row's mask; the engine verifies only len(flags) - 1 drafts. Every row's mask must be the
     one fill_next_mask would give had the drafts before it been sampled: that is what keeps speculation lossless."""
 
-    def fill_draft_masks(self, new_token_ids: Sequence[int], drafts: Sequence[int], masks: np.ndarray) -> list[bool]: ...
+    def fill_draft_masks(
+        self, new_token_ids: Sequence[int], drafts: Sequence[int], masks: np.ndarray
+    ) -> list[bool]: ...
 
 
 @dataclass(frozen=True)
@@ -463,14 +466,17 @@ class _EventPump:
                         self.constraints[req.request_id] = (constraint, masks)
             try:
                 if drafts:
-                    rows = constraint.fill_draft_masks(tuple(req.new_tokens), drafts, masks[: len(drafts) + 1])
+                    rows = [bool(r) for r in constraint.fill_draft_masks(tuple(req.new_tokens), drafts,
+                                                                        masks[: len(drafts) + 1])]
+                    if not 1 <= len(rows) <= len(drafts) + 1:
+                        raise ValueError(f"{len(rows)} mask rows for a round of {len(drafts)} drafts")
                 else:
                     rows = [constraint.fill_next_mask(tuple(req.new_tokens), masks[0])]
             except Exception as exc:  # noqa: BLE001 - any failure of the constraint ends its request, typed
                 self.native.fail_mask(req.request_id, f"the request's token constraint failed: {exc}")
                 continue
             if drafts:
-                self.native.provide_masks(req.request_id, masks, [bool(r) for r in rows])
+                self.native.provide_masks(req.request_id, masks, rows)
             else:
                 self.native.provide_mask(req.request_id, masks[0] if rows[0] else None)
 

@@ -172,7 +172,8 @@ def _smollm2_requests(engine: Engine, question: str, grammar: str, n: int, sampl
     constraint = (grammar_part if reasoning_budget is None else
                   ReasoningControl(frontend, starts_in_reasoning=True, inner=grammar_part, budget=reasoning_budget))
     counting = CountingConstraint(constraint)
-    return [Request(frontend.encode(prompt), SamplingParams(**sampling), max_new_tokens=n, constraint=counting)], counting
+    request = Request(frontend.encode(prompt), SamplingParams(**sampling), max_new_tokens=n, constraint=counting)
+    return [request], counting
 
 
 def _smollm2_runs(artifact: Path, question: str, grammar: str, n: int, sampling: dict, ks, **kw):
