@@ -11,6 +11,7 @@ closed by a budget before the answer's grammar starts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -18,7 +19,8 @@ import agreeing_mtp
 import llguidance
 import numpy as np
 import pytest
-from engine_helpers import run_together
+from engine_helpers import collect, run_together
+from ninfer import errors
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 from ninfer.frontend.reasoning import split_reasoning
 from ninfer.serve.reasoning_control import ReasoningControl
@@ -133,6 +135,70 @@ def test_stand_in_grammar_output_is_unchanged_by_speculation_and_its_forbidden_d
         assert (sum(last.timings.draft_n for _, last in spec) >=
                 sum(last.timings.draft_n_accepted for _, last in spec) + sum(c.forbidden for c in constraints))
         assert sum(c.rows_given for c in constraints) > sum(last.usage.generated_tokens for _, last in spec) / 2
+
+
+class EmptyFrom(HistoryMasks):
+    """HistoryMasks, but from the `at`-th generated token on no token is allowed; its draft rows go on past that
+    position (the engine cuts a round before a row that allows nothing)."""
+
+    def __init__(self, seed: int, at: int) -> None:
+        super().__init__(seed)
+        self.end = at
+
+    def _mask(self, history, mask):
+        if len(history) >= self.end:
+            mask[:] = 0
+            return True
+        return super()._mask(history, mask)
+
+    def fill_draft_masks(self, new_token_ids, drafts, masks):
+        self.history += list(new_token_ids)
+        return [self._mask(self.history + list(drafts[:i]), masks[i]) for i in range(len(drafts) + 1)]
+
+
+def test_a_mask_allowing_nothing_ends_the_request_where_plain_decoding_does(agreeing_artifact):
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, QWEN35_VOCAB, size=30).tolist()
+    seed, at = int(rng.integers(1 << 30)), int(rng.integers(3, 12))
+
+    async def until_error(engine):
+        tokens = []
+        with pytest.raises(errors.EngineError, match="allows no token"):
+            async for ev in engine.generate(Request(prompt, SamplingParams(temperature=0), max_new_tokens=30,
+                                                    stop_token_ids=(), constraint=EmptyFrom(seed, at))):
+                tokens.extend(ev.token_ids)
+        return tokens
+
+    got = []
+    for k in (0, 3):
+        spec = {"spec": "mtp", "draft_tokens": k} if k else {}
+        with Engine.open_sync(agreeing_artifact, EngineOptions(backend="cpu", max_context=512, threads=2,
+                                                               **spec)) as engine:
+            got.append(asyncio.run(until_error(engine)))
+    assert got[1] == got[0] and len(got[0]) == at
+
+
+@pytest.mark.parametrize("answer, message", [("raise", "draft rows exploded"), ("too many", "mask rows for a round"),
+                                             ("none", "mask rows for a round")])
+def test_a_failing_draft_constraint_ends_its_request_with_a_typed_error(agreeing_artifact, answer, message):
+    class Broken(HistoryMasks):
+        def fill_draft_masks(self, new_token_ids, drafts, masks):
+            if answer == "raise":
+                raise RuntimeError("draft rows exploded")
+            return [True] * (len(drafts) + 2) if answer == "too many" else []
+
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, QWEN35_VOCAB, size=20).tolist()
+    options = EngineOptions(backend="cpu", max_context=512, threads=2, spec="mtp", draft_tokens=2)
+    with Engine.open_sync(agreeing_artifact, options) as engine:
+        with pytest.raises(errors.EngineError, match=message):
+            asyncio.run(collect(engine, Request(prompt, SamplingParams(temperature=0), max_new_tokens=20,
+                                                stop_token_ids=(), constraint=Broken(1))))
+        tokens, last = asyncio.run(collect(engine, Request(prompt, SamplingParams(temperature=0), max_new_tokens=5,
+                                                           stop_token_ids=())))
+        assert last.finish_reason == "length" and len(tokens) == 5
+        s = engine.stats()
+        assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
 
 
 # --- the embedded SmolLM2 and its trained head, with real grammars ---------------------------------------------
