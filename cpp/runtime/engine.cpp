@@ -526,13 +526,15 @@ void Engine::refresh_stats() {
   stats_.draft_tokens_accepted = outputs_->counters().draft_tokens_accepted;
 }
 
-// Asks the caller for the mask of every constrained lane that samples this step, with a verify slice's drafts;
-// sent after drafting and before the forward, so the caller computes them while it runs.
-void Engine::request_masks(const StepPlan& plan, std::span<const SliceInput> inputs) {
+// Asks the caller for the mask of every constrained lane that samples this step, before the forward, so the caller
+// computes them while it runs: the verify slices' (`verify`) with their drafts, so once drafting is done; the
+// others' at once.
+void Engine::request_masks(const StepPlan& plan, std::span<const SliceInput> inputs, bool verify) {
   for (size_t i = 0; i < plan.slices.size(); ++i) {
     const PlannedSlice& s = plan.slices[i];
     Lane& lane = *scheduler_->lane(s.lane);
-    if (!lane.job.request.constrained || s.output != SliceOutput::Sample) continue;
+    if (!lane.job.request.constrained || s.output != SliceOutput::Sample || (s.kind == SliceKind::Verify) != verify)
+      continue;
     lane.mask.pending = true;
     MaskRequest request{lane.job.id, std::move(lane.mask.unreported), {}};
     if (s.kind == SliceKind::Verify)  // (verify_tokens: the last token, then the drafts)
@@ -683,12 +685,13 @@ void Engine::run_step() {
     if (plan.slices.empty()) return;
     if (device_) plan = take_turn(std::move(plan));
     inputs = gather_inputs(plan);
+    request_masks(plan, inputs, false);
   }
   StepResult result = add_media(plan, inputs);
   if (!result.failed()) result = executor_->draft(plan, inputs);
   if (!result.failed()) {
     std::unique_lock lock(mu_);
-    request_masks(plan, inputs);
+    request_masks(plan, inputs, true);
   }
   const bool runs = !result.failed();
   if (runs) result = executor_->run_pass(plan, inputs);

@@ -167,7 +167,7 @@ class Engine {
   void run_step();
   StepPlan take_turn(StepPlan plan);
   void apply_cancellations();
-  void request_masks(const StepPlan& plan, std::span<const SliceInput> inputs);
+  void request_masks(const StepPlan& plan, std::span<const SliceInput> inputs, bool verify);
   bool awaiting_masks(const StepPlan& plan) const;
   std::vector<SliceInput> gather_inputs(const StepPlan& plan);
   StepResult add_media(const StepPlan& plan, std::vector<SliceInput>& inputs);
