@@ -30,6 +30,22 @@ bool provide_mask(Engine& engine, uint64_t id, std::optional<MaskArray> mask) {
   return engine.provide_mask(id, std::move(words));
 }
 
+using MaskRows = nb::ndarray<const uint32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+// A speculative round's masks (MaskRequest::drafts): row i of `masks` for verify row i where constrained[i], that row
+// unconstrained where not; len(constrained) rows in all.
+bool provide_masks(Engine& engine, uint64_t id, MaskRows masks, const std::vector<bool>& constrained) {
+  if (constrained.size() > masks.shape(0))
+    throw EngineError("provide_masks: " + std::to_string(constrained.size()) + " rows but " +
+                      std::to_string(masks.shape(0)) + " masks");
+  std::vector<std::optional<std::vector<uint32_t>>> rows(constrained.size());
+  const size_t words = masks.shape(1);
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (constrained[i]) rows[i].emplace(masks.data() + i * words, masks.data() + (i + 1) * words);
+  nb::gil_scoped_release release;
+  return engine.provide_masks(id, std::move(rows));
+}
+
 using PatchArray = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using PositionArray = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using MediaItemArgs = std::tuple<PatchArray, std::tuple<int32_t, int32_t, int32_t>, std::vector<int64_t>>;
@@ -99,6 +115,7 @@ void bind_structs(nb::module_& m) {
       .def_rw("max_new_tokens", &GenerationRequest::max_new_tokens)
       .def_rw("stop_token_ids", &GenerationRequest::stop_token_ids)
       .def_rw("constrained", &GenerationRequest::constrained)
+      .def_rw("masks_drafts", &GenerationRequest::masks_drafts)
       .def_rw("report_progress", &GenerationRequest::report_progress)
       .def_rw("choices", &GenerationRequest::choices)
       .def("set_media", &set_request_media, nb::arg("items"), nb::arg("mrope_positions"), nb::arg("rope_delta"),
@@ -179,7 +196,8 @@ void bind_structs(nb::module_& m) {
 
   nb::class_<MaskRequest>(m, "MaskRequest")
       .def_ro("request_id", &MaskRequest::request_id)
-      .def_ro("new_tokens", &MaskRequest::new_tokens);
+      .def_ro("new_tokens", &MaskRequest::new_tokens)
+      .def_ro("drafts", &MaskRequest::drafts);
 
   nb::class_<EngineNews>(m, "EngineNews")
       .def_ro("events", &EngineNews::events)
@@ -362,6 +380,7 @@ void bind_runtime(nb::module_& m) {
       .def("cancel", &Engine::cancel, Release())
       .def("next_events", &Engine::next_events, nb::arg("timeout_s"), Release())
       .def("provide_mask", &provide_mask, nb::arg("request_id"), nb::arg("mask").none())
+      .def("provide_masks", &provide_masks, nb::arg("request_id"), nb::arg("masks"), nb::arg("constrained"))
       .def("fail_mask", &Engine::fail_mask, nb::arg("request_id"), nb::arg("message"), Release())
       .def("score", &Engine::score, Release())
       .def("submit_decision", &Engine::submit_decision, Release())

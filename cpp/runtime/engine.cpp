@@ -392,18 +392,38 @@ EngineNews Engine::next_events(double timeout_s) {
 }
 
 bool Engine::provide_mask(uint64_t id, std::optional<std::vector<uint32_t>> words) {
+  std::vector<std::optional<std::vector<uint32_t>>> rows;
+  rows.push_back(std::move(words));
+  return provide_masks(id, std::move(rows));
+}
+
+bool Engine::provide_masks(uint64_t id, std::vector<std::optional<std::vector<uint32_t>>> rows) {
   std::unique_lock lock(mu_);
   const int32_t index = scheduler_ ? scheduler_->lane_of(id) : -1;
   if (index < 0 || !scheduler_->lane(index)->mask.pending) return false;
-  const int64_t expected = token_mask_words(config_.vocab_size);
-  if (words && static_cast<int64_t>(words->size()) != expected)
-    throw EngineError("a token mask has " + std::to_string(words->size()) + " words; this model's vocabulary of " +
-                      std::to_string(config_.vocab_size) + " needs " + std::to_string(expected));
   LaneMask& mask = scheduler_->lane(index)->mask;
+  const int64_t expected = token_mask_words(config_.vocab_size);
+  if (rows.empty() || rows.size() > mask.row_limit)
+    throw EngineError("a mask request of " + std::to_string(mask.row_limit) + " rows was answered with " +
+                      std::to_string(rows.size()) + " masks");
+  for (const auto& words : rows)
+    if (words && static_cast<int64_t>(words->size()) != expected)
+      throw EngineError("a token mask has " + std::to_string(words->size()) + " words; this model's vocabulary of " +
+                        std::to_string(config_.vocab_size) + " needs " + std::to_string(expected));
   mask.pending = false;
-  mask.active = words.has_value();
-  if (words) mask.words = std::move(*words);
-  mask.allows_none = mask.active && token_mask_allowed(mask.words, config_.vocab_size) == 0;
+  mask.rows.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const bool none = rows[i] && token_mask_allowed(*rows[i], config_.vocab_size) == 0;
+    if (none && i > 0) {  // that row cannot be drawn: the round stops before it
+      mask.rows.resize(i);
+      break;
+    }
+    if (i == 0) mask.allows_none = none;
+    if (rows[i])
+      mask.rows[i] = std::move(*rows[i]);
+    else
+      mask.rows[i].clear();
+  }
   masks_cv_.notify_all();
   return true;
 }
@@ -519,14 +539,21 @@ void Engine::refresh_stats() {
   stats_.draft_tokens_accepted = outputs_->counters().draft_tokens_accepted;
 }
 
-// Asks the caller for the mask of every constrained lane that samples this step; sent before the forward, so the
-// caller computes them while it runs.
-void Engine::request_masks(const StepPlan& plan) {
-  for (const PlannedSlice& s : plan.slices) {
+// Asks the caller for the mask of every constrained lane that samples this step, before the forward, so the caller
+// computes them while it runs: the verify slices' (`verify`) with their drafts, so once drafting is done; the
+// others' at once.
+void Engine::request_masks(const StepPlan& plan, std::span<const SliceInput> inputs, bool verify) {
+  for (size_t i = 0; i < plan.slices.size(); ++i) {
+    const PlannedSlice& s = plan.slices[i];
     Lane& lane = *scheduler_->lane(s.lane);
-    if (!lane.job.request.constrained || s.output != SliceOutput::Sample) continue;
+    if (!lane.job.request.constrained || s.output != SliceOutput::Sample || (s.kind == SliceKind::Verify) != verify)
+      continue;
     lane.mask.pending = true;
-    mask_requests_.push_back({lane.job.id, std::move(lane.mask.unreported)});
+    MaskRequest request{lane.job.id, std::move(lane.mask.unreported), {}};
+    if (s.kind == SliceKind::Verify)  // (verify_tokens: the last token, then the drafts)
+      request.drafts.assign(inputs[i].drafts->verify_tokens.begin() + 1, inputs[i].drafts->verify_tokens.end());
+    lane.mask.row_limit = request.drafts.size() + 1;
+    mask_requests_.push_back(std::move(request));
     lane.mask.unreported.clear();
   }
   if (!mask_requests_.empty()) events_cv_.notify_all();
@@ -604,7 +631,11 @@ void Engine::add_sampling(const StepPlan& plan, std::vector<SliceInput>& inputs)
     in.sampler = &*lane->sampler;
     in.history = &lane->history;
     in.counter = static_cast<uint64_t>(lane->generated);
-    if (lane->mask.active) in.mask = lane->mask.words;
+    in.verified = s.drafts;
+    if (lane->job.request.constrained) {
+      in.masks = lane->mask.rows;
+      in.verified = std::min<int32_t>(s.drafts, int32_t(in.masks.size()) - 1);
+    }
   }
 }
 
@@ -667,9 +698,14 @@ void Engine::run_step() {
     if (plan.slices.empty()) return;
     if (device_) plan = take_turn(std::move(plan));
     inputs = gather_inputs(plan);
-    request_masks(plan);
+    request_masks(plan, inputs, false);
   }
   StepResult result = add_media(plan, inputs);
+  if (!result.failed()) result = executor_->draft(plan, inputs);
+  if (!result.failed()) {
+    std::unique_lock lock(mu_);
+    request_masks(plan, inputs, true);
+  }
   const bool runs = !result.failed();
   if (runs) result = executor_->run_pass(plan, inputs);
   std::unique_lock lock(mu_);

@@ -141,6 +141,11 @@ class Engine {
   // step's token; nullopt leaves it unconstrained. The request samples only once answered, so the caller computes
   // masks while the step's forward runs. False when `id` has no pending mask request (finished, cancelled).
   bool provide_mask(uint64_t id, std::optional<std::vector<uint32_t>> words);
+  // provide_mask for a speculative round (MaskRequest::drafts): one entry per row from the round's first, 1 ..
+  // drafts + 1 of them, entry i the mask after the drafts before row i (nullopt: that row unconstrained). The round
+  // verifies only rows.size() - 1 drafts; a row past the first that allows no token is cut off with those after it
+  // (the next round's first row then ends the request, as the plain step would).
+  bool provide_masks(uint64_t id, std::vector<std::optional<std::vector<uint32_t>>> rows);
   // Answers a pending MaskRequest with a failure: the request ends with an EngineError carrying `message`.
   bool fail_mask(uint64_t id, const std::string& message);
   // Logprob of tokens[i] given tokens[0..i) for i = 1 .. n - 1 (n - 1 values). Queues like a request.
@@ -167,7 +172,7 @@ class Engine {
   void run_step();
   StepPlan take_turn(StepPlan plan);
   void apply_cancellations();
-  void request_masks(const StepPlan& plan);
+  void request_masks(const StepPlan& plan, std::span<const SliceInput> inputs, bool verify);
   bool awaiting_masks(const StepPlan& plan) const;
   std::vector<SliceInput> gather_inputs(const StepPlan& plan);
   StepResult add_media(const StepPlan& plan, std::vector<SliceInput>& inputs);

@@ -86,7 +86,7 @@ void OutputProcessor::absorb_slice(const PlannedSlice& slice, const SliceResult&
   Lane& lane = *scheduler_.lane(slice.lane);
   lane.drafts.pending_hidden.insert(lane.drafts.pending_hidden.end(), result.hidden.begin(), result.hidden.end());
   if (slice.kind == SliceKind::Verify) {
-    absorb_verified(lane, slice, result);
+    if (!ended_by_mask(lane, slice.lane)) absorb_verified(lane, slice, result);
     return;
   }
   counters_.tokens_prefilled += slice.end - slice.begin;
@@ -100,15 +100,18 @@ void OutputProcessor::absorb_slice(const PlannedSlice& slice, const SliceResult&
   }
   report_progress(lane, slice);
   if (slice.output != SliceOutput::Sample) return;  // more prompt to prefill
-  if (!lane.mask.error.empty()) {
-    end_lane(slice.lane, FinishReason::Error, "EngineError", lane.mask.error);
-    return;
-  }
-  if (lane.mask.allows_none) {
-    end_lane(slice.lane, FinishReason::Error, "EngineError", "the request's token mask allows no token");
-    return;
-  }
-  take_token(lane, slice.lane, *result.token);
+  if (!ended_by_mask(lane, slice.lane)) take_token(lane, slice.lane, *result.token);
+}
+
+// The caller's answer to the lane's mask request ends it instead of letting it sample (it sampled nothing).
+bool OutputProcessor::ended_by_mask(const Lane& lane, int32_t index) {
+  if (!lane.mask.error.empty())
+    end_lane(index, FinishReason::Error, "EngineError", lane.mask.error);
+  else if (lane.mask.allows_none)
+    end_lane(index, FinishReason::Error, "EngineError", "the request's token mask allows no token");
+  else
+    return false;
+  return true;
 }
 
 // A verify round: the lane keeps the cache of its last token and the accepted drafts, then takes the round's
@@ -117,9 +120,9 @@ void OutputProcessor::absorb_verified(Lane& lane, const PlannedSlice& slice, con
   const int32_t accepted = int32_t(result.verified.size()) - 1;
   lane.computed = slice.begin + accepted + 1;
   keep_accepted_state(lane.cache, accepted);
-  lane.drafts.drafted += slice.drafts;
+  lane.drafts.drafted += result.drafts_checked;
   lane.drafts.accepted += accepted;
-  counters_.draft_tokens += slice.drafts;
+  counters_.draft_tokens += result.drafts_checked;
   counters_.draft_tokens_accepted += accepted;
   for (const SampledToken& token : result.verified) {
     take_token(lane, slice.lane, token);

@@ -35,6 +35,7 @@ class OutputProcessor {
  private:
   void absorb_slice(const PlannedSlice& slice, const SliceResult& result);
   void absorb_verified(Lane& lane, const PlannedSlice& slice, const SliceResult& result);
+  bool ended_by_mask(const Lane& lane, int32_t index);
   void absorb_row(const PlannedSlice& slice, SliceResult result);
   void take_token(Lane& lane, int32_t index, const SampledToken& s);
   void report_progress(const Lane& lane, const PlannedSlice& slice);

@@ -19,6 +19,9 @@ struct GenerationRequest {
   std::vector<int32_t> stop_token_ids;  // generation ends when one is sampled; it is counted, not emitted
   // The caller supplies a token mask before each sampled token (Engine::provide_mask), e.g. from a grammar.
   bool constrained = false;
+  // A constrained request whose caller can also answer for draft positions (MaskRequest::drafts, Engine::
+  // provide_masks): it decodes speculatively like any other. Without it a constrained lane decodes plainly.
+  bool masks_drafts = false;
   // A Progress event after each prefill chunk (what a UI shows while a long prompt is read); off by default, so
   // consumers that do not ask never see the extra kind of event.
   bool report_progress = false;
@@ -91,9 +94,15 @@ struct EngineEvent {
 
 // A constrained request is about to sample: its caller must answer with Engine::provide_mask. `new_tokens` are
 // the tokens sampled since the previous mask request of that request (none for the first, right after prefill).
+// A speculative round (GenerationRequest::masks_drafts) also carries its drafts: the caller may answer with
+// Engine::provide_masks, masks for rows 0..j (j <= drafts.size()), mask i being the one after new_tokens and
+// drafts[0, i). It gives fewer where it cannot speak for later rows (a draft its own mask forbids: that row's mask
+// is still given, so the correction is drawn under it), and the engine then verifies only j drafts (0: the round
+// is a plain step). The tokens the round emits are the next request's new_tokens, as with plain steps.
 struct MaskRequest {
   uint64_t request_id = 0;
   std::vector<int32_t> new_tokens;
+  std::vector<int32_t> drafts;
 };
 
 // What Engine::next_events hands the caller: finished steps' events and the masks the engine waits for.

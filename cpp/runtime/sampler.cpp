@@ -423,6 +423,14 @@ void TokenHistory::add_generated(int32_t token) {
   sequence.push_back(token);
 }
 
+std::span<const float> masked_logits(std::span<const float> logits, std::span<const uint32_t> mask,
+                                     std::vector<float>& scratch) {
+  if (mask.empty()) return logits;
+  scratch.assign(logits.begin(), logits.end());
+  apply_token_mask(scratch, mask);
+  return scratch;
+}
+
 int64_t apply_token_mask(std::span<float> logits, std::span<const uint32_t> mask) {
   const int64_t vocab = static_cast<int64_t>(logits.size());
   const int64_t covered = std::min<int64_t>(vocab, static_cast<int64_t>(mask.size()) * 32);

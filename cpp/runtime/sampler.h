@@ -107,6 +107,10 @@ inline int64_t token_mask_words(int64_t vocab) { return (vocab + 31) / 32; }
 
 // Sets the logits of tokens `mask` disallows to -inf, in place; returns how many tokens stay allowed.
 int64_t apply_token_mask(std::span<float> logits, std::span<const uint32_t> mask);
+// `logits` under `mask` (empty: unconstrained, `logits` itself), masked in `scratch`: what a constrained row is
+// drawn from, so its logprobs too are those of the constrained distribution.
+std::span<const float> masked_logits(std::span<const float> logits, std::span<const uint32_t> mask,
+                                     std::vector<float>& scratch);
 // How many of the first `vocab` tokens `mask` allows (what apply_token_mask returns, without logits).
 int64_t token_mask_allowed(std::span<const uint32_t> mask, int64_t vocab);
 

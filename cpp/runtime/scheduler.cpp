@@ -73,8 +73,10 @@ void Scheduler::admit_from(std::deque<Job>& queue, int32_t first_lane, int32_t e
     if (int32_t(fork_lanes.size()) < forks) break;
     // Media prompts decode plainly: their positions follow M-RoPE's, which the MTP head's catch-up does not take.
     // So do the choices of n > 1 (their forks take no step slots).
-    const bool speculative = draft_tokens_ > 0 && head.output == JobOutput::Generate && !head.request.constrained &&
-                             !head.request.media && forks == 0;
+    // A constrained request drafts when its caller can mask the draft rows too (MaskRequest::drafts).
+    const bool speculative = draft_tokens_ > 0 && head.output == JobOutput::Generate &&
+                             (!head.request.constrained || head.request.masks_drafts) && !head.request.media &&
+                             forks == 0;
     // What only the prefix cache holds counts as free: admission evicts it on demand.
     if (!deciding && cache_.reclaimable().first - kv_pages_for(head.reservation) - forks * head.fork_pages <
                          decision_pages_unused())

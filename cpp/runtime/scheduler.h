@@ -56,13 +56,15 @@ struct DecisionRow {
   int64_t computed = 0;  // tokens of context + suffix in `cache`
 };
 
-// A constrained lane's side of the mask exchange with the caller (Engine::provide_mask).
+// A constrained lane's side of the mask exchange with the caller (Engine::provide_mask, provide_masks).
 struct LaneMask {
   std::vector<int32_t> unreported;  // tokens sampled since the last mask request
   bool pending = false;             // requested for this step, not answered yet
-  bool active = false;              // the answer: apply `words` this step (false: this step is unconstrained)
-  std::vector<uint32_t> words;      // bit t % 32 of word t / 32 allows token t
-  bool allows_none = false;         // active, and `words` allows no token (the request ends with an error)
+  size_t row_limit = 1;             // the rows the pending request may be answered for (its drafts + 1)
+  // The answer: a mask per row it speaks for, from the step's first (one for a plain step; a verify round verifies
+  // at most rows.size() - 1 drafts); an empty row is unconstrained. Bit t % 32 of word t / 32 allows token t.
+  std::vector<std::vector<uint32_t>> rows;
+  bool allows_none = false;         // the first row allows no token (the request ends with an error)
   std::string error;                // the caller could not compute the mask: the request ends with this error
   // The answer ends the request instead of letting it sample.
   bool ends_request() const { return !error.empty() || allows_none; }
@@ -79,7 +81,8 @@ struct Lane {
   TokenHistory history;
   LaneMask mask;                      // used only when job.request.constrained
   std::vector<float> score_logprobs;  // output PromptLogprobs: logprob of tokens[i + 1], filled chunk by chunk
-  // It drafts with the MTP head (a generation lane, unconstrained, without media, spec on)
+  // It drafts with the MTP head (a generation lane without media, spec on, unconstrained or with a caller that
+  // masks drafts: GenerationRequest::masks_drafts)
   bool speculative = false;
   LaneDrafts drafts;                          // speculative lanes only
   std::shared_ptr<const EncodedMedia> media;  // the prompt's media rows, encoded at its first slice

@@ -63,11 +63,14 @@ void Drafter::prepare(LaneDrafts& d, std::span<const int32_t> tokens, std::span<
   d.verify_tokens.insert(d.verify_tokens.end(), drafted_.begin(), drafted_.end());
 }
 
-int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts, Sampler& sampler,
-                      TokenHistory history, std::vector<SampledToken>& tokens) {
+int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts,
+                      std::span<const std::vector<uint32_t>> masks, Sampler& sampler, TokenHistory history,
+                      std::vector<SampledToken>& tokens) {
+  std::vector<float> scratch;
   return accept_in_order(drafts, tokens, [&](size_t row) {
     if (row > 0) history.add_generated(drafts[row - 1]);  // the row before was accepted
-    return sampler.sample(logits.subspan(row * size_t(vocab), size_t(vocab)), history);
+    const std::span<const uint32_t> mask = row < masks.size() ? std::span(masks[row]) : std::span<const uint32_t>();
+    return sampler.sample(masked_logits(logits.subspan(row * size_t(vocab), size_t(vocab)), mask, scratch), history);
   });
 }
 
@@ -77,6 +80,13 @@ int32_t accept_drawn(std::span<const SampledToken> drawn, std::span<const int32_
     throw EngineError("a verify round of " + std::to_string(drafts.size()) + " drafts drew " +
                       std::to_string(drawn.size()) + " rows");
   return accept_in_order(drafts, tokens, [&](size_t row) { return drawn[row]; });
+}
+
+int32_t drafts_checked(int32_t verified, std::span<const int32_t> drafts, std::span<const uint32_t> last_mask) {
+  if (size_t(verified) >= drafts.size() || last_mask.empty()) return verified;
+  const int32_t next = drafts[size_t(verified)];
+  const bool forbidden = size_t(next >> 5) >= last_mask.size() || !((last_mask[size_t(next >> 5)] >> (next & 31)) & 1u);
+  return verified + int32_t(forbidden);
 }
 
 void keep_accepted_state(SequenceCache& cache, int32_t accepted) {

@@ -56,15 +56,23 @@ class Drafter {
 
 // The tokens a verify pass emits: rows of `logits` ([drafts + 1, vocab]) drawn in order by `sampler` with the
 // history growing by each drawn token, until a draw differs from its row's draft (that draw is the last) or every
-// row is drawn. Returns how many drafts were accepted (tokens.size() - 1).
-int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts, Sampler& sampler,
-                      TokenHistory history, std::vector<SampledToken>& tokens);
+// row is drawn. Row i is drawn under masks[i] when there is one (a constrained lane: the caller's mask after the
+// drafts before row i, so a draft its grammar forbids is never drawn, hence rejected; an empty one is no mask).
+// Returns how many drafts were accepted (tokens.size() - 1).
+int32_t verify_drafts(std::span<const float> logits, int64_t vocab, std::span<const int32_t> drafts,
+                      std::span<const std::vector<uint32_t>> masks, Sampler& sampler, TokenHistory history,
+                      std::vector<SampledToken>& tokens);
 
 // verify_drafts for rows a device sampler drew all at once: row i with the history grown by the drafts before it
 // (and its RNG counter by i), the draw plain decoding would make had drafts 0..i-1 been emitted. A counter-based
 // draw has no state, so rows past the first rejection cost nothing but their draw. Same result as verify_drafts.
 int32_t accept_drawn(std::span<const SampledToken> drawn, std::span<const int32_t> drafts,
                      std::vector<SampledToken>& tokens);
+
+// The drafts a round checked (draft_n): the `verified` ones, and the next of `drafts` (every draft of the round)
+// when `last_mask`, the mask of the round's last drawn row, forbids it: the grammar rejected it, so its row's draw,
+// under that mask, is the correction.
+int32_t drafts_checked(int32_t verified, std::span<const int32_t> drafts, std::span<const uint32_t> last_mask);
 
 // After a verify round that accepted `accepted` drafts: the state of that row becomes the lane's (a slot swap).
 void keep_accepted_state(SequenceCache& cache, int32_t accepted);

@@ -46,9 +46,6 @@ StepResult StepExecutor::run_pass(const StepPlan& plan, std::span<const SliceInp
   std::vector<ForwardItem> items;
   for (const SliceInput& in : inputs) items.push_back(in.item);
   StepResult result;
-  if (drafter_)
-    catching(result, [&] { draft(plan, inputs, items); });
-  if (result.failed()) return result;
   // A device backend samples on the device unless a slice needs every row's logits on the host (scoring) or its
   // lane uses a sampler stage only the host sampler has.
   bool host_logits = false;
@@ -78,16 +75,20 @@ StepResult StepExecutor::run_pass(const StepPlan& plan, std::span<const SliceInp
   return result;
 }
 
-// The MTP head catches up with each speculative lane's new target rows, and drafts for its Verify slice.
-void StepExecutor::draft(const StepPlan& plan, std::span<const SliceInput> inputs, std::vector<ForwardItem>& items) {
-  for (size_t i = 0; i < plan.slices.size(); ++i) {
-    const SliceInput& in = inputs[i];
-    if (!in.drafts) continue;
-    const PlannedSlice& s = plan.slices[i];
-    const int32_t drafts = s.kind == SliceKind::Verify ? s.drafts : 0;
-    drafter_->prepare(*in.drafts, std::span(in.tokens, size_t(s.end)), in.item.pages, drafts);
-    if (s.kind == SliceKind::Verify) items[i].tokens = in.drafts->verify_tokens.data();
-  }
+StepResult StepExecutor::draft(const StepPlan& plan, std::span<SliceInput> inputs) {
+  StepResult result;
+  if (!drafter_) return result;
+  catching(result, [&] {
+    for (size_t i = 0; i < plan.slices.size(); ++i) {
+      SliceInput& in = inputs[i];
+      if (!in.drafts) continue;
+      const PlannedSlice& s = plan.slices[i];
+      const int32_t drafts = s.kind == SliceKind::Verify ? s.drafts : 0;
+      drafter_->prepare(*in.drafts, std::span(in.tokens, size_t(s.end)), in.item.pages, drafts);
+      if (s.kind == SliceKind::Verify) in.item.tokens = in.drafts->verify_tokens.data();
+    }
+  });
+  return result;
 }
 
 void StepExecutor::collect(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result) {
@@ -121,7 +122,7 @@ void StepExecutor::sample_on_device(const StepPlan& plan, std::span<const SliceI
     const SliceInput& in = inputs[i];
     if (in.drafts) keep_hidden(i, plan.slices[i], result.slices[i]);
     if (!in.sample) continue;
-    const int32_t drafts = plan.slices[i].kind == SliceKind::Verify ? plan.slices[i].drafts : 0;
+    const int32_t drafts = plan.slices[i].kind == SliceKind::Verify ? in.verified : 0;
     for (int32_t j = 0; j <= drafts; ++j) {
       DeviceSampleRow row;
       row.logits_row = out_.row_offset[i] + j;  // sampling slices have one output row (the last token's) or, verify
@@ -134,7 +135,7 @@ void StepExecutor::sample_on_device(const StepPlan& plan, std::span<const SliceI
         draft_histories.back().add_generated(in.drafts->verify_tokens[size_t(j)]);
         row.history = &draft_histories.back();
       }
-      row.mask = in.mask;
+      row.mask = in.mask(size_t(j));  // the caller's mask after drafts 0..j-1
       rows.push_back(row);
       slice_of_row.push_back(i);
     }
@@ -149,9 +150,11 @@ void StepExecutor::sample_on_device(const StepPlan& plan, std::span<const SliceI
       result.slices[i].token = std::move(tokens[r++]);
       continue;
     }
-    const std::span<const SampledToken> drawn(tokens.data() + r, size_t(s.drafts + 1));
-    const std::span<const int32_t> drafts(inputs[i].drafts->verify_tokens.data() + 1, size_t(s.drafts));
+    const std::span<const SampledToken> drawn(tokens.data() + r, size_t(inputs[i].verified + 1));
+    const std::span<const int32_t> drafts = inputs[i].round_drafts().first(size_t(inputs[i].verified));
     const int32_t accepted = accept_drawn(drawn, drafts, result.slices[i].verified);
+    result.slices[i].drafts_checked =
+        drafts_checked(inputs[i].verified, inputs[i].round_drafts(), inputs[i].mask(drawn.size() - 1));
     result.slices[i].hidden.resize(size_t((accepted + 1) * out_.hidden_size));  // the rows the lane keeps
     r += drawn.size();
   }
@@ -166,9 +169,10 @@ void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceIn
     const float* rows = out_.logits.data() + out_.row_offset[i] * vocab;
     if (in.drafts) keep_hidden(i, s, result.slices[i]);
     if (s.kind == SliceKind::Verify && in.sample) {
-      const std::span<const int32_t> drafts(in.drafts->verify_tokens.data() + 1, size_t(s.drafts));
-      const int32_t accepted = verify_drafts(std::span(rows, size_t((s.drafts + 1) * vocab)), vocab, drafts,
-                                             *in.sampler, *in.history, result.slices[i].verified);
+      const std::span<const int32_t> drafts = in.round_drafts().first(size_t(in.verified));
+      const int32_t accepted = verify_drafts(std::span(rows, size_t((in.verified + 1) * vocab)), vocab, drafts,
+                                             in.masks, *in.sampler, *in.history, result.slices[i].verified);
+      result.slices[i].drafts_checked = drafts_checked(in.verified, in.round_drafts(), in.mask(size_t(in.verified)));
       // The lane keeps the rows up to the last accepted one.
       result.slices[i].hidden.resize(size_t((accepted + 1) * out_.hidden_size));
     } else if (s.output == SliceOutput::PromptLogprobs && in.tokens) {
@@ -177,14 +181,9 @@ void StepExecutor::collect_on_host(const StepPlan& plan, std::span<const SliceIn
         result.slices[i].prompt_logprobs.push_back(lp[in.tokens[p + 1]]);
       }
     } else if (in.sample) {
-      std::span<const float> logits(rows + (in.item.all_logits ? s.end - s.begin - 1 : 0) * vocab, vocab);
+      const std::span<const float> logits(rows + (in.item.all_logits ? s.end - s.begin - 1 : 0) * vocab, vocab);
       std::vector<float> masked;
-      if (!in.mask.empty()) {
-        masked.assign(logits.begin(), logits.end());
-        apply_token_mask(masked, in.mask);
-        logits = masked;  // logprobs too are those of the constrained distribution
-      }
-      result.slices[i].token = in.sampler->sample(logits, *in.history);
+      result.slices[i].token = in.sampler->sample(masked_logits(logits, in.mask(0), masked), *in.history);
     }
   }
 }

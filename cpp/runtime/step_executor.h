@@ -28,8 +28,16 @@ struct SliceInput {
   Sampler* sampler = nullptr;
   const TokenHistory* history = nullptr;
   uint64_t counter = 0;          // tokens the lane generated so far (the device sampler's RNG counter)
-  std::span<const uint32_t> mask;  // empty: unconstrained
+  // The caller's mask of each row from the first (LaneMask::rows); an empty one, or none, leaves a row unconstrained
+  std::span<const std::vector<uint32_t>> masks;
+  int32_t verified = 0;            // kind Verify: the drafts this round verifies (fewer than planned where masks stop)
   LaneDrafts* drafts = nullptr;    // a speculative lane's: its MTP rows catch up before the pass (kind Verify: drafts)
+  std::span<const int32_t> round_drafts() const {  // kind Verify: every draft of the round (the drafter's)
+    return std::span<const int32_t>(drafts->verify_tokens).subspan(1);
+  }
+  std::span<const uint32_t> mask(size_t row) const {
+    return row < masks.size() ? std::span<const uint32_t>(masks[row]) : std::span<const uint32_t>();
+  }
 };
 
 class StepExecutor {
@@ -39,6 +47,9 @@ class StepExecutor {
   StepExecutor(Model& model, CachePools& pools, DeviceRuntime* device, bool device_sampling,
                Drafter* drafter = nullptr);
 
+  // The MTP head catches up with each speculative lane's new target rows and drafts for its Verify slice (whose
+  // item then forwards the drafts), before run_pass: a constrained lane's mask request carries the drafts.
+  StepResult draft(const StepPlan& plan, std::span<SliceInput> inputs);
   // The plan's forward pass; a failure comes back as the result's error (its slices stay empty).
   StepResult run_pass(const StepPlan& plan, std::span<const SliceInput> inputs);
   // Each slice's output from that pass, into result.slices (or result's error).
@@ -47,7 +58,6 @@ class StepExecutor {
  private:
   void sample_on_device(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
   void collect_on_host(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
-  void draft(const StepPlan& plan, std::span<const SliceInput> inputs, std::vector<ForwardItem>& items);
   void keep_hidden(size_t slice, const PlannedSlice& s, SliceResult& result) const;
   void collect_candidates(const StepPlan& plan, std::span<const SliceInput> inputs, StepResult& result);
 

@@ -45,6 +45,8 @@ struct SliceResult {
   std::vector<float> prompt_logprobs;  // output PromptLogprobs: one per row with a next prompt token
   // Kind Verify: every token the round emits (the accepted drafts, then the correction or bonus token).
   std::vector<SampledToken> verified;
+  // Kind Verify: the drafts checked (draft_n): the plan's, fewer where the caller's masks stop (speculative.h)
+  int32_t drafts_checked = 0;
   // Speculative lanes: the target's final-normed hidden of the rows the lane keeps (the MTP head's next input).
   std::vector<float> hidden;
   std::vector<float> candidate_logprobs;  // output CandidateLogprobs: one per candidate, in the question's order

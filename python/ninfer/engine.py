@@ -6,8 +6,9 @@ consumer only lets its own queue grow and never stalls the engine or other reque
 
 Constrained requests (structured output) carry a `TokenConstraint`. Before such a request samples, the C++ engine
 posts a mask request (before the step's forward) and waits, after the forward, for the answer; the pump computes
-every mask of the step with one hold of the GIL and hands them back. No Python ever runs on the scheduler thread,
-and unconstrained requests never wait for Python.
+every mask of the step with one hold of the GIL and hands them back. With speculative decoding, a constraint that
+can mask draft rows (`DraftTokenConstraint`) gets the round's drafts and answers with a mask per verified row. No
+Python ever runs on the scheduler thread, and unconstrained requests never wait for Python.
 
 The pump holds the native engine, never the `Engine`, so an engine nobody closed is still collected; a
 `weakref.finalize` closes it then, or at interpreter exit (before Python finalizes, while the pump can still take
@@ -148,6 +149,21 @@ class TokenConstraint(Protocol):
     returns False to leave the step unconstrained. An exception ends the request with an EngineError."""
 
     def fill_next_mask(self, new_token_ids: Sequence[int], mask: np.ndarray) -> bool: ...
+
+
+class DraftTokenConstraint(TokenConstraint, Protocol):
+    """A TokenConstraint that can also mask a speculative round's draft rows, so its request decodes speculatively
+    (with spec on; a plain TokenConstraint's request decodes one token per step). `fill_draft_masks(new tokens,
+    drafts, masks)` commits the new tokens as fill_next_mask does, then writes into masks[i] (masks is [len(drafts)
+    + 1, words]) the mask after drafts[:i] without committing them, and returns one flag per row it speaks for
+    (True: masks[i] applies, False: unconstrained), at least one, at most len(drafts) + 1. It stops at the first
+    draft its own mask forbids (that row's mask still given: the correction is drawn under it) and wherever it
+    cannot know a later row's mask; the engine verifies only len(flags) - 1 drafts. Every row's mask must be the
+    one fill_next_mask would give had the drafts before it been sampled: that is what keeps speculation lossless."""
+
+    def fill_draft_masks(
+        self, new_token_ids: Sequence[int], drafts: Sequence[int], masks: np.ndarray
+    ) -> list[bool]: ...
 
 
 @dataclass(frozen=True)
@@ -356,6 +372,7 @@ def _native_request(request: Request, default_stops: Sequence[int], vocab_size: 
     stops = default_stops if request.stop_token_ids is None else request.stop_token_ids
     native.stop_token_ids = list(stops)
     native.constrained = request.constraint is not None
+    native.masks_drafts = callable(getattr(request.constraint, "fill_draft_masks", None))
     native.report_progress = request.report_progress
     if request.media is not None:
         m = request.media
@@ -444,13 +461,28 @@ class _EventPump:
                 entry = self.constraints.get(req.request_id)
             if entry is None:
                 continue  # it ended meanwhile
-            constraint, mask = entry
+            constraint, masks = entry
+            drafts = tuple(req.drafts)
+            if len(masks) < len(drafts) + 1:  # (a round's rows: each request's buffer grows to the most it saw)
+                masks = np.zeros((len(drafts) + 1, self.mask_words), dtype=np.uint32)
+                with self.lock:
+                    if req.request_id in self.constraints:
+                        self.constraints[req.request_id] = (constraint, masks)
             try:
-                constrained = constraint.fill_next_mask(tuple(req.new_tokens), mask)
+                if drafts:
+                    rows = [bool(r) for r in constraint.fill_draft_masks(tuple(req.new_tokens), drafts,
+                                                                        masks[: len(drafts) + 1])]
+                    if not 1 <= len(rows) <= len(drafts) + 1:
+                        raise ValueError(f"{len(rows)} mask rows for a round of {len(drafts)} drafts")
+                else:
+                    rows = [constraint.fill_next_mask(tuple(req.new_tokens), masks[0])]
             except Exception as exc:  # noqa: BLE001 - any failure of the constraint ends its request, typed
                 self.native.fail_mask(req.request_id, f"the request's token constraint failed: {exc}")
                 continue
-            self.native.provide_mask(req.request_id, mask if constrained else None)
+            if drafts:
+                self.native.provide_masks(req.request_id, masks, rows)
+            else:
+                self.native.provide_mask(req.request_id, masks[0] if rows[0] else None)
 
     def close(self) -> None:
         """Ends every request (`cancelled`), stops the native engine and this thread. Idempotent."""
@@ -677,7 +709,7 @@ class Engine:
                 for i, (queue, constraint) in enumerate(zip(queues, constraints, strict=True)):
                     pump.routes[first_id + i] = (loop, queue)
                     if constraint is not None:
-                        pump.constraints[first_id + i] = (constraint, np.zeros(pump.mask_words, dtype=np.uint32))
+                        pump.constraints[first_id + i] = (constraint, np.zeros((1, pump.mask_words), dtype=np.uint32))
         except errors.NinferError as exc:
             self._report_failure(exc, started=False)
             for observer in observers:

@@ -8,7 +8,8 @@
   decoded sequence's.
 - The engine: greedy output with --spec mtp is token for token plain decoding for K = 1..5, dense and MoE, three
   lanes, prompts ending on and off 64-token pages; seeded sampling too (verify rows drawn by the device sampler with
-  the counter and history plain decoding has there); verify passes replayed as CUDA graphs equal eager ones.
+  the counter and history plain decoding has there); verify passes replayed as CUDA graphs equal eager ones;
+  constrained requests' verify rows drawn under the caller's mask of each row.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import agreeing_mtp
 import numpy as np
 import pytest
+from draft_masks import HistoryMasks
 from mtp_drafts import check_drafts_against_the_twin
 from ninfer import _engine
 from ninfer.artifact.convert import convert
@@ -246,3 +248,36 @@ def test_verify_passes_replayed_as_graphs_equal_eager_passes(artifacts):
     # Three lanes verifying 3 drafts each is one shape, (3 lanes, 4 rows); (2, 4) and (1, 4) once lanes end.
     assert plan["graph_replays"] > 0 and plan["graphs_captured"] >= 1, plan
     assert eager_plan["graph_replays"] == 0
+
+
+def _run_constrained(artifact: Path, options: EngineOptions, prompts, constraints, new_tokens: int, **sampling):
+    async def one(engine, prompt, constraint):
+        tokens = []
+        request = Request(prompt, SamplingParams(**sampling), max_new_tokens=new_tokens, stop_token_ids=(),
+                          constraint=constraint)
+        async for ev in engine.generate(request):
+            tokens += ev.token_ids
+        return tokens
+
+    async def everything(engine):
+        return await asyncio.gather(*(one(engine, p, c) for p, c in zip(prompts, constraints, strict=True)))
+
+    with Engine.open_sync(artifact, options) as engine:
+        return asyncio.run(everything(engine)), engine.stats()
+
+
+def test_constrained_verify_rows_are_drawn_under_their_masks_on_the_device(artifacts):
+    """A stand-in grammar (tests/draft_masks.py: each position's mask a function of the history) on the agreeing
+    head, whose drafts only the masks reject: each verify row goes to the device sampler with the caller's mask
+    after the drafts before it, and greedy and seeded output equal plain decoding's under the same masks."""
+    rng = np.random.default_rng()
+    prompts = _prompts(rng, _vocab(artifacts["agreeing"]), (30, 64))
+    seeds = [int(s) for s in rng.integers(1 << 30, size=2)]
+    for sampling in ({"temperature": 0}, {"temperature": 0.5, "top_k": 3, "seed": seeds[0]}):
+        plain, _ = _run_constrained(artifacts["agreeing"], _options(0), prompts, [HistoryMasks(s) for s in seeds],
+                                    24, **sampling)
+        for k in (1, 3, 5):
+            constraints = [HistoryMasks(s) for s in seeds]
+            spec, stats = _run_constrained(artifacts["agreeing"], _options(k), prompts, constraints, 24, **sampling)
+            assert spec == plain, f"K = {k}, {sampling}"
+            assert sum(c.forbidden for c in constraints) > 0 and stats.draft_tokens_accepted > 0

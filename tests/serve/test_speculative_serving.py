@@ -62,14 +62,23 @@ TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "T
                                                           "required": ["city"]}}}]
 
 
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}},
+          "required": ["city", "n"], "additionalProperties": False}
+
+
 def test_structured_output_and_tool_requests_answer_as_without_speculation(agreeing_artifact):
-    """A grammar-constrained answer (response_format json_object: a mask at every token) and a request with tools
-    are the same from a speculative model entry as from a plain one of the same artifact."""
+    """Grammar-constrained answers (response_format json_object and json_schema: a mask at every token, the draft
+    rows' masks too) and a request with tools are the same from a speculative model entry as from a plain one of
+    the same artifact; the constrained ones draft (their drafts are verified under the grammar)."""
     entry = {"path": str(agreeing_artifact), "max_context": 1024}
     config = {"models": {"m": {**entry, "spec": "mtp", "draft_tokens": 3}, "p": entry}}
+    schema_format = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}}
     with live_servers.serve_router(config) as server:
         for body in ({"response_format": {"type": "json_object"}, "max_tokens": 24},
+                     {"response_format": schema_format, "max_tokens": 40},
                      {"tools": TOOLS, "tool_choice": "auto"}):
             spec, plain = (_chat(server.url, **body, model=name) for name in ("m", "p"))
             assert spec["choices"][0]["message"] == plain["choices"][0]["message"]
             assert spec["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
+            if "response_format" in body:
+                assert spec["timings"]["draft_n"] > 0

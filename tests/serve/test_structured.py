@@ -466,3 +466,116 @@ def test_unenforceable_schema_is_a_400_naming_it(qwen35_server):
             model="any", messages=ASK, max_tokens=5,
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}},
         )
+
+
+# --- draft rows (speculative decoding) -----------------------------------------------------------------------
+
+
+def _allows(mask: np.ndarray, token: int) -> bool:
+    return bool((int(mask[token >> 5]) >> (token & 31)) & 1)
+
+
+def _plain_rows(make, committed, steps):
+    """The masks plain decoding meets: a fresh constraint (`make()`) fed `committed` one token per step (as the
+    engine feeds a non-speculative request), then each of `steps`; (constrained, mask) after each step."""
+    twin = make()
+    mask = np.zeros(mask_words(QWEN35_VOCAB), dtype=np.uint32)
+    twin.fill_next_mask([], mask)
+    for token in committed:
+        twin.fill_next_mask([token], mask)
+    out = []
+    for step in steps:
+        constrained = twin.fill_next_mask(step, mask)
+        out.append((constrained, mask.copy()))
+    return out
+
+
+def _draft_round(speculative, make, committed, new, drafts, seed):
+    """One round's draft rows of `speculative`, checked against plain decoding's masks (`_plain_rows`)."""
+    masks = np.zeros((len(drafts) + 1, mask_words(QWEN35_VOCAB)), dtype=np.uint32)
+    rows = speculative.fill_draft_masks(new, drafts, masks)
+    assert 1 <= len(rows) <= len(drafts) + 1, f"seed {seed}"
+    steps = [new] + [[t] for t in drafts[:len(rows) - 1]]
+    for i, (constrained, mask) in enumerate(_plain_rows(make, committed, steps)):
+        assert rows[i] == constrained, f"seed {seed}, row {i}"
+        if constrained:
+            assert np.array_equal(masks[i], mask), f"seed {seed}, row {i}"
+    return rows, masks
+
+
+@pytest.mark.parametrize("reasoning", [False, True], ids=["answer", "reasoning-first"])
+@pytest.mark.parametrize("schema", [PERSON, POINT_LIST], ids=["person", "points"])
+def test_draft_masks_are_the_masks_of_consuming_the_drafts(frontend, llg_tokenizer, schema, reasoning):
+    """fill_draft_masks' rows against plain decoding's masks at the same positions, over whole answers taken in
+    rounds of fresh random drafts (the answer's own tokens, some replaced by random ones); the committed state after
+    each round is plain decoding's too (the next round's first row checks it)."""
+    seed = int(np.random.default_rng().integers(1 << 30))
+    rng = np.random.default_rng(seed)
+    forbidden = lookahead = 0
+
+    def make():
+        return _constraint(frontend, llg_tokenizer, schema, starts_in_reasoning=reasoning)
+
+    for _ in range(3):
+        value = _random_instance(random.Random(int(rng.integers(1 << 30))), schema)
+        prefix = "The user wants JSON, so a > b.</think>\n\n" if reasoning else ""
+        answer = frontend.encode(prefix + json.dumps(value, ensure_ascii=False)) + [QWEN35_EOS[0]]
+        speculative = make()
+        committed: list[int] = []
+        new: list[int] = []
+        while len(committed) + len(new) < len(answer):
+            start = len(committed) + len(new)
+            drafts = list(answer[start:start + int(rng.integers(1, 6))])
+            if rng.random() < 0.5:
+                drafts[int(rng.integers(len(drafts)))] = int(rng.integers(llg_tokenizer.vocab_size))
+            rows, masks = _draft_round(speculative, make, committed, new, drafts, seed)
+            last = len(rows) - 1
+            forbidden += last < len(drafts) and rows[last] and not _allows(masks[last], drafts[last])
+            lookahead += last
+            # the round accepts the drafts that follow the answer (at most the rows given), then the answer's next
+            accepted = 0
+            while accepted < last and drafts[accepted] == answer[start + accepted]:
+                accepted += 1
+            committed += new
+            new = answer[start:start + accepted + 1]
+        assert speculative.error is None, f"seed {seed}: {speculative.error}"
+    assert forbidden > 0 and lookahead > 0, f"seed {seed}"
+
+
+def test_reasoning_control_draft_rows_are_plain_decodings(frontend, llg_tokenizer):
+    """A reasoning budget's forced close, then the schema: ReasoningControl's draft rows (cut where a forced token
+    may fall) against plain decoding's masks. The simulated model writes its reasoning text while unconstrained and
+    a random allowed token under a mask; drafts are its text with random tokens in."""
+    from ninfer.serve.reasoning_control import ReasoningControl
+
+    seed = int(np.random.default_rng().integers(1 << 30))
+    rng = np.random.default_rng(seed)
+    budget = int(rng.integers(3, 12))
+
+    def make():
+        inner = _constraint(frontend, llg_tokenizer, PERSON, starts_in_reasoning=True)
+        return ReasoningControl(frontend, starts_in_reasoning=True, inner=inner, budget=budget)
+
+    script = frontend.encode("I think a > b and b > c, so the answer is a person named Ann whose age is 7 " * 3)
+    speculative = make()
+    committed: list[int] = []
+    new: list[int] = []
+    lookahead = 0
+    while len(committed) + len(new) < 60:
+        at = len(committed) + len(new)
+        drafts = [script[(at + i) % len(script)] if rng.random() < 0.7 else int(rng.integers(llg_tokenizer.vocab_size))
+                  for i in range(int(rng.integers(1, 6)))]
+        rows, masks = _draft_round(speculative, make, committed, new, drafts, seed)
+        lookahead += len(rows) - 1
+        # the drafts the rows allow and the simulated model writes are accepted; the last row's draw follows them
+        out: list[int] = []
+        for i, constrained in enumerate(rows):
+            want = script[(at + i) % len(script)]
+            if constrained and not _allows(masks[i], want):
+                want = int(rng.choice(allowed_token_ids(masks[i])))
+            out.append(want)
+            if i == len(drafts) or want != drafts[i]:
+                break
+        committed += new
+        new = out
+    assert lookahead > 0 and speculative.forced_at is not None, f"seed {seed}"

@@ -98,6 +98,11 @@ class ReasoningParser:
     def reasoning_ended(self) -> bool:
         return self._reasoning_ended
 
+    @property
+    def may_reason(self) -> bool:
+        """The block is open, or may still open (only whitespace or part of the opening tag seen so far)."""
+        return self._state in (_State.REASONING, _State.MAYBE_OPENING)
+
     def feed(self, piece: str) -> ReasoningDelta:
         self._buf += piece
         reasoning: list[str] = []

@@ -68,18 +68,45 @@ class ReasoningControl:
     def fill_next_mask(self, new_token_ids: Sequence[int], mask: np.ndarray) -> bool:
         constrained = self._inner.fill_next_mask(new_token_ids, mask) if self._inner is not None else False
         with self._lock:
-            self._generated += len(new_token_ids)
-            if self._reasoning.in_reasoning:
-                self._reasoning_generated += len(new_token_ids)
-            self._reasoning.feed(self._text.push(new_token_ids))
-            if self._budget is not None and self._reasoning_generated >= self._budget:
-                self._end_requested = True
-            if self._end_requested and self.forced_at is None and self._reasoning.in_reasoning:
-                self._forcing.extend(self._close)
-                self.forced_at = self._generated
-            if not self._forcing:
-                return constrained
-            token = self._forcing.popleft()
-        mask[:] = 0
-        mask[token >> 5] = np.uint32(1 << (token & 31))
+            token = self._advance(new_token_ids)
+        if token is None:
+            return constrained
+        _force(mask, token)
         return True
+
+    def fill_draft_masks(self, new_token_ids: Sequence[int], drafts: Sequence[int], masks: np.ndarray) -> list[bool]:
+        """fill_next_mask for a speculative round (the inner constraint's draft rows, when it has them), cut to the
+        rows no forced close can fall on: a forced token is the round's only row, and with a budget still running
+        row i comes only while reasoning + i tokens stay under it (every draft counted as reasoning)."""
+        if self._inner is None:
+            rows = [False] * (len(drafts) + 1)
+        elif hasattr(self._inner, "fill_draft_masks"):
+            rows = list(self._inner.fill_draft_masks(new_token_ids, drafts, masks))
+        else:
+            rows = [self._inner.fill_next_mask(new_token_ids, masks[0])]
+        with self._lock:
+            token = self._advance(new_token_ids)
+            if token is None and self._reasoning.may_reason and self._budget is not None:
+                rows = rows[: max(1, self._budget - self._reasoning_generated)]
+        if token is None:
+            return rows
+        _force(masks[0], token)
+        return [True]
+
+    def _advance(self, new_token_ids: Sequence[int]) -> int | None:
+        """Follows the text by `new_token_ids` (under the lock); the token to force at this step, if any."""
+        self._generated += len(new_token_ids)
+        if self._reasoning.in_reasoning:
+            self._reasoning_generated += len(new_token_ids)
+        self._reasoning.feed(self._text.push(new_token_ids))
+        if self._budget is not None and self._reasoning_generated >= self._budget:
+            self._end_requested = True
+        if self._end_requested and self.forced_at is None and self._reasoning.in_reasoning:
+            self._forcing.extend(self._close)
+            self.forced_at = self._generated
+        return self._forcing.popleft() if self._forcing else None
+
+
+def _force(mask: np.ndarray, token: int) -> None:
+    mask[:] = 0
+    mask[token >> 5] = np.uint32(1 << (token & 31))

@@ -255,6 +255,8 @@ class TokenConstraint:
         )
         self._reasoning_tokens: list[int] = []
         self._reasoning_text_len = 0
+        self._reasoning_held = False  # the reasoning text ends inside a UTF-8 character: not yet fed
+        self._may_end_reasoning: dict[int, bool] = {}  # per token id: its bytes hold a `>` (see fill_draft_masks)
         self.error: str | None = None
 
     @property
@@ -293,13 +295,53 @@ class TokenConstraint:
         self._matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
         return True
 
+    def fill_draft_masks(self, new_token_ids: Sequence[int], drafts: Sequence[int], masks: np.ndarray) -> list[bool]:
+        """fill_next_mask for a speculative round: advance by `new_token_ids` (committed), then write into masks[i] the
+        mask after drafts[:i] (hypothetical: the grammar is left where new_token_ids put it). Returns one flag per row
+        it speaks for, from the first (True: masks[i] applies, False: unconstrained), stopping at the first draft the
+        grammar forbids (its row's mask is given: the correction is drawn under it) and where the grammar stops, or,
+        while reasoning is open, at the first draft that might end it. `masks` is [len(drafts) + 1, mask_words]."""
+        if masks.ndim != 2 or masks.shape[0] < len(drafts) + 1:
+            raise ValueError(f"a round of {len(drafts)} drafts needs {len(drafts) + 1} mask rows")
+        if not self.fill_next_mask(new_token_ids, masks[0]):
+            return [False] * (1 + self._drafts_inside_reasoning(drafts))
+        if self.error is not None:
+            return [True]
+        valid = self._matcher.validate_tokens(list(drafts))  # a draft past these is forbidden by the mask before it
+        rows, consumed = 1, 0
+        for token in drafts[:valid]:
+            self._matcher.consume_token(token)
+            consumed += 1
+            if self._matcher.is_stopped():  # (an end-of-sequence draft: nothing is drawn after it)
+                break
+            self._matcher.unsafe_compute_mask_ptr(masks[rows].ctypes.data, masks[rows].nbytes)
+            rows += 1
+        if consumed:
+            self._matcher.rollback(consumed)
+        return [True] * rows
+
+    def _drafts_inside_reasoning(self, drafts: Sequence[int]) -> int:
+        """How many leading drafts surely leave the reasoning open: the block ends only when the `>` of `</think>`
+        arrives (nothing else ends it here), so a token whose bytes hold no `>` cannot end it, unless the text so
+        far ends inside a character (then the next token's text completes what was held back)."""
+        if self._reasoning_held:
+            return 0
+        for n, token in enumerate(drafts):
+            may_end = self._may_end_reasoning.get(token)
+            if may_end is None:
+                may_end = self._may_end_reasoning[token] = b">" in self._tokenizer.decode_bytes([token])
+            if may_end:
+                return n
+        return len(drafts)
+
     def _watch_reasoning(self, token_ids: Sequence[int]) -> list[int]:
         """Feeds reasoning tokens to the splitter; once `</think>` is seen, returns the answer tokens that came in
         the same step (re-tokenized from the text after the tag, which is what the grammar must then accept)."""
         assert self._reasoning is not None
         self._reasoning_tokens.extend(token_ids)
         text = self._frontend.decode(self._reasoning_tokens, skip_special_tokens=False)
-        if text.endswith("\ufffd"):
+        self._reasoning_held = text.endswith("\ufffd")
+        if self._reasoning_held:
             return []  # an incomplete UTF-8 character: wait for the rest
         delta = self._reasoning.feed(text[self._reasoning_text_len :])
         self._reasoning_text_len = len(text)
