@@ -242,7 +242,7 @@ def test_shape_mismatches_are_refused(weights) -> None:
         _engine.kernels.linear(np.zeros((2, 64), np.float32), art, "stack", matrix=3)
 
 
-    with pytest.raises(EngineError, match='path must be "fast" or "f32", not "int8"'):
+    with pytest.raises(EngineError, match='path must be "fast", "avx2" or "f32", not "int8"'):
         _engine.kernels.linear(np.zeros((2, 37), np.float32), art, name, path="int8")
 
 
