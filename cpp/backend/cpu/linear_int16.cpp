@@ -104,8 +104,10 @@ void round_rows(const float* x, int64_t rows, int64_t cols, int64_t group, bool 
   out.blocks = cols / kBlock;
   out.groups = cols / group;
   out.q.resize(size_t(rows * cols));
-  out.step.resize(size_t(rows * out.blocks));
-  out.group_sum.resize(size_t(rows * out.groups));
+  // 16 more than the rows hold: the AVX2 form reads a chunk's 16 blocks and groups whole (lanes past the chunk
+  // are masked or never used).
+  out.step.assign(size_t(rows * out.blocks + 16), 0.0f);
+  out.group_sum.assign(size_t(rows * out.groups + 16), 0.0f);
   const int64_t per_group = group / kBlock;
 #pragma omp parallel for schedule(static) if (rows >= 8)
   for (int64_t r = 0; r < rows; ++r) {
@@ -143,8 +145,9 @@ struct TileInPlace {
   const TensorView& w;
   const uint8_t* q[kTileRows];
   int64_t first_group[kTileRows];
+  int64_t total_groups;
 
-  TileInPlace(const TensorView& view, int64_t o0) : w(view) {
+  TileInPlace(const TensorView& view, int64_t o0) : w(view), total_groups(w.rows() * (w.cols() / w.group_size)) {
     const int64_t groups = w.cols() / w.group_size;
     for (int64_t t = 0; t < kTileRows; ++t) {
       const int64_t row = std::min(o0 + t, w.rows() - 1);
@@ -169,6 +172,41 @@ struct TileInPlace {
     if constexpr (E == Encoding::INT4_AFFINE) return _cvtsh_ss(simd::load_u16(w.offset, first_group[t] + g));
     else return -float(w.zero[first_group[t] + g]) * scale(t, g);
   }
+  // Groups g .. g + 15 of row t as two 8-lane vectors, the same values as scale / offset; lanes past `count` hold
+  // the following groups of the tensor (0 past its end) and are the caller's to ignore.
+  void scales8(int64_t t, int64_t g, int64_t count, __m256 out[2]) const {
+    alignas(16) uint16_t halves[16];
+    const uint16_t* p = read16(w.scale, 2, first_group[t] + g, count, halves);
+    out[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    out[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  }
+  void offsets8(int64_t t, int64_t g, int64_t count, const __m256 scales[2], __m256 out[2]) const {
+    if constexpr (E == Encoding::INT4_AFFINE) {
+      alignas(16) uint16_t halves[16];
+      const uint16_t* p = read16(w.offset, 2, first_group[t] + g, count, halves);
+      out[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      out[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+    } else {
+      alignas(16) uint8_t bytes[16];
+      const __m128i zeros = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+          read16(w.zero, 1, first_group[t] + g, count, bytes)));
+      for (int h = 0; h < 2; ++h) {
+        const __m256 zero = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(zeros, 8) : zeros));
+        out[h] = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(zero, scales[h]));  // as offset() gives
+      }
+    }
+  }
+  // 16 elements of `size` bytes from element i of a per-group array: in place, unless that would read past the
+  // tensor's last group (its last rows), then the `count` there copied into `spare` (zeros after).
+  template <class T>
+  const T* read16(const uint8_t* base, int size, int64_t i, int64_t count, T* spare) const {
+    const T* p = reinterpret_cast<const T*>(base + size * i);
+    if (i + 16 <= total_groups) return p;
+    std::fill(spare, spare + 16, T(0));
+    std::copy_n(p, count, spare);
+    return spare;
+  }
+
 #ifdef NINFER_LINEAR_INT16_AVX512
   // The 64 columns from c (two blocks) as 32 even and 32 odd 16-bit lanes: RoundedRows' pair order.
   void codes_pair(int64_t t, int64_t c, __m512i& even, __m512i& odd) const {
@@ -225,9 +263,9 @@ struct TileUnpacked {
         _mm256_store_si256(reinterpret_cast<__m256i*>(code_values[t] + c), even);
         _mm256_store_si256(reinterpret_cast<__m256i*>(code_values[t] + c + 16), odd);
       }
-      for (int64_t g = 0; g < n / group; ++g) {
-        scale_values[t][g] = tile.scale(t, g0 + g);
-        offset_values[t][g] = tile.offset(t, g0 + g);
+      for (int64_t g = 0; g < kChunkCols / kBlock; ++g) {  // 0 past the chunk's groups
+        scale_values[t][g] = g < n / group ? tile.scale(t, g0 + g) : 0.0f;
+        offset_values[t][g] = g < n / group ? tile.offset(t, g0 + g) : 0.0f;
       }
     }
   }
@@ -237,6 +275,14 @@ struct TileUnpacked {
   }
   float scale(int64_t t, int64_t g) const { return scale_values[t][g - g0]; }
   float offset(int64_t t, int64_t g) const { return offset_values[t][g - g0]; }
+  void scales8(int64_t t, int64_t g, int64_t, __m256 out[2]) const {
+    out[0] = _mm256_loadu_ps(scale_values[t] + (g - g0));
+    out[1] = _mm256_loadu_ps(scale_values[t] + (g - g0) + 8);
+  }
+  void offsets8(int64_t t, int64_t g, int64_t, const __m256*, __m256 out[2]) const {
+    out[0] = _mm256_loadu_ps(offset_values[t] + (g - g0));
+    out[1] = _mm256_loadu_ps(offset_values[t] + (g - g0) + 8);
+  }
 #ifdef NINFER_LINEAR_INT16_AVX512
   void codes_pair(int64_t t, int64_t c, __m512i& even, __m512i& odd) const {
     even = _mm512_load_si512(code_values[t] + (c - c0));
@@ -252,36 +298,51 @@ struct TileUnpacked {
 };
 
 // One input row against a tile over columns [c0, c0 + n) (whole groups): the kernel's only arithmetic, shared by
-// the single-row and the batched path. Per weight row and group: each block's exact int32 products summed in 8
-// lanes, converted, times the block's step, summed over the group in f32; that times the group's scale into the
-// row's 8 lanes. The group offsets times the group's activation sum go into one 4-vector. acc[t] += both.
+// the single-row and the batched path. Per chunk and weight row: `factor` holds block i's step x its group's scale
+// (exact: a power of two times an f16), and the row's 8-lane accumulator starts with the chunk's group offsets
+// times the groups' activation sums. Per block and weight row: each block's exact int32 products summed in 8
+// lanes (each at most 4 products of 2^23), converted, times the block's factor, into the accumulator. acc[t] +=
+// its lanes' sum.
 template <class Tile>
 inline void tile_chunk(const RoundedRow& x, const Tile& tile, int64_t c0, int64_t n, int64_t group, float* acc) {
   static_assert(kTileRows == 4, "written for 4 weight rows");
-  __m256 a[kTileRows] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  __m128 offsets = _mm_setzero_ps();
-  for (int64_t g0 = c0; g0 < c0 + n; g0 += group) {
-    const int64_t g = g0 / group;
-    __m256 s[kTileRows] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t b = g0; b < g0 + group; b += kBlock) {
-      // |q| <= 32767 and codes <= 255: each int32 lane sums 4 products, at most 2^25 in size.
-      const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b));
-      const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + b + 16));
-      const __m256 step = _mm256_set1_ps(x.step[b / kBlock]);
-      for (int64_t t = 0; t < kTileRows; ++t) {
-        __m256i even, odd;
-        tile.codes(t, b, even, odd);
-        const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(xe, even), _mm256_madd_epi16(xo, odd));
-        s[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), step, s[t]);
-      }
+  const int64_t blocks = n / kBlock, groups = n / group, g0 = c0 / group;  // at most 16 of each
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  // Lanes past the chunk's groups read the next row's (RoundedRows pads its arrays): masked out of the offsets.
+  const __m256 in_group[2] = {
+      _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(groups)), lane)),
+      _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(groups) - 8), lane))};
+  const float* steps = x.step + c0 / kBlock;
+  const float* group_sums = x.group_sum + g0;
+  // Block i's group, in lanes i and 8 + i: the first 8 groups hold every block's when group > 32.
+  const __m256i shift = _mm256_set1_epi32(std::countr_zero(uint64_t(group / kBlock)));
+  const __m256i group_of_block[2] = {_mm256_srlv_epi32(lane, shift),
+                                     _mm256_srlv_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(8)), shift)};
+  alignas(32) float factor[kTileRows][16];
+  __m256 a[kTileRows];
+  for (int64_t t = 0; t < kTileRows; ++t) {
+    __m256 scales[2], offsets[2];
+    tile.scales8(t, g0, groups, scales);
+    tile.offsets8(t, g0, groups, scales, offsets);
+    a[t] = _mm256_add_ps(_mm256_and_ps(in_group[0], _mm256_mul_ps(offsets[0], _mm256_loadu_ps(group_sums))),
+                         _mm256_and_ps(in_group[1], _mm256_mul_ps(offsets[1], _mm256_loadu_ps(group_sums + 8))));
+    for (int h = 0; h < 2; ++h) {
+      const __m256 block_scales =
+          group == kBlock ? scales[h] : _mm256_permutevar8x32_ps(scales[0], group_of_block[h]);
+      _mm256_store_ps(factor[t] + 8 * h, _mm256_mul_ps(block_scales, _mm256_loadu_ps(steps + 8 * h)));
     }
-    for (int64_t t = 0; t < kTileRows; ++t) a[t] = _mm256_fmadd_ps(_mm256_set1_ps(tile.scale(t, g)), s[t], a[t]);
-    const __m128 group_offsets =
-        _mm_setr_ps(tile.offset(0, g), tile.offset(1, g), tile.offset(2, g), tile.offset(3, g));
-    offsets = _mm_fmadd_ps(group_offsets, _mm_set1_ps(x.group_sum[g]), offsets);
   }
-  const __m128 chunk = _mm_add_ps(sum_lanes4(a[0], a[1], a[2], a[3]), offsets);
-  _mm_storeu_ps(acc, _mm_add_ps(_mm_loadu_ps(acc), chunk));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + c0 + b * kBlock));
+    const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + c0 + b * kBlock + 16));
+    for (int64_t t = 0; t < kTileRows; ++t) {
+      __m256i even, odd;
+      tile.codes(t, c0 + b * kBlock, even, odd);
+      const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(xe, even), _mm256_madd_epi16(xo, odd));
+      a[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_broadcast_ss(factor[t] + b), a[t]);
+    }
+  }
+  _mm_storeu_ps(acc, _mm_add_ps(_mm_loadu_ps(acc), sum_lanes4(a[0], a[1], a[2], a[3])));
 }
 
 #ifdef NINFER_LINEAR_INT16_AVX512

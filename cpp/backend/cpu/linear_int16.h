@@ -21,14 +21,15 @@
 // instead of one region each. Every tile's arithmetic is the same as in a call for its weight alone, so each output
 // equals that call's bit for bit (tests/test_cpu_linear.py compares them).
 //
-// Two forms. AVX2 (the fallback): per 32-column block and weight row, two `vpmaddwd` into 8 int32 lanes, converted,
-// times the block's step, summed over the group, times the group's scale; the offsets per group in scalar code.
-// AVX-512 (BW, VL, VNNI; built where the compiler targets them, -march=native): two blocks at a time, `vpdpwssd`
-// into 16 int32 lanes (8 per block), converted and multiplied by step x scale (exact: the step is a power of two,
-// unless the product leaves f32's range, i.e. blocks below ~2^-100), and the offsets and scales of a 512-column
-// chunk's groups as 16-lane vectors. The int32 block sums are the same exact integers in both; the forms differ in
-// f32 rounding order only, so each holds the bound above (tests/test_cpu_linear.py checks both against float64 and
-// the f32 kernels, and against each other).
+// Per 512-column chunk and weight row, both forms first take the chunk's group scales and offsets as vectors: each
+// block's factor step x scale (exact: the step is a power of two, unless the product leaves f32's range, i.e.
+// blocks below ~2^-100), and the offsets times the groups' activation sums as the accumulator's start. Then, AVX2
+// (the fallback): per block and weight row, two `vpmaddwd` into 8 int32 lanes, converted, times the factor, into
+// the accumulator. AVX-512 (BW, VL, VNNI; built where the compiler targets them, -march=native): two blocks at a
+// time, two `vpdpwssd` into 16 int32 lanes (8 per block), likewise. The int32 lanes hold the same exact integers in
+// both; the forms differ in f32 rounding order only, so each holds the bound above (tests/test_cpu_linear.py checks
+// both against float64 and the f32 kernels, and against each other). Per-group scalar work (a scale and an offset
+// per row and group, 1/4 of int4 g32's time before: bench/NOTES-cpu.md, session 13) is gone from the inner loop.
 #pragma once
 
 #include <cstdint>
