@@ -349,7 +349,7 @@ inline void tile_chunk(const RoundedRow& x, const Tile& tile, int64_t c0, int64_
 // tile_chunk's AVX-512 form, on RoundedRows with pairs. Per chunk and weight row, the 16 lanes `factor` hold block
 // i's step x its group's scale (exact: a power of two times an f16), and the row's 16-lane accumulator starts with
 // the chunk's group offsets times the groups' activation sums. Per pair of blocks and weight row: `vpdpwssd` twice
-// gives lanes 0-7 the first block's and lanes 8-15 the second's exact int32 products (each lane 8 products of at
+// gives lanes 0-7 the first block's and lanes 8-15 the second's exact int32 products (each lane 4 products of at
 // most 2^23), converted, times the blocks' factors, into the accumulator. acc[t] += its lanes' sum.
 template <class Tile>
 inline void tile_chunk_avx512(const RoundedRow& x, const Tile& tile, int64_t c0, int64_t n, int64_t group,
