@@ -32,8 +32,9 @@ TensorView weight(const ArtifactHandle& h, const std::string& name, std::optiona
 
 cpu::LinearPath linear_path(const std::string& path) {
   if (path == "fast") return cpu::LinearPath::Fast;
+  if (path == "avx2") return cpu::LinearPath::Int16Avx2;
   if (path == "f32") return cpu::LinearPath::F32;
-  throw EngineError("linear: path must be \"fast\" or \"f32\", not \"" + path + "\"");
+  throw EngineError("linear: path must be \"fast\", \"avx2\" or \"f32\", not \"" + path + "\"");
 }
 
 // y = x @ W.T (+ bias), into `out` when given (tests poison it first), else into a fresh array.
@@ -103,7 +104,8 @@ void bind_kernels(nb::module_& m) {
         nb::arg("matrix") = nb::none(), nb::arg("out") = nb::none(), nb::arg("path") = "fast",
         "x[rows, cols] @ W.T (+ bias) with W consumed in its stored encoding; `matrix` picks one of a stack; "
         "writes into `out` when given and returns it. path \"fast\" is what the engine runs (int16 activations "
-        "for int4 / int8 / int4_affine where built), \"f32\" its f32 twin.");
+        "for int4 / int8 / int4_affine where built; their AVX-512 form where built), \"avx2\" the same with that "
+        "kernel's AVX2 form, \"f32\" its f32 twin.");
   k.def("linear_shared_input", &linear_shared_input, nb::arg("x"), nb::arg("artifact"), nb::arg("names"),
         nb::arg("outs"), nb::arg("biases"), nb::arg("path") = "fast",
         "linear() for every named weight on the same x, as the model's q/k/v and gate/up run (x rounded once, one "
@@ -111,6 +113,8 @@ void bind_kernels(nb::module_& m) {
   k.def("int16_activations", [](const ArtifactHandle& h, const std::string& name) {
         return cpu::linear_int16_applies(h.get()->tensor(name)); }, nb::arg("artifact"), nb::arg("name"),
         "Whether linear(path=\"fast\") rounds the input to int16 blocks for this weight in this build.");
+  k.def("int16_avx512", &cpu::linear_int16_avx512_built,
+        "Whether this build has the int16 kernel's AVX-512 form (path \"fast\" runs it, \"avx2\" the AVX2 form).");
   k.def("dequantize_row", &dequantize_row, nb::arg("artifact"), nb::arg("name"), nb::arg("row"),
         "Row `row` of the tensor's [R, cols] view, dequantized by the reference decoder.");
 }

@@ -150,6 +150,10 @@ void tile_dot(const float* x, int64_t ldx, int64_t rows, const float* wbuf, int6
 
 #endif
 
+Int16Form int16_form(LinearPath path) {
+  return path == LinearPath::Int16Avx2 ? Int16Form::Avx2 : Int16Form::Widest;
+}
+
 }  // namespace
 
 void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias, LinearPath path) {
@@ -160,8 +164,8 @@ void linear(const float* x, int64_t rows, const TensorView& w, float* y, const f
 
   const int64_t chunk = tile_chunk_size(tiles);
 
-  if (path == LinearPath::Fast && linear_int16_applies(w)) {
-    linear_int16(x, rows, w, y, bias);
+  if (path != LinearPath::F32 && linear_int16_applies(w)) {
+    linear_int16(x, rows, w, y, bias, int16_form(path));
     return;
   }
   if (linear_grouped_applies(w)) {
@@ -208,7 +212,7 @@ void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut
   // (A stacked weight is left to linear(), which refuses it.)
   auto int16 = [](const TensorView& w) { return w.shape.size() == 2 && linear_int16_applies(w); };
   done.assign(outs.size(), 0);
-  if (path == LinearPath::Fast) {
+  if (path != LinearPath::F32) {
     for (size_t i = 0; i < outs.size(); ++i) {
       if (done[i] || !int16(*outs[i].w)) continue;
       same_group.clear();
@@ -217,7 +221,7 @@ void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut
           same_group.push_back(outs[j]);
           done[j] = 1;
         }
-      linear_int16_shared(x, rows, same_group);
+      linear_int16_shared(x, rows, same_group, int16_form(path));
     }
   }
   for (size_t i = 0; i < outs.size(); ++i)

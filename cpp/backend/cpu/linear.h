@@ -12,8 +12,10 @@ namespace ninfer::cpu {
 
 // How linear() treats its input. Fast: int4 / int8 / int4_affine weights take linear_int16 where it is built
 // (x rounded per 32-column block to int16, linear_int16.h states the error), every other weight the f32 kernels.
+// Int16Avx2: as Fast, with linear_int16 in its AVX2 form even where its AVX-512 form is built (what a CPU without
+// AVX-512 runs; tests and benchmarks compare the two forms on one machine).
 // F32: the f32 kernels for every weight, x used as given: the twin the tests compare Fast against.
-enum class LinearPath { Fast, F32 };
+enum class LinearPath { Fast, Int16Avx2, F32 };
 
 // y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]) for r < rows, o < W.rows(); W is 2-D (use TensorView::matrix
 // for one matrix of a stack). x is [rows, W.cols()] row-major f32, y is [rows, W.rows()]. Accumulates in f32.

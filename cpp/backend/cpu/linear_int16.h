@@ -20,6 +20,16 @@
 // rounding of x, and a decode step (rows == 1) computes the tiles of all of them in one OpenMP parallel region
 // instead of one region each. Every tile's arithmetic is the same as in a call for its weight alone, so each output
 // equals that call's bit for bit (tests/test_cpu_linear.py compares them).
+//
+// Per 512-column chunk and weight row, both forms first take the chunk's group scales and offsets as vectors: each
+// block's factor step x scale (exact: the step is a power of two, unless the product leaves f32's range, i.e.
+// blocks below ~2^-100), and the offsets times the groups' activation sums as the accumulator's start. Then, AVX2
+// (the fallback): per block and weight row, two `vpmaddwd` into 8 int32 lanes, converted, times the factor, into
+// the accumulator. AVX-512 (BW, VL, VNNI; built where the compiler targets them, -march=native): two blocks at a
+// time, two `vpdpwssd` into 16 int32 lanes (8 per block), likewise. The int32 lanes hold the same exact integers in
+// both; the forms differ in f32 rounding order only, so each holds the bound above (tests/test_cpu_linear.py checks
+// both against float64 and the f32 kernels, and against each other). Per-group scalar work (a scale and an offset
+// per row and group, 1/4 of int4 g32's time before: bench/NOTES-cpu.md, session 13) is gone from the inner loop.
 #pragma once
 
 #include <cstdint>
@@ -30,15 +40,24 @@
 
 namespace ninfer::cpu {
 
+// Which form linear_int16 runs: Widest, the AVX-512 form where built, else AVX2; Avx2, the AVX2 form always (what a
+// CPU without AVX-512 runs, selectable so that both are tested and benchmarked on one machine).
+enum class Int16Form { Widest, Avx2 };
+
+// Whether this build has the AVX-512 form.
+bool linear_int16_avx512_built();
+
 // Whether linear_int16 serves `w` in this build (AVX2 + F16C + FMA; int4 / int8 / int4_affine in groups of
 // 32 .. 512 columns, a multiple of 32). Without AVX2 linear() keeps the f32 kernels for every weight.
 bool linear_int16_applies(const TensorView& w);
 
 // linear() for such a w: y[r, o] = sum_i x[r, i] * W[o, i] (+ bias[o]).
-void linear_int16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias);
+void linear_int16(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias,
+                  Int16Form form = Int16Form::Widest);
 
 // linear_int16 for each of `outs` on the same x [rows, cols]: every weight one that linear_int16_applies to, with
 // `cols` columns and one group size (all of them the same; refused otherwise). x is rounded once for all.
-void linear_int16_shared(const float* x, int64_t rows, std::span<const LinearOut> outs);
+void linear_int16_shared(const float* x, int64_t rows, std::span<const LinearOut> outs,
+                         Int16Form form = Int16Form::Widest);
 
 }  // namespace ninfer::cpu
