@@ -59,15 +59,17 @@ def decode_step_bytes(artifact: Path, config: dict, batch: int, context: int) ->
 def graph_pass_split(before: dict, after: dict) -> dict:
     """Decode graph figures between two memory_plan() readings: the captures in the window (count, mean host ms
     each: issuing the model's ops into the capture and instantiating or updating the executable), the replays
-    (count, mean host ms per step: the model writing its step tables, their copy and the graph launch), and the
-    mean device ms per graph launch."""
+    (count, mean host ms per step: the model writing its step tables, their copy and the graph launch), the
+    mean device ms per graph launch, and the MTP drafting passes' launches (count, mean device ms) apart."""
     def delta(key: str) -> float:
         return after[key] - before[key]
 
     captures, replays, passes = delta("graph_captures"), delta("graph_replays"), delta("graph_passes_timed")
     return {"captures": captures, "capture_host": delta("graph_capture_host_us") / max(captures, 1) / 1e3,
             "replays": replays, "replay_host": delta("graph_replay_host_us") / max(replays, 1) / 1e3,
-            "passes": passes, "device": delta("graph_device_us") / max(passes, 1) / 1e3}
+            "passes": passes, "device": delta("graph_device_us") / max(passes, 1) / 1e3,
+            "draft_passes": delta("graph_draft_passes"),
+            "draft_device": delta("graph_draft_device_us") / max(delta("graph_draft_passes"), 1) / 1e3}
 
 
 async def run_batch(engine: Engine, prompts: list[list[int]], new_tokens: int) -> list:

@@ -71,6 +71,7 @@ def run_engine(path: Path, k: int, batches: list[int], prompt_len: int, new_toke
             rows.append({"op_times_per_round": ops,
                          "device_ms_per_round": sum(t["device_us"] for t in ops.values()) / 1e3, "k": k, "batch": batch, "graph_pass_device_ms": passes["device"],
                          "graph_passes": passes["passes"], "graph_captures": passes["captures"],
+                         "draft_graph_passes": passes["draft_passes"], "draft_graph_device_ms": passes["draft_device"],
                          "round_ms": 1e3 * float(np.median([round_seconds(f) for f in finals])),
                          "drafted": drafted, "accepted": sum(f.timings.draft_n_accepted for f in finals)})
     return rows
@@ -134,6 +135,8 @@ def main() -> int:
                                 for a, v in r["derived_tokens_per_s"].items())
             ratio = r["verify_over_decode_device"]
             line += (f"; verify/decode {ratio:.2f}x device" if ratio else "; no graphs")
+            if r["draft_graph_passes"]:
+                line += f"; drafting {r['draft_graph_device_ms']:.2f} ms device ({r['draft_graph_passes']:.0f} graph launches)"
             line += (f", round/decode "
                      f"{r['round_over_decode_round']:.2f}x; DERIVED {derived}; accepted {r['accepted']}/{r['drafted']}")
         print(line)

@@ -320,6 +320,8 @@ nb::dict memory_plan(const Engine& e) {
   d["graph_replay_host_us"] = t.replay_host_us;
   d["graph_passes_timed"] = t.passes;
   d["graph_device_us"] = t.device_us;
+  d["graph_draft_passes"] = t.draft_passes;
+  d["graph_draft_device_us"] = t.draft_device_us;
   d["op_times"] = op_times_dict(e.device());  // empty unless the backend times its ops (EngineOptions::cuda_op_times)
   // Graphs are captured as batch sizes first run, so their memory is what the captures so far measured.
   d["summary"] = e.device() ? describe(p) + ", CUDA graphs " + std::to_string(e.device()->graph_bytes() >> 20) +

@@ -12,6 +12,10 @@
 namespace ninfer {
 namespace {
 
+// The most MTP rows mtp_layer runs as single-row sequences (a verify round's catch-up is at most
+// kMaxDraftTokens + 1 rows; a prompt's are more).
+constexpr int64_t kMtpRowSequences = 8;
+
 class DecoderModel final : public Model {
  public:
   DecoderModel(std::shared_ptr<const Artifact> artifact, const ModelOptions& options, std::unique_ptr<Backend> backend)
@@ -253,12 +257,13 @@ class DecoderModel final : public Model {
     check_tokens(item.tokens, n);
   }
 
-  // The target's hidden rows (host memory) where the backend's ops read them.
+  // The target's hidden rows (host memory) where the backend's ops read them (an op of the pass: a drafting pass
+  // replayed as a CUDA graph takes its own rows).
   const float* staged_hidden(const float* hidden, int64_t n) {
     backend_->bind_calling_thread();
     if (backend_->memory().host_accessible()) return hidden;
     float* staged = scratch_.get(Buf::MtpHidden, n * config_.hidden_size);
-    backend_->memory().from_host(staged, hidden, size_t(n * config_.hidden_size) * sizeof(float));
+    backend_->upload_floats(hidden, n * config_.hidden_size, staged);
     return staged;
   }
 
@@ -285,7 +290,15 @@ class DecoderModel final : public Model {
 
     int64_t* positions = scratch_.positions(n);
     for (int64_t t = 0; t < n; ++t) positions[t] = start + t + item.position_offset;
-    seqs_.assign(1, SequenceRows{0, n, start, item.pages.data(), item.state_slot});
+    // A round's few rows run as single-row sequences, a verify pass's layout: the decode attention, which a CUDA
+    // graph of the drafting replays at any position (Model::mtp_draft). A prompt's rows run as one sequence (the
+    // prefill attention: thousands of rows). Each row attends to the positions up to its own either way.
+    seqs_.clear();
+    if (n <= kMtpRowSequences) {
+      for (int64_t t = 0; t < n; ++t) seqs_.push_back(SequenceRows{t, 1, start + t, item.pages.data(), item.state_slot});
+    } else {
+      seqs_.push_back(SequenceRows{0, n, start, item.pages.data(), item.state_slot});
+    }
     const PassContext pass{*backend_, config_, pools.kv(), pools.states(), scratch_, seqs_, positions, n, rope_,
                            options_.gdn_chunk};
     decoder_layers(pass, std::span(&m.layer, 1), u);

@@ -114,7 +114,8 @@ class Model {
   // The MTP head's greedy drafts (runtime/speculative.h): mtp_forward's rows (their KV written the same way), then
   // `drafts` tokens into `tokens`: step 0 the argmax of the last row's logits, step j the argmax after one more
   // row at the next position, from step j - 1's normed output and draft. Logits, hidden rows and drafts stay in the
-  // backend's memory until the drafts' one copy back (no logits row or host argmax per step). drafts = 0: only the
+  // backend's memory until the drafts' one copy back (no logits row or host argmax per step; on CUDA it launches
+  // the pass, a graph when the caller began one of its shape, runtime/step_executor.cpp). drafts = 0: only the
   // rows' KV. mtp_forward is its slow twin (tests/test_mtp_draft.py).
   virtual void mtp_draft(const float* hidden, const ForwardItem& item, CachePools& pools, int32_t drafts,
                          std::vector<int32_t>& tokens) = 0;

@@ -26,12 +26,18 @@ struct DeviceMemoryUse {
 struct GraphPassTimings {
   int64_t captures = 0, replays = 0, passes = 0;
   double capture_host_us = 0, replay_host_us = 0, device_us = 0;
+  // The MTP drafting passes' launches (GraphPassShape::drafts > 0): counted apart from passes / device_us, which
+  // stay the decode and verify passes'.
+  int64_t draft_passes = 0;
+  double draft_device_us = 0;
 };
 
 // The shape of a pass a CUDA graph can run: `lanes` sequences, each `rows` new tokens that run as decode steps
 // (rows 1: a decode pass; rows K + 1: an MTP verify pass, runtime/speculative.h). lanes 0: any other pass.
+// drafts > 0: one lane's MTP drafting (Model::mtp_draft): the head's catch-up over `rows` target rows, then
+// `drafts` drafts.
 struct GraphPassShape {
-  int32_t lanes = 0, rows = 1;
+  int32_t lanes = 0, rows = 1, drafts = 0;
   auto operator<=>(const GraphPassShape&) const = default;
 };
 

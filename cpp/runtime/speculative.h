@@ -30,6 +30,7 @@ struct LaneDrafts {
   // their MTP KV row, which needs the token after each (MTP row p reads the hidden at p and token p + 1).
   int64_t mtp_next = 0;
   std::vector<float> pending_hidden;
+  int64_t pending_rows(int64_t hidden_size) const { return int64_t(pending_hidden.size()) / hidden_size; }
   std::vector<int32_t> verify_tokens;     // this round's verify input: the last token, then the drafts
   int64_t drafted = 0, accepted = 0;      // over the request (llama.cpp's draft_n, draft_n_accepted)
 };

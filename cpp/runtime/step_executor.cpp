@@ -84,7 +84,17 @@ StepResult StepExecutor::draft(const StepPlan& plan, std::span<SliceInput> input
       if (!in.drafts) continue;
       const PlannedSlice& s = plan.slices[i];
       const int32_t drafts = s.kind == SliceKind::Verify ? s.drafts : 0;
-      drafter_->prepare(*in.drafts, std::span(in.tokens, size_t(s.end)), in.item.pages, drafts);
+      // A round's drafting (its few catch-up rows, then the drafts) is a pass a CUDA graph of its shape can run,
+      // as the verify pass after it is; its drafts' copy back launches it. A prompt's catch-up runs eagerly.
+      const int64_t rows = in.drafts->pending_rows(model_.config().hidden_size);
+      const bool graph = device_ && drafts > 0 && rows >= 1 && rows <= device_->decode_path_rows();
+      if (graph) device_->begin_pass({1, int32_t(rows), drafts});
+      try {
+        drafter_->prepare(*in.drafts, std::span(in.tokens, size_t(s.end)), in.item.pages, drafts);
+      } catch (...) {
+        if (graph) device_->begin_pass({});  // leave a capture in progress now (as run_pass does)
+        throw;
+      }
       if (s.kind == SliceKind::Verify) in.item.tokens = in.drafts->verify_tokens.data();
     }
   });

@@ -435,6 +435,17 @@ void CudaBackend::argmax_rows(const float* x, int64_t rows, int64_t cols, int32_
                  device_ids, ids);
 }
 
+// Through the step tables (pinned, copied to the device before the pass or its graph launch), then a device copy:
+// captured as a copy node from the tables' fixed slot, which a replay fills anew.
+void CudaBackend::upload_floats(const float* host, int64_t count, float* out) {
+  if (count <= 0) return;
+  HostTables tables;
+  const size_t at = tables.add(host, size_t(count));
+  const uint8_t* slot = upload(tables) + at;
+  if (tables_only()) return;
+  NINFER_CUDA_CHECK(cudaMemcpyAsync(out, slot, size_t(count) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+}
+
 void CudaBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {
   if (n <= 0) return;
   HostTables tables;

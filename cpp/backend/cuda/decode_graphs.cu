@@ -129,6 +129,7 @@ void DecodeGraphs::launch_timed(cudaStream_t stream, cudaGraphExec_t exec) {
   NINFER_CUDA_CHECK(cudaGraphLaunch(exec, stream));
   NINFER_CUDA_CHECK(cudaEventRecord(launch_end_, stream));
   launch_timed_ = true;
+  launched_draft_ = batch_.drafts > 0;
 }
 
 void DecodeGraphs::collect_timing() {
@@ -136,6 +137,11 @@ void DecodeGraphs::collect_timing() {
   launch_timed_ = false;
   float ms = 0.0f;
   NINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, launch_start_, launch_end_));
+  if (launched_draft_) {
+    timings_.draft_device_us += double(ms) * 1000.0;
+    ++timings_.draft_passes;
+    return;
+  }
   timings_.device_us += double(ms) * 1000.0;
   ++timings_.passes;
 }

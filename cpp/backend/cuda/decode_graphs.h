@@ -1,6 +1,6 @@
 // Exact-shape CUDA graphs of the decode pass: one executable graph per pass shape (GraphPassShape: lanes 1..max,
-// and rows per lane: 1 for plain decode steps, K + 1 for an MTP verify pass), captured once and then replayed step
-// after step.
+// and rows per lane: 1 for plain decode steps, K + 1 for an MTP verify pass; or one lane's MTP drafting, keyed by
+// its catch-up rows and drafts), captured once and then replayed step after step.
 //
 // A decode pass of shape B goes through three modes:
 //   - eager: B's first pass (the warm-up). It makes every weight constant resident and grows the activation
@@ -87,7 +87,7 @@ class DecodeGraphs {
   GraphPassTimings timings_;
   std::chrono::steady_clock::time_point started_;
   cudaEvent_t launch_start_ = nullptr, launch_end_ = nullptr;
-  bool launch_timed_ = false;
+  bool launch_timed_ = false, launched_draft_ = false;  // the last launch timed; a drafting pass's (drafts > 0)
 };
 
 }  // namespace ninfer::cuda
