@@ -49,12 +49,35 @@ def decide_twice(engine, context, questions):
     return answers, prefilled
 
 
-def assert_same(cached, uncached):
+def assert_same(cached, uncached, *, near_ties: bool = False):
+    """The same greedy tokens and top candidates, their logprobs within LOGPROB_ATOL. near_ties (a device backend,
+    whose two prefills differ by rounding: a prefix read back from the KV pool in its stored dtype, sums in another
+    order): the runs may also order candidates whose logprobs are within LOGPROB_ATOL of each other differently (the
+    random test models' 248k flat logits have such near-ties), and where they pick different tokens so, the rest of
+    the two answers continues from different tokens and is not compared."""
     (tokens, top), (ref_tokens, ref_top) = cached, uncached
-    assert tokens == ref_tokens
-    for mine, ref in zip(top, ref_top, strict=True):
-        assert [t for t, _ in mine] == [t for t, _ in ref]
-        np.testing.assert_allclose([v for _, v in mine], [v for _, v in ref], atol=LOGPROB_ATOL)
+    if not near_ties:
+        assert tokens == ref_tokens
+    assert len(tokens) == len(ref_tokens) == len(top) == len(ref_top)
+    for token, ref_token, mine, ref in zip(tokens, ref_tokens, top, ref_top, strict=True):
+        if not near_ties:
+            assert [t for t, _ in mine] == [t for t, _ in ref]
+            np.testing.assert_allclose([v for _, v in mine], [v for _, v in ref], atol=LOGPROB_ATOL)
+            continue
+        _assert_same_within_ties(dict(mine), dict(ref))
+        if token != ref_token:  # a tie at the top (checked above): the answers go on from different tokens
+            return
+
+
+def _assert_same_within_ties(mine: dict[int, float], ref: dict[int, float]) -> None:
+    """Two top-k lists (id -> logprob) that differ at most by near-ties: a candidate in both has the same logprob
+    within LOGPROB_ATOL; one in only one of them is within LOGPROB_ATOL of the other list's last (it fell off the cut
+    by a tie); so the top candidate of either is within 2 x LOGPROB_ATOL of the other's."""
+    for t in mine.keys() & ref.keys():
+        assert abs(mine[t] - ref[t]) <= LOGPROB_ATOL, (t, mine, ref)
+    for one, other in ((mine, ref), (ref, mine)):
+        for t in one.keys() - other.keys():
+            assert one[t] <= min(other.values()) + LOGPROB_ATOL, (t, mine, ref)
 
 
 class SnapshotRules:
@@ -83,7 +106,7 @@ HOST_TIER_BUDGET = {"max_context": 384, "kv_capacity": 640, "max_concurrency": 1
                     "device_state_slots": 2, "snapshot_interval": 4096}
 
 
-def host_tier_round_trip(open_engine, greedy) -> dict:
+def host_tier_round_trip(open_engine, greedy, *, near_ties: bool = False) -> dict:
     """Conversation A, then B and C, which move A's deeper blocks (and its snapshot) to the host tier; A continued is
     restored from there; then the engine is closed and a new one opened on the same host tier: A continued again is
     restored from what the first engine left. Every answer equals the cache-off engine's. `open_engine(**options)`
@@ -108,7 +131,7 @@ def host_tier_round_trip(open_engine, greedy) -> dict:
         assert tier.stats()["used_pages"] == after_reopen.prefix.host_blocks
     assert last.usage.cached_tokens == 320  # a2's blocks and its prompt-end snapshot, all from the host
     for (mine, _), ref in zip([*results, (got, last)], reference, strict=True):
-        assert_same(mine, ref)
+        assert_same(mine, ref, near_ties=near_ties)
     s = after_reopen
     assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
     return {"first": before_close.prefix, "second": after_reopen.prefix}

@@ -51,7 +51,7 @@ def test_cached_requests_equal_uncached_on_the_device(tiny_artifacts, kind, kv_d
             for _ in range(2):
                 got, last = run_one(on, _greedy(stem[:n]))
                 assert last.usage.cached_tokens == rules.reuse(n), n
-                assert_same(got, ref)
+                assert_same(got, ref, near_ties=True)
                 rules.ran(n)
         s = on.stats()
     assert s.prefix.restores == s.prefix.hits > 0
@@ -73,7 +73,7 @@ def test_a_cancelled_prefill_sharing_pages_leaks_nothing_on_the_device(tiny_arti
         assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
         got, last = run_one(on, _greedy(follow_up))
     assert last.usage.cached_tokens >= 512
-    assert_same(got, reference)
+    assert_same(got, reference, near_ties=True)
 
 
 @pytest.mark.parametrize("context_tokens", [300, 320])
@@ -104,6 +104,6 @@ def test_host_tier_restores_equal_uncached_on_the_device(tiny_artifacts, kind):
         options = {"backend": "cuda", "prefill_chunk": 256, "cuda_gemm": "twin"} | kw
         return Engine(tiny_artifacts[kind], EngineOptions(**options), host_tier=host_tier)
 
-    stats = host_tier_round_trip(open_engine, _greedy)
+    stats = host_tier_round_trip(open_engine, _greedy, near_ties=True)
     assert (stats["first"].host_restored_blocks, stats["first"].host_restored_snapshots) == (3, 1)
     assert (stats["second"].host_restored_blocks, stats["second"].host_restored_snapshots) == (5, 1)
