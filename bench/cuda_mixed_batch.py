@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 import tempfile
@@ -73,7 +74,7 @@ def gap_figures(run: dict) -> dict:
     start, end = run["submitted"], run["first_token"]
     before, during = [], []
     for s in run["stamps"]:
-        for a, b in zip(s, s[1:]):
+        for a, b in itertools.pairwise(s):
             if b <= start:
                 before.append(b - a)
             elif a < end:  # a gap that overlaps the prefill window

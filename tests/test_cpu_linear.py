@@ -148,6 +148,15 @@ def test_linear_matches_reference(weights, case: tuple, kind: str) -> None:
         check_close(linear_poisoned(art, name, x, path="f32"), x, w)
 
 
+def block_scaled_inputs(shape: tuple[int, int]):
+    """(x, bias) for each of ROWS: fresh random rows whose 32-column blocks differ in scale by up to 2^24."""
+    rng = np.random.default_rng()
+    for rows in ROWS:
+        block_scale = np.exp2(rng.integers(-12, 13, (rows, shape[1] // 32)))
+        x = (rng.standard_normal((rows, shape[1])) * np.repeat(block_scale, 32, axis=1)).astype(np.float32)
+        yield x, rng.standard_normal(shape[0]).astype(np.float32)
+
+
 @pytest.mark.parametrize("path", INT16_FORMS)
 @pytest.mark.parametrize("case", [c for c in WEIGHTS if c[0] in INT16_ENCODINGS], ids=weight_id)
 def test_int16_kernel_against_its_f32_twin(weights, case: tuple, path: str) -> None:
@@ -158,11 +167,7 @@ def test_int16_kernel_against_its_f32_twin(weights, case: tuple, path: str) -> N
     if not int16_kernel(art, name):
         pytest.skip("this build has no int16 kernel (needs AVX2, F16C and FMA: built without -march=native?)")
     w = reference[name]
-    rng = np.random.default_rng()
-    for rows in ROWS:
-        block_scale = np.exp2(rng.integers(-12, 13, (rows, w.shape[1] // 32)))
-        x = (rng.standard_normal((rows, w.shape[1])) * np.repeat(block_scale, 32, axis=1)).astype(np.float32)
-        bias = rng.standard_normal(w.shape[0]).astype(np.float32)
+    for x, bias in block_scaled_inputs(w.shape):
         fast = linear_poisoned(art, name, x, bias=bias, path=path)
         twin = linear_poisoned(art, name, x, bias=bias, path="f32")
         _, fast_bound = error_bound(x, w, bias, magnitude[name])
@@ -184,11 +189,7 @@ def test_int16_forms_differ_by_f32_rounding_order_only(weights, case: tuple) -> 
     if not _engine.kernels.int16_avx512():
         pytest.skip("this build has no AVX-512 form of the int16 kernel: path fast is the AVX2 form")
     w = reference[name]
-    rng = np.random.default_rng()
-    for rows in ROWS:
-        block_scale = np.exp2(rng.integers(-12, 13, (rows, w.shape[1] // 32)))
-        x = (rng.standard_normal((rows, w.shape[1])) * np.repeat(block_scale, 32, axis=1)).astype(np.float32)
-        bias = rng.standard_normal(w.shape[0]).astype(np.float32)
+    for x, bias in block_scaled_inputs(w.shape):
         wide = linear_poisoned(art, name, x, bias=bias).astype(np.float64)
         avx2 = linear_poisoned(art, name, x, bias=bias, path="avx2").astype(np.float64)
         unrounded = linear_poisoned(art, name, x, bias=bias, path="f32").astype(np.float64)

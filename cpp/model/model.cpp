@@ -295,7 +295,8 @@ class DecoderModel final : public Model {
     // prefill attention: thousands of rows). Each row attends to the positions up to its own either way.
     seqs_.clear();
     if (n <= kMtpRowSequences) {
-      for (int64_t t = 0; t < n; ++t) seqs_.push_back(SequenceRows{t, 1, start + t, item.pages.data(), item.state_slot});
+      for (int64_t t = 0; t < n; ++t)
+        seqs_.push_back(SequenceRows{t, 1, start + t, item.pages.data(), item.state_slot});
     } else {
       seqs_.push_back(SequenceRows{0, n, start, item.pages.data(), item.state_slot});
     }

@@ -1,5 +1,6 @@
 // Asynchronous global -> shared copies (cp.async, sm_80+) shared by the kernels that stage tiles through shared
-// memory while they compute on the tiles before (gdn_prefill.cu's tensor-core scan, segment_attention.cu).
+// memory while they compute on the tiles before (gdn_prefill.cu's tensor-core scan, flash_prefill.cu,
+// segment_attention.cu).
 #pragma once
 
 #include <cuda_runtime.h>

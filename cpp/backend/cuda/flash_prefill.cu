@@ -14,6 +14,7 @@
 // 8-bit tiles are converted to bf16 on the way (global -> registers -> shared), at the same points of the
 // schedule, so their fetch is not overlapped within the block (two blocks per SM overlap each other).
 // Next steps: 128-row tiles, TMA, wgmma.
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_attention.h"
 #include "backend/cuda/mma_bf16.cuh"
@@ -28,17 +29,6 @@ constexpr int kKeys = int(kKvPageTokens);  // one K/V tile = one page
 template <int D>
 constexpr size_t shared_bytes() {
   return size_t(3) * kKeys * kStride<D> * sizeof(uint16_t) + 2 * kKeys * sizeof(float);
-}
-
-__device__ __forceinline__ void cp_async16(uint16_t* dst, const void* src, bool valid) {
-  const uint32_t a = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-// Waits until at most `pending` of this thread's most recent cp.async groups are still in flight.
-template <int pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(pending));
 }
 
 // Starts bringing KV head `kv_head`'s slice of a page's 64 rows into shared memory as bf16 codes (rows past
