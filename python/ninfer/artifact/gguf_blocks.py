@@ -1,8 +1,10 @@
 """GGUF quantised blocks -> artifact encodings, without re-quantising where a block format is an encoding.
 
-Q4_0, Q4_1 and Q8_0 are groups of 32 columns with an f16 scale (and, for Q4_1, an f16 minimum), which the
-grouped encodings hold exactly: Q4_0 = int4 g32 with zero point 8, Q4_1 = int4_affine g32, Q8_0 = int8 g32 with
-zero point 128 (the signed code plus 128). Their blobs are rearranged from the blocks, never computed from floats.
+Q4_0, Q4_1, Q5_0 and Q8_0 are groups of 32 columns with an f16 scale (and, for Q4_1, an f16 minimum), which the
+grouped encodings hold exactly: Q4_0 = int4 g32 with zero point 8, Q4_1 = int4_affine g32, Q5_0 = int8 g32 with
+zero point 16 (its 5-bit codes, the fifth bit from the block's qh word), Q8_0 = int8 g32 with zero point 128 (the
+signed code plus 128). Their blobs are rearranged from the blocks, never computed from floats. Q5_1 (5-bit codes,
+a scale and an f16 minimum) has no exact form (int8's zero point is an integer): it is re-encoded as int8 g32.
 Q4_K's 32-column sub-blocks are `d * sc * q - dmin * m` (f16 super-block scales times 6-bit sub-scales, 4-bit
 codes): int4_affine g32 holds them with its scale and offset rounded to f16 (the codes are kept), so they are
 rearranged too, not exact: the converter prints the error. The other K-quants and the I-quants (16-column
@@ -18,9 +20,9 @@ from typing import NamedTuple
 import numpy as np
 
 BLOCK = 32
-_EXACT = {"Q4_0": "int4", "Q4_1": "int4_affine", "Q8_0": "int8"}
-# Bits of each K-quant's codes -> the grouped encoding that holds at least as many.
-_FLOOR = {"Q2_K": "int4", "Q3_K": "int4", "Q5_K": "int8", "Q6_K": "int8",
+_EXACT = {"Q4_0": "int4", "Q4_1": "int4_affine", "Q5_0": "int8", "Q8_0": "int8"}
+# Bits of each other block type's codes -> the grouped encoding that holds at least as many.
+_FLOOR = {"Q5_1": "int8", "Q2_K": "int4", "Q3_K": "int4", "Q5_K": "int8", "Q6_K": "int8",
           "IQ1_S": "int4", "IQ1_M": "int4", "IQ2_XXS": "int4", "IQ2_XS": "int4", "IQ2_S": "int4", "IQ3_XXS": "int4",
           "IQ3_S": "int4", "IQ4_NL": "int8", "IQ4_XS": "int8"}
 K_BLOCK = 256
@@ -77,6 +79,18 @@ def _q4_1(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
             "offset": offset.reshape(groups)}
 
 
+def _q5_0(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Q5_0 blocks (f16 d, a little-endian u32 qh, 16 bytes qs): column j < 16 is qs[j] & 0xF with bit j of qh as
+    its fifth bit, column j + 16 is qs[j] >> 4 with bit j + 16; the value is d * (code - 16)."""
+    b = _blocks(raw, shape, 22)
+    groups = shape[:-1] + (shape[-1] // BLOCK,)
+    qh = np.ascontiguousarray(b.rest[..., :4]).view("<u4")  # [rows, groups, 1]
+    high = ((qh >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8) << 4  # [rows, groups, 32]
+    codes = _codes_q4(b.rest[..., 4:]) | high
+    return {"q": codes.reshape(shape), "scale": b.scale.reshape(groups),
+            "zero": np.full(groups, 16, dtype=np.uint8)}
+
+
 def _q8_0(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
     b = _blocks(raw, shape, 34)
     groups = shape[:-1] + (shape[-1] // BLOCK,)
@@ -110,7 +124,7 @@ def _q4_k(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
             "offset": (-(dmin * sub_min)).astype(np.float16).reshape(groups)}
 
 
-_UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0}
+_UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q8_0": _q8_0}
 
 
 def native_tensor(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> NativeTensor | None:
