@@ -1,6 +1,6 @@
 """The prefix cache in the engine (CPU backend, tiny random models): a request served from the cache gives the same
 greedy tokens and the same logprobs (within the backend's batching bound) as with the cache off, reusing exactly
-the prefix the snapshot rules predict; prompts of 63, 64, 65 tokens and a long one; every KV dtype; a branch at
+the prefix the snapshot rules predict; prompts of 63, 64, 65 tokens, longer ones and one of 64k + 1; every KV dtype; a branch at
 an edited middle part; 8 requests sharing a system prompt; eviction under a tiny budget; a cancelled prefill of a
 request that shares pages; constrained requests."""
 
@@ -53,6 +53,19 @@ def test_cached_prompts_give_the_uncached_tokens_and_logprobs(request, model):
         len(served), sum(c > 0 for c in served), sum(served))
     assert s.prefix.restores == (s.prefix.hits if rules.has_state else 0)
     assert (s.busy_lanes, s.kv_free_tokens) == (0, s.kv_capacity_tokens)
+
+
+def test_a_prompt_of_64k_plus_one_tokens_reuses_all_its_blocks(tiny_qwen35_artifact):
+    """A 65,537-token prompt (the issue's 64k + 1): served again, every one of its 1,024 whole blocks and the state
+    at its last block boundary come from the cache (the last token is computed), with the answer of its first run,
+    which had nothing cached (so computed it all, as with the cache off: two 64k prefills on the CPU are minutes)."""
+    n = 64 * 1024 + 1
+    with open_engine(tiny_qwen35_artifact, max_context=n + 64, prefill_chunk=4096, snapshot_interval=16384) as on:
+        prompt = np.random.default_rng().integers(3, on.info.vocab_size, size=n).tolist()
+        first, first_last = run_one(on, greedy(prompt, n=3))
+        again, last = run_one(on, greedy(prompt, n=3))
+    assert (first_last.usage.cached_tokens, last.usage.cached_tokens) == (0, n - 1)
+    assert_same(again, first)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8", "int8", "f32"])
