@@ -110,8 +110,11 @@ class Backend {
   // out[i] = x[rows[i]] (rows of `dim` values).
   virtual void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) = 0;
   // out[0..count) = host[0..count): values from host memory into memory(), as an op of the pass, so that a pass
-  // replayed as a CUDA graph copies the values of its own call (memory().from_host is not part of a graph).
-  virtual void upload_floats(const float* host, int64_t count, float* out) = 0;
+  // replayed as a CUDA graph copies the values of its own call (memory().from_host is not part of a graph, so the
+  // CUDA backend overrides this; elsewhere it is that copy).
+  virtual void upload_floats(const float* host, int64_t count, float* out) {
+    if (count > 0) memory().from_host(out, host, size_t(count) * sizeof(float));
+  }
   // out[j] = <rows[j], x> for n rows of `dim` values (a GEMV over rows gathered by embed: the candidate projection
   // of a decision readout, a handful of lm-head rows instead of the whole vocabulary).
   virtual void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) = 0;

@@ -23,8 +23,7 @@ void add_prefill(const PlannedSlice& slice, int64_t budget, std::vector<PlannedS
 Scheduler::Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
                      CacheManager& cache, int32_t draft_tokens, int32_t verify_rows, int64_t decoding_prefill_chunk)
     : prefill_chunk_(prefill_chunk),
-      decoding_prefill_chunk_(decoding_prefill_chunk > 0 ? std::min(decoding_prefill_chunk, prefill_chunk)
-                                                         : prefill_chunk),
+      decoding_prefill_chunk_(decoding_prefill_chunk > 0 ? decoding_prefill_chunk : prefill_chunk),
       draft_tokens_(draft_tokens), verify_rows_(verify_rows), cache_(cache),
       chat_lanes_(num_lanes),
       decision_pages_(decision_pages),

@@ -111,8 +111,8 @@ class Scheduler {
   // a step's decode and verify rows stay within that many (the backend's decode path, DeviceRuntime::
   // decode_path_rows): each decoding lane then drafts at most verify_rows / lanes - 1 tokens, none from that many
   // lanes on, since a pass of more rows costs several decode passes.
-  // `decoding_prefill_chunk` (0: prefill_chunk) is the chunk and the step's prefill budget while some lane
-  // decodes (EngineOptions::decoding_prefill_chunk).
+  // `decoding_prefill_chunk` (0: prefill_chunk; the engine resolves it to at most prefill_chunk) is the chunk and
+  // the step's prefill budget while some lane decodes (EngineOptions::decoding_prefill_chunk).
   Scheduler(int32_t num_lanes, int32_t decision_lanes, int64_t prefill_chunk, int64_t decision_pages,
             CacheManager& cache, int32_t draft_tokens = 0, int32_t verify_rows = 0,
             int64_t decoding_prefill_chunk = 0);

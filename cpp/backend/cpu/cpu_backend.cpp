@@ -33,10 +33,6 @@ void CpuBackend::embed(const int32_t* tokens, int64_t n, const TensorView& table
   for (int64_t i = 0; i < n; ++i) dequantize_row(table, tokens[i], out + i * dim);
 }
 
-void CpuBackend::upload_floats(const float* host, int64_t count, float* out) {
-  if (count > 0 && out != host) std::memcpy(out, host, size_t(count) * sizeof(float));
-}
-
 void CpuBackend::gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * dim, x + rows[i] * dim, size_t(dim) * sizeof(float));
 }

@@ -21,7 +21,6 @@ class CpuBackend final : public Backend {
     embed(ids, n, table, out);  // host memory is the backend's
   }
   void gather_rows(const float* x, int64_t dim, const int64_t* rows, int64_t n, float* out) override;
-  void upload_floats(const float* host, int64_t count, float* out) override;
   void row_dots(const float* rows, int64_t n, int64_t dim, const float* x, float* out) override;
   void argmax_rows(const float* x, int64_t rows, int64_t cols, int32_t* ids, const float* column_ids) override;
 
