@@ -105,6 +105,18 @@ def test_decoding_in_pieces_gives_the_whole_decode_s_value_or_error_on_random_do
     assert damaged_seen > 100
 
 
+def test_a_bad_byte_under_a_replaced_duplicate_key_is_refused_as_a_whole_decode_refuses_it():
+    """The document the random test found: an object's first "k" holds invalid UTF-8, a later "k" replaces it. The
+    scan that splits the object keeps only the last value, so the pieces alone would accept what the whole refuses."""
+    body = b'{"messages": [{"k": ["kk\x8dkkk"], "k": 884.5}], "x": []}'
+    with pytest.raises(msgspec.DecodeError) as whole:
+        msgspec.json.decode(body)
+    for piece_bytes in (0, 1, 7, 64, 10**9):
+        with pytest.raises(msgspec.DecodeError) as pieces:
+            decode_json_in_pieces(body, piece_bytes)
+        assert str(pieces.value) == str(whole.value)
+
+
 def test_a_body_nested_deeper_than_the_recursion_is_refused_as_a_whole_decode_refuses_it():
     text = b"[" * 100_000 + b"]" * 100_000
     assert _outcome(lambda t: decode_json_in_pieces(t, 16), text) == _outcome(msgspec.json.decode, text)

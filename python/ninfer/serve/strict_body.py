@@ -26,6 +26,7 @@ the same as without it.
 from __future__ import annotations
 
 import asyncio
+import codecs
 from typing import Any
 
 import msgspec
@@ -104,9 +105,20 @@ def decode_json_in_pieces(body: bytes, piece_bytes: int = DECODE_PIECE_BYTES) ->
     builds none of them), each decoded the same way. A body the pieces do not decode (malformed, nested too deeply
     for the recursion) is decoded whole, which raises its error as a whole decode words it."""
     try:
+        _check_utf8(body)
         return _decode_piece(body.lstrip(_JSON_WHITESPACE), piece_bytes)
-    except (msgspec.MsgspecError, RecursionError):
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
         return _ANY.decode(body)
+
+
+def _check_utf8(body: bytes) -> None:
+    """UnicodeDecodeError unless `body` is UTF-8, checked DECODE_PIECE_BYTES at a time. The pieces alone would miss
+    a bad byte inside an object member that a later duplicate key replaces (the scan that splits an object keeps the
+    last value of a key and never decodes the others), which the whole decode refuses."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for at in range(0, len(body), DECODE_PIECE_BYTES):
+        decoder.decode(body[at:at + DECODE_PIECE_BYTES])
+    decoder.decode(b"", final=True)
 
 
 def _decode_piece(raw: bytes | msgspec.Raw, piece_bytes: int) -> Any:
