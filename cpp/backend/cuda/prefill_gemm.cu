@@ -231,7 +231,7 @@ GemmImpl PrefillGemm::run_one(const float* x, int64_t rows, const TensorView& w,
     runs(GemmImpl::Twin);
     return GemmImpl::Twin;
   }
-  if (rows <= kStreamedAutoRows && runs(GemmImpl::Streamed)) return GemmImpl::Streamed;
+  if (rows <= streamed_rows_ && runs(GemmImpl::Streamed)) return GemmImpl::Streamed;
   for (GemmImpl which : kByPreference)
     if (runs(which)) return which;
   return GemmImpl::Twin;  // unreachable: the twin always runs

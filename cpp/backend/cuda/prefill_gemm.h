@@ -10,7 +10,7 @@
 //     takes it (Fp8), else by a separate epilogue kernel (Fp8SeparateScaling);
 //   - Streamed (int4/int8 weights in groups of 128s): the codes streamed through the tensor cores with no bf16 copy
 //     (streamed_gemm.h), x rounded to bf16, W exact. Auto takes it up to kStreamedAutoRows rows, where writing the
-//     bf16 copy costs more than the GEMM's arithmetic.
+//     bf16 copy would cost more than the GEMM's arithmetic.
 // The bf16 and e4m3 roundings of the operands are the only differences from the twin's products.
 #pragma once
 
@@ -28,8 +28,10 @@ namespace ninfer::cuda {
 
 enum class GemmImpl : uint8_t { Auto, Twin, Bf16, Fp8, Fp8SeparateScaling, Streamed };
 
-// Auto's largest row count for the streamed implementation.
-constexpr int64_t kStreamedAutoRows = 256;
+// Auto's largest row count for the streamed implementation. 0 until the kernel has passed its GPU tests and the
+// crossover with the bf16 path is measured (bench/cuda_gemm.py --streamed; bench/NOTES-cuda.md "Session 14"): it
+// was written in a session without a device, so auto keeps the measured bf16 path meanwhile.
+constexpr int64_t kStreamedAutoRows = 0;
 
 const char* gemm_impl_name(GemmImpl impl);
 GemmImpl gemm_impl_from_name(const std::string& name);  // EngineError for an unknown name
@@ -47,7 +49,7 @@ struct GemmOutput {
 class PrefillGemm {
  public:
   // x [rows, W.cols()], y [rows, W.rows()], bias [W.rows()] or null: device pointers; `w` holds device pointers.
-  // `impl` Auto runs Streamed where it takes the weight and rows <= kStreamedAutoRows, else the preferred
+  // `impl` Auto runs Streamed where it takes the weight and rows <= streamed_rows(), else the preferred
   // implementation, stepping down (Fp8 -> Fp8SeparateScaling -> Bf16 -> Twin)
   // where cuBLASLt has no algorithm for the problem; any other value runs that one or throws EngineError.
   // Returns the implementation that ran. Allocates scratch (outside CUDA-graph capture only: decode passes never
@@ -58,6 +60,8 @@ class PrefillGemm {
   // with its row scales, once for all products that take that form, not once per weight.
   void run_shared(const float* x, int64_t rows, std::span<const GemmOutput> outs, cudaStream_t stream,
                   GemmImpl impl = GemmImpl::Auto);
+  // Auto's largest row count for the streamed GEMM (default kStreamedAutoRows).
+  void set_streamed_rows(int64_t rows) { streamed_rows_ = rows; }
 
  private:
   enum class InputForm : uint8_t { None, Bf16, E4m3, StreamedNibble, StreamedByte };
@@ -77,6 +81,7 @@ class PrefillGemm {
 
   LtMatmul lt_;
   DeviceBuffer weight_slab_, x_low_, x_scale_, partials_;
+  int64_t streamed_rows_ = kStreamedAutoRows;
   struct {
     InputForm form = InputForm::None;
     const float* x = nullptr;
