@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # CI and tests build one CUDA arch when nvcc is present; release builds take all three.
 export NINFER_CUDA_ARCHS ?= 90a
+# The development build also makes ninfer._testing (the tests' and benchmarks' entry points); releases do not.
+export NINFER_TESTING ?= ON
 PYTEST_ARGS ?=
 
 # Debian packages the tests use (Nix evaluation, systemd-analyze and nginx for the packaging tests, chromium for the
@@ -51,8 +53,11 @@ webui: venv system-deps
 test: build system-deps webui
 	OMP_WAIT_POLICY=passive $(PY) -m pytest -q -m "not gpu" $(PYTEST_ARGS)
 
-gpu-test: build
-	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+# The GPU tests and benchmarks run on a GPU machine's own Python (CUDA 13, CMake, Python with torch, pytest and
+# nanobind, plus the wheels docs/performance.md names on PYTHONPATH): no venv and no network, so a bare machine
+# that was never set up runs them (bench/gpu_run.sh builds with CUDA into build/gpu).
+gpu-test:
+	STAGES=tests GPU_TEST_ARGS="$(PYTEST_ARGS)" bash bench/gpu_run.sh
 
 # The embedded default model (imported once into ~/.cache/ninfer) unless ARGS names one; HOST/PORT as in the URL.
 HOST ?= 127.0.0.1

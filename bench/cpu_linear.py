@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.artifact.encodings import blob_specs
 from ninfer.artifact.writer import ArtifactWriter, TensorPlan
 
@@ -53,12 +53,12 @@ def time_linear(art, name: str, x: np.ndarray, out: np.ndarray, min_seconds: flo
     """Median wall seconds and median process-CPU seconds per call (after a warm-up call). On a shared machine
     the CPU time with OMP_NUM_THREADS=1 is the figure to trust: it leaves out the time other processes held the
     core (with more threads it also counts barrier spinning, so there the wall time is the one)."""
-    _engine.kernels.linear(x, art, name, out=out, path=path)
+    _testing.kernels.linear(x, art, name, out=out, path=path)
     wall, cpu = [], []
     deadline = time.perf_counter() + min_seconds
     while time.perf_counter() < deadline or len(wall) < 5:
         start, start_cpu = time.perf_counter(), time.process_time()
-        _engine.kernels.linear(x, art, name, out=out, path=path)
+        _testing.kernels.linear(x, art, name, out=out, path=path)
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     return float(np.median(wall)), float(np.median(cpu))

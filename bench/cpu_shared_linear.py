@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.default_model import default_model_path
 
 GROUPS = {"qkv": ("attn.q_proj", "attn.k_proj", "attn.v_proj"), "gate_up": ("mlp.gate", "mlp.up")}
@@ -48,13 +48,13 @@ def main() -> None:
         x = rng.standard_normal((1, cols)).astype(np.float32)
         outs = [np.empty((1, art.tensor_info(n)["shape"][0]), np.float32) for n in names]
         calls.append((kind, names, x, outs))
-    shared = getattr(_engine.kernels, "linear_shared_input", None)
+    shared = getattr(_testing.kernels, "linear_shared_input", None)
 
     def separate() -> float:
         start = time.perf_counter()
         for _, names, x, outs in calls:
             for name, out in zip(names, outs, strict=True):
-                _engine.kernels.linear(x, art, name, out=out)
+                _testing.kernels.linear(x, art, name, out=out)
         return time.perf_counter() - start
 
     def together() -> float:

@@ -26,10 +26,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from cuda_kernels import measure_bandwidth, source_commit  # noqa: E402
-from synthetic import MODELS, tensor_shapes, write_synthetic  # noqa: E402
-
 from ninfer.artifact.reader import read_artifact  # noqa: E402
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams  # noqa: E402
+from synthetic import MODELS, tensor_shapes, write_synthetic  # noqa: E402
 
 
 def decode_step_bytes(artifact: Path, config: dict, batch: int, context: int) -> float:
@@ -229,9 +228,9 @@ def main() -> int:
                        args.decode_batches, args.prefill_chunk, args.prefill_repeats,
                        device_sampling=not args.host_sampling, cuda_gemm=args.cuda_gemm, op_times=args.op_times,
                        decode_op_times=args.decode_op_times)
-    from ninfer import _engine
+    from ninfer import _testing
 
-    result |= {"device_sampling": not args.host_sampling, "device": _engine.cuda.device_name(), "commit": commit,
+    result |= {"device_sampling": not args.host_sampling, "device": _testing.cuda.device_name(), "commit": commit,
                "read_bandwidth_gb_per_s": bandwidth / 1e9, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -1,4 +1,4 @@
-"""Prefill GEMM benchmark: TFLOP/s of the CUDA backend's prefill linear layers (`_engine.cuda.bench_gemm`, the
+"""Prefill GEMM benchmark: TFLOP/s of the CUDA backend's prefill linear layers (`_testing.cuda.bench_gemm`, the
 path the backend picks: W8A8 e4m3 for fp8 weights, bf16 after dequantization for the others; activation
 rounding and dequantization included) at M = 1024 and 8192 rows for the Qwen3.5-27B layer shapes, next to what
 PyTorch's cuBLAS reaches for a plain bf16 matmul and an fp8 rowwise-scaled matmul of the same shape, measured in the
@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from artifact_files import random_codes, write_artifact
-from ninfer import _engine
+from ninfer import _engine, _testing
 
 ROWS = (1024, 8192)
 ENCODINGS = [("bf16", None), ("fp8_e4m3", None), ("int4", 128), ("nvfp4", None)]
@@ -66,7 +66,7 @@ def bench_prefill_gemm(workdir: Path, shapes: dict[str, tuple[int, int]], median
             n, k = shapes[name]
             for m in ROWS:
                 for requested in EXTRA_IMPLS.get(encoding, ("auto",)):
-                    micros, impl = _engine.cuda.bench_gemm(art, name, m, requested, iterations=10)
+                    micros, impl = _testing.cuda.bench_gemm(art, name, m, requested, iterations=10)
                     tflops = 2.0 * m * n * k / (micros * 1e-6) / 1e12
                     results.append({"kernel": "prefill_gemm", "encoding": encoding, "group_size": group,
                                     "tensor": name, "shape": [n, k], "rows": m, "impl": impl, "median_us": micros,
@@ -96,7 +96,7 @@ def bench_streamed_gemm(workdir: Path, shapes: dict[str, tuple[int, int]]) -> li
             for m in STREAMED_ROWS:
                 limit_us = max(weight_bytes / READ_BANDWIDTH, 2.0 * m * n * k / BF16_DENSE_FLOPS) * 1e6
                 for requested in ("streamed", "bf16"):
-                    micros, impl = _engine.cuda.bench_gemm(art, name, m, requested, iterations=10)
+                    micros, impl = _testing.cuda.bench_gemm(art, name, m, requested, iterations=10)
                     results.append({"kernel": "prefill_gemm", "encoding": encoding, "group_size": group,
                                     "tensor": name, "shape": [n, k], "rows": m, "impl": impl, "median_us": micros,
                                     "weight_gbps": weight_bytes / (micros * 1e-6) / 1e9,
@@ -139,7 +139,7 @@ def main() -> int:
         else:
             results = bench_prefill_gemm(Path(tmp), SHAPES_27B, _median_seconds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"device": _engine.cuda.device_name(), "prefill_gemm": results}, indent=1))
+    args.out.write_text(json.dumps({"device": _testing.cuda.device_name(), "prefill_gemm": results}, indent=1))
     (print_streamed_table if args.streamed else print_table)(results)
     return 0
 

@@ -28,8 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from artifact_files import random_codes, write_artifact  # noqa: E402
-
-from ninfer import _engine  # noqa: E402
+from ninfer import _engine, _testing  # noqa: E402
 
 # Qwen3.5-27B linear weights (out, in) and the lm_head; see reference section 8.
 SHAPES_27B = {
@@ -139,7 +138,7 @@ def bench_gemv(workdir: Path, bandwidth: float, impls: tuple[str, ...] = GEMV_IM
             for impl in impls:
                 for split in ("own", "shared") if impl.startswith("mma") else ("own",):
                     for rows in (1, 2, 4, 8):
-                        micros, weight_bytes = _engine.cuda.bench_linear(
+                        micros, weight_bytes = _testing.cuda.bench_linear(
                             art, name, rows, copies=copies, iterations=60, impl=impl, shared_split=split == "shared")
                         moved = weight_bytes + 4 * rows * (cols + out)
                         rows_out.append({
@@ -175,7 +174,7 @@ def bench_gdn_decode(bandwidth: float) -> list[dict]:
     hk, hv, dk, dv = 16, 48, 128, 128  # Qwen3.5-27B linear-attention layer
     rows_out = []
     for batch in (1, 2, 4, 8):
-        micros, moved = _engine.cuda.bench_gdn_decode(batch, hk, hv, dk, dv, iterations=100)
+        micros, moved = _testing.cuda.bench_gdn_decode(batch, hk, hv, dk, dv, iterations=100)
         rows_out.append({"kernel": "gdn_decode", "batch": batch, "shape": [hk, hv, dk, dv], "median_us": micros,
                          "bytes": moved, "fraction_of_bandwidth": moved / (micros * 1e-6) / bandwidth})
     return rows_out
@@ -212,7 +211,7 @@ def bench_gdn_prefill(bandwidth: float) -> list[dict]:
     hk, hv, dk, dv = 16, 48, 128, 128
     rows_out = []
     for tokens in (512, 1024, 8192):
-        timed = {impl: _engine.cuda.bench_gdn_prefill(tokens, hk, hv, dk, dv, iterations=10, impl=impl)
+        timed = {impl: _testing.cuda.bench_gdn_prefill(tokens, hk, hv, dk, dv, iterations=10, impl=impl)
                 for impl in ("mma", "prepare", "f32")}
         micros, workspace = timed["mma"]
         prepare_flops, scan_flops = gdn_chunked_flops(tokens, hv, dk, dv)
@@ -225,7 +224,7 @@ def bench_gdn_prefill(bandwidth: float) -> list[dict]:
                "io_bytes": io, "io_limit_us": io / bandwidth * 1e6, "workspace_bytes": workspace,
                "workspace_limit_us": 2 * workspace / bandwidth * 1e6, "tokens_per_s": tokens / micros * 1e6}
         if tokens == 1024:
-            row["sequential_twin_us"], _ = _engine.cuda.bench_gdn_prefill(tokens, hk, hv, dk, dv, iterations=3,
+            row["sequential_twin_us"], _ = _testing.cuda.bench_gdn_prefill(tokens, hk, hv, dk, dv, iterations=3,
                                                                           impl="sequential")
         rows_out.append(row)
     return rows_out
@@ -241,7 +240,7 @@ def bench_row_ops(bandwidth: float) -> list[dict]:
     rows_out = []
     for rows in (512, 8192):
         for op in ROW_OPS:
-            micros, moved = _engine.cuda.bench_prefill_op(op, rows, iterations=20)
+            micros, moved = _testing.cuda.bench_prefill_op(op, rows, iterations=20)
             rows_out.append({"op": op, "rows": rows, "median_us": micros, "bytes": moved,
                              **byte_rate(moved, micros, bandwidth)})
     return rows_out
@@ -270,14 +269,14 @@ def bench_attention(bandwidth: float) -> list[dict]:
     for kv_dtype in ("bf16", "fp8"):
         for prompt in (1024, 8192, 32768):
             calls = 2 if prompt > 8192 else 10
-            micros, _ = _engine.cuda.bench_attention(**ATTENTION_27B, kv_dtype=kv_dtype, context=prompt,
+            micros, _ = _testing.cuda.bench_attention(**ATTENTION_27B, kv_dtype=kv_dtype, context=prompt,
                                                      new_rows=prompt, batch=1, calls=calls, iterations=5)
             flops = 4 * ATTENTION_27B["head_dim"] * ATTENTION_27B["heads"] * prompt * (prompt + 1) / 2
             rows_out.append({"kernel": "attention_prefill", "kv_dtype": kv_dtype, "prompt": prompt,
                              "median_us": micros, **flop_rate(flops, micros)})
         for layer, shape, contexts in DECODE_ATTENTION:
             for context, batch in ((c, b) for c in contexts for b in (1, 8)):
-                micros, kv_bytes = _engine.cuda.bench_attention(
+                micros, kv_bytes = _testing.cuda.bench_attention(
                     **shape, kv_dtype=kv_dtype, context=context, new_rows=1, batch=batch, calls=20, iterations=20)
                 rows_out.append({"kernel": "attention_decode", "layer": layer, "kv_dtype": kv_dtype,
                                  "context": context, "batch": batch, "median_us": micros, "bytes": kv_bytes,
@@ -324,7 +323,7 @@ def bench_moe(workdir: Path, bandwidth: float) -> list[dict]:
                            ("grouped", 8192)]:
             prefill = rows > 8
             # Decode calls touch 13-360 MB: two weight copies keep a recent call's experts from being L2 hits.
-            micros, weight_bytes = _engine.cuda.bench_moe(art, "gate", "up", "down", rows, k,
+            micros, weight_bytes = _testing.cuda.bench_moe(art, "gate", "up", "down", rows, k,
                                                           copies=1 if prefill else 2,
                                                           calls=2 if prefill else 16, iterations=3 if prefill else 20,
                                                           impl=impl)
@@ -359,7 +358,7 @@ def bench_sampler() -> list[dict]:
         for k, v in fields.items():
             setattr(params, k, v)
         for rows in (1, 8):
-            micros = _engine.cuda.bench_sampler(rows, vocab, params, iterations=100)
+            micros = _testing.cuda.bench_sampler(rows, vocab, params, iterations=100)
             rows_out.append({"kernel": "sampler", "case": name, "params": fields, "rows": rows, "vocab": vocab,
                              "median_us": micros})
     return rows_out
@@ -404,7 +403,7 @@ def main() -> int:
     if run["sampler"]:
         sampler = bench_sampler()
     result = {
-        "device": _engine.cuda.device_name(), "host": platform.node(),
+        "device": _testing.cuda.device_name(), "host": platform.node(),
         "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "measured_read_gb_per_s": measured["read"] / 1e9, "measured_copy_gb_per_s": measured["copy"] / 1e9, "gemv": gemv, "gdn_decode": gdn,
         "gdn_prefill": prefill, "row_ops": row_ops, "f32_flops": F32_FLOPS, "tf32_flops": TF32_FLOPS,

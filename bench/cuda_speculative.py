@@ -117,10 +117,10 @@ def main() -> int:
         rows = []
         for k in [0, *args.drafts]:
             rows += run_engine(path, k, args.batches, args.prompt, args.new_tokens, args.op_times)
-    from ninfer import _engine
+    from ninfer import _testing
 
     result = {"model": args.model, "recipe": args.recipe, "draft_vocab": args.draft_vocab,
-              "device": _engine.cuda.device_name(),
+              "device": _testing.cuda.device_name(),
               "commit": source_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "write_s": written_s,
               "prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "rows": derive(rows),
               "note": "derived_* figures assume the acceptance length; random weights accept almost no draft"}

@@ -33,7 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from cuda_engine import op_time_split  # noqa: E402
 from cuda_kernels import source_commit  # noqa: E402
-
 from ninfer.default_model import default_model_path  # noqa: E402
 from ninfer.engine import CUDA_GEMMS, Engine, EngineOptions  # noqa: E402
 
@@ -138,9 +137,9 @@ def main() -> int:
                                   count, args.suffix, True, args.op_times, op_times=True) for count in (1, 10)]
     device = "cpu"
     if args.backend == "cuda":
-        from ninfer import _engine
+        from ninfer import _testing
 
-        device = _engine.cuda.device_name()
+        device = _testing.cuda.device_name()
     out = {"device": device, "backend": args.backend, "cuda_gemm": args.cuda_gemm, "commit": commit,
            "artifact": str(path),
            "model": args.model if args.backend == "cuda" else path.name, "recipe": args.recipe,

@@ -15,11 +15,11 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/device.txt"
 NB_DIR=$(python3 -m nanobind --cmake_dir)
 started=$(date +%s)
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNINFER_CUDA=ON -DNINFER_CUDA_ARCHS=90a \
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNINFER_CUDA=ON -DNINFER_CUDA_ARCHS=90a -DNINFER_TESTING=ON \
   -DPython_EXECUTABLE="$(command -v python3)" -Dnanobind_ROOT="$NB_DIR" > "$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build "$BUILD_DIR" -j 16 > "$OUT/build.log" 2>&1 || { grep -B2 -A10 -m5 "error" "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - started )) s"
-cp "$BUILD_DIR"/_engine*.so python/ninfer/
+cp "$BUILD_DIR"/_engine*.so "$BUILD_DIR"/_testing*.so python/ninfer/
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "from ninfer import _engine; print('cuda built', _engine.cuda.built, 'devices', _engine.cuda.device_count())"
 for stage in $STAGES; do

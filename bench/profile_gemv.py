@@ -13,8 +13,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from artifact_files import random_codes, write_artifact  # noqa: E402
-
-from ninfer import _engine  # noqa: E402
+from ninfer import _engine, _testing  # noqa: E402
 
 
 def main() -> int:
@@ -30,7 +29,7 @@ def main() -> int:
         codes = random_codes(np.random.default_rng(0), args.encoding, tuple(args.shape), group, nan_codes=False)
         art = _engine.Artifact.open(write_artifact(Path(tmp) / "w.ninfer", {"w": codes}), verify_checksums=False)
         for impl in args.impls:
-            micros, _ = _engine.cuda.bench_linear(art, "w", args.rows, copies=4, iterations=10, impl=impl)
+            micros, _ = _testing.cuda.bench_linear(art, "w", args.rows, copies=4, iterations=10, impl=impl)
             print(f"{impl} {args.encoding} {args.shape} rows={args.rows}: {micros:.1f} us")
         art.close()
     return 0

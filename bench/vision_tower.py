@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from cuda_engine import op_time_split
 from cuda_kernels import source_commit
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.frontend.vision import VisionPreprocessor, smart_resize_video
 from ninfer.frontend.vision_prompt import VisionSpan, mrope_positions
 from synthetic import MODELS, VISION_TOKEN_IDS, with_layers, with_vision, write_synthetic
@@ -102,7 +102,7 @@ def one_image_prompt(grid: tuple[int, int, int], text: int, rng: np.random.Gener
 def encode_op_times(path: Path, name: str, values: int, rng: np.random.Generator) -> dict:
     """Device time per backend op of one encode of workload `name` (after a warm-up one) on the artifact at
     `path` opened with op timing; printed as a table."""
-    model = _engine.Model.open(str(path), max_context=4096, kv_dtype="bf16", backend="cuda", vision=True,
+    model = _testing.Model.open(str(path), max_context=4096, kv_dtype="bf16", backend="cuda", vision=True,
                                op_times=True)
     grids = WORKLOADS[name]
     patches = rng.uniform(-1, 1, (sum(t * h * w for t, h, w in grids), values)).astype(np.float32)
@@ -148,14 +148,14 @@ def main() -> int:
     rng = np.random.default_rng(0)
     result = {"model": args.model, "tower": args.tower, "vision": vision, "text_layers": config["num_layers"],
               "recipe": args.recipe, "backend": args.backend, "commit": source_commit(),
-              "device": _engine.cuda.device_name() if args.backend == "cuda" else "cpu",
+              "device": _testing.cuda.device_name() if args.backend == "cuda" else "cpu",
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "encode": []}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         path = Path(tmp) / "model.ninfer"
         started = time.perf_counter()
         write_synthetic(args.model, args.recipe, path, progress=False, config=config)
         result["write_s"] = time.perf_counter() - started
-        model = _engine.Model.open(str(path), max_context=4096, kv_dtype="bf16", threads=args.threads,
+        model = _testing.Model.open(str(path), max_context=4096, kv_dtype="bf16", threads=args.threads,
                                    backend=args.backend, vision=True)
         for name in args.workloads:
             grids = WORKLOADS[name]

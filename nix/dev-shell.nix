@@ -38,5 +38,6 @@ mkShell {
   # Build for the same GPUs as the package.
   shellHook = ''
     export NINFER_CUDA_ARCHS="${cudaPackages.flags.cmakeCudaArchitecturesString}"
+    export NINFER_TESTING=ON  # the tests' entry points (ninfer._testing), as `make build` builds them
   '';
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ninfer import _engine
+from ninfer import _engine, _testing
 
 F32_TOL = 1e-4
 INT16_TOL = 1e-3
@@ -20,5 +20,5 @@ INT16_TOL = 1e-3
 def logit_tolerance(artifact: Path) -> float:
     """INT16_TOL when any weight of `artifact` takes the int16-activation linears in this build, else F32_TOL."""
     with _engine.Artifact.open(str(artifact)) as art:
-        rounds = any(_engine.kernels.int16_activations(art, name) for name in art.tensor_names())
+        rounds = any(_testing.kernels.int16_activations(art, name) for name in art.tensor_names())
     return INT16_TOL if rounds else F32_TOL

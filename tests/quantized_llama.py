@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from logit_tolerance import logit_tolerance
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 
 # 384 columns: groups of 32, 64 and 128 all divide it (and 16-column NVFP4 blocks); q/k/v/o/gate/up take 256
@@ -39,7 +39,7 @@ def hf_logits(weights: dict[str, torch.Tensor], tokens: np.ndarray) -> np.ndarra
 
 
 def engine_logits(artifact: Path, tokens: np.ndarray) -> np.ndarray:
-    model = _engine.Model.open(str(artifact), kv_dtype="f32", threads=2, max_context=256)
+    model = _testing.Model.open(str(artifact), kv_dtype="f32", threads=2, max_context=256)
     return model.prefill(model.new_sequence(), tokens, all_logits=True)
 
 

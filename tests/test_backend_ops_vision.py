@@ -1,4 +1,4 @@
-"""The CPU backend's vision-tower ops through `_engine.cuda.Ops("cpu")` (the binding the GPU tests compare the CUDA
+"""The CPU backend's vision-tower ops through `_testing.cuda.Ops("cpu")` (the binding the GPU tests compare the CUDA
 backend with) against float64 numpy references on fresh random inputs: layernorm, both GELUs, add_embedding_mix,
 segment_attention (several segments: no row may see another segment's) and rope with two and three position
 streams. tests/gpu/test_cuda_vision.py runs the same cases on the CUDA backend against these."""
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import vision_op_refs as ref
 from artifact_files import encoded, write_artifact
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.errors import EngineError
 
 
 @pytest.fixture(scope="module")
 def cpu():
-    return _engine.cuda.Ops("cpu")
+    return _testing.cuda.Ops("cpu")
 
 
 def close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> None:

@@ -25,7 +25,7 @@ from compressed_tensors.quantization import (
 )
 from compressed_tensors.quantization.utils import calculate_qparams, compute_dynamic_scales_and_zp
 from logit_tolerance import logit_tolerance
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from ninfer.artifact.encodings import unpack_nibbles
 from ninfer.artifact.reader import read_artifact
@@ -154,7 +154,7 @@ def test_logits_match_hf_on_the_producers_dequantised_weights(packed):
 
     folder, args, out = packed
     tokens = np.random.default_rng(3).integers(0, CONFIG["vocab_size"], 24).astype(np.int32)
-    model = _engine.Model.open(str(out), kv_dtype="f32", threads=2, max_context=256)
+    model = _testing.Model.open(str(out), kv_dtype="f32", threads=2, max_context=256)
     ours = model.prefill(model.new_sequence(), tokens, all_logits=True)
     reference = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
     reference.load_state_dict(producer_weights(folder, args))
@@ -258,7 +258,7 @@ def test_per_expert_moe_weights_keep_their_codes_and_match_hf(tiny_root, tmp_pat
             np.testing.assert_array_equal(blobs["zero"][expert].astype(np.int16) - 8, zero.numpy())
 
     tokens = np.random.default_rng(7).integers(0, 248320, 24).astype(np.int32)
-    model = _engine.Model.open(str(out), kv_dtype="f32", threads=2, max_context=256)
+    model = _testing.Model.open(str(out), kv_dtype="f32", threads=2, max_context=256)
     ours = model.prefill(model.new_sequence(), tokens, all_logits=True)
     with torch.no_grad():
         theirs = load_reference_vlm(tmp_path / "deq")(torch.tensor(tokens[None].astype(np.int64))).logits[0].numpy()

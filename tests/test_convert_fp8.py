@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from ninfer.errors import ConversionError
 from safetensors.torch import load_file, save_file
@@ -96,7 +96,7 @@ def test_fp8_checkpoint_matches_hf_on_its_dequantised_weights(fp8_folder, tmp_pa
     f32.write_text(json.dumps({"rules": [{"pattern": "*", "encoding": "f32"}]}))
     out = convert(folder, tmp_path / "m.ninfer", recipe=str(f32), progress=False)
     tokens = np.random.default_rng(3).integers(0, CONFIG["vocab_size"], 24).astype(np.int32)
-    model = _engine.Model.open(str(out), kv_dtype="f32", threads=2, max_context=256)
+    model = _testing.Model.open(str(out), kv_dtype="f32", threads=2, max_context=256)
     ours = model.prefill(model.new_sequence(), tokens, all_logits=True)
 
     reference = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()

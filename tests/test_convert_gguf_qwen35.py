@@ -24,7 +24,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from llama_cpp_gguf import add_qwen35_tokenizer, llama_cpp_convert, llama_cpp_tree, requantize_k
 from logit_tolerance import F32_TOL, logit_tolerance
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from ninfer.artifact.encodings import decode
 from ninfer.artifact.gguf_file import GGUFFile
@@ -134,7 +134,7 @@ TOKENS = np.random.default_rng(7).integers(0, VOCAB, 40).astype(np.int32)
 
 
 def engine_logits(artifact: Path) -> np.ndarray:
-    model = _engine.Model.open(str(artifact), kv_dtype="f32", threads=2, max_context=512)
+    model = _testing.Model.open(str(artifact), kv_dtype="f32", threads=2, max_context=512)
     return model.prefill(model.new_sequence(), TOKENS, all_logits=True)
 
 

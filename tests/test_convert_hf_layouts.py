@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.artifact.convert import convert
 from ninfer.errors import ConversionError
 from tiny_models import build_tiny_checkpoint, load_reference_vlm
@@ -50,7 +50,7 @@ def test_saved_layout_converts_and_matches_hf(saved, tmp_path):
         assert "layers.0.moe.experts_gate" in bindings and "mtp.layers.0.moe.experts_down" in bindings
 
     tokens = np.random.default_rng(7).integers(0, 248320, 40).astype(np.int32)
-    model = _engine.Model.open(str(out), kv_dtype="f32", threads=2, max_context=512)
+    model = _testing.Model.open(str(out), kv_dtype="f32", threads=2, max_context=512)
     ours = model.prefill(model.new_sequence(), tokens, all_logits=True)
     reference = load_reference_vlm(folder)
     with torch.no_grad():

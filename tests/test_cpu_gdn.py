@@ -1,4 +1,4 @@
-"""The Gated DeltaNet CPU kernels (`_engine.gdn`, qwen35-architecture.md section 4) on fresh random
+"""The Gated DeltaNet CPU kernels (`_testing.gdn`, qwen35-architecture.md section 4) on fresh random
 inputs: the causal conv against a direct numpy transcription of section 4.2 (and HF's torch
 `causal_conv1d_update`), the recurrent delta rule against a float64 transcription of the section 4.5
 pseudo-code and against HF transformers' own torch fallbacks, and the chunked (WY) form against the recurrent
@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from ninfer import _engine
+from ninfer import _testing
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
 
 RTOL = 1e-5
@@ -72,7 +72,7 @@ def conv_inputs(rng: np.random.Generator, T: int, C: int, K: int, history: bool)
 )
 def test_conv_matches_reference(rng: np.random.Generator, T: int, C: int, K: int, history: bool) -> None:
     mixed, weight, state = conv_inputs(rng, T, C, K, history)
-    out, new_state = _engine.gdn.causal_conv(mixed, weight, state)
+    out, new_state = _testing.gdn.causal_conv(mixed, weight, state)
     ref_out, ref_state = conv_reference(mixed, weight, state)
     assert_close(out, ref_out, "conv output")
     # The state holds raw inputs, copied: exact.
@@ -84,16 +84,16 @@ def test_conv_matches_hf_update(rng: np.random.Generator) -> None:
     hf_state = torch.from_numpy(state.copy())[None]  # [B, C, K-1], updated in place by HF
     hf_mixed = torch.from_numpy(mixed.T.copy())[None]  # [B, C, T]
     hf_out = hf.causal_conv1d_update(hf_mixed, hf_state, torch.from_numpy(weight), None, "silu")
-    out, new_state = _engine.gdn.causal_conv(mixed, weight, state)
+    out, new_state = _testing.gdn.causal_conv(mixed, weight, state)
     assert_close(out, hf_out[0].T.numpy().astype(np.float64), "conv vs HF causal_conv1d_update")
     np.testing.assert_array_equal(new_state, hf_state[0].numpy())
 
 
 def test_conv_single_steps_equal_prefill(rng: np.random.Generator) -> None:
     mixed, weight, state = conv_inputs(rng, 9, 130, 4, history=True)
-    prefill, prefill_state = _engine.gdn.causal_conv(mixed, weight, state)
+    prefill, prefill_state = _testing.gdn.causal_conv(mixed, weight, state)
     for t in range(mixed.shape[0]):
-        step, state = _engine.gdn.causal_conv(mixed[t:t + 1], weight, state)
+        step, state = _testing.gdn.causal_conv(mixed[t:t + 1], weight, state)
         assert_close(step[0], prefill[t].astype(np.float64), f"decode step {t}")
     np.testing.assert_array_equal(state, prefill_state)
 
@@ -156,7 +156,7 @@ def test_delta_rule_matches_section_4_5(rng: np.random.Generator, kernel: str, H
     q_raw, k_raw, v, g, beta, state = delta_rule_inputs(rng, 45, Hk, Hv, Dk, Dv)
     q, k = kernel_qk(q_raw, k_raw)
     args = (q, k, v, g, beta, state) + ((16,) if kernel == "chunked" else ())
-    out, new_state = getattr(_engine.gdn, kernel)(*args)
+    out, new_state = getattr(_testing.gdn, kernel)(*args)
     ref_out, ref_state = delta_rule_reference(q, k, v, g, beta, state)
     assert_close(out, ref_out, f"{kernel} output")
     assert_close(new_state, ref_state, f"{kernel} state")
@@ -178,7 +178,7 @@ def test_delta_rule_matches_hf(rng: np.random.Generator, kernel: str, hf_name: s
                                             use_qk_l2norm_in_kernel=True)
     q, k = kernel_qk(q_raw, k_raw)
     args = (q, k, v, g, beta, state) + ((64,) if kernel == "chunked" else ())
-    out, new_state = getattr(_engine.gdn, kernel)(*args)
+    out, new_state = getattr(_testing.gdn, kernel)(*args)
     assert_close(out, hf_out[0].numpy().astype(np.float64), f"{kernel} vs HF {hf_name} output")
     assert_close(new_state, hf_state[0].numpy().astype(np.float64), f"{kernel} vs HF {hf_name} state")
 
@@ -188,8 +188,8 @@ def test_delta_rule_matches_hf(rng: np.random.Generator, kernel: str, hf_name: s
 def test_chunked_equals_recurrent(rng: np.random.Generator, T: int, chunk: int) -> None:
     q_raw, k_raw, v, g, beta, state = delta_rule_inputs(rng, T, 2, 4, 16, 24)
     q, k = kernel_qk(q_raw, k_raw)
-    out, new_state = _engine.gdn.chunked(q, k, v, g, beta, state, chunk)
-    ref_out, ref_state = _engine.gdn.recurrent(q, k, v, g, beta, state)
+    out, new_state = _testing.gdn.chunked(q, k, v, g, beta, state, chunk)
+    ref_out, ref_state = _testing.gdn.recurrent(q, k, v, g, beta, state)
     assert_close(out, ref_out.astype(np.float64), "chunked output")
     assert_close(new_state, ref_state.astype(np.float64), "chunked state")
 
@@ -198,8 +198,8 @@ def test_chunked_equals_recurrent_at_model_size(rng: np.random.Generator) -> Non
     """The 4B/9B head sizes (Dk = Dv = 128, 2 value heads per key head): full register tiles everywhere."""
     q_raw, k_raw, v, g, beta, state = delta_rule_inputs(rng, 150, 2, 4, 128, 128)
     q, k = kernel_qk(q_raw, k_raw)
-    out, new_state = _engine.gdn.chunked(q, k, v, g, beta, state)
-    ref_out, ref_state = _engine.gdn.recurrent(q, k, v, g, beta, state)
+    out, new_state = _testing.gdn.chunked(q, k, v, g, beta, state)
+    ref_out, ref_state = _testing.gdn.recurrent(q, k, v, g, beta, state)
     assert_close(out, ref_out.astype(np.float64), "chunked output")
     assert_close(new_state, ref_state.astype(np.float64), "chunked state")
 
@@ -211,7 +211,7 @@ def test_split_calls_equal_one_call(rng: np.random.Generator, kernel: str, split
     """A prefill cut in two (state carried between the calls) gives the one-call result."""
     q_raw, k_raw, v, g, beta, state = delta_rule_inputs(rng, 200, 2, 4, 16, 24)
     q, k = kernel_qk(q_raw, k_raw)
-    run = getattr(_engine.gdn, kernel)
+    run = getattr(_testing.gdn, kernel)
     whole_out, whole_state = run(q, k, v, g, beta, state)
     head = (x[:split] for x in (q, k, v, g, beta))
     tail = (x[split:] for x in (q, k, v, g, beta))
@@ -226,10 +226,10 @@ def test_bad_shapes_are_refused() -> None:
     v = np.zeros((3, 3, 8), np.float32)  # 3 value heads over 2 key heads
     gb = np.zeros((3, 3), np.float32)
     with pytest.raises(ValueError, match="multiple of key heads"):
-        _engine.gdn.recurrent(q, q, v, gb, gb, np.zeros((3, 8, 8), np.float32))
+        _testing.gdn.recurrent(q, q, v, gb, gb, np.zeros((3, 8, 8), np.float32))
     with pytest.raises(ValueError, match="chunk must be >= 1"):
-        _engine.gdn.chunked(q, q, np.zeros((3, 4, 8), np.float32), np.zeros((3, 4), np.float32),
+        _testing.gdn.chunked(q, q, np.zeros((3, 4, 8), np.float32), np.zeros((3, 4), np.float32),
                             np.zeros((3, 4), np.float32), np.zeros((4, 8, 8), np.float32), 0)
     with pytest.raises(ValueError, match="state must be"):
-        _engine.gdn.causal_conv(np.zeros((2, 4), np.float32), np.zeros((4, 3), np.float32),
+        _testing.gdn.causal_conv(np.zeros((2, 4), np.float32), np.zeros((4, 3), np.float32),
                                 np.zeros((4, 3), np.float32))

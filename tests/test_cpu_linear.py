@@ -1,4 +1,4 @@
-"""The CPU linear kernel (`_engine.kernels.linear`) for every weight encoding, against its obviously-right twin
+"""The CPU linear kernel (`_testing.kernels.linear`) for every weight encoding, against its obviously-right twin
 `x @ decode(W).T` (numpy, float64) on fresh random inputs, plus an exactness check of the in-kernel decoders.
 For int4 / int8 / int4_affine the engine's path rounds x to int16 per 32-column block (linear_int16.h): those
 cases are held to that rounding's bound, and compared with the f32 kernels (path="f32"), their twin. That kernel
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from artifact_files import encoded, random_codes, shape_of, write_artifact
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.artifact.encodings import decode
 from ninfer.errors import ArtifactError, EngineError
 
@@ -82,7 +82,7 @@ def int16_magnitude(encoding: str, group: int, blobs: dict[str, np.ndarray]) -> 
 
 def int16_kernel(art, name: str) -> bool:
     """Whether path="fast" rounds x to int16 for this weight (linear_int16_applies)."""
-    return _engine.kernels.int16_activations(art, name)
+    return _testing.kernels.int16_activations(art, name)
 
 
 def linear_poisoned(art, name: str, x: np.ndarray, bias: np.ndarray | None = None, matrix: int | None = None,
@@ -90,7 +90,7 @@ def linear_poisoned(art, name: str, x: np.ndarray, bias: np.ndarray | None = Non
     """linear() into an output filled with NaN first, so an element the kernel skips cannot pass."""
     out_features = art.tensor_info(name)["shape"][-2]
     out = np.full((x.shape[0], out_features), np.nan, dtype=np.float32)
-    result = _engine.kernels.linear(x, art, name, bias=bias, matrix=matrix, out=out, path=path)
+    result = _testing.kernels.linear(x, art, name, bias=bias, matrix=matrix, out=out, path=path)
     assert result is out or np.shares_memory(result, out)
     return out
 
@@ -186,7 +186,7 @@ def test_int16_forms_differ_by_f32_rounding_order_only(weights, case: tuple) -> 
     x shows as 2e-6 to 5e-6 (as the f32 twin, whose x is not rounded at all, shows: held 10x above)."""
     art, reference, magnitude = weights
     name = f"real/{weight_id(case)}"
-    if not _engine.kernels.int16_avx512():
+    if not _testing.kernels.int16_avx512():
         pytest.skip("this build has no AVX-512 form of the int16 kernel: path fast is the AVX2 form")
     w = reference[name]
     for x, bias in block_scaled_inputs(w.shape):
@@ -266,7 +266,7 @@ def test_bias_and_stacked_matrices(weights, name: str) -> None:
         bias = rng.standard_normal(6).astype(np.float32)
         check_close(linear_poisoned(art, name, x, bias=bias, matrix=index), x, stack[index], bias,
                     magnitude[name][index] if int16 else None)
-    fresh = _engine.kernels.linear(x, art, name, matrix=1)  # the allocating form
+    fresh = _testing.kernels.linear(x, art, name, matrix=1)  # the allocating form
     check_close(fresh, x, stack[1], int16_magnitude=magnitude[name][1] if int16 else None)
 
 
@@ -274,23 +274,23 @@ def test_shape_mismatches_are_refused(weights) -> None:
     art, _, _ = weights
     name = "real/" + weight_id(WEIGHTS[0])
     with pytest.raises(EngineError, match="do not fit weight"):
-        _engine.kernels.linear(np.zeros((2, 36), np.float32), art, name)
+        _testing.kernels.linear(np.zeros((2, 36), np.float32), art, name)
     with pytest.raises(EngineError, match="do not fit weight"):
-        _engine.kernels.linear(np.zeros((2, 37), np.float32), art, name, bias=np.zeros(3, np.float32))
+        _testing.kernels.linear(np.zeros((2, 37), np.float32), art, name, bias=np.zeros(3, np.float32))
     with pytest.raises(EngineError, match=r"stack of shape \[6, 64\] \(3-D\)"):
-        _engine.kernels.linear(np.zeros((2, 64), np.float32), art, "stack")
+        _testing.kernels.linear(np.zeros((2, 64), np.float32), art, "stack")
     with pytest.raises(ArtifactError, match="has no matrix 3"):
-        _engine.kernels.linear(np.zeros((2, 64), np.float32), art, "stack", matrix=3)
+        _testing.kernels.linear(np.zeros((2, 64), np.float32), art, "stack", matrix=3)
 
 
     with pytest.raises(EngineError, match='path must be "fast", "avx2" or "f32", not "int8"'):
-        _engine.kernels.linear(np.zeros((2, 37), np.float32), art, name, path="int8")
+        _testing.kernels.linear(np.zeros((2, 37), np.float32), art, name, path="int8")
 
 
 def test_rows_zero(weights) -> None:
     art, _, _ = weights
     name = "real/" + weight_id(WEIGHTS[-2])
-    assert _engine.kernels.linear(np.zeros((0, 48), np.float32), art, name).shape == (0, 7)
+    assert _testing.kernels.linear(np.zeros((0, 48), np.float32), art, name).shape == (0, 7)
 
 
 
@@ -330,7 +330,7 @@ def test_shared_input_equals_separate_linears(shared_weights, label: str, path: 
         x = (rng.standard_normal((rows, SHARED_COLS)) * rng.uniform(0.01, 100)).astype(np.float32)
         biases = [rng.standard_normal(n).astype(np.float32) if i % 2 == 0 else None for i, n in enumerate(outs_of)]
         outs = [np.full((rows, n), np.nan, np.float32) for n in outs_of]
-        got = _engine.kernels.linear_shared_input(x, art, names, outs, biases, path=path)
+        got = _testing.kernels.linear_shared_input(x, art, names, outs, biases, path=path)
         assert len(got) == len(names) and all(np.shares_memory(g, o) for g, o in zip(got, outs, strict=True))
         for name, out, bias in zip(names, outs, biases, strict=True):
             alone = linear_poisoned(art, name, x, bias=bias, path=path)
@@ -339,7 +339,7 @@ def test_shared_input_equals_separate_linears(shared_weights, label: str, path: 
 
 def test_cpu_backend_shared_input_equals_separate_linears(shared_weights) -> None:
     """The model's entry point, CpuBackend::linear_shared_input (through the ops binding), is the same call."""
-    art, ops = shared_weights, _engine.cuda.Ops("cpu")
+    art, ops = shared_weights, _testing.cuda.Ops("cpu")
     names = [f"qkv/{i}" for i in range(len(SHARED_SETS["qkv"]))] + ["mixed/3", "mixed/2"]
     rng = np.random.default_rng()
     for rows in (1, 5):
@@ -352,6 +352,6 @@ def test_shared_input_refuses_misfits(shared_weights) -> None:
     art = shared_weights
     x = np.zeros((2, SHARED_COLS), np.float32)
     with pytest.raises(EngineError, match="does not fit weight"):
-        _engine.kernels.linear_shared_input(x, art, ["qkv/0"], [np.zeros((2, 511), np.float32)], [None])
+        _testing.kernels.linear_shared_input(x, art, ["qkv/0"], [np.zeros((2, 511), np.float32)], [None])
     with pytest.raises(EngineError, match="1 weights, 2 outputs, 1 biases"):
-        _engine.kernels.linear_shared_input(x, art, ["qkv/0"], [np.zeros((2, 512), np.float32)] * 2, [None])
+        _testing.kernels.linear_shared_input(x, art, ["qkv/0"], [np.zeros((2, 512), np.float32)] * 2, [None])

@@ -1,4 +1,4 @@
-"""The CPU backend's MoE block output (Backend::moe_experts through `_engine.cuda.Ops("cpu")`): the routed
+"""The CPU backend's MoE block output (Backend::moe_experts through `_testing.cuda.Ops("cpu")`): the routed
 experts' weighted sum, alone and with the gated shared expert added in the same op, against a float64 numpy
 transcription (out[r] = sum_j w[r, j] down_e(silu(gate_e x[r]) * up_e x[r]) + sigmoid(logit[r]) * shared[r]).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from artifact_files import encoded, shape_of, write_artifact
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.artifact.encodings import decode
 
 EXPERTS, HIDDEN, INTER, TOP_K = 5, 37, 45, 3  # odd widths
@@ -48,7 +48,7 @@ def routed_reference(x, ids, w, values) -> np.ndarray:
 def test_moe_experts_with_and_without_shared_expert(experts, rows):
     art, values = experts
     rng = np.random.default_rng()
-    ops = _engine.cuda.Ops("cpu")
+    ops = _testing.cuda.Ops("cpu")
     x = rng.standard_normal((rows, HIDDEN)).astype(np.float32)
     ids = np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(rows)]).astype(np.int32)
     w = rng.random((rows, TOP_K)).astype(np.float32)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from hf_reference import llama_reference
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.artifact.gguf import logical_name
 from ninfer.default_model import default_model_path
 
@@ -40,7 +40,7 @@ def reference(default_artifact):
 @pytest.fixture(scope="module")
 def model(default_artifact):
     # One thread: idle OpenMP workers spin, and would take the cores HF runs on between our calls.
-    return _engine.Model.open(str(default_artifact), max_context=1024, kv_dtype="f32", threads=1)
+    return _testing.Model.open(str(default_artifact), max_context=1024, kv_dtype="f32", threads=1)
 
 
 def _tokenizer(artifact):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from live_servers import artifact_for
 from mtp_drafts import check_drafts_against_the_twin
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from ninfer.artifact.draft_vocab import draft_vocab_ids
 from ninfer.artifact.reader import read_artifact
@@ -42,7 +42,7 @@ def _shortlist(path) -> np.ndarray:
 def test_drafts_score_the_shortlist_only(shortlisted):
     ids = _shortlist(shortlisted)
     assert len(ids) == 96 and np.all(np.diff(ids) > 0)
-    model = _engine.Model.open(str(shortlisted), max_context=256, max_sequences=4, kv_dtype="f32", threads=2)
+    model = _testing.Model.open(str(shortlisted), max_context=256, max_sequences=4, kv_dtype="f32", threads=2)
     rng = np.random.default_rng()
     for drafts in (1, 3):
         prompt = rng.integers(0, model.config["vocab_size"], int(rng.integers(2, 40))).astype(np.int32)
@@ -91,4 +91,4 @@ def test_a_shortlist_of_ids_out_of_order_is_refused_at_load(shortlisted, tmp_pat
     raw[at + 12:at + 16] = raw[at + 8:at + 12]  # ids[3] = ids[2]
     bad.write_bytes(bytes(raw))
     with pytest.raises((ArtifactError, EngineError), match="mtp.draft_vocab"):
-        _engine.Model.open(str(bad), max_context=64, verify_checksums=False)
+        _testing.Model.open(str(bad), max_context=64, verify_checksums=False)

@@ -14,11 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny_models import load_reference_model, load_reference_mtp
-
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from ninfer.errors import CapacityError, EngineError
+from tiny_models import load_reference_model, load_reference_mtp
 
 F32_KV_TOL = 1e-4
 BF16_KV_TOL = 2e-2
@@ -50,9 +49,9 @@ def references(checkpoints) -> dict:
     return {kind: load_reference_model(src) for kind, src in checkpoints.items()}
 
 
-def open_model(artifacts, kind: str, kv_dtype: str = "f32", **options) -> _engine.Model:
+def open_model(artifacts, kind: str, kv_dtype: str = "f32", **options) -> _testing.Model:
     options.setdefault("max_context", 512)
-    return _engine.Model.open(str(artifacts[kind]), kv_dtype=kv_dtype, threads=2, **options)
+    return _testing.Model.open(str(artifacts[kind]), kv_dtype=kv_dtype, threads=2, **options)
 
 
 def random_tokens(seed: int, n: int, vocab: int) -> np.ndarray:

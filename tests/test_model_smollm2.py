@@ -13,10 +13,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from hf_reference import llama_reference
-
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.artifact.convert import convert
 
 # 30 layers of f32 rounding on a real model: measured ~1e-5 of the logit scale; the bound leaves 10x room.
@@ -48,7 +46,7 @@ def chatml_prompt(artifact_path) -> tuple[list[int], object]:
 def test_smollm2_logits_match_hf_and_it_answers_paris(smollm2_bf16, smollm2_reference):
     torch.set_num_threads(2)
     ids, tokenizer = chatml_prompt(smollm2_bf16)
-    model = _engine.Model.open(str(smollm2_bf16), max_context=256, kv_dtype="f32", threads=2)
+    model = _testing.Model.open(str(smollm2_bf16), max_context=256, kv_dtype="f32", threads=2)
     seq = model.new_sequence()
     ours = model.prefill(seq, np.array(ids, np.int32), all_logits=True)
     with torch.no_grad():

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from live_servers import artifact_for
 from mtp_drafts import check_drafts_against_the_twin
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.errors import EngineError
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
 def model(request, pytestconfig):
     path = artifact_for(pytestconfig, request.getfixturevalue(f"tiny_{request.param}"))
-    return _engine.Model.open(str(path), max_context=256, max_sequences=4, kv_dtype="f32", threads=2)
+    return _testing.Model.open(str(path), max_context=256, max_sequences=4, kv_dtype="f32", threads=2)
 
 
 @pytest.mark.parametrize("drafts", [1, 2, 3, 5])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from tiny_models import build_tiny_checkpoint, load_reference_vlm
 from vision_prompts import build_prompt, media_rows
@@ -29,7 +29,7 @@ def models(request, tiny_root, tmp_path_factory):
     folder = build_tiny_checkpoint(request.param, tiny_root)
     out = tmp_path_factory.mktemp(request.param) / "model.ninfer"
     convert(folder, out, recipe="bf16", progress=False)
-    ours = _engine.Model.open(str(out), kv_dtype="f32", threads=2, max_context=1024, vision=True)
+    ours = _testing.Model.open(str(out), kv_dtype="f32", threads=2, max_context=1024, vision=True)
     return ours, load_reference_vlm(folder)
 
 

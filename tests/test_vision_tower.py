@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from ninfer.errors import EngineError
 from tiny_models import build_tiny_checkpoint, load_reference_vlm
@@ -23,7 +23,7 @@ def tower(request, tiny_root, tmp_path_factory):
     folder = build_tiny_checkpoint(request.param, tiny_root)
     out = tmp_path_factory.mktemp(request.param) / "model.ninfer"
     convert(folder, out, recipe="bf16", progress=False)
-    model = _engine.Model.open(str(out), threads=2, max_context=512, vision=True)
+    model = _testing.Model.open(str(out), threads=2, max_context=512, vision=True)
     return out, model, load_reference_vlm(folder).model.visual
 
 
@@ -81,13 +81,13 @@ def test_bad_grids_are_refused(tower):
 
 def test_the_tower_loads_only_when_asked(tower, tiny_root, tmp_path):
     out, _, visual = tower
-    text_only = _engine.Model.open(str(out), threads=2, max_context=256)
+    text_only = _testing.Model.open(str(out), threads=2, max_context=256)
     with pytest.raises(EngineError, match="vision tower is not loaded"):
         text_only.encode_vision(random_patches(visual, [(1, 2, 2)], seed=1), [(1, 2, 2)])
     llama = tmp_path / "llama.ninfer"
     convert(build_tiny_checkpoint("llama", tiny_root), llama, recipe="bf16", progress=False)
     with pytest.raises(EngineError, match="has no vision tower"):
-        _engine.Model.open(str(llama), threads=2, max_context=256, vision=True)
+        _testing.Model.open(str(llama), threads=2, max_context=256, vision=True)
 
 
 def test_op_times_are_a_cuda_mode(tower):
@@ -96,4 +96,4 @@ def test_op_times_are_a_cuda_mode(tower):
     out, model, _ = tower
     assert model.op_times() == {}
     with pytest.raises(EngineError, match="op times need the cuda backend"):
-        _engine.Model.open(str(out), threads=2, max_context=256, op_times=True)
+        _testing.Model.open(str(out), threads=2, max_context=256, op_times=True)

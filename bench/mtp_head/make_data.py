@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from ninfer.artifact.gguf_file import GGUFFile
 from ninfer.default_model import RECIPE, cache_dir, fetch_gguf
@@ -79,7 +79,7 @@ def common_prefix(sequences: list[list[int]]) -> int:
 def teacher_pass(artifact: Path, sequences: list[list[int]]) -> tuple[list[np.ndarray], dict[int, int], float]:
     """Each sequence's final-normed hidden rows [n, hidden] (f32), how often each token is among the top
     TOP_CANDIDATES, and the largest |hidden| value."""
-    model = _engine.Model.open(str(artifact), max_context=4096)
+    model = _testing.Model.open(str(artifact), max_context=4096)
     hidden, candidates, peak = [], {}, 0.0
     for tokens in sequences:
         seq = model.new_sequence()
@@ -106,7 +106,7 @@ def shortlist_mass(artifact: Path, sequences: list[list[int]], rows: np.ndarray,
     """The teacher's probability mass inside the shortlist over the first `sample` sequences' positions (the
     teacher pass's own sequences: every token of them is in the shortlist, so this is an upper bound for text the
     shortlist was not chosen from)."""
-    model = _engine.Model.open(str(artifact), max_context=4096)
+    model = _testing.Model.open(str(artifact), max_context=4096)
     inside = np.zeros(model.config["vocab_size"], bool)
     inside[rows] = True
     masses = []
@@ -202,7 +202,7 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     artifact = base_artifact()
-    config = json.loads(json.dumps(_engine.Model.open(str(artifact), max_context=64).config))
+    config = json.loads(json.dumps(_testing.Model.open(str(artifact), max_context=64).config))
 
     start = time.perf_counter()
     prompts = training_prompts(args.prompts, args.seed)

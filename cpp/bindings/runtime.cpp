@@ -8,10 +8,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "bindings/backend_ops.h"
 #include "bindings/bindings.h"
+#include "bindings/engine_backend.h"
 #include "runtime/engine.h"
-#include "cache/kv_quant.h"
 #include "runtime/sampler.h"
 
 namespace nb = nanobind;
@@ -240,32 +239,6 @@ void bind_structs(nb::module_& m) {
       .def_ro("resident_bytes", &EngineStats::resident_bytes);
 }
 
-// Test entry points: the sampler's distribution and the KV row codecs, checked against numpy references.
-void bind_test_hooks(nb::module_& m) {
-  m.def("sampler_distribution",
-        [](const std::vector<float>& logits, const SamplingParams& p, const std::vector<int32_t>& prompt,
-           const std::vector<int32_t>& generated, bool xtc_fires) {
-          TokenHistory h;
-          h.add_prompt(prompt);
-          for (int32_t t : generated) h.add_generated(t);
-          return Sampler(p).distribution(logits, h, xtc_fires);
-        },
-        nb::arg("logits"), nb::arg("params"), nb::arg("prompt"), nb::arg("generated"), nb::arg("xtc_fires") = true);
-  m.def("sampler_draw", [](const std::vector<float>& logits, const SamplingParams& p, int32_t n) {
-    Sampler s(p);
-    std::vector<int32_t> out;
-    for (int32_t i = 0; i < n; ++i) out.push_back(s.sample(logits, TokenHistory{}).token);
-    return out;
-  });
-  m.def("apply_token_mask", [](std::vector<float> logits, MaskArray mask) {
-    apply_token_mask(logits, std::span<const uint32_t>(mask.data(), mask.shape(0)));
-    return logits;
-  });
-  m.def("kv_quant_roundtrip", [](const std::vector<float>& row, const std::string& dtype) {
-    return kv_row_roundtrip(row, parse_kv_dtype(dtype));
-  });
-}
-
 }  // namespace
 
 // The engine's backend from options.backend (cpu | cuda | auto = cuda when a device is usable, else cpu);
@@ -367,7 +340,6 @@ void bind_runtime(nb::module_& m) {
         d["parked"] = s.parked;
         return d;
       });
-  bind_test_hooks(m);
   nb::class_<Engine>(m, "Engine")
       .def("__init__",
            [](Engine* self, const std::string& path, EngineOptions options, std::shared_ptr<HostTier> host_tier) {

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
-from ninfer import _engine
+from ninfer import _testing
 
 
 def _gpu_unavailable_reason() -> str | None:
-    if not _engine.cuda.built:
+    if not _testing.cuda.built:
         return "this build of ninfer._engine has no CUDA backend (no nvcc at build time, or NINFER_CUDA=OFF)"
-    if _engine.cuda.device_count() == 0:
+    if _testing.cuda.device_count() == 0:
         return "no usable CUDA device on this machine"
     return None
 
@@ -18,9 +17,8 @@ def _gpu_unavailable_reason() -> str | None:
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory):
     """Tiny random Qwen3.5 dense and MoE checkpoints (tests/tiny_models.py) converted to bf16 artifacts."""
-    from tiny_models import build_tiny_checkpoint
-
     from ninfer.artifact.convert import convert
+    from tiny_models import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
     out = {}

@@ -1,6 +1,6 @@
 """The CUDA backend against the CPU backend, op by op and end to end.
 
-Ops: `_engine.cuda.Ops("cuda")` and `Ops("cpu")` run the same binding code on each backend (inputs copied into
+Ops: `_testing.cuda.Ops("cuda")` and `Ops("cpu")` run the same binding code on each backend (inputs copied into
 the backend's memory, outputs NaN-poisoned first), on fresh random inputs over several shapes, odd ones included.
 f32 ops computed in a different order differ by rounding only: bounds are stated per op.
 
@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from artifact_files import encoded, write_artifact  # noqa: E402
 from logit_tolerance import F32_TOL, INT16_TOL  # noqa: E402
-from ninfer import _engine  # noqa: E402
+from ninfer import _engine, _testing  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ GREEDY_STEPS = 16
 @pytest.fixture
 def ops():
     """(cuda, cpu): fresh per test, so no weight cached by one test's host address is seen by another."""
-    return _engine.cuda.Ops("cuda"), _engine.cuda.Ops("cpu")
+    return _testing.cuda.Ops("cuda"), _testing.cuda.Ops("cpu")
 
 
 def rng() -> np.random.Generator:
@@ -70,7 +70,7 @@ def linear_tolerance(enc: str, out: int, cols: int, rows: int) -> float:
     with out and cols multiples of 16, x to e4m3 per row (2^-4). The error of one output is then a sum of cols
     independent roundings, about u / sqrt(3) times the root sum of squares of the products, while max |y| is
     several times that sum: one unit roundoff times 2 (bf16, two operands) leaves > 9 sigma, 2^-3 for fp8 > 9."""
-    if rows <= 8 or not _engine.cuda.cublaslt or enc in ("f32", "f16") or cols % 8:
+    if rows <= 8 or not _testing.cuda.cublaslt or enc in ("f32", "f16") or cols % 8:
         return 2e-5 * np.sqrt(cols)
     if enc == "fp8_e4m3" and cols % 16 == 0 and out % 16 == 0:
         return 2.0**-3
@@ -334,7 +334,7 @@ def test_moe_experts(ops, weights, enc, rows, shared):
     want = cpu.moe_experts(x, rows, hidden, ids, w, top_k, weights, *names, **term)
     # The CPU twin's int4 experts round their inputs to int16 where the build has that path (tests/logit_tolerance.py:
     # ~1e-4 of the largest output after gate/up and down, which failed the f32 bound by 13 % on the H200, session 12).
-    rel = INT16_TOL if any(_engine.kernels.int16_activations(weights, n) for n in names) else F32_TOL
+    rel = INT16_TOL if any(_testing.kernels.int16_activations(weights, n) for n in names) else F32_TOL
     assert_close(got, want, 0, f"moe_experts {enc}", atol=rel * np.abs(want).max())
 
 
@@ -378,9 +378,9 @@ def test_gdn_conv_qkv(case):
     mixed, w = f32(sum(ns), channels), f32(channels, kernel)
     states = f32(len(ns), channels * (kernel - 1))
     q_scale = dk ** -0.5
-    want = _engine.cuda.Ops("cpu").gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, q_scale, states)
+    want = _testing.cuda.Ops("cpu").gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, q_scale, states)
     for backend in ("cuda", "cuda-reference"):
-        got = _engine.cuda.Ops(backend).gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, q_scale, states)
+        got = _testing.cuda.Ops(backend).gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, q_scale, states)
         for g, c, what in zip(got[:3], want[:3], "qkv"):
             assert_close(g, c, 1e-5, f"{backend} gdn_conv_qkv {what}", atol=1e-6)
         assert_close(got[3], want[3], 0, f"{backend} gdn_conv_qkv history")
@@ -488,7 +488,7 @@ def same_greedy_token(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
 def test_model_cuda_matches_cpu(tiny_artifacts, kind):
-    models = {b: _engine.Model.open(str(tiny_artifacts[kind]), max_context=512, kv_dtype="f32", threads=4,
+    models = {b: _testing.Model.open(str(tiny_artifacts[kind]), max_context=512, kv_dtype="f32", threads=4,
                                     max_sequences=3, backend=b) for b in ("cuda", "cpu")}
     vocab = models["cpu"].config["vocab_size"]
     prompt = np.random.default_rng(1).integers(0, vocab, 77).astype(np.int32)   # > one page, > one GDN chunk

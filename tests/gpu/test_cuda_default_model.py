@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.default_model import default_model_path
 
 pytestmark = pytest.mark.gpu
@@ -33,7 +33,7 @@ def test_default_model_answers_on_cuda_as_on_cpu(default_artifact, question):
                                     add_special_tokens=False).ids, np.int32)
     answers = {}
     for backend in ("cuda", "cpu"):
-        model = _engine.Model.open(str(default_artifact), max_context=512, kv_dtype="f32", threads=2,
+        model = _testing.Model.open(str(default_artifact), max_context=512, kv_dtype="f32", threads=2,
                                    backend=backend)
         seq = model.new_sequence()
         logits = model.prefill(seq, ids, all_logits=True)

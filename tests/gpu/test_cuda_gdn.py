@@ -1,5 +1,5 @@
 """The chunked Gated DeltaNet prefill kernels (cpp/backend/cuda/gdn_prefill.cu) and the decode step against the
-CPU backend's chunked form and against the GPU's twins, through the `_engine.cuda.Ops` harness of
+CPU backend's chunked form and against the GPU's twins, through the `_testing.cuda.Ops` harness of
 test_cuda_backend.py (outputs NaN-poisoned): "cuda" (the chunked form with the tensor-core scan where the key head
 dim allows it), "cuda-f32" (the same with the f32 scan) and "cuda-reference" (the token-by-token kernel).
 
@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from ninfer import _testing
 from test_cuda_backend import assert_gdn_rule_close, gdn_rule_inputs, gdn_rule_rel
-
-from ninfer import _engine
 
 pytestmark = pytest.mark.gpu
 
@@ -44,7 +43,7 @@ PREFILL_CASES = [  # (Hk, Hv, Dk, Dv, tokens per sequence)
 @pytest.fixture(scope="module")
 def backends():
     """(cuda, cuda-f32, cuda-reference, cpu)."""
-    return tuple(_engine.cuda.Ops(name) for name in ("cuda", "cuda-f32", "cuda-reference", "cpu"))
+    return tuple(_testing.cuda.Ops(name) for name in ("cuda", "cuda-f32", "cuda-reference", "cpu"))
 
 
 def case_id(c) -> str:

@@ -1,4 +1,4 @@
-"""The prefill GEMM (`_engine.cuda.gemm`, rows above the decode GEMV's 8) for every weight encoding and each of its
+"""The prefill GEMM (`_testing.cuda.gemm`, rows above the decode GEMV's 8) for every weight encoding and each of its
 implementations, on fresh random inputs, outputs NaN-poisoned by the binding first:
 
 - twin (f32 CUDA-core GEMM) against a float64 reference: f32 rounding only;
@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from artifact_files import weight_pairs_artifact
-from ninfer import _engine
+from ninfer import _engine, _testing
 from ninfer.artifact.encodings import bf16_bits_to_f32, e4m3_to_f32, f32_to_bf16_bits, f32_to_e4m3
 
 pytestmark = pytest.mark.gpu
@@ -66,8 +66,8 @@ def auto_choice(case: tuple, rows: int) -> tuple[str, ...]:
     """What `auto` may run: the streamed GEMM where it takes the weight, the inner dimension is not a test model's
     and rows are few, else the case's first implementation (either fp8 kind)."""
     _, _, _, cols, impls = case
-    available = impls if _engine.cuda.cublaslt else ("twin",)
-    if "streamed" in available and cols >= 512 and rows <= _engine.cuda.streamed_auto_rows:
+    available = impls if _testing.cuda.cublaslt else ("twin",)
+    if "streamed" in available and cols >= 512 and rows <= _testing.cuda.streamed_auto_rows:
         return ("streamed",)
     return FP8_FAMILY if available[0] in FP8_FAMILY else (available[0],)
 
@@ -137,7 +137,7 @@ def check(got: np.ndarray, want: np.ndarray, bound: np.ndarray, what: str) -> No
                                   f"{got[worst]} vs {want[worst]}, bound {bound[worst]:.3g}")
 
 
-needs_cublaslt = pytest.mark.skipif(not getattr(_engine.cuda, "cublaslt", False),
+needs_cublaslt = pytest.mark.skipif(not getattr(_testing.cuda, "cublaslt", False),
                                     reason="this build has no cuBLASLt: every prefill GEMM runs on the twin")
 
 
@@ -149,24 +149,24 @@ def test_prefill_gemm_every_implementation(weights, case, kind: str) -> None:
     name = f"{kind}/{case_id(case)}"
     w = reference[name]
     rng = np.random.default_rng()
-    available = impls if _engine.cuda.cublaslt else ("twin",)
+    available = impls if _testing.cuda.cublaslt else ("twin",)
     for rows in ROWS:
         x = rng.standard_normal((rows, cols)).astype(np.float32)
         bias = rng.standard_normal(out).astype(np.float32) if rows % 2 else None
         bias64 = 0.0 if bias is None else bias.astype(np.float64)
         exact = x.astype(np.float64) @ w.astype(np.float64).T + bias64
-        twin, ran = _engine.cuda.gemm(x, art, name, "twin", bias)
+        twin, ran = _testing.cuda.gemm(x, art, name, "twin", bias)
         assert ran == "twin"
         twin_bound = accumulation_bound("twin", x, w, cols, bias)
         check(twin, exact, twin_bound, f"{name} twin rows={rows}")
 
-        auto_output, auto_ran = _engine.cuda.gemm(x, art, name, "auto", bias)
+        auto_output, auto_ran = _testing.cuda.gemm(x, art, name, "auto", bias)
         expected = auto_choice(case, rows)
         assert auto_ran in expected, f"{name}: auto ran {auto_ran}, expected {expected}"
         for impl in available:
             if impl == "twin":
                 continue
-            got, ran = _engine.cuda.gemm(x, art, name, impl, bias)
+            got, ran = _testing.cuda.gemm(x, art, name, impl, bias)
             assert ran == impl
             what = f"{name} {impl} rows={rows}"
             xe, we, rounding = emulated(impl, x, w)
@@ -186,11 +186,11 @@ def test_prefill_gemm_refuses_what_it_cannot_run(weights) -> None:
     x = np.zeros((9, 37), np.float32)
     for impl in ("bf16", "fp8"):
         with pytest.raises(EngineError, match="cannot run"):
-            _engine.cuda.gemm(x, art, "codes/bf16-9x37", impl)
+            _testing.cuda.gemm(x, art, "codes/bf16-9x37", impl)
     with pytest.raises(EngineError, match="cannot run"):
-        _engine.cuda.gemm(np.zeros((9, 512), np.float32), art, "codes/fp8_e4m3-67x512", "fp8")
+        _testing.cuda.gemm(np.zeros((9, 512), np.float32), art, "codes/fp8_e4m3-67x512", "fp8")
     with pytest.raises(EngineError, match="unknown GEMM"):
-        _engine.cuda.gemm(x, art, "codes/bf16-9x37", "fast")
+        _testing.cuda.gemm(x, art, "codes/bf16-9x37", "fast")
 
 
 @needs_cublaslt
@@ -205,7 +205,7 @@ def test_fp8_activation_scales_follow_each_row(weights) -> None:
     x *= (10.0 ** rng.uniform(-6, 6, 24)).astype(np.float32)[:, None]
     x[3] = 0
     for impl in FP8_FAMILY:
-        got, _ = _engine.cuda.gemm(x, art, name, impl)
+        got, _ = _testing.cuda.gemm(x, art, name, impl)
         exact = x.astype(np.float64) @ w.T
         _, _, rounding = emulated(impl, x, reference[name])
         bound = rounding + accumulation_bound(impl, x, reference[name], w.shape[1], None)

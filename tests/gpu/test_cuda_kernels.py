@@ -1,6 +1,6 @@
 """CUDA kernels against their CPU twins on fresh random inputs: the decode GEMV for every weight encoding
-(`_engine.cuda.linear` vs `_engine.kernels.linear`, and both vs a float64 reference) and the gated-delta-rule decode
-step (`_engine.cuda.gdn_decode` vs `_engine.gdn.recurrent`). Outputs are NaN-poisoned by the bindings first."""
+(`_testing.cuda.linear` vs `_testing.kernels.linear`, and both vs a float64 reference) and the gated-delta-rule decode
+step (`_testing.cuda.gdn_decode` vs `_testing.gdn.recurrent`). Outputs are NaN-poisoned by the bindings first."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from artifact_files import weight_pairs_artifact  # noqa: E402
-
-from ninfer import _engine  # noqa: E402
+from ninfer import _engine, _testing  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -103,8 +102,8 @@ def test_gemv_matches_cpu_twin(weights, case, impl: str, kind: str) -> None:
         # Rows of very different magnitudes: the tensor-core path scales each row into fp16's range on its own.
         magnitudes = 10.0 ** rng.uniform(-6, 6, size=(rows, 1)) if impl in MMA_IMPLS else 1.0
         x = (rng.standard_normal((rows, case[3])) * magnitudes).astype(np.float32)
-        gpu = _engine.cuda.linear(x, art, name, impl)
-        cpu = _engine.kernels.linear(x, art, name)
+        gpu = _testing.cuda.linear(x, art, name, impl)
+        cpu = _testing.kernels.linear(x, art, name)
         exact = x.astype(np.float64) @ w64.T
         assert np.isfinite(gpu).all(), f"{name} rows={rows}: unwritten or non-finite outputs"
         # f32 accumulation in different orders: errors scale with sum |x_i w_i| per output.
@@ -120,12 +119,12 @@ def test_gemv_mma_rows_are_batch_invariant(weights, case, impl: str) -> None:
     art, _ = weights
     name = f"real/{case_id(case)}"
     x = np.random.default_rng().standard_normal((8, case[3])).astype(np.float32)
-    batched = _engine.cuda.linear(x, art, name, impl)
+    batched = _testing.cuda.linear(x, art, name, impl)
     for r in range(8):
-        alone = _engine.cuda.linear(x[r:r + 1], art, name, impl)
+        alone = _testing.cuda.linear(x[r:r + 1], art, name, impl)
         np.testing.assert_array_equal(alone[0], batched[r])
-    np.testing.assert_array_equal(_engine.cuda.linear(x[3:6], art, name, impl), batched[3:6])
-    np.testing.assert_array_equal(_engine.cuda.linear(x[:5], art, name, impl), batched[:5])
+    np.testing.assert_array_equal(_testing.cuda.linear(x[3:6], art, name, impl), batched[3:6])
+    np.testing.assert_array_equal(_testing.cuda.linear(x[:5], art, name, impl), batched[:5])
 
 
 @pytest.mark.parametrize("impl", MMA_IMPLS)
@@ -139,9 +138,9 @@ def test_gemv_mma_takes_activations_at_any_float_offset(weights, case, impl: str
     name = f"real/{case_id(case)}"
     x = np.random.default_rng().standard_normal((6, case[3])).astype(np.float32)
     for rows in (1, 6):
-        aligned = _engine.cuda.linear(x[:rows], art, name, impl)
+        aligned = _testing.cuda.linear(x[:rows], art, name, impl)
         for offset in (1, 2, 3):
-            np.testing.assert_array_equal(_engine.cuda.linear(x[:rows], art, name, impl, x_offset=offset), aligned,
+            np.testing.assert_array_equal(_testing.cuda.linear(x[:rows], art, name, impl, x_offset=offset), aligned,
                                           err_msg=f"{name} rows={rows} x_offset={offset}")
 
 
@@ -159,8 +158,8 @@ def test_gemv_mma_register_split_equals_planes(weights, case) -> None:
             x[rng.integers(rows)] = 0.0
         for offset in (0, 1):
             np.testing.assert_array_equal(
-                _engine.cuda.linear(x, art, name, "mma", x_offset=offset),
-                _engine.cuda.linear(x, art, name, "mma_planes", x_offset=offset),
+                _testing.cuda.linear(x, art, name, "mma", x_offset=offset),
+                _testing.cuda.linear(x, art, name, "mma_planes", x_offset=offset),
                 err_msg=f"{name} rows={rows} x_offset={offset}")
 
 
@@ -169,9 +168,9 @@ def test_gemv_mma_refuses_what_it_does_not_take(weights) -> None:
     from ninfer.errors import EngineError
 
     with pytest.raises(EngineError, match="tensor-core"):
-        _engine.cuda.linear(np.zeros((1, 96), np.float32), art, "codes/int4-g32-9x96", "mma")
+        _testing.cuda.linear(np.zeros((1, 96), np.float32), art, "codes/int4-g32-9x96", "mma")
     with pytest.raises(EngineError, match="v3 kernel takes groups of 128"):
-        _engine.cuda.linear(np.zeros((1, 2048), np.float32), art, "codes/int8-g64-37x2048", "mma_v3")
+        _testing.cuda.linear(np.zeros((1, 2048), np.float32), art, "codes/int8-g64-37x2048", "mma_v3")
 
 
 def test_gemv_refuses_too_many_rows(weights) -> None:
@@ -179,7 +178,7 @@ def test_gemv_refuses_too_many_rows(weights) -> None:
     from ninfer.errors import EngineError
 
     with pytest.raises(EngineError, match="1..8"):
-        _engine.cuda.linear(np.zeros((9, 37), np.float32), art, "codes/f32-7x37")
+        _testing.cuda.linear(np.zeros((9, 37), np.float32), art, "codes/f32-7x37")
 
 
 def _normalised(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
@@ -203,9 +202,9 @@ def test_gdn_decode_matches_cpu_recurrence(hk: int, hv: int, dk: int, dv: int) -
         v = rng.standard_normal((batch, hv, dv)).astype(np.float32)
         g = -np.exp(rng.standard_normal((batch, hv))).astype(np.float32) * 0.3
         beta = (1 / (1 + np.exp(-rng.standard_normal((batch, hv))))).astype(np.float32)
-        out_gpu, states_gpu = _engine.cuda.gdn_decode(q, k, v, g, beta, states_gpu)
+        out_gpu, states_gpu = _testing.cuda.gdn_decode(q, k, v, g, beta, states_gpu)
         for b in range(batch):
-            out_cpu, new_state = _engine.gdn.recurrent(q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
+            out_cpu, new_state = _testing.gdn.recurrent(q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1],
                                                        beta[b:b + 1], states_cpu[b])
             states_cpu[b] = new_state
             np.testing.assert_allclose(out_gpu[b], out_cpu[0], rtol=1e-4, atol=1e-5)
@@ -236,8 +235,8 @@ def test_add_rmsnorm_writes_the_split_planes(weights, case) -> None:
         if rows >= 3:
             zero = rng.integers(rows)
             hidden[zero], delta[zero] = 0.0, 0.0
-        fused = _engine.cuda.add_rmsnorm_planes(hidden, delta, w, art, name, True)
-        twin = _engine.cuda.add_rmsnorm_planes(hidden, delta, w, art, name, False)
+        fused = _testing.cuda.add_rmsnorm_planes(hidden, delta, w, art, name, True)
+        twin = _testing.cuda.add_rmsnorm_planes(hidden, delta, w, art, name, False)
         np.testing.assert_array_equal(fused[0], twin[0], err_msg=f"{name} rows={rows}: hidden")
         np.testing.assert_array_equal(fused[1], twin[1], err_msg=f"{name} rows={rows}: out")
         assert fused[2] == twin[2], f"{name} rows={rows}: planes differ"
@@ -258,7 +257,7 @@ def test_norm_feeding_projections_equals_its_twin(weights, group) -> None:
     art, _ = weights
     rng = np.random.default_rng()
     cols = next(c[3] for c in WEIGHTS if f"real/{case_id(c)}" == group[0])
-    fast, twin = _engine.cuda.Ops("cuda"), _engine.cuda.Ops("cuda-reference")
+    fast, twin = _testing.cuda.Ops("cuda"), _testing.cuda.Ops("cuda-reference")
     for rows in (1, 2, 4, 5, 8):
         hidden, delta, w = _residual_rows(rng, rows, cols)
         got = fast.add_rmsnorm_linear(hidden, delta, rows, cols, w, True, 1e-6, art, group)

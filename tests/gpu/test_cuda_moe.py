@@ -24,8 +24,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from artifact_files import random_codes, shape_of, write_artifact  # noqa: E402
-
-from ninfer import _engine  # noqa: E402
+from ninfer import _engine, _testing  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -78,7 +77,7 @@ def experts(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def backends():
-    return _engine.cuda.Ops("cuda"), _engine.cuda.Ops("cuda-reference"), _engine.cuda.Ops("cpu")
+    return _testing.cuda.Ops("cuda"), _testing.cuda.Ops("cuda-reference"), _testing.cuda.Ops("cpu")
 
 
 def routing(rng: np.random.Generator, rows: int, experts: int, top_k: int, hot: int | None,
@@ -122,7 +121,7 @@ def test_moe_experts_match_exact_and_cpu(experts, backends, enc, shape):
     cuda, cuda_reference, cpu = backends
     n_experts, hidden, _, top_k = shape
     gate, up, down = names(enc, shape)
-    assert _engine.cuda.moe_grouped_supports(art, gate, up, down) == (enc in ENCODINGS), "grouped path choice"
+    assert _testing.cuda.moe_grouped_supports(art, gate, up, down) == (enc in ENCODINGS), "grouped path choice"
     weights64 = [reference[name].astype(np.float64) for name in (gate, up, down)]
     rng = np.random.default_rng()
     for rows in ROW_COUNTS:

@@ -11,8 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
-from ninfer import _engine
+from ninfer import _engine, _testing
 
 pytestmark = pytest.mark.gpu
 
@@ -72,7 +71,7 @@ def random_rows(rng, n: int, vocab: int, *, mask_rate: float = 0.3, scale: float
 
 
 def cpu_distribution(logits, p: dict, prompt, generated, mask) -> np.ndarray:
-    return np.array(_engine.sampler_distribution(masked(logits, mask).tolist(), params(**p), prompt, generated))
+    return np.array(_testing.sampler_distribution(masked(logits, mask).tolist(), params(**p), prompt, generated))
 
 
 @pytest.mark.parametrize("vocab", [1, 33, 300, 4097, QWEN35_VOCAB])
@@ -85,7 +84,7 @@ def test_greedy_is_the_host_argmax(vocab):
         logits[r, first:] = np.minimum(logits[r, first:], logits[r, first])
         logits[r, rng.integers(first, vocab, 3)] = logits[r, first]
     ps = [params(temperature=0.0, logprobs=True) for _ in range(rows)]
-    got = _engine.cuda.sample_rows(logits, ps, [0] * rows, [0] * rows, [[]] * rows, [[]] * rows, [None] * rows)
+    got = _testing.cuda.sample_rows(logits, ps, [0] * rows, [0] * rows, [[]] * rows, [[]] * rows, [None] * rows)
     assert [t for t, _, _ in got] == np.argmax(logits, axis=1).tolist()
 
 
@@ -99,7 +98,7 @@ def test_logprobs_and_top_logprobs_are_the_float64_log_softmax(vocab):
           for _ in range(rows)]
     ps[0].top_logprobs = 20
     seeds = rng.integers(0, 1 << 63, rows).tolist()
-    got = _engine.cuda.sample_rows(logits, ps, seeds, [5] * rows, prompts, generated, masks)
+    got = _testing.cuda.sample_rows(logits, ps, seeds, [5] * rows, prompts, generated, masks)
     for r, (token, logprob, top) in enumerate(got):
         want = log_softmax64(masked(logits[r], masks[r]))  # the constrained, unpenalised distribution
         assert 0 <= token < vocab and np.isfinite(want[token])
@@ -117,7 +116,7 @@ def test_distribution_matches_the_cpu_sampler(vocab):
         rows = int(rng.integers(1, 10))
         logits, prompts, generated, masks = random_rows(rng, rows, vocab)
         ps = [random_params(rng, vocab) for _ in range(rows)]
-        got = _engine.cuda.sampling_distribution(logits, [params(**p) for p in ps], prompts, generated, masks)
+        got = _testing.cuda.sampling_distribution(logits, [params(**p) for p in ps], prompts, generated, masks)
         assert got.shape == (rows, vocab)
         for r in range(rows):
             want = cpu_distribution(logits[r], ps[r], prompts[r], generated[r], masks[r])
@@ -131,7 +130,7 @@ def test_distribution_matches_the_cpu_sampler_at_qwen35_vocab():
              dict(temperature=0.6, min_p=0.05), dict(temperature=1.0), dict(temperature=0.0, repetition_penalty=1.5),
              dict(temperature=0.8, top_k=40, presence_penalty=1.5, frequency_penalty=0.5, repetition_penalty=1.1)]
     logits, prompts, generated, masks = random_rows(rng, len(cases), QWEN35_VOCAB, mask_rate=0.3, scale=4.0)
-    got = _engine.cuda.sampling_distribution(logits, [params(**p) for p in cases], prompts, generated, masks)
+    got = _testing.cuda.sampling_distribution(logits, [params(**p) for p in cases], prompts, generated, masks)
     for r, case in enumerate(cases):
         want = cpu_distribution(logits[r], case, prompts[r], generated[r], masks[r])
         np.testing.assert_allclose(got[r], want, rtol=0, atol=1e-6, err_msg=str(case))
@@ -160,7 +159,7 @@ def test_draws_follow_the_distribution(case):
     draws = []
     for call in range(calls):  # every draw its own counter: independent draws of one seeded stream
         counters = list(range(call * rows, (call + 1) * rows))
-        got = _engine.cuda.sample_rows(batch, [p] * rows, [seed] * rows, counters, [[]] * rows, [[]] * rows,
+        got = _testing.cuda.sample_rows(batch, [p] * rows, [seed] * rows, counters, [[]] * rows, [[]] * rows,
                                        [mask] * rows)
         draws += [t for t, _, _ in got]
     want = cpu_distribution(logits, case, [], [], mask)
@@ -183,16 +182,16 @@ def test_seeded_draws_do_not_depend_on_the_batch():
     ps[3] = params(temperature=1.0, top_p=0.9, top_k=400, repetition_penalty=1.2, logprobs=True, top_logprobs=3)
     seeds = rng.integers(0, 1 << 63, 8).tolist()
     for counter in range(20):
-        together = _engine.cuda.sample_rows(logits, ps, seeds, [counter] * 8, prompts, generated, masks)
-        alone = _engine.cuda.sample_rows(logits[3:4], ps[3:4], seeds[3:4], [counter], prompts[3:4], generated[3:4],
+        together = _testing.cuda.sample_rows(logits, ps, seeds, [counter] * 8, prompts, generated, masks)
+        alone = _testing.cuda.sample_rows(logits[3:4], ps[3:4], seeds[3:4], [counter], prompts[3:4], generated[3:4],
                                          masks[3:4])
-        reordered = _engine.cuda.sample_rows(logits[::-1].copy(), ps[::-1], seeds[::-1], [counter] * 8,
+        reordered = _testing.cuda.sample_rows(logits[::-1].copy(), ps[::-1], seeds[::-1], [counter] * 8,
                                              prompts[::-1], generated[::-1], masks[::-1])
         assert together[3] == alone[0] == reordered[4]
     # The stream moves with the counter and differs between seeds.
-    by_counter = [_engine.cuda.sample_rows(logits[3:4], ps[3:4], seeds[3:4], [c], prompts[3:4], generated[3:4],
+    by_counter = [_testing.cuda.sample_rows(logits[3:4], ps[3:4], seeds[3:4], [c], prompts[3:4], generated[3:4],
                                            masks[3:4])[0][0] for c in range(40)]
-    other_seed = [_engine.cuda.sample_rows(logits[3:4], ps[3:4], [seeds[3] ^ 1], [c], prompts[3:4], generated[3:4],
+    other_seed = [_testing.cuda.sample_rows(logits[3:4], ps[3:4], [seeds[3] ^ 1], [c], prompts[3:4], generated[3:4],
                                            masks[3:4])[0][0] for c in range(40)]
     assert len(set(by_counter)) > 1 and by_counter != other_seed
 
@@ -202,9 +201,8 @@ def test_seeded_draws_do_not_depend_on_the_batch():
 
 @pytest.fixture(scope="module")
 def tiny_qwen35(tmp_path_factory):
-    from tiny_models import build_tiny_checkpoint
-
     from ninfer.artifact.convert import convert
+    from tiny_models import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tiny_sampling")
     out = root / "qwen3_5.bf16.ninfer"

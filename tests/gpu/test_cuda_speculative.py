@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from draft_masks import HistoryMasks
 from mtp_drafts import check_drafts_against_the_twin
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from ninfer.artifact.reader import read_artifact
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
@@ -59,7 +59,7 @@ def test_verify_chains_in_the_delta_rule_match_the_twins(shape):
     ns, slots, sources, count = _chain_layout(rng, lanes=2)
     q, k, v, g, beta, _ = gdn_rule_inputs(hk, hv, dk, dv, ns)
     states = (rng.standard_normal((count, hv * dk * dv)) * 0.1).astype(np.float32)
-    runs = {name: _engine.cuda.Ops(name).gdn_rule(q, k, v, g, beta, ns, slots, hk, hv, dk, dv, 64, states, sources)
+    runs = {name: _testing.cuda.Ops(name).gdn_rule(q, k, v, g, beta, ns, slots, hk, hv, dk, dv, 64, states, sources)
             for name in ("cuda", "cuda-reference", "cpu")}
     # The prefill sequence takes the chunked form (its tensor-core scan from dk 64 on): the tf32 bound for it.
     rel = GDN_TF32_REL if dk >= 64 else 2e-4
@@ -85,7 +85,7 @@ def test_verify_chains_in_the_causal_conv_match_the_twins(fused):
     states = rng.standard_normal((count, channels * (kernel - 1))).astype(np.float32)
     runs = {}
     for name in ("cuda", "cuda-reference", "cpu"):
-        ops = _engine.cuda.Ops(name)
+        ops = _testing.cuda.Ops(name)
         if fused:
             runs[name] = ops.gdn_conv_qkv(mixed, ns, slots, hk, hv, dk, dv, w, kernel, dk ** -0.5, states, sources)
         else:
@@ -113,7 +113,7 @@ def artifacts(tiny_artifacts, tmp_path_factory, tiny_qwen3_5) -> dict[str, Path]
 def test_drafts_on_the_device_are_the_heads_argmax_chain(artifacts, model):
     """Model.mtp_drafts (argmax, next token and hidden row on the device) against mtp_logits steps with the argmax
     on the host; the twin's lm-head runs on the rows of its step, so a draft is held within the f32 sums' order."""
-    m = _engine.Model.open(str(artifacts[model]), max_context=256, max_sequences=8, kv_dtype="f32", backend="cuda")
+    m = _testing.Model.open(str(artifacts[model]), max_context=256, max_sequences=8, kv_dtype="f32", backend="cuda")
     shortlist = None
     if model == "shortlist":
         (ids,) = read_artifact(artifacts[model]).tensor_bytes("mtp.draft_vocab").values()
@@ -130,7 +130,7 @@ def test_a_verify_pass_is_decode_steps_row_for_row(artifacts, model):
     different GEMV tiles: f32 sums in another order), and the state kept after row `keep` continues as the decoded
     sequence's does."""
     rng = np.random.default_rng()
-    m = _engine.Model.open(str(artifacts[model]), max_context=256, max_sequences=12, kv_dtype="f32", backend="cuda")
+    m = _testing.Model.open(str(artifacts[model]), max_context=256, max_sequences=12, kv_dtype="f32", backend="cuda")
     vocab = m.config["vocab_size"]
     prompt = rng.integers(0, vocab, size=int(rng.integers(1, 130))).astype(np.int32)
     rows = rng.integers(0, vocab, size=int(rng.integers(2, 7))).astype(np.int32)
@@ -183,7 +183,7 @@ def _prompts(rng: np.random.Generator, vocab: int, lengths) -> list[list[int]]:
 
 
 def _vocab(artifact: Path) -> int:
-    return _engine.Model.open(str(artifact), max_context=64).config["vocab_size"]
+    return _testing.Model.open(str(artifact), max_context=64).config["vocab_size"]
 
 
 @pytest.mark.parametrize("model", ["dense", "moe"])

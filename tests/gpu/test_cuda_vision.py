@@ -1,6 +1,6 @@
 """The CUDA backend's vision tower against the CPU backend.
 
-Ops (`_engine.cuda.Ops("cuda")` vs `Ops("cpu")`, outputs NaN-poisoned first, fresh random inputs): layernorm, both
+Ops (`_testing.cuda.Ops("cuda")` vs `Ops("cpu")`, outputs NaN-poisoned first, fresh random inputs): layernorm, both
 GELUs, add_embedding_mix over f32 and bf16 tables, segment_attention over several segment layouts and head sizes
 (against its bf16 rounding model and the float64 reference, and rows outside every segment left unwritten), rope with two and three
 position streams. End to end, on the tiny Qwen3.5 dense and MoE artifacts (conftest's tiny_artifacts): the tower's
@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import vision_op_refs as ref
 from artifact_files import encoded, write_artifact
-from ninfer import _engine
+from ninfer import _engine, _testing
 from vision_prompts import build_prompt, media_rows
 
 pytestmark = pytest.mark.gpu
@@ -38,7 +38,7 @@ LOGIT_TOL = 2e-2
 
 @pytest.fixture
 def ops():
-    return _engine.cuda.Ops("cuda"), _engine.cuda.Ops("cpu")
+    return _testing.cuda.Ops("cuda"), _testing.cuda.Ops("cpu")
 
 
 def rng() -> np.random.Generator:
@@ -152,7 +152,7 @@ KINDS = ["qwen3_5", "qwen3_5_moe"]
 @pytest.fixture(scope="module", params=KINDS)
 def models(request, tiny_artifacts):
     path = str(tiny_artifacts[request.param])
-    return tuple(_engine.Model.open(path, kv_dtype="f32", threads=2, max_context=1024, backend=b, vision=True)
+    return tuple(_testing.Model.open(path, kv_dtype="f32", threads=2, max_context=1024, backend=b, vision=True)
                  for b in ("cuda", "cpu"))
 
 
@@ -180,7 +180,7 @@ def test_op_times_split_an_encode(tiny_artifacts):
     """A model opened with op_times (bench/vision_tower.py --op-times) times each backend op of an encode: one
     segment_attention per tower block, with device time, and the same rows as a model without the events."""
     path = str(tiny_artifacts["qwen3_5"])
-    timed, plain = (_engine.Model.open(path, kv_dtype="f32", max_context=1024, backend="cuda", vision=True,
+    timed, plain = (_testing.Model.open(path, kv_dtype="f32", max_context=1024, backend="cuda", vision=True,
                                        op_times=on) for on in (True, False))
     grids = [(1, 8, 6), (1, 2, 10)]
     patches = rng().uniform(-1, 1, (68, patch_values(plain))).astype(np.float32)

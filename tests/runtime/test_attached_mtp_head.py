@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from engine_helpers import run_together
-from ninfer import _engine
+from ninfer import _testing
 from ninfer.artifact.convert import convert
 from ninfer.artifact.mtp_head import mtp_head_shapes
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
@@ -98,7 +98,7 @@ def _reference_mtp_logits(tiny_llama: Path, head_file: Path, hidden: np.ndarray,
 
 
 def test_the_attached_head_runs_as_hf_llama_layer_between_fc_and_norm(tiny_llama, head_file, headed_artifact):
-    model = _engine.Model.open(str(headed_artifact), max_context=256, kv_dtype="f32")
+    model = _testing.Model.open(str(headed_artifact), max_context=256, kv_dtype="f32")
     assert model.has_mtp and model.config["mtp"] == {"num_layers": 1}
     tokens = np.random.default_rng().integers(0, PLAIN_VOCAB, size=40).astype(np.int32)
     seq = model.new_sequence()

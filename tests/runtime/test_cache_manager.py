@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from ninfer import _engine, errors
+from ninfer import _testing, errors
 
 
 def test_admission_takes_pages_lowest_first_and_release_reuses_the_last_freed():
-    cache = _engine.SimulatedCache(pages=8, state_slots=2)
+    cache = _testing.SimulatedCache(pages=8, state_slots=2)
     a, computed = cache.admit(130)  # 3 pages
     assert (a.pages, a.state_slot, computed) == ([0, 1, 2], 0, 0)
     assert cache.take_ops() == [("zero_state", 0, 0)]
@@ -27,7 +26,7 @@ def test_admission_takes_pages_lowest_first_and_release_reuses_the_last_freed():
 
 
 def test_fork_shares_full_pages_copies_the_partial_one_and_the_state():
-    cache = _engine.SimulatedCache(pages=16, state_slots=3)
+    cache = _testing.SimulatedCache(pages=16, state_slots=3)
     parent, _ = cache.admit(200)  # pages 0..3
     cache.take_ops()
     child = cache.fork(parent, tokens=150, reserve_tokens=300)  # 2 shared, partial page 2 copied, 5 pages in all
@@ -45,7 +44,7 @@ def test_fork_shares_full_pages_copies_the_partial_one_and_the_state():
 
 
 def test_snapshot_uses_a_spare_slot_and_restore_copies_it_back():
-    cache = _engine.SimulatedCache(pages=4, state_slots=2)
+    cache = _testing.SimulatedCache(pages=4, state_slots=2)
     lane, _ = cache.admit(64)
     cache.take_ops()
     snap = cache.snapshot(lane)
@@ -59,14 +58,14 @@ def test_snapshot_uses_a_spare_slot_and_restore_copies_it_back():
 
 
 def test_a_model_without_state_keeps_no_slots():
-    cache = _engine.SimulatedCache(pages=2, state_slots=0)
+    cache = _testing.SimulatedCache(pages=2, state_slots=0)
     a, _ = cache.admit(64)
     assert a.state_slot == -1 and cache.take_ops() == []
     assert cache.snapshot(a) == -1
 
 
 def test_a_fork_without_a_free_slot_is_refused_and_misuse_raises():
-    cache = _engine.SimulatedCache(pages=2, state_slots=1)
+    cache = _testing.SimulatedCache(pages=2, state_slots=1)
     a, _ = cache.admit(64)
     assert cache.fork(a, 0, 64) is None and cache.stats()["free_pages"] == 1
     with pytest.raises(errors.EngineError):
@@ -80,7 +79,7 @@ def test_a_fork_without_a_free_slot_is_refused_and_misuse_raises():
 def test_random_sequences_match_a_simple_model_and_leak_nothing():
     rng = np.random.default_rng()
     pages, slots = 40, 6
-    cache = _engine.SimulatedCache(pages=pages, state_slots=slots)
+    cache = _testing.SimulatedCache(pages=pages, state_slots=slots)
     refs = [0] * pages  # the model: holders per page
     live: list = []
     snapshots: list[int] = []

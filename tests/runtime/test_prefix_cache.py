@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from ninfer import _engine, errors
+from ninfer import _engine, _testing, errors
 
 B = 64  # tokens per block
 
@@ -35,7 +34,7 @@ def test_reuse_stops_before_the_last_prompt_token_on_a_block_boundary_with_a_sna
     rng = np.random.default_rng()
     prompt = [int(t) for t in rng.integers(0, 1000, 200)]
     for n, reused in [(63, 0), (64, 0), (65, 0), (192, 0), (193, 192), (200, 192), (300, 192)]:
-        cache = _engine.SimulatedCache(pages=32, state_slots=4)
+        cache = _testing.SimulatedCache(pages=32, state_slots=4)
         assert run(cache, prompt) == 0
         # blocks 0..2, one snapshot: at 192, the last boundary (no interior one below the 4096 interval)
         assert cache.stats()["cached_blocks"] == 3 and cache.stats()["cached_snapshots"] == 1
@@ -48,7 +47,7 @@ def test_reuse_stops_before_the_last_prompt_token_on_a_block_boundary_with_a_sna
 
 def test_a_plain_decoder_reuses_every_block_boundary():
     rng = np.random.default_rng()
-    cache = _engine.SimulatedCache(pages=32, state_slots=0)
+    cache = _testing.SimulatedCache(pages=32, state_slots=0)
     prompt = [int(t) for t in rng.integers(0, 1000, 300)]
     run(cache, prompt)
     assert cache.stats()["cached_snapshots"] == 0
@@ -58,7 +57,7 @@ def test_a_plain_decoder_reuses_every_block_boundary():
 
 def test_interval_and_frontier_snapshots():
     rng = np.random.default_rng()
-    cache = _engine.SimulatedCache(pages=64, state_slots=8, lanes=1, snapshot_interval=128)
+    cache = _testing.SimulatedCache(pages=64, state_slots=8, lanes=1, snapshot_interval=128)
     assert [cache.next_snapshot(b, 1000) for b in (0, 128, 900, 960)] == [128, 256, 960, -1]
     assert [cache.snapshot_use(p, 300) for p in (0, 64, 128, 256, 300, 320, 384)] == [
         "none", "none", "keep", "keep", "none", "frontier", "frontier"]
@@ -75,7 +74,7 @@ def test_interval_and_frontier_snapshots():
 
 
 def test_salts_name_blocks_tokens_alone_do_not():
-    cache = _engine.SimulatedCache(pages=16, state_slots=0)
+    cache = _testing.SimulatedCache(pages=16, state_slots=0)
     prompt = list(range(130))
     seq, _ = cache.admit(131, prompt, salts=[7])
     cache.commit(seq, prompt, 128, "none", salts=[7])
@@ -87,7 +86,7 @@ def test_salts_name_blocks_tokens_alone_do_not():
 
 
 def test_scoring_publishes_but_does_not_reuse():
-    cache = _engine.SimulatedCache(pages=16, state_slots=0)
+    cache = _testing.SimulatedCache(pages=16, state_slots=0)
     prompt = list(range(200))
     seq, computed = cache.admit(200, prompt, reuse=False)
     cache.commit(seq, prompt, 200, "none")
@@ -97,7 +96,7 @@ def test_scoring_publishes_but_does_not_reuse():
 
 
 def test_eviction_takes_the_least_recently_used_unheld_leaf_first():
-    cache = _engine.SimulatedCache(pages=6, state_slots=0)
+    cache = _testing.SimulatedCache(pages=6, state_slots=0)
     a, b = [1] * 129, [2] * 129  # two blocks each
     run(cache, a, reserve=129)
     run(cache, b, reserve=129)
@@ -113,7 +112,7 @@ def test_eviction_takes_the_least_recently_used_unheld_leaf_first():
 
 
 def test_a_running_sequence_pages_are_never_evicted():
-    cache = _engine.SimulatedCache(pages=4, state_slots=0)
+    cache = _testing.SimulatedCache(pages=4, state_slots=0)
     prompt = [9] * 130
     seq, _ = cache.admit(192, prompt)
     cache.commit(seq, prompt, 128, "none")
@@ -126,7 +125,7 @@ def test_a_running_sequence_pages_are_never_evicted():
 
 
 def test_concurrent_identical_blocks_share_the_first_published_page():
-    cache = _engine.SimulatedCache(pages=8, state_slots=0, lanes=2)
+    cache = _testing.SimulatedCache(pages=8, state_slots=0, lanes=2)
     prompt = [4] * 100
     x, _ = cache.admit(128, prompt)
     y, _ = cache.admit(128, prompt)
@@ -140,7 +139,7 @@ def test_concurrent_identical_blocks_share_the_first_published_page():
 
 
 def test_commit_beyond_the_tokens_is_refused():
-    cache = _engine.SimulatedCache(pages=4, state_slots=0)
+    cache = _testing.SimulatedCache(pages=4, state_slots=0)
     seq, _ = cache.admit(128)
     with pytest.raises(errors.EngineError):
         cache.commit(seq, [1] * 10, 64, "none")
@@ -348,7 +347,7 @@ def drive(cache, model, pages, ops, live, lanes, slots, check):
 @given(ops=operations(), slots=st.integers(2, 6), pages=st.integers(8, 24))
 def test_random_requests_match_the_model_and_account_for_every_page_and_slot(ops, slots, pages):
     lanes = 2
-    cache = _engine.SimulatedCache(pages=pages, state_slots=slots, lanes=lanes, snapshot_interval=128)
+    cache = _testing.SimulatedCache(pages=pages, state_slots=slots, lanes=lanes, snapshot_interval=128)
     model = Model(pages, slots, lanes)
     drive(cache, model, pages, ops, [], lanes, slots, check)
     # What is left is the index's alone: one reference per cached block, every other page free.
@@ -359,7 +358,7 @@ def test_random_requests_match_the_model_and_account_for_every_page_and_slot(ops
 def test_ten_thousand_requests_leak_nothing_and_count_exactly():
     rng = np.random.default_rng()
     pages, slots, lanes = 48, 10, 4
-    cache = _engine.SimulatedCache(pages=pages, state_slots=slots, lanes=lanes, snapshot_interval=128)
+    cache = _testing.SimulatedCache(pages=pages, state_slots=slots, lanes=lanes, snapshot_interval=128)
     systems = [[int(t) for t in rng.integers(0, 30000, int(n))] for n in rng.integers(64, 300, 6)]
     live = []
     hits = cached = lookups = 0
@@ -401,7 +400,7 @@ def test_ten_thousand_requests_leak_nothing_and_count_exactly():
 
 def tiered(pages, slots, host_pages, host_slots, lanes=1, interval=4096, tier=None):
     tier = tier or _engine.HostTier(kv_bytes=host_pages, state_slots=host_slots)
-    return _engine.SimulatedCache(pages=pages, state_slots=slots, lanes=lanes, snapshot_interval=interval,
+    return _testing.SimulatedCache(pages=pages, state_slots=slots, lanes=lanes, snapshot_interval=interval,
                                   host_tier=tier), tier
 
 

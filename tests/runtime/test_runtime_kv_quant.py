@@ -25,8 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine_helpers import run_alone
-
-from ninfer import _engine, errors
+from ninfer import _testing, errors
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
 # delta / delta_bf16 per dtype (module docstring) and the room left over the linear estimate.
@@ -46,7 +45,7 @@ def rows(rng: np.random.Generator):
 def test_int8_rows_round_to_half_a_step():
     rng = np.random.default_rng()
     for x in rows(rng):
-        got = np.array(_engine.kv_quant_roundtrip(x.tolist(), "int8"), dtype=np.float32)
+        got = np.array(_testing.kv_quant_roundtrip(x.tolist(), "int8"), dtype=np.float32)
         step = np.abs(x).max() / 127
         assert np.all(np.abs(got - x) <= step / 2 * (1 + 1e-5) + 1e-30)
 
@@ -54,7 +53,7 @@ def test_int8_rows_round_to_half_a_step():
 def test_fp8_rows_keep_three_mantissa_bits():
     rng = np.random.default_rng()
     for x in rows(rng):
-        got = np.array(_engine.kv_quant_roundtrip(x.tolist(), "fp8"), dtype=np.float32)
+        got = np.array(_testing.kv_quant_roundtrip(x.tolist(), "fp8"), dtype=np.float32)
         scale = np.abs(x).max() / 448
         # e4m3: relative error 2^-4 for normal values, absolute 2^-10 * scale in the subnormal range.
         bound = np.maximum(np.abs(x) * 2.0**-4, 2.0**-10 * scale) * (1 + 1e-5)
@@ -64,7 +63,7 @@ def test_fp8_rows_keep_three_mantissa_bits():
 
 def test_other_dtypes_are_not_row_formats():
     with pytest.raises(errors.EngineError, match="not an 8-bit row format"):
-        _engine.kv_quant_roundtrip([1.0, 2.0], "bf16")
+        _testing.kv_quant_roundtrip([1.0, 2.0], "bf16")
 
 
 # ---------- the pool and the CPU attention on 8-bit rows ----------
@@ -84,7 +83,7 @@ def quantized(rows: np.ndarray, kv_heads: int, dtype: str) -> np.ndarray:
     if dtype == "bf16":
         return bf16_rounded(rows)
     d = rows.shape[1] // kv_heads
-    out = [_engine.kv_quant_roundtrip(r.tolist(), dtype) for r in rows.reshape(-1, d)]
+    out = [_testing.kv_quant_roundtrip(r.tolist(), dtype) for r in rows.reshape(-1, d)]
     return np.array(out, dtype=np.float32).reshape(rows.shape)
 
 
@@ -115,7 +114,7 @@ def test_attention_reads_pages_with_their_scales(dtype, d):
     pool and rows are scaled per head, so a wrong page, offset, head or scale slot shows. head_dim 32 takes the
     vectorised kernel (vector exp included), 36 the scalar one."""
     rng = np.random.default_rng()
-    ops = _engine.cuda.Ops("cpu")
+    ops = _testing.cuda.Ops("cpu")
     heads, kv_heads = 4, 2
     spec = [(63, 2), (0, 5), (100, 30)]  # (history, new): page-crossing history, an empty one, a prefill
     pages_needed = [(h + n + 63) // 64 for h, n in spec]
@@ -151,7 +150,7 @@ def test_attention_reads_pages_with_their_scales(dtype, d):
 
 def model_logits(artifact, kv_dtype: str, tokens: np.ndarray) -> np.ndarray:
     """Prefill the first 30 tokens (all logits), then decode the rest one at a time: both paths write and read KV."""
-    model = _engine.Model.open(str(artifact), kv_dtype=kv_dtype, threads=2, max_context=512)
+    model = _testing.Model.open(str(artifact), kv_dtype=kv_dtype, threads=2, max_context=512)
     seq = model.new_sequence()
     return np.concatenate([model.prefill(seq, tokens[:30], all_logits=True)] +
                           [model.decode(seq, int(t)) for t in tokens[30:]])
@@ -161,7 +160,7 @@ def model_logits(artifact, kv_dtype: str, tokens: np.ndarray) -> np.ndarray:
 def kv_errors(request, tiny_llama_artifact, tiny_qwen35_artifact) -> dict:
     """Max |logit - f32-KV logit| / logit scale per KV dtype, on 70 random tokens (crossing a 64-token page)."""
     artifact = tiny_llama_artifact if request.param == "llama" else tiny_qwen35_artifact
-    vocab = _engine.Model.open(str(artifact), threads=1, max_context=128).config["vocab_size"]
+    vocab = _testing.Model.open(str(artifact), threads=1, max_context=128).config["vocab_size"]
     tokens = np.random.default_rng(5).integers(0, vocab, 70).astype(np.int32)
     exact = model_logits(artifact, "f32", tokens)
     scale = float(np.abs(exact).max())

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from ninfer import _engine, errors
+from ninfer import _engine, _testing, errors
 
 
 def params(**fields) -> _engine.SamplingParams:
@@ -63,7 +62,7 @@ def test_distribution_matches_reference(case):
         logits = rng.normal(0, 3, size=300).astype(np.float32)
         prompt = rng.integers(0, 300, size=20).tolist()
         generated = rng.integers(0, 300, size=15).tolist()
-        got = np.array(_engine.sampler_distribution(logits.tolist(), params(**case), prompt, generated))
+        got = np.array(_testing.sampler_distribution(logits.tolist(), params(**case), prompt, generated))
         want = reference_distribution(logits, prompt=prompt, generated=generated, **case)
         np.testing.assert_allclose(got, want, atol=1e-6)
 
@@ -72,10 +71,10 @@ def test_draws_follow_the_distribution_and_repeat_with_the_seed():
     rng = np.random.default_rng()
     logits = rng.normal(0, 1.5, size=12).astype(np.float32)
     p = params(temperature=0.9, top_k=8, has_seed=True, seed=int(rng.integers(1 << 62)))
-    draws = _engine.sampler_draw(logits.tolist(), p, 20000)
-    assert draws == _engine.sampler_draw(logits.tolist(), p, 20000)  # same seed, same stream
+    draws = _testing.sampler_draw(logits.tolist(), p, 20000)
+    assert draws == _testing.sampler_draw(logits.tolist(), p, 20000)  # same seed, same stream
     p.seed += 1
-    assert draws != _engine.sampler_draw(logits.tolist(), p, 20000)
+    assert draws != _testing.sampler_draw(logits.tolist(), p, 20000)
     want = reference_distribution(logits, temperature=0.9, top_k=8)
     freq = np.bincount(draws, minlength=12) / len(draws)
     # 20000 draws: the standard error of each frequency is below 0.0036; 5 sigma.
@@ -108,7 +107,7 @@ def test_token_mask_matches_the_numpy_twin():
         mask = random_mask(rng, vocab, float(rng.random()))
         want = logits.copy()
         apply_mask(want, mask)
-        got = np.array(_engine.apply_token_mask(logits.tolist(), mask), dtype=np.float32)
+        got = np.array(_testing.apply_token_mask(logits.tolist(), mask), dtype=np.float32)
         np.testing.assert_array_equal(got, want)
 
 
@@ -122,7 +121,7 @@ def test_masked_distribution_keeps_only_allowed_tokens(case):
         apply_mask(logits, random_mask(rng, 300, 0.2))
         prompt = rng.integers(0, 300, size=20).tolist()
         generated = rng.integers(0, 300, size=15).tolist()
-        got = np.array(_engine.sampler_distribution(logits.tolist(), params(**case), prompt, generated))
+        got = np.array(_testing.sampler_distribution(logits.tolist(), params(**case), prompt, generated))
         with np.errstate(invalid="ignore"):
             want = reference_distribution(logits, prompt=prompt, generated=generated, **case)
         assert not got[np.isneginf(logits)].any()

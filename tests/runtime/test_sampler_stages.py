@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from ninfer import _engine, errors
+from ninfer import _engine, _testing, errors
 
 VOCAB = 48
 
@@ -223,7 +223,7 @@ def test_stage_matches_reference(name):
         logits = rng.normal(0, 2.0, size=VOCAB).astype(np.float32)
         prompt, generated = repetitive_context(rng)
         want = reference(logits, case, prompt, generated)
-        got = np.array(_engine.sampler_distribution(logits.tolist(), native_case(case), prompt, generated))
+        got = np.array(_testing.sampler_distribution(logits.tolist(), native_case(case), prompt, generated))
         np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"{name}: logits {logits.tolist()}, "
                                                                 f"prompt {prompt}, generated {generated}")
 
@@ -232,12 +232,12 @@ def test_dry_penalises_the_token_that_extends_a_repeat():
     """A hand-checked case: `1 2 3 4 ... 1 2 3` -> 4 would extend a repeat of length 3 (allowed 2: 0.8 * 1.75)."""
     logits = [0.0] * 8
     case = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2, "temperature": 1.0}
-    got = np.array(_engine.sampler_distribution(logits, native_case(case), [1, 2, 3, 4, 6, 1, 2], [3]))
+    got = np.array(_testing.sampler_distribution(logits, native_case(case), [1, 2, 3, 4, 6, 1, 2], [3]))
     weights = np.ones(8)
     weights[4] = math.exp(-0.8 * 1.75)
     np.testing.assert_allclose(got, weights / weights.sum(), atol=1e-6)
     breaker = native_case({**case, "dry_breakers": [2]})  # the repeat may not reach back across the 2: length 1
-    got = np.array(_engine.sampler_distribution(logits, breaker, [1, 2, 3, 4, 6, 1, 2], [3]))
+    got = np.array(_testing.sampler_distribution(logits, breaker, [1, 2, 3, 4, 6, 1, 2], [3]))
     np.testing.assert_allclose(got, np.full(8, 1 / 8), atol=1e-6)
 
 
@@ -245,13 +245,13 @@ def test_xtc_acts_only_when_its_coin_says_so():
     rng = np.random.default_rng()
     logits = rng.normal(0, 2.0, size=VOCAB).astype(np.float32)
     case = {"xtc_probability": 0.5, "xtc_threshold": 0.05}
-    spared = np.array(_engine.sampler_distribution(logits.tolist(), native_case(case), [], [], False))
+    spared = np.array(_testing.sampler_distribution(logits.tolist(), native_case(case), [], [], False))
     np.testing.assert_allclose(spared, reference(logits, case, [], [], xtc_fires=False), atol=2e-5)
     # Drawn: about half the tokens come from the cut distribution, which never gives the likeliest token.
     cut = reference(logits, case, [], [])
     top = int(np.argmax(logits))
     assert cut[top] == 0
-    draws = _engine.sampler_draw(logits.tolist(), native_case({**case, "has_seed": True, "seed": 7}), 4000)
+    draws = _testing.sampler_draw(logits.tolist(), native_case({**case, "has_seed": True, "seed": 7}), 4000)
     share_top = draws.count(top) / len(draws)
     expected = 0.5 * spared[top]
     assert abs(share_top - expected) < 0.05, (share_top, expected)

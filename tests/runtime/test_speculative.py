@@ -283,11 +283,11 @@ def test_a_verify_pass_is_decode_steps_row_for_row(model, tiny_qwen35_artifact, 
     """The verify pass against its obviously-right twin, plain decode steps, on fresh random tokens: every row's
     logits are the decode step's bit for bit, and the state it keeps after row `keep` continues exactly as the
     decoded sequence's does."""
-    from ninfer import _engine
+    from ninfer import _testing
 
     artifact = tiny_qwen35_artifact if model == "dense" else tiny_qwen35_moe_artifact
     rng = np.random.default_rng()
-    m = _engine.Model.open(str(artifact), max_context=256, max_sequences=12, threads=2)  # 3 + up to 6 verify slots
+    m = _testing.Model.open(str(artifact), max_context=256, max_sequences=12, threads=2)  # 3 + up to 6 verify slots
     prompt = np.asarray(rng.integers(0, QWEN35_VOCAB, size=int(rng.integers(1, 130))), dtype=np.int32)
     rows = np.asarray(rng.integers(0, QWEN35_VOCAB, size=int(rng.integers(2, 7))), dtype=np.int32)
     keep = int(rng.integers(0, len(rows)))

@@ -20,9 +20,9 @@ def test_the_default_model_carries_the_head_it_was_shipped_with(smollm2_default_
     assert _sha256(MTP_HEAD) == MTP_HEAD_SHA256
     with Engine.open_sync(smollm2_default_artifact, EngineOptions(backend="cpu", threads=2)) as engine:
         assert engine.memory_plan()  # opens with the head loaded
-    from ninfer import _engine
+    from ninfer import _testing
 
-    assert _engine.Model.open(str(smollm2_default_artifact), max_context=64).has_mtp
+    assert _testing.Model.open(str(smollm2_default_artifact), max_context=64).has_mtp
 
 
 def test_drafts_of_the_trained_head_are_accepted_and_the_answer_is_unchanged(smollm2_default_artifact):

@@ -12,7 +12,7 @@
 #include "backend/cpu/linear_int16.h"
 #include "bindings/array_out.h"
 #include "bindings/artifact_handle.h"
-#include "bindings/bindings.h"
+#include "bindings/testing/testing.h"
 
 namespace nb = nanobind;
 

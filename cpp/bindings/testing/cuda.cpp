@@ -1,7 +1,7 @@
 // `_engine.cuda`: the CUDA kernels exposed for their parity tests (against the CPU twins) and the kernel
 // benchmarks. `built` says whether this extension has the CUDA backend; device_count() whether a GPU is usable.
-#include "bindings/backend_ops.h"
-#include "bindings/bindings.h"
+#include "bindings/testing/backend_ops.h"
+#include "bindings/testing/testing.h"
 
 #ifdef NINFER_HAVE_CUDA
 #include <cuda_runtime.h>

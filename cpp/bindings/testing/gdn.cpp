@@ -10,7 +10,7 @@
 #include <nanobind/stl/pair.h>
 
 #include "backend/cpu/gdn.h"
-#include "bindings/bindings.h"
+#include "bindings/testing/testing.h"
 
 namespace nb = nanobind;
 

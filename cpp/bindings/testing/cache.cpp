@@ -9,7 +9,7 @@
 #include <limits>
 #include <tuple>
 
-#include "bindings/bindings.h"
+#include "bindings/testing/testing.h"
 #include "errors.h"
 #include "runtime/cache_manager.h"
 

@@ -11,8 +11,8 @@
 #include <mutex>
 
 #include "bindings/array_out.h"
-#include "bindings/backend_ops.h"
-#include "bindings/bindings.h"
+#include "bindings/engine_backend.h"
+#include "bindings/testing/testing.h"
 #include "model/model.h"
 
 namespace nb = nanobind;

@@ -1,9 +1,10 @@
-// Backends by name for the bindings, and `_engine.cuda.Ops`: every Backend op callable from Python on numpy
-// arrays, the same code for the CPU and the CUDA backend, so a test compares the two op by op.
+// The engine's backends by name, and the device's op times as Python sees them: shared by the engine binding
+// (runtime.cpp) and the testing module's models and ops (bindings/testing/).
 #pragma once
 
 #include <nanobind/nanobind.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -23,7 +24,5 @@ std::unique_ptr<Backend> make_engine_cuda_backend(const EngineOptions& options);
 // The device time per op so far, {op: {"calls", "device_us"}} (DeviceRuntime::op_times); empty when `device` is
 // null or does not time its ops.
 nanobind::dict op_times_dict(const DeviceRuntime* device);
-
-void bind_backend_ops(nanobind::module_& cuda_module);  // cuda.cpp calls it
 
 }  // namespace ninfer::bindings
