@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -53,15 +53,24 @@ def _torch_tflops(m: int, n: int, k: int, median_seconds: Callable) -> dict[str,
     return out
 
 
-def bench_prefill_gemm(workdir: Path, shapes: dict[str, tuple[int, int]], median_seconds: Callable) -> list[dict]:
-    """One row per (encoding, layer shape, M); `median_seconds(fn, repeats)` times the torch baselines."""
+def layer_artifacts(workdir: Path, encodings: list[tuple[str, int | None]],
+                    shapes: dict[str, tuple[int, int]]) -> Iterator[tuple[str, int | None, object]]:
+    """(encoding, group, open artifact of LAYER_SHAPES' random codes) for each encoding, removed after its turn."""
     rng = np.random.default_rng(0)
-    results = []
-    baselines = {(name, m): _torch_tflops(m, *shapes[name], median_seconds) for name in LAYER_SHAPES for m in ROWS}
-    for encoding, group in ENCODINGS:
+    for encoding, group in encodings:
         tensors = {name: random_codes(rng, encoding, shapes[name], group, nan_codes=False) for name in LAYER_SHAPES}
         path = write_artifact(workdir / f"gemm-{encoding}.ninfer", tensors)
         art = _engine.Artifact.open(path, verify_checksums=False)
+        yield encoding, group, art
+        art.close()
+        path.unlink()
+
+
+def bench_prefill_gemm(workdir: Path, shapes: dict[str, tuple[int, int]], median_seconds: Callable) -> list[dict]:
+    """One row per (encoding, layer shape, M); `median_seconds(fn, repeats)` times the torch baselines."""
+    results = []
+    baselines = {(name, m): _torch_tflops(m, *shapes[name], median_seconds) for name in LAYER_SHAPES for m in ROWS}
+    for encoding, group, art in layer_artifacts(workdir, ENCODINGS, shapes):
         for name in LAYER_SHAPES:
             n, k = shapes[name]
             for m in ROWS:
@@ -71,8 +80,6 @@ def bench_prefill_gemm(workdir: Path, shapes: dict[str, tuple[int, int]], median
                     results.append({"kernel": "prefill_gemm", "encoding": encoding, "group_size": group,
                                     "tensor": name, "shape": [n, k], "rows": m, "impl": impl, "median_us": micros,
                                     "tflops": tflops, **baselines[(name, m)]})
-        art.close()
-        path.unlink()
     return results
 
 
@@ -84,12 +91,8 @@ BF16_DENSE_FLOPS = 989e12  # H200 bf16 dense tensor rate (NVIDIA's figure)
 
 def bench_streamed_gemm(workdir: Path, shapes: dict[str, tuple[int, int]]) -> list[dict]:
     """One row per (encoding, layer shape, rows, implementation): streamed and bf16."""
-    rng = np.random.default_rng(0)
     results = []
-    for encoding, group in STREAMED_ENCODINGS:
-        tensors = {name: random_codes(rng, encoding, shapes[name], group, nan_codes=False) for name in LAYER_SHAPES}
-        path = write_artifact(workdir / f"streamed-{encoding}.ninfer", tensors)
-        art = _engine.Artifact.open(path, verify_checksums=False)
+    for encoding, group, art in layer_artifacts(workdir, STREAMED_ENCODINGS, shapes):
         for name in LAYER_SHAPES:
             n, k = shapes[name]
             weight_bytes = n * k * (4 if encoding == "int4" else 8) / 8 + n * (k // group) * 3  # codes, scale, zero
@@ -102,8 +105,6 @@ def bench_streamed_gemm(workdir: Path, shapes: dict[str, tuple[int, int]]) -> li
                                     "weight_gbps": weight_bytes / (micros * 1e-6) / 1e9,
                                     "tflops": 2.0 * m * n * k / (micros * 1e-6) / 1e12,
                                     "limit_us": limit_us, "fraction_of_limit": limit_us / micros})
-        art.close()
-        path.unlink()
     return results
 
 
