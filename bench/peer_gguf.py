@@ -161,10 +161,10 @@ def tensor_bytes(tensor: Tensor, qtype: str) -> int:
 def _pool(qtype: str, rng: np.random.Generator) -> np.ndarray:
     """~POOL_BYTES of valid, random blocks of `qtype`, flat uint8."""
     block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
-    count = POOL_BYTES // block_bytes
+    rows = POOL_BYTES // block_bytes // 256  # rows of 256 blocks (gguf-py's quantizer pays per row)
     if qtype in ("Q4_K", "Q5_K", "Q6_K"):
-        return random_k_blocks(count, block, qtype, rng).reshape(-1)
-    values = (rng.standard_normal((count, block), dtype=np.float32) * 0.02)
+        return random_k_blocks(rows, 256 * block, qtype, rng).reshape(-1)
+    values = rng.standard_normal((rows, 256 * block), dtype=np.float32) * 0.02
     return np.ascontiguousarray(quants.quantize(values, GGMLQuantizationType[qtype])).view(np.uint8).reshape(-1)
 
 
@@ -261,7 +261,9 @@ def write_gguf(name: str, mix: str, out: Path, seed: int = 0) -> dict[str, str]:
         if tensor.name in controls:
             fout.write(controls[tensor.name].tobytes())
         else:
-            pool = pools.setdefault(qtype, _pool(qtype, rng))
+            if qtype not in pools:
+                pools[qtype] = _pool(qtype, rng)
+            pool = pools[qtype]
             for piece in _blocks(pool, GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][1], nbytes, rng):
                 fout.write(piece)
         writer.write_padding(fout, nbytes)
