@@ -34,9 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests"), str(ROOT / "python")]
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType, quants  # noqa: E402
-from llama_cpp_gguf import random_k_blocks  # noqa: E402
-from synthetic import MODELS as PUBLISHED  # noqa: E402
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter, LlamaFileType, quants
+from llama_cpp_gguf import random_k_blocks
+from synthetic import MODELS as PUBLISHED
 
 
 def _tiny(base: str, **changes) -> dict:
@@ -139,13 +139,11 @@ def quant_types(model: list[Tensor], mix: str, n_layers: int) -> dict[str, str]:
     for tensor in model:
         name = tensor.name
         qtype = default if _quantised(tensor) else "F32"
-        if mix == "Q4_K_M" and qtype != "F32":
-            if name == "output.weight":
-                qtype = "Q6_K"
-            elif name in attn_v_like and _use_more_bits(attn_v_like.index(name), len(attn_v_like)):
-                qtype = "Q6_K"
-            elif "ffn_down" in name and _use_more_bits(int(name.split(".")[1]), n_layers):
-                qtype = "Q6_K"
+        more_bits = (name == "output.weight"
+                     or name in attn_v_like and _use_more_bits(attn_v_like.index(name), len(attn_v_like))
+                     or "ffn_down" in name and _use_more_bits(int(name.split(".")[1]), n_layers))
+        if mix == "Q4_K_M" and qtype != "F32" and more_bits:
+            qtype = "Q6_K"
         block = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0]
         if tensor.shape[-1] % block:  # llama-quantize would fall back to another type; no published shape needs it
             raise ValueError(f"{name}: {tensor.shape[-1]} columns are not whole {qtype} blocks of {block}")

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "webui"))
 
-from build_llama_ui import PIN, download_sdist, verify_sdist  # noqa: E402
+from build_llama_ui import PIN, download_sdist, verify_sdist
 
 VENDOR = "vendor/llama.cpp/"
 # Paths under vendor/llama.cpp/ that are kept (a trailing slash keeps a directory), and those dropped from them.
