@@ -14,6 +14,9 @@
         A copy of the GGUF `src` whose tensors named in `types` hold random, valid K-quant blocks of the given type
         (gguf-py has no K-quant quantizer; its `quants` dequantizer defines what the blocks mean). Returns those
         tensors dequantized by gguf-py, in row-major shape: the weights the file now holds.
+    random_k_blocks(rows, cols, qtype, rng) -> np.ndarray
+        `rows` rows of `cols` values as random, valid blocks of a K-quant type (uint8, one array row per row), f16
+        scales keeping the dequantized weights small (also the blocks of bench/peer_gguf.py, llama.cpp's benchmark).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ _K_BLOCKS = {
 }
 
 
-def _random_k_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
+def random_k_blocks(rows: int, cols: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
     block_bytes, scales = _K_BLOCKS[qtype]
     blocks = rng.integers(0, 256, (rows, cols // 256, block_bytes), dtype=np.uint8)
     for at, magnitude in scales.items():
@@ -119,7 +122,7 @@ def requantize_k(src: Path, out: Path, types: dict[str, str], seed: int) -> dict
             continue
         qtype = GGMLQuantizationType[types[tensor.name]]
         cols, rows = int(tensor.shape[0]), int(np.prod(tensor.shape[1:]))
-        blocks = _random_k_blocks(rows, cols, qtype.name, rng).reshape(tuple(reversed(tensor.shape[1:].tolist()))
+        blocks = random_k_blocks(rows, cols, qtype.name, rng).reshape(tuple(reversed(tensor.shape[1:].tolist()))
                                                                         + (-1,))
         writer.add_tensor(tensor.name, blocks, raw_dtype=qtype)
         weights[tensor.name] = np.asarray(quants.dequantize(blocks, qtype), dtype=np.float32)
