@@ -300,3 +300,24 @@ def test_cli_answers_with_fp8_kv(smollm2_cache_home):
                             env={**os.environ, "XDG_CACHE_HOME": str(smollm2_cache_home)})
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
+
+
+def side_row_bytes(codec: str, d: int) -> int:
+    """Bytes of one (token, head) row of a side, from the formats' definitions: codes, f32 row scale, e4m3 block
+    scales."""
+    code_bits = {"f32": 32, "bf16": 16, "fp8": 8, "int8": 8, "nvfp4": 4}[codec]
+    return d * code_bits // 8 + (4 if codec in ("fp8", "int8", "nvfp4") else 0) + (d // 16 if codec == "nvfp4" else 0)
+
+
+def test_memory_plan_counts_each_formats_bytes_per_token(tiny_llama_artifact):
+    """The plan's KV bytes per token, relative to f32's, are each format's K and V row bytes relative to f32's
+    (the layer and head counts cancel), so the planned capacity is what the pool really holds."""
+    d = _engine.Model.open(str(tiny_llama_artifact), threads=1, max_context=128).config["head_dim"]
+    per_token = {}
+    for dtype in ("f32", "bf16", "fp8", "int8", "nvfp4", "k8v4"):
+        with Engine.open_sync(tiny_llama_artifact, EngineOptions(max_context=256, kv_dtype=dtype)) as engine:
+            per_token[dtype] = engine.memory_plan()["kv_bytes_per_token"]
+    for dtype, got in per_token.items():
+        key, value = SIDES.get(dtype, (dtype, dtype))
+        rows = side_row_bytes(key, d) + side_row_bytes(value, d)
+        assert got * 2 * side_row_bytes("f32", d) == per_token["f32"] * rows, (dtype, per_token)
