@@ -1,6 +1,7 @@
 // The paged KV pool as the CUDA attention kernels see it: the device twins of cache/kv_codec.h (one codec per
-// KV dtype: element type, load, store), a layer's K or V pages with their per-(token, head) scales, and the
-// arguments every attention kernel takes.
+// row codec: element type, load, store), a layer's K or V pages with their per-(token, head) scales (and nvfp4's
+// block scales), and the arguments every attention kernel takes. Kernels take a key codec and a value codec
+// (a KV format names one each: cache/kv_dtype.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,11 +13,13 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/dequant.cuh"
 #include "cache/kv_dtype.h"
+#include "cache/kv_fp4.h"
 
 namespace ninfer::cuda {
 
 // A codec stores one (token, head) row of codes; a stored value is scale * load(code) with scale 1 for the
-// unscaled dtypes. 8-bit rows get scale = max|x| / kCodeMax and codes encode(x / scale), as kv_quantize_row.
+// unscaled dtypes. 8-bit rows get scale = max|x| / kCodeMax and codes encode(x / scale), as kv_quantize_row;
+// nvfp4 rows as kv_quantize_row_fp4 (kv_write_kernel), their values read through load_value / load_values8.
 template <KvDtype D>
 struct KvDevice;
 
@@ -24,6 +27,7 @@ template <>
 struct KvDevice<KvDtype::F32> {
   using Element = float;
   static constexpr bool kScaled = false;
+  static constexpr bool kBlockScaled = false;
   __device__ static float load(Element e) { return e; }
   __device__ static Element encode(float x) { return x; }
 };
@@ -32,6 +36,7 @@ template <>
 struct KvDevice<KvDtype::BF16> {
   using Element = uint16_t;
   static constexpr bool kScaled = false;
+  static constexpr bool kBlockScaled = false;
   __device__ static float load(Element e) { return __uint_as_float(uint32_t(e) << 16); }
   // Round to nearest even, NaN kept (artifact/numeric.h f32_to_bf16).
   __device__ static Element encode(float f) {
@@ -46,6 +51,7 @@ template <>
 struct KvDevice<KvDtype::FP8> {
   using Element = uint8_t;
   static constexpr bool kScaled = true;
+  static constexpr bool kBlockScaled = false;
   static constexpr float kCodeMax = 448.0f;
   __device__ static float load(Element e) { return e4m3_to_float(e); }
   __device__ static Element encode(float x) { return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3); }
@@ -55,10 +61,21 @@ template <>
 struct KvDevice<KvDtype::INT8> {
   using Element = uint8_t;
   static constexpr bool kScaled = true;
+  static constexpr bool kBlockScaled = false;
   static constexpr float kCodeMax = 127.0f;
   __device__ static float load(Element e) { return float(int8_t(e)); }
   __device__ static Element encode(float x) { return uint8_t(int8_t(fminf(fmaxf(rintf(x), -127.0f), 127.0f))); }
 };
+
+// nvfp4: an element is a byte of two e2m1 codes (value 2i in the low nibble); each 16 values have an e4m3 block
+// scale, which load_value / load_values8 multiply in; the f32 row scale stays outside as for the 8-bit codecs.
+template <>
+struct KvDevice<KvDtype::NVFP4> {
+  using Element = uint8_t;
+  static constexpr bool kScaled = true;
+  static constexpr bool kBlockScaled = true;
+};
+
 
 // Eight consecutive codes at `p` (8-element aligned) as floats, with one vector load.
 template <class Kv>
@@ -83,20 +100,49 @@ __device__ __forceinline__ void load8(const typename Kv::Element* p, float out[8
 }
 
 // Layer `layer`'s K (or V) pages: page p's block starts at base + p * page_bytes with kKvPageTokens rows of
-// `width` elements, then (8-bit dtypes) the scales at + scale_offset, [token in page][kv_heads].
+// `width` values (`row_bytes` bytes of codes each), then (scaled codecs) the scales at + scale_offset,
+// [token in page][kv_heads], then (nvfp4) the e4m3 block scales at + block_offset, [(token * width + i) / 16].
 struct PagedRows {
   uint8_t* base;
-  int64_t page_bytes, width, scale_offset;
+  int64_t page_bytes, width, row_bytes, scale_offset, block_offset;
   int32_t kv_heads;
   __device__ uint8_t* page(const int32_t* pages, int64_t page_offset, int64_t page_index) const {
     return base + pages[page_offset + page_index] * page_bytes;
   }
-  template <class E>
-  __device__ E* row(const int32_t* pages, int64_t page_offset, int64_t pos) const {
-    return reinterpret_cast<E*>(page(pages, page_offset, pos / kKvPageTokens)) + (pos % kKvPageTokens) * width;
-  }
   __device__ float* scales(uint8_t* page_block) const { return reinterpret_cast<float*>(page_block + scale_offset); }
+  __device__ uint8_t* blocks(uint8_t* page_block) const { return page_block + block_offset; }
 };
+
+// Value `col` (counting over the row's kv_heads * head_dim values) of token `row` of a page block: load(code),
+// times the block scale for nvfp4 (the row scale is the caller's).
+template <class Kv>
+__device__ __forceinline__ float load_value(const PagedRows& pr, const uint8_t* block, int64_t row, int64_t col) {
+  using E = typename Kv::Element;
+  const uint8_t* codes = block + row * pr.row_bytes;
+  if constexpr (Kv::kBlockScaled) {
+    const uint32_t code = uint32_t(codes[col / 2]) >> (4 * (col % 2));
+    return e2m1_to_float(code) * e4m3_to_float(block[pr.block_offset + (row * pr.width + col) / kKvFp4Block]);
+  } else {
+    return Kv::load(reinterpret_cast<const E*>(codes)[col]);
+  }
+}
+
+// load_value of the 8 values col .. col + 7 (col a multiple of 8), with one vector load of codes (and one
+// block-scale byte: 8 values at a multiple of 8 are in one block of 16).
+template <class Kv>
+__device__ __forceinline__ void load_values8(const PagedRows& pr, const uint8_t* block, int64_t row, int64_t col,
+                                             float out[8]) {
+  using E = typename Kv::Element;
+  const uint8_t* codes = block + row * pr.row_bytes;
+  if constexpr (Kv::kBlockScaled) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + col / 2);
+    const float scale = e4m3_to_float(block[pr.block_offset + (row * pr.width + col) / kKvFp4Block]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = e2m1_to_float(word >> (4 * i)) * scale;
+  } else {
+    load8<Kv>(reinterpret_cast<const E*>(codes) + col, out);
+  }
+}
 
 struct SeqTables {
   const DeviceSequence* seqs;
@@ -114,14 +160,16 @@ struct AttentionArgs {
   float* out;
 };
 
-// Calls fn(KvDevice<d>{}) for the pool's dtype.
+// Calls fn(KeyCodec{}, ValueCodec{}) for the pool's format: only the pairs that formats name are instantiated.
 template <class Fn>
-void dispatch_kv_device(KvDtype d, Fn&& fn) {
-  switch (d) {
-    case KvDtype::F32: return fn(KvDevice<KvDtype::F32>{});
-    case KvDtype::BF16: return fn(KvDevice<KvDtype::BF16>{});
-    case KvDtype::FP8: return fn(KvDevice<KvDtype::FP8>{});
-    case KvDtype::INT8: return fn(KvDevice<KvDtype::INT8>{});
+void dispatch_kv_device(KvDtype format, Fn&& fn) {
+  switch (format) {
+    case KvDtype::F32: return fn(KvDevice<KvDtype::F32>{}, KvDevice<KvDtype::F32>{});
+    case KvDtype::BF16: return fn(KvDevice<KvDtype::BF16>{}, KvDevice<KvDtype::BF16>{});
+    case KvDtype::FP8: return fn(KvDevice<KvDtype::FP8>{}, KvDevice<KvDtype::FP8>{});
+    case KvDtype::INT8: return fn(KvDevice<KvDtype::INT8>{}, KvDevice<KvDtype::INT8>{});
+    case KvDtype::NVFP4: return fn(KvDevice<KvDtype::NVFP4>{}, KvDevice<KvDtype::NVFP4>{});
+    case KvDtype::K8V4: return fn(KvDevice<KvDtype::INT8>{}, KvDevice<KvDtype::NVFP4>{});
   }
 }
 
