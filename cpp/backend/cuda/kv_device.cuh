@@ -113,6 +113,13 @@ struct PagedRows {
   __device__ uint8_t* blocks(uint8_t* page_block) const { return page_block + block_offset; }
 };
 
+// nvfp4: the block scale of value `col` of token `row`: the row's part of the index apart from the column's, so
+// that the compiler shares it between the unrolled loads of one row (width is a multiple of 16).
+__device__ __forceinline__ const uint8_t* block_scale(const PagedRows& pr, const uint8_t* block, int64_t row,
+                                                      int64_t col) {
+  return block + pr.block_offset + row * (pr.width / kKvFp4Block) + col / kKvFp4Block;
+}
+
 // Value `col` (counting over the row's kv_heads * head_dim values) of token `row` of a page block: load(code),
 // times the block scale for nvfp4 (the row scale is the caller's).
 template <class Kv>
@@ -121,7 +128,7 @@ __device__ __forceinline__ float load_value(const PagedRows& pr, const uint8_t* 
   const uint8_t* codes = block + row * pr.row_bytes;
   if constexpr (Kv::kBlockScaled) {
     const uint32_t code = uint32_t(codes[col / 2]) >> (4 * (col % 2));
-    return e2m1_to_float(code) * e4m3_to_float(block[pr.block_offset + (row * pr.width + col) / kKvFp4Block]);
+    return e2m1_to_float(code) * e4m3_to_float(*block_scale(pr, block, row, col));
   } else {
     return Kv::load(reinterpret_cast<const E*>(codes)[col]);
   }
@@ -136,7 +143,7 @@ __device__ __forceinline__ void load_values8(const PagedRows& pr, const uint8_t*
   const uint8_t* codes = block + row * pr.row_bytes;
   if constexpr (Kv::kBlockScaled) {
     const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + col / 2);
-    const float scale = e4m3_to_float(block[pr.block_offset + (row * pr.width + col) / kKvFp4Block]);
+    const float scale = e4m3_to_float(*block_scale(pr, block, row, col));
 #pragma unroll
     for (int i = 0; i < 8; ++i) out[i] = e2m1_to_float(word >> (4 * i)) * scale;
   } else {
