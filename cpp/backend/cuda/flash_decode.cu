@@ -111,10 +111,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 4)
 #pragma unroll
       for (int h = 0; h < kMaxGroup; ++h) score[h] = 0.0f;
       if (key < valid) {
+        const RowBlockScales<KK, D> block_scales(a.k, k_block, key, int64_t(kv_head) * D);
 #pragma unroll
         for (int c = half; c < kChunks; c += 2) {
           float k8[8];
-          load_values8<KK>(a.k, k_block, key, int64_t(kv_head) * D + c * 8, k8);
+          load_values8<KK, D>(a.k, k_block, key, int64_t(kv_head) * D, c * 8, block_scales, k8);
 #pragma unroll
           for (int h = 0; h < kMaxGroup; ++h) {
             const float4 qa = *reinterpret_cast<const float4*>(&q_s[h][c * 8]);

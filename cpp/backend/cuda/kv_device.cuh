@@ -151,6 +151,53 @@ __device__ __forceinline__ void load_values8(const PagedRows& pr, const uint8_t*
   }
 }
 
+// The block scales of one (token, head) row of D values, for a kernel that reads the whole row (flash decode's
+// keys): nvfp4 holds the row's D / 16 e4m3 bytes in registers, read as 32-bit words where they are whole words
+// (D >= 64: the row's first block index, row * width / 16 + head * D / 16, is then a multiple of 4), so a row
+// costs D / 64 scale loads instead of one per 8 values (at D = 256, 16 byte loads in flight made ptxas spill).
+// The other codecs have none: scale 1.
+template <class Kv, int D>
+struct RowBlockScales {
+  __device__ RowBlockScales(const PagedRows&, const uint8_t*, int64_t, int64_t) {}
+  __device__ float of(int64_t) const { return 1.0f; }
+};
+
+template <int D>
+struct RowBlockScales<KvDevice<KvDtype::NVFP4>, D> {
+  static constexpr int kBlocks = D / int(kKvFp4Block), kWords = (kBlocks + 3) / 4;
+  uint32_t words[kWords];
+  __device__ RowBlockScales(const PagedRows& pr, const uint8_t* block, int64_t row, int64_t col0) {
+    const uint8_t* p = block_scale(pr, block, row, col0);
+    if constexpr (kBlocks % 4 == 0) {
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) words[w] = reinterpret_cast<const uint32_t*>(p)[w];
+    } else {
+      words[0] = 0;
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) words[0] |= uint32_t(p[b]) << (8 * b);
+    }
+  }
+  // The scale of value `i` of the row (0 <= i < D).
+  __device__ float of(int64_t i) const {
+    const int b = int(i / kKvFp4Block);
+    return e4m3_to_float(uint8_t(words[b / 4] >> (8 * (b % 4))));
+  }
+};
+
+// load_values8 of row values col0 + i .. col0 + i + 7 with the row's block scales already in registers.
+template <class Kv, int D>
+__device__ __forceinline__ void load_values8(const PagedRows& pr, const uint8_t* block, int64_t row, int64_t col0,
+                                             int64_t i, const RowBlockScales<Kv, D>& scales, float out[8]) {
+  if constexpr (Kv::kBlockScaled) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(block + row * pr.row_bytes + (col0 + i) / 2);
+    const float scale = scales.of(i);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = e2m1_to_float(word >> (4 * k)) * scale;
+  } else {
+    load_values8<Kv>(pr, block, row, col0 + i, out);
+  }
+}
+
 struct SeqTables {
   const DeviceSequence* seqs;
   const int32_t* pages;
