@@ -213,8 +213,9 @@ def main() -> int:
                         help="time every backend op (EngineOptions.cuda_op_times); print the longest prefill's split")
     parser.add_argument("--decode-op-times", action="store_true",
                         help="decode without graphs, timing every op; print each batch size's device time per step")
-    parser.add_argument("--cuda-gemm", choices=["auto", "twin"], default="auto",
-                        help="the prefill GEMM (EngineOptions.cuda_gemm): auto, or the f32 twin for every weight")
+    parser.add_argument("--cuda-gemm", choices=["auto", "twin", "streamed"], default="auto",
+                        help="the prefill GEMM (EngineOptions.cuda_gemm): auto, the f32 twin for every weight, or "
+                             "auto with the streamed int4/int8 GEMM at every row count")
     parser.add_argument("--artifact", type=Path, default=None,
                         help="keep the synthetic artifact here (written if missing, reused if present: A/B runs)")
     parser.add_argument("--out", type=Path, required=True)

@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from cpu_prefix_cache import commit_sha, random_tokens  # noqa: E402
-from ninfer.engine import Engine, EngineOptions, Request, SamplingParams  # noqa: E402
+from ninfer.engine import CUDA_GEMMS, Engine, EngineOptions, Request, SamplingParams  # noqa: E402
 from synthetic import MODELS, write_synthetic  # noqa: E402
 
 DECODE_WARMUP = 24  # tokens each decoding lane has before the prompt arrives (its steady state)
@@ -113,11 +113,14 @@ def main() -> int:
     p.add_argument("--chunks", type=int, nargs="+", required=True, help="decoding_prefill_chunk values to run")
     p.add_argument("--workdir", type=Path, help="keep the synthetic artifact here (reused when present)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cuda-gemm", choices=CUDA_GEMMS, default="auto",
+                   help="the prefill GEMM (EngineOptions.cuda_gemm; streamed: the streamed GEMM at every row count)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     rng = np.random.default_rng(args.seed)
     result = {"commit": commit_sha(), "model": args.model, "recipe": args.recipe, "backend": args.backend,
-              "lanes": args.lanes, "prompt": args.prompt, "prefill_chunk": args.prefill_chunk, "runs": []}
+              "lanes": args.lanes, "prompt": args.prompt, "prefill_chunk": args.prefill_chunk,
+              "cuda_gemm": args.cuda_gemm, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         path = (args.workdir or Path(tmp)) / f"{args.model}.{args.recipe}.ninfer"
         if not path.exists():
@@ -125,7 +128,8 @@ def main() -> int:
         for chunk in args.chunks:
             options = EngineOptions(backend=args.backend, max_context=args.prompt + 512, max_concurrency=args.lanes + 1,
                                     decision_lanes=0, prefill_chunk=min(args.prefill_chunk, max(args.chunks)),
-                                    decoding_prefill_chunk=chunk, prefix_cache=False, verify_checksums=False)
+                                    decoding_prefill_chunk=chunk, prefix_cache=False, verify_checksums=False,
+                                    cuda_gemm=args.cuda_gemm)
             with Engine(path, options) as engine:
                 alone = ttft_alone(engine, rng, args.prompt)  # also warms every pass shape up
                 asyncio.run(scenario(engine, rng, args.lanes, 256))  # warms the decode graphs of every batch up

@@ -35,7 +35,7 @@ from cuda_engine import op_time_split  # noqa: E402
 from cuda_kernels import source_commit  # noqa: E402
 
 from ninfer.default_model import default_model_path  # noqa: E402
-from ninfer.engine import Engine, EngineOptions  # noqa: E402
+from ninfer.engine import CUDA_GEMMS, Engine, EngineOptions  # noqa: E402
 
 Question = tuple[list[int], list[int]]
 
@@ -111,13 +111,17 @@ def main() -> int:
     p.add_argument("--op-times", type=int, default=0, metavar="RUNS",
                    help="CUDA: then, on a second engine with op timing, RUNS runs of 1 and 10 questions over the "
                         "cached state, each with its device time per op (kept apart: the events add host work)")
+    p.add_argument("--cuda-gemm", choices=CUDA_GEMMS, default="auto",
+                   help="CUDA: the prefill GEMM (EngineOptions.cuda_gemm; streamed: the streamed GEMM at every row "
+                        "count, for A/B runs)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     commit = source_commit()
     rng = np.random.default_rng(args.seed)
     longest = max(args.state + args.suffix, args.query + args.doc_tokens)
     options = EngineOptions(backend=args.backend, max_context=longest + 64, max_concurrency=1, decision_lanes=1,
-                            decision_rows=max(10, min(args.docs, 64)), threads=args.threads)
+                            decision_rows=max(10, min(args.docs, 64)), threads=args.threads,
+                            cuda_gemm=args.cuda_gemm)
     with tempfile.TemporaryDirectory() as tmp:
         path, write_s = artifact_path(args, tmp)
         with Engine.open_sync(path, options) as engine:
@@ -137,7 +141,8 @@ def main() -> int:
         from ninfer import _engine
 
         device = _engine.cuda.device_name()
-    out = {"device": device, "backend": args.backend, "commit": commit, "artifact": str(path),
+    out = {"device": device, "backend": args.backend, "cuda_gemm": args.cuda_gemm, "commit": commit,
+           "artifact": str(path),
            "model": args.model if args.backend == "cuda" else path.name, "recipe": args.recipe,
            "artifact_write_s": write_s, "threads": args.threads, "load_average": os.getloadavg(),
            "memory_plan_summary": plan.get("summary", ""), "date": time.strftime("%Y-%m-%d %H:%M:%S"),

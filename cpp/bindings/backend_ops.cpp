@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -32,8 +33,13 @@ namespace ninfer::bindings {
 std::unique_ptr<Backend> make_engine_cuda_backend(const EngineOptions& options) {
 #ifdef NINFER_HAVE_CUDA
   std::unique_ptr<Backend> backend = make_cuda_backend(0, options.cuda_op_times);
-  // cuda_gemm is auto or twin (validate_engine_options): the backend's choice for prefill GEMMs.
-  static_cast<cuda::CudaBackend&>(*backend).set_prefill_gemm(cuda::gemm_impl_from_name(options.cuda_gemm));
+  // cuda_gemm is auto, twin or streamed (validate_engine_options): the backend's choice for prefill GEMMs;
+  // streamed is auto with the streamed GEMM taking every row count it can.
+  auto& cuda_backend = static_cast<cuda::CudaBackend&>(*backend);
+  if (options.cuda_gemm == "streamed")
+    cuda_backend.set_prefill_gemm(cuda::GemmImpl::Auto, std::numeric_limits<int64_t>::max());
+  else
+    cuda_backend.set_prefill_gemm(cuda::gemm_impl_from_name(options.cuda_gemm), cuda::kStreamedAutoRows);
   return backend;
 #else
   throw EngineError("backend \"cuda\": this build of ninfer has no CUDA backend (built without nvcc)");

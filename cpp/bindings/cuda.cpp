@@ -175,7 +175,8 @@ std::tuple<FloatArray, FloatArray, nb::bytes> add_rmsnorm_planes(const InFloats&
   return {to_host(h, {rows, dim}), to_host(out, {rows, dim}), nb::bytes(planes.data(), planes.size())};
 }
 
-// y = x W^T (+ bias) on the GPU by the prefill GEMM (`impl`: auto, twin, bf16, fp8, fp8_separate_scaling); the
+// y = x W^T (+ bias) on the GPU by the prefill GEMM (`impl`: auto, twin, bf16, fp8, fp8_separate_scaling,
+// streamed); the
 // output buffer is poisoned (NaN bytes) first. Returns (y, the implementation that ran).
 std::tuple<FloatArray, std::string> gemm(const InFloats& x, const ArtifactHandle& handle, const std::string& name,
                                          const std::string& impl, std::optional<InFloats> bias) {
@@ -736,6 +737,7 @@ void bind_cuda(nb::module_& m) {
           "(hidden + delta, its RMSNorm, the decode GEMV's split planes of it for weight `name`, as bytes): planes "
           "written by the norm (fused) or by the split kernel after it.");
   sub.attr("cublaslt") = cuda::LtMatmul::available();
+  sub.attr("streamed_auto_rows") = cuda::kStreamedAutoRows;  // auto's largest row count for the streamed GEMM
   sub.def("gemm", &gemm, nb::arg("x"), nb::arg("artifact"), nb::arg("name"), nb::arg("impl") = "auto",
           nb::arg("bias") = nb::none(),
           "(x @ W.T + bias, implementation run) on the GPU by the prefill GEMM, W in its stored encoding.");

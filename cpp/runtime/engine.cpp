@@ -51,8 +51,8 @@ void validate_engine_options(const EngineOptions& o) {
     fail("decision_rows = " + std::to_string(o.decision_rows) + " (must be 1..64)");
   if (o.kv_capacity < 0 && o.kv_capacity != kKvCapacityAuto)
     fail("kv_capacity = " + std::to_string(o.kv_capacity) + " (must be >= 0; 0 = max_context * max_concurrency)");
-  if (o.cuda_gemm != "auto" && o.cuda_gemm != "twin")
-    fail("cuda_gemm = \"" + o.cuda_gemm + "\" (must be auto or twin)");
+  if (o.cuda_gemm != "auto" && o.cuda_gemm != "twin" && o.cuda_gemm != "streamed")
+    fail("cuda_gemm = \"" + o.cuda_gemm + "\" (must be auto, twin or streamed)");
   if (o.spec != "none" && o.spec != "mtp") fail("spec = \"" + o.spec + "\" (must be none or mtp)");
   if (o.spec == "mtp" && (o.draft_tokens < 1 || o.draft_tokens > kMaxDraftTokens))
     fail("draft_tokens = " + std::to_string(o.draft_tokens) + " (must be 1.." + std::to_string(kMaxDraftTokens) + ")");

@@ -65,7 +65,7 @@ struct EngineOptions {
   bool device_sampling = true;   // device backends sample on the device (false: host logits, the CPU Sampler)
   // The CUDA backend's prefill GEMM: "auto" (the fastest path the weight allows) or "twin" (the f32 twin for every
   // weight: f32 activations, results independent of how rows are batched, as the decode GEMV's are).
-  std::string cuda_gemm = "auto";
+  std::string cuda_gemm = "auto";  // auto | twin (f32 everywhere) | streamed (auto, the streamed GEMM at any rows)
   // Exact-prefix reuse (runtime/prefix_cache.h): whole 64-token blocks of KV stay cached after their request and
   // later prompts that start with them reuse them, with a Gated DeltaNet state snapshot where the model has one.
   bool prefix_cache = true;

@@ -41,7 +41,7 @@ _KV_CAPACITY_AUTO = -1  # the C++ engine's kKvCapacityAuto
 # The values the C++ engine accepts for EngineOptions' string fields (configs and CLIs check against these at start).
 BACKENDS = ("auto", "cpu", "cuda")
 KV_DTYPES = ("bf16", "fp8", "int8", "nvfp4", "k8v4", "f32")
-CUDA_GEMMS = ("auto", "twin")
+CUDA_GEMMS = ("auto", "twin", "streamed")
 SPEC_METHODS = ("none", "mtp")
 MAX_DRAFT_TOKENS = 5
 OPTION_CHOICES: Mapping[str, tuple[str, ...]] = {

@@ -2,7 +2,8 @@
 implementations, on fresh random inputs, outputs NaN-poisoned by the binding first:
 
 - twin (f32 CUDA-core GEMM) against a float64 reference: f32 rounding only;
-- bf16 (weights dequantized to bf16, activations rounded to bf16, cuBLASLt with f32 accumulation) and fp8 (W8A8:
+- bf16 (weights dequantized to bf16, activations rounded to bf16, cuBLASLt with f32 accumulation), streamed (int4 /
+  int8 codes through the tensor cores, activations rounded to bf16, weights exact) and fp8 (W8A8:
   activations quantized to e4m3 per row with scale amax/448, cuBLASLt e4m3, per-row scales applied after) against
   (a) float64 products of the operands rounded exactly as documented (emulated here bit for bit), within the f32
   accumulation bound, and (b) the exact float64 reference and the twin, within the operand-rounding bound.
@@ -47,16 +48,28 @@ CASES = [
     ("fp8_e4m3", None, 67, 512, ("bf16", "twin")),
     ("fp8_e4m3", None, 64, 1032, ("bf16", "twin")),
     ("int8", 32, 11, 544, ("bf16", "twin")),
-    ("int8", 128, 66, 1152, ("bf16", "twin")),
+    ("int8", 128, 66, 1152, ("bf16", "streamed", "twin")),
     ("int4", 32, 13, 576, ("bf16", "twin")),
     ("int4", 64, 5, 1088, ("bf16", "twin")),
-    ("int4", 128, 67, 4096, ("bf16", "twin")),
+    ("int4", 128, 67, 4096, ("bf16", "streamed", "twin")),
+    ("int4", 128, 300, 5120, ("bf16", "streamed", "twin")),  # several weight tiles, a partial last one
+    ("int4", 256, 2100, 256, ("twin", "streamed", "bf16")),  # two steps: no column split; cols < 512: auto's twin
     ("int4_affine", 32, 13, 576, ("twin",)),  # bf16 would round its values: the exact twin only
     ("int4_affine", 64, 67, 1088, ("twin",)),
     ("nvfp4", None, 7, 48, ("twin", "bf16")),
     ("nvfp4", None, 71, 2048, ("bf16", "twin")),
 ]
 FP8_FAMILY = ("fp8", "fp8_separate_scaling")  # auto takes the second where cuBLASLt lacks outer-vector scaling
+
+
+def auto_choice(case: tuple, rows: int) -> tuple[str, ...]:
+    """What `auto` may run: the streamed GEMM where it takes the weight, the inner dimension is not a test model's
+    and rows are few, else the case's first implementation (either fp8 kind)."""
+    _, _, _, cols, impls = case
+    available = impls if _engine.cuda.cublaslt else ("twin",)
+    if "streamed" in available and cols >= 512 and rows <= _engine.cuda.streamed_auto_rows:
+        return ("streamed",)
+    return FP8_FAMILY if available[0] in FP8_FAMILY else (available[0],)
 
 
 def case_id(case: tuple) -> str:
@@ -90,6 +103,8 @@ def emulated(impl: str, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.nd
     """(x, w as the implementation multiplies them, in float64; the bound on |y - x w^T| from rounding them)."""
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     s_exact = np.abs(x64) @ np.abs(w64).T
+    if impl == "streamed":  # the weights' codes and group scales are used as they are
+        return bf16_round(x).astype(np.float64), w64, U_BF16 * s_exact
     if impl == "bf16":
         wb = bf16_round(w).astype(np.float64)
         u_w = 0.0 if np.array_equal(wb, w64) else U_BF16
@@ -146,7 +161,7 @@ def test_prefill_gemm_every_implementation(weights, case, kind: str) -> None:
         check(twin, exact, twin_bound, f"{name} twin rows={rows}")
 
         auto_output, auto_ran = _engine.cuda.gemm(x, art, name, "auto", bias)
-        expected = FP8_FAMILY if available[0] in FP8_FAMILY else (available[0],)
+        expected = auto_choice(case, rows)
         assert auto_ran in expected, f"{name}: auto ran {auto_ran}, expected {expected}"
         for impl in available:
             if impl == "twin":

@@ -189,6 +189,16 @@ def test_invalid_engine_options_name_the_option(tiny_llama_artifact, options):
         Engine.open_sync(tiny_llama_artifact, EngineOptions(**options))
 
 
+@pytest.mark.parametrize("choice", ["auto", "twin", "streamed"])
+def test_every_cuda_gemm_choice_is_accepted_and_the_cpu_answers_alike(tiny_llama_artifact, choice):
+    """cuda_gemm picks the device's prefill GEMM; the CPU backend takes every valid choice and ignores it."""
+    prompt = Request([5, 6, 7, 8], SamplingParams(temperature=0), max_new_tokens=6, stop_token_ids=())
+    with open_engine(tiny_llama_artifact, backend="cpu") as engine:
+        want = run_alone(engine, [prompt])
+    with open_engine(tiny_llama_artifact, backend="cpu", cuda_gemm=choice) as engine:
+        assert run_alone(engine, [prompt]) == want
+
+
 def test_prefill_chunk_auto_is_512_on_the_cpu(tiny_llama_artifact):
     """prefill_chunk 0 (the default) resolves to 512 on the CPU backend; only device backends plan a larger one."""
     with Engine.open_sync(tiny_llama_artifact, EngineOptions(backend="cpu", max_context=4096)) as engine:

@@ -19,6 +19,17 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   return unsigned(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));  // grid-stride loops cover the rest
 }
 
+// The current device's multiprocessors (read once: launch shapes that fill the device depend on it).
+inline int device_sms() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    NINFER_CUDA_CHECK(cudaGetDevice(&device));
+    NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return count;
+}
+
 // Whether `p` may be read and written as float4.
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

@@ -81,8 +81,12 @@ class CudaBackend : public Backend, public DeviceRuntime {
   // Use the f32 CUDA-core twin where an op has a tensor-core kernel whose operands are rounded (today: the GDN
   // chunked scan), so that tests can measure the rounding against an otherwise identical path.
   void set_f32_twins(bool on) { f32_twins_ = on; }
-  // The prefill GEMM's implementation (EngineOptions::cuda_gemm): Auto (the fastest for each weight) or Twin.
-  void set_prefill_gemm(GemmImpl impl) { gemm_impl_ = impl; }
+  // The prefill GEMM's implementation (EngineOptions::cuda_gemm): Auto (the fastest for each weight) or Twin, and
+  // Auto's largest row count for the streamed GEMM.
+  void set_prefill_gemm(GemmImpl impl, int64_t streamed_rows) {
+    gemm_impl_ = impl;
+    prefill_gemm_.set_streamed_rows(streamed_rows);
+  }
 
   void linear(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias) override;
   void linear_shared_input(const float* x, int64_t rows, std::span<const LinearOut> outs) override;

@@ -150,6 +150,19 @@ struct Segment {
   float group_scale = 1.0f;           // int8/int4: the group's scale (the caller keeps one group per segment run)
 };
 
+// int8/int4: the group's fp16 scale (its bits) and zero point as a segment carries them.
+template <Encoding E>
+__device__ __forceinline__ void set_group(uint16_t scale_bits, uint32_t zero, Segment<E>& s) {
+  s.group_scale = __half2float(__ushort_as_half(scale_bits));
+  if constexpr (E == Encoding::INT4) {
+    const uint32_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(128.0f + float(zero)));
+    s.zero2 = bits | (bits << 16);
+  } else {
+    const uint32_t bits = 0x6400u + zero;  // fp16 1024 + z
+    s.zero2 = bits | (bits << 16);
+  }
+}
+
 // Loads the segment of `row` (counted over stacked matrices) starting at column col0 (a multiple of 32).
 // int8/int4 need group_size a multiple of 32, so the segment lies in one group.
 template <Encoding E, class W>
@@ -159,15 +172,7 @@ __device__ __forceinline__ void load_segment(const W& w, int64_t row, int64_t co
   for (int v = 0; v < segment_vectors<E>(); ++v) s.codes[v] = load_streaming(p + 16 * v);
   if constexpr (E == Encoding::INT4 || E == Encoding::INT8) {
     const int64_t group = row * (w.cols / w.group_size) + col0 / w.group_size;
-    s.group_scale = __half2float(reinterpret_cast<const __half*>(w.scale)[group]);
-    const uint32_t z = w.zero[group];
-    if constexpr (E == Encoding::INT4) {
-      const uint32_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(128.0f + float(z)));
-      s.zero2 = bits | (bits << 16);
-    } else {
-      const uint32_t bits = 0x6400u + z;  // fp16 1024 + z
-      s.zero2 = bits | (bits << 16);
-    }
+    set_group<E>(reinterpret_cast<const uint16_t*>(w.scale)[group], w.zero[group], s);
   } else if constexpr (E == Encoding::NVFP4) {
     const uint8_t* block = w.scale + row * (w.cols / 16) + col0 / 16;
 #pragma unroll
@@ -182,36 +187,40 @@ __device__ __forceinline__ void load_segment(const W& w, int64_t row, int64_t co
 // fp16 bits of twice the e2m1 magnitudes (0, 1, 2, 3, 4, 6, 8, 12): high bytes picked by the low 3 code bits.
 constexpr uint32_t kE2m1TwiceHighLo = 0x42403C00u, kE2m1TwiceHighHi = 0x4A484644u;
 
-// The 16 bf16 operand pairs (in order<E>()) of a segment: integer codes minus their zero point, e4m3 values,
+// Operand pair p (0..15, in order<E>()) of a segment as bf16: integer codes minus their zero point, e4m3 values,
 // e2m1 values times their block scale, or the stored bf16 values; all exact.
+template <Encoding E>
+__device__ __forceinline__ uint32_t bf16_pair(const Segment<E>& s, int p) {
+  if constexpr (E == Encoding::INT4) {
+    const uint32_t codes = ((word(s.codes, p / 4) >> (4 * (p % 4))) & 0x000F000Fu) | 0x43004300u;  // 128 + q
+    const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&codes),
+                                     *reinterpret_cast<const __nv_bfloat162*>(&s.zero2));
+    return *reinterpret_cast<const uint32_t*>(&d);
+  } else if constexpr (E == Encoding::INT8) {
+    const uint32_t codes = ((word(s.codes, p / 2) >> (8 * (p % 2))) & 0x00FF00FFu) | 0x64006400u;  // 1024 + q
+    const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&codes), *reinterpret_cast<const __half2*>(&s.zero2));
+    return bf16x2_of_half2(*reinterpret_cast<const uint32_t*>(&d));
+  } else if constexpr (E == Encoding::FP8_E4M3) {
+    const uint32_t bytes = (word(s.codes, p / 2) >> (16 * (p % 2))) & 0xFFFFu;
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bytes), __NV_E4M3);
+    return bf16x2_of_half2(uint32_t(h.x) | (uint32_t(h.y) << 16));
+  } else if constexpr (E == Encoding::NVFP4) {
+    const uint32_t u = word(s.codes, p / 4) >> (4 * (p % 4));  // the pair's codes at bits 0-3 and 16-19
+    const uint32_t select = ((u << 4) & 0x70u) | ((u >> 4) & 0x7000u);
+    const uint32_t twice = __byte_perm(kE2m1TwiceHighLo, kE2m1TwiceHighHi, select) | ((u << 12) & 0x80008000u);
+    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&twice),
+                              *reinterpret_cast<const __half2*>(&s.block_scale[p / 8]));
+    return bf16x2_of_half2(*reinterpret_cast<const uint32_t*>(&v));
+  } else {  // BF16: the stored pairs are the operands
+    return word(s.codes, p);
+  }
+}
+
+// All 16 operand pairs of a segment.
 template <Encoding E>
 __device__ __forceinline__ void bf16_pairs(const Segment<E>& s, uint32_t (&a)[16]) {
 #pragma unroll
-  for (int p = 0; p < 16; ++p) {
-    if constexpr (E == Encoding::INT4) {
-      const uint32_t codes = ((word(s.codes, p / 4) >> (4 * (p % 4))) & 0x000F000Fu) | 0x43004300u;  // 128 + q
-      const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&codes),
-                                       *reinterpret_cast<const __nv_bfloat162*>(&s.zero2));
-      a[p] = *reinterpret_cast<const uint32_t*>(&d);
-    } else if constexpr (E == Encoding::INT8) {
-      const uint32_t codes = ((word(s.codes, p / 2) >> (8 * (p % 2))) & 0x00FF00FFu) | 0x64006400u;  // 1024 + q
-      const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&codes), *reinterpret_cast<const __half2*>(&s.zero2));
-      a[p] = bf16x2_of_half2(*reinterpret_cast<const uint32_t*>(&d));
-    } else if constexpr (E == Encoding::FP8_E4M3) {
-      const uint32_t bytes = (word(s.codes, p / 2) >> (16 * (p % 2))) & 0xFFFFu;
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(bytes), __NV_E4M3);
-      a[p] = bf16x2_of_half2(uint32_t(h.x) | (uint32_t(h.y) << 16));
-    } else if constexpr (E == Encoding::NVFP4) {
-      const uint32_t u = word(s.codes, p / 4) >> (4 * (p % 4));  // the pair's codes at bits 0-3 and 16-19
-      const uint32_t select = ((u << 4) & 0x70u) | ((u >> 4) & 0x7000u);
-      const uint32_t twice = __byte_perm(kE2m1TwiceHighLo, kE2m1TwiceHighHi, select) | ((u << 12) & 0x80008000u);
-      const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&twice),
-                                *reinterpret_cast<const __half2*>(&s.block_scale[p / 8]));
-      a[p] = bf16x2_of_half2(*reinterpret_cast<const uint32_t*>(&v));
-    } else {  // BF16: the stored pairs are the operands
-      a[p] = word(s.codes, p);
-    }
-  }
+  for (int p = 0; p < 16; ++p) a[p] = bf16_pair<E>(s, p);
 }
 
 // What multiplies a row's f32 sum: fp8's row scale, nvfp4's tensor scale, 1 otherwise (group scales are the

@@ -296,16 +296,6 @@ void launch_for_head_dim(const AttentionArgs& a, const int32_t* rows, int32_t ro
   }
 }
 
-int32_t multiprocessors() {
-  static const int32_t count = [] {
-    int device = 0, n = 0;
-    NINFER_CUDA_CHECK(cudaGetDevice(&device));
-    NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return int32_t(n);
-  }();
-  return count;
-}
-
 }  // namespace
 
 bool flash_decode_supports(KvDtype dtype, int32_t head_dim, int32_t group) {
@@ -315,7 +305,7 @@ bool flash_decode_supports(KvDtype dtype, int32_t head_dim, int32_t group) {
 
 int32_t flash_decode_max_splits(int64_t rows, int32_t kv_heads) {
   // Enough blocks for four per multiprocessor (a block: 128 threads, ~42 KiB of shared memory).
-  const int64_t target = 4 * int64_t(multiprocessors());
+  const int64_t target = 4 * int64_t(device_sms());
   const int64_t per_split = std::max<int64_t>(1, rows * kv_heads);
   return int32_t(std::clamp<int64_t>((target + per_split - 1) / per_split, 1, kMaxSplits));
 }

@@ -657,16 +657,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) gemv_v5_kernel(Mm
                              [&](int v) { return OutputSlot{m0 + g + 8 * (v % 2), 4 * (v / 2) + q}; });
 }
 
-int device_sms() {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    NINFER_CUDA_CHECK(cudaGetDevice(&device));
-    NINFER_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
-  return sms;
-}
-
 // Blocks along the columns for an (n, k) weight: only the shape decides (so results do not depend on the batch).
 // v3: enough blocks for 16 warps per SM.
 int choose_splits_v3(int64_t m_tiles, int64_t tiles) {

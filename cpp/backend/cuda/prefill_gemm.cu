@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/dequant.cuh"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/streamed_gemm.h"
 #include "errors.h"
 
 namespace ninfer::cuda {
@@ -147,6 +148,7 @@ bool can_run(GemmImpl impl, const TensorView& w) {
     case GemmImpl::Fp8:
     case GemmImpl::Fp8SeparateScaling:
       return LtMatmul::available() && w.encoding == Encoding::FP8_E4M3 && k % 16 == 0 && n % 16 == 0;
+    case GemmImpl::Streamed: return streamed_gemm_supports(w);
   }
   return false;
 }
@@ -164,14 +166,17 @@ const char* gemm_impl_name(GemmImpl impl) {
     case GemmImpl::Bf16: return "bf16";
     case GemmImpl::Fp8: return "fp8";
     case GemmImpl::Fp8SeparateScaling: return "fp8_separate_scaling";
+    case GemmImpl::Streamed: return "streamed";
   }
   return "?";
 }
 
 GemmImpl gemm_impl_from_name(const std::string& name) {
-  for (GemmImpl impl : {GemmImpl::Auto, GemmImpl::Twin, GemmImpl::Bf16, GemmImpl::Fp8, GemmImpl::Fp8SeparateScaling})
+  for (GemmImpl impl : {GemmImpl::Auto, GemmImpl::Twin, GemmImpl::Bf16, GemmImpl::Fp8, GemmImpl::Fp8SeparateScaling,
+                        GemmImpl::Streamed})
     if (name == gemm_impl_name(impl)) return impl;
-  throw EngineError("unknown GEMM implementation '" + name + "' (auto, twin, bf16, fp8, fp8_separate_scaling)");
+  throw EngineError("unknown GEMM implementation '" + name +
+                    "' (auto, twin, bf16, fp8, fp8_separate_scaling, streamed)");
 }
 
 GemmImpl preferred_gemm_impl(const TensorView& w) {
@@ -205,6 +210,7 @@ GemmImpl PrefillGemm::run_one(const float* x, int64_t rows, const TensorView& w,
       case GemmImpl::Bf16: return run_bf16(x, rows, w, y, bias, stream);
       case GemmImpl::Fp8: return run_fp8(x, rows, w, y, bias, LtScaling::OuterVector, stream);
       case GemmImpl::Fp8SeparateScaling: return run_fp8(x, rows, w, y, bias, LtScaling::None, stream);
+      case GemmImpl::Streamed: return run_streamed(x, rows, w, y, bias, stream);
       default: gemm(x, rows, w, y, bias, stream); return true;
     }
   };
@@ -225,6 +231,7 @@ GemmImpl PrefillGemm::run_one(const float* x, int64_t rows, const TensorView& w,
     runs(GemmImpl::Twin);
     return GemmImpl::Twin;
   }
+  if (rows <= streamed_rows_ && runs(GemmImpl::Streamed)) return GemmImpl::Streamed;
   for (GemmImpl which : kByPreference)
     if (runs(which)) return which;
   return GemmImpl::Twin;  // unreachable: the twin always runs
@@ -284,6 +291,19 @@ bool PrefillGemm::run_fp8(const float* x, int64_t rows, const TensorView& w, flo
     scale_and_bias(y, rows, n, x_scale, w_scale, bias, stream);
   else
     scale_and_bias(y, rows, n, nullptr, nullptr, bias, stream);
+  return true;
+}
+
+bool PrefillGemm::run_streamed(const float* x, int64_t rows, const TensorView& w, float* y, const float* bias,
+                               cudaStream_t stream) {
+  const int64_t k = w.cols();
+  const size_t partial_bytes = streamed_gemm_partial_bytes(rows, w);
+  auto* partials = partial_bytes ? static_cast<float*>(scratch(partials_, partial_bytes, stream)) : nullptr;
+  auto* plane = static_cast<uint16_t*>(scratch(x_low_, size_t(rows * k) * 2, stream));
+  // int4 and int8 codes pair their columns differently (tc::Order), so their planes differ.
+  const InputForm form = w.encoding == Encoding::INT4 ? InputForm::StreamedNibble : InputForm::StreamedByte;
+  if (!input_ready(form, x, rows, k)) streamed_gemm_prepare(x, rows, k, streamed_gemm_order(w), plane, stream);
+  streamed_gemm(plane, rows, w, y, bias, partials, stream);
   return true;
 }
 
