@@ -4,9 +4,10 @@
 // Which kernel attends a call's rows:
 //   - f32 KV, or a head_dim the fast kernels do not take: attention_kernel, the slow obviously-right twin (one
 //     block per (row, query head), an online softmax over tiles of keys, f32 on CUDA cores);
-//   - bf16 / fp8 / int8 / nvfp4 / k8v4 KV: sequences with at least kPrefillMinRows new rows go to the tensor-core flash kernel
-//     (flash_prefill.cu), the others (decode: one new row; a few speculative rows) to split-KV decode
-//     (flash_decode.cu), whose kernel count does not depend on the batch's contexts (CUDA-graph replays).
+//   - bf16 / fp8 / int8 / nvfp4 / k8v4 KV: sequences with at least kPrefillMinRows new rows go to the
+//     tensor-core flash kernel (flash_prefill.cu), the others (decode: one new row; a few speculative rows) to
+//     split-KV decode (flash_decode.cu), whose kernel count does not depend on the batch's contexts (CUDA-graph
+//     replays).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -214,7 +215,8 @@ void CudaBackend::kv_write(const float* k, const float* v, std::span<const Seque
   const SeqTables t{o.seqs, o.pages, o.row_seq};
   const int32_t head_dim = int32_t(pool.row_elements() / pool.kv_heads());
   dispatch_kv_device(pool.dtype(), [&](auto key_codec, auto value_codec) {
-    launch_chained(kv_write_kernel<decltype(key_codec), decltype(value_codec)>, dim3(unsigned(o.rows)), dim3(kThreads), 0, stream_, k, v, t,
+    launch_chained(kv_write_kernel<decltype(key_codec), decltype(value_codec)>, dim3(unsigned(o.rows)),
+                   dim3(kThreads), 0, stream_, k, v, t,
                    paged(pool, layer, false), paged(pool, layer, true), head_dim);
   });
 }
@@ -233,7 +235,9 @@ void CudaBackend::attention(const float* q, int64_t q_row_stride, int64_t q_head
     if (tables_only()) return;
     const dim3 grid(unsigned(o.rows), unsigned(shape.num_heads));
     dispatch_kv_device(pool.dtype(), [&](auto key_codec, auto value_codec) {
-      attention_kernel<decltype(key_codec), decltype(value_codec)><<<grid, kAttnThreads, shape.head_dim * sizeof(float), stream_>>>(
+      using KK = decltype(key_codec);
+      using VK = decltype(value_codec);
+      attention_kernel<KK, VK><<<grid, kAttnThreads, shape.head_dim * sizeof(float), stream_>>>(
           q, q_row_stride, q_head_stride, t, paged(pool, layer, false), paged(pool, layer, true), shape, out);
     });
     NINFER_CUDA_CHECK_LAUNCH();

@@ -120,6 +120,13 @@ __device__ __forceinline__ const uint8_t* block_scale(const PagedRows& pr, const
   return block + pr.block_offset + row * (pr.width / kKvFp4Block) + col / kKvFp4Block;
 }
 
+// Eight nvfp4 values from one 32-bit word of codes (value k in bits 4k .. 4k + 3) and their block scale (the
+// products are exact: at most 6 significant bits).
+__device__ __forceinline__ void decode_fp4x8(uint32_t word, float scale, float out[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) out[k] = e2m1_to_float(word >> (4 * k)) * scale;
+}
+
 // Value `col` (counting over the row's kv_heads * head_dim values) of token `row` of a page block: load(code),
 // times the block scale for nvfp4 (the row scale is the caller's).
 template <class Kv>
@@ -142,10 +149,8 @@ __device__ __forceinline__ void load_values8(const PagedRows& pr, const uint8_t*
   using E = typename Kv::Element;
   const uint8_t* codes = block + row * pr.row_bytes;
   if constexpr (Kv::kBlockScaled) {
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(codes + col / 2);
-    const float scale = e4m3_to_float(*block_scale(pr, block, row, col));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = e2m1_to_float(word >> (4 * i)) * scale;
+    decode_fp4x8(*reinterpret_cast<const uint32_t*>(codes + col / 2), e4m3_to_float(*block_scale(pr, block, row, col)),
+                 out);
   } else {
     load8<Kv>(reinterpret_cast<const E*>(codes) + col, out);
   }
@@ -189,10 +194,7 @@ template <class Kv, int D>
 __device__ __forceinline__ void load_values8(const PagedRows& pr, const uint8_t* block, int64_t row, int64_t col0,
                                              int64_t i, const RowBlockScales<Kv, D>& scales, float out[8]) {
   if constexpr (Kv::kBlockScaled) {
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(block + row * pr.row_bytes + (col0 + i) / 2);
-    const float scale = scales.of(i);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) out[k] = e2m1_to_float(word >> (4 * k)) * scale;
+    decode_fp4x8(*reinterpret_cast<const uint32_t*>(block + row * pr.row_bytes + (col0 + i) / 2), scales.of(i), out);
   } else {
     load_values8<Kv>(pr, block, row, col0 + i, out);
   }
