@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from artifact_files import random_codes, write_artifact  # noqa: E402
 from ninfer import _engine, _testing  # noqa: E402
+from ninfer.engine import KV_DTYPES  # noqa: E402
 
 # Qwen3.5-27B linear weights (out, in) and the lm_head; see reference section 8.
 SHAPES_27B = {
@@ -261,12 +262,13 @@ DECODE_ATTENTION = [("27B", ATTENTION_27B, (1024, 8192, 32768)), ("35B-A3B", ATT
 L2_BYTES = 50 * 2**20
 
 
-def bench_attention(bandwidth: float) -> list[dict]:
+def bench_attention(bandwidth: float, kv_dtypes: list[str]) -> list[dict]:
     """Prefill attention (one prompt of P tokens attending causally to itself: 4 * head_dim * heads * P(P+1)/2
     FLOPs) against the dense bf16 rate, and decode attention (batch B, one new row each over a context of C
-    keys) against the read bandwidth: the K/V bytes of the pool each call must read."""
+    keys) against the read bandwidth: the K/V bytes of the pool each call must read (codes and their scales),
+    for each of `kv_dtypes`."""
     rows_out = []
-    for kv_dtype in ("bf16", "fp8"):
+    for kv_dtype in kv_dtypes:
         for prompt in (1024, 8192, 32768):
             calls = 2 if prompt > 8192 else 10
             micros, _ = _testing.cuda.bench_attention(**ATTENTION_27B, kv_dtype=kv_dtype, context=prompt,
@@ -376,6 +378,8 @@ def main() -> int:
     parser.add_argument("--gemv-encodings", nargs="+", type=encoding_arg, default=ENCODINGS,
                         help="decode GEMV encodings as NAME[:GROUP], e.g. int8:64 (the groupwise-int lm_head)")
     parser.add_argument("--gemv-tensors", nargs="+", help="time only these tensors of the shapes (default: all)")
+    parser.add_argument("--kv-dtypes", nargs="+", choices=[d for d in KV_DTYPES if d != "f32"],
+                        default=["bf16", "fp8"], help="KV formats of the attention benchmarks (default: bf16 fp8)")
     args = parser.parse_args()
     run = {name: args.only is None or name in args.only for name in families}
     commit = source_commit()
@@ -399,7 +403,7 @@ def main() -> int:
     if run["rowops"]:
         row_ops = bench_row_ops(bandwidth)
     if run["attention"]:
-        attention = bench_attention(bandwidth)
+        attention = bench_attention(bandwidth, args.kv_dtypes)
     if run["sampler"]:
         sampler = bench_sampler()
     result = {

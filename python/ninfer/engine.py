@@ -40,7 +40,7 @@ _KV_CAPACITY_AUTO = -1  # the C++ engine's kKvCapacityAuto
 
 # The values the C++ engine accepts for EngineOptions' string fields (configs and CLIs check against these at start).
 BACKENDS = ("auto", "cpu", "cuda")
-KV_DTYPES = ("bf16", "fp8", "int8", "f32")
+KV_DTYPES = ("bf16", "fp8", "int8", "nvfp4", "k8v4", "f32")
 CUDA_GEMMS = ("auto", "twin", "streamed")
 SPEC_METHODS = ("none", "mtp")
 MAX_DRAFT_TOKENS = 5
@@ -64,7 +64,7 @@ class EngineOptions:
     # questions of one decision job in flight at once (forks of its context, one forward pass), 1..64; more run
     # as rounds
     decision_rows: int = 16
-    kv_dtype: str = "bf16"  # f32 | bf16 | fp8 | int8
+    kv_dtype: str = "bf16"  # f32 | bf16 | fp8 | int8 | nvfp4 | k8v4 (docs/cli.md)
     # tokens per prefill chunk, a multiple of 64; 0 = auto: 512 on the CPU backend, on CUDA the largest chunk up to
     # 8192 the memory plan allows (memory_plan()["prefill_chunk"] says which). Decoding lanes wait at most one chunk.
     prefill_chunk: int = 0

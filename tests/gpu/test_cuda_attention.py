@@ -1,7 +1,9 @@
 """The fast CUDA attention paths (tensor-core flash prefill, split-KV decode) against the CPU backend.
 
 Same harness as test_cuda_backend.py::test_kv_write_and_attention (Ops on "cuda" and "cpu", fresh random
-inputs, outputs NaN-poisoned, pages a random permutation of the pool, q in the gated layout): every KV dtype,
+inputs, outputs NaN-poisoned, pages a random permutation of the pool, q in the gated layout): every KV dtype
+(nvfp4 and k8v4 included: each backend quantizes the rows itself with the same f32 operations, so both attend over
+the same codes and the bounds below hold unchanged; their head dims must be multiples of 16),
 several sequences per call with different starts (chunked prefill continuing a sequence, decode rows beside
 prefill rows), odd lengths, head dims 16..256, GQA groups 1..12, and a head dim (40) only the slow twin takes.
 
@@ -75,12 +77,17 @@ def flash_prefill_sequences(spec, heads: int, kv_heads: int, d: int, kv_dtype: s
     return [fast and (n >= PREFILL_MIN_ROWS or heads // kv_heads > DECODE_MAX_GROUP) for _, n in spec]
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "int8", "f32"])
+FP4_FORMATS = ("nvfp4", "k8v4")  # value rows of whole 16-value blocks
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "int8", "nvfp4", "k8v4", "f32"])
 @pytest.mark.parametrize("case", [*(pytest.param(c, id=f"h{c[0]}-kv{c[1]}-d{c[2]}-{len(c[3])}seq") for c in CASES),
                                   *DECODE_CASES])
 def test_fast_attention_matches_cpu(ops, kv_dtype, case):
     cuda, cpu = ops
     heads, kv_heads, d, spec = case
+    if kv_dtype in FP4_FORMATS and d % 16:
+        pytest.skip("nvfp4 rows are whole 16-value blocks (the pool refuses this head dim on every backend)")
     inputs = attention_inputs(heads, kv_heads, d, spec)
     got = run_attention(cuda, inputs, heads, kv_heads, d, kv_dtype)
 
@@ -106,7 +113,7 @@ def test_fast_attention_matches_cpu(ops, kv_dtype, case):
                  atol=rel * mag + 1e-6)
 
 
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "nvfp4", "k8v4"])
 def test_fast_decode_graph_replay_equals_eager(tiny_artifacts, kv_dtype):
     """The engine on bf16 / fp8 KV (flash prefill for the prompts, split-KV decode for the steps): decode
     passes replayed as CUDA graphs (captured at one context, replayed at longer ones: the split count is fixed

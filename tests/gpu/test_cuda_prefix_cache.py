@@ -38,7 +38,7 @@ def _greedy(prompt, n=8):
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe"])
-@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8", "k8v4"])
 def test_cached_requests_equal_uncached_on_the_device(tiny_artifacts, kind, kv_dtype):
     rng = np.random.default_rng()
     lengths = [63, 64, 65, 200, 1100, 700]

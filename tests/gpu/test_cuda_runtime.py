@@ -185,7 +185,8 @@ BOUNDARY_BUDGETS = [70, 40, 75, 30, 20]
 
 @pytest.mark.usefixtures("f32_prefill_gemm")
 @pytest.mark.parametrize(("kind", "kv_dtype"), [("qwen3_5", "f32"), ("qwen3_5", "bf16"), ("qwen3_5", "fp8"),
-                                                ("qwen3_5", "int8"), ("qwen3_5_moe", "bf16")])
+                                                ("qwen3_5", "int8"), ("qwen3_5", "nvfp4"), ("qwen3_5", "k8v4"),
+                                                ("qwen3_5_moe", "bf16")])
 def test_graph_replays_across_pages_and_batch_changes_equal_eager(tiny_artifacts, kind, kv_dtype):
     """Decode graphs captured once per batch size and replayed with new step tables: lanes joining and leaving
     (batch 3 -> 2 -> 3 -> ...), contexts growing across page boundaries. Every lane's tokens are the eager run's;

@@ -455,7 +455,7 @@ def test_config_errors_name_the_key(config: dict, message: str) -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "allowed"), [
-    ("kv_dtype", "q3", 'one of "bf16", "fp8", "int8", "f32"'),
+    ("kv_dtype", "q3", 'one of "bf16", "fp8", "int8", "nvfp4", "k8v4", "f32"'),
     ("backend", "tpu", 'one of "auto", "cpu", "cuda"'),
     ("cuda_gemm", "fast", 'one of "auto", "twin", "streamed"'),
     ("cuda_graphs", 1, "true or false"),

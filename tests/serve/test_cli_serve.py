@@ -114,7 +114,7 @@ def test_a_wrong_engine_key_in_the_config_is_refused_before_serving(tmp_path: Pa
     config_file = _config_of_two(tmp_path, {"kv_dtype": "q3"})
     with pytest.raises(NinferError) as info:
         _router_config(build_parser().parse_args(["--config", str(config_file)]))
-    assert str(info.value) == f'{config_file}: models.b.kv_dtype must be one of "bf16", "fp8", "int8", "f32", got "q3"'
+    assert str(info.value) == f'{config_file}: models.b.kv_dtype must be one of "bf16", "fp8", "int8", "nvfp4", "k8v4", "f32", got "q3"'
 
 
 def _free_port() -> int:

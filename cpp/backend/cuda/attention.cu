@@ -4,9 +4,10 @@
 // Which kernel attends a call's rows:
 //   - f32 KV, or a head_dim the fast kernels do not take: attention_kernel, the slow obviously-right twin (one
 //     block per (row, query head), an online softmax over tiles of keys, f32 on CUDA cores);
-//   - bf16 / fp8 / int8 KV: sequences with at least kPrefillMinRows new rows go to the tensor-core flash kernel
-//     (flash_prefill.cu), the others (decode: one new row; a few speculative rows) to split-KV decode
-//     (flash_decode.cu), whose kernel count does not depend on the batch's contexts (CUDA-graph replays).
+//   - bf16 / fp8 / int8 / nvfp4 / k8v4 KV: sequences with at least kPrefillMinRows new rows go to the
+//     tensor-core flash kernel (flash_prefill.cu), the others (decode: one new row; a few speculative rows) to
+//     split-KV decode (flash_decode.cu), whose kernel count does not depend on the batch's contexts (CUDA-graph
+//     replays).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "backend/cuda/flash_attention.h"
 #include "backend/cuda/kv_device.cuh"
 #include "cache/kv_pool.h"
+#include "cache/kv_quant.h"
 
 namespace ninfer::cuda {
 namespace {
@@ -27,12 +29,57 @@ constexpr int kMaxHeadDim = 4 * kAttnThreads;  // each thread owns up to 4 outpu
 // their own with split keys.
 constexpr int64_t kPrefillMinRows = 8;
 
-// One block per row; each warp takes (K or V, KV head) rows: 8-bit rows get scale = max|x| / code max first.
+// One warp writes one (token, head) row of codec Kv at value `col` of token `offset`'s row of a page block:
+// scaled codecs get scale = max|x| / code max first; nvfp4 rows follow kv_quantize_row_fp4 exactly (the same
+// f32 operations, correctly rounded: __fdiv_rn is explicit so that no compiler flag changes a code), one lane
+// per block of 16.
 template <class Kv>
+__device__ void write_row(const PagedRows& pr, const float* src, uint8_t* block, int64_t offset, int32_t head,
+                          int32_t head_dim, int lane) {
+  using E = typename Kv::Element;
+  const int64_t col = int64_t(head) * head_dim;
+  float amax = 0.0f;
+  if constexpr (Kv::kScaled) {
+    for (int i = lane; i < head_dim; i += 32) amax = fmaxf(amax, fabsf(src[i]));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  }
+  if constexpr (Kv::kBlockScaled) {
+    const float row_scale = __fdiv_rn(amax, kKvFp4CodeMax * kKvFp4ScaleMax);
+    if (lane == 0) pr.scales(block)[offset * pr.kv_heads + head] = row_scale;
+    uint8_t* codes = block + offset * pr.row_bytes + col / 2;
+    uint8_t* scales = pr.blocks(block) + (offset * pr.width + col) / kKvFp4Block;
+    for (int b = lane; b < head_dim / kKvFp4Block; b += 32) {
+      const float* xb = src + b * kKvFp4Block;
+      float block_max = 0.0f;
+      for (int i = 0; i < kKvFp4Block; ++i) block_max = fmaxf(block_max, fabsf(xb[i]));
+      // An all-zero row (scale 0) and a block whose scale rounds to 0 store zero codes.
+      const uint8_t e = row_scale > 0.0f ? uint8_t(__nv_cvt_float_to_fp8(
+                                               __fdiv_rn(block_max, kKvFp4CodeMax * row_scale), __NV_SATFINITE,
+                                               __NV_E4M3))
+                                         : uint8_t(0);
+      scales[b] = e;
+      const float step = row_scale * e4m3_to_float(e);
+      const float inv = step > 0.0f ? __fdiv_rn(1.0f, step) : 0.0f;
+      for (int i = 0; i < kKvFp4Block; i += 2)
+        codes[(b * kKvFp4Block + i) / 2] =
+            uint8_t(kv_f32_to_e2m1(xb[i] * inv) | (kv_f32_to_e2m1(xb[i + 1] * inv) << 4));
+    }
+  } else {
+    E* dst = reinterpret_cast<E*>(block + offset * pr.row_bytes) + col;
+    float inv = 1.0f;
+    if constexpr (Kv::kScaled) {
+      inv = amax > 0.0f ? Kv::kCodeMax / amax : 0.0f;  // an all-zero row keeps scale 0 and zero codes
+      if (lane == 0) pr.scales(block)[offset * pr.kv_heads + head] = amax / Kv::kCodeMax;
+    }
+    for (int i = lane; i < head_dim; i += 32) dst[i] = Kv::encode(Kv::kScaled ? src[i] * inv : src[i]);
+  }
+}
+
+// One block per row; each warp takes (K or V, KV head) rows, keys of codec KK and values of codec VK.
+template <class KK, class VK>
 __global__ void kv_write_kernel(const float* k, const float* v, SeqTables t, PagedRows kr, PagedRows vr,
                                 int32_t head_dim) {
   chain_start();
-  using E = typename Kv::Element;
   const int64_t r = blockIdx.x;
   const int32_t si = t.row_seq[r];
   if (si < 0) return;
@@ -45,16 +92,8 @@ __global__ void kv_write_kernel(const float* k, const float* v, SeqTables t, Pag
     const PagedRows& pr = values ? vr : kr;
     const float* src = (values ? v : k) + r * pr.width + int64_t(head) * head_dim;
     uint8_t* block = pr.page(t.pages, s.page_offset, pos / kKvPageTokens);
-    E* dst = reinterpret_cast<E*>(block) + offset * pr.width + int64_t(head) * head_dim;
-    float inv = 1.0f;
-    if constexpr (Kv::kScaled) {
-      float amax = 0.0f;
-      for (int i = lane; i < head_dim; i += 32) amax = fmaxf(amax, fabsf(src[i]));
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      inv = amax > 0.0f ? Kv::kCodeMax / amax : 0.0f;  // an all-zero row keeps scale 0 and zero codes
-      if (lane == 0) pr.scales(block)[offset * pr.kv_heads + head] = amax / Kv::kCodeMax;
-    }
-    for (int i = lane; i < head_dim; i += 32) dst[i] = Kv::encode(Kv::kScaled ? src[i] * inv : src[i]);
+    if (values) write_row<VK>(pr, src, block, offset, head, head_dim, lane);
+    else write_row<KK>(pr, src, block, offset, head, head_dim, lane);
   }
 }
 
@@ -69,11 +108,10 @@ __device__ float row_scale(const PagedRows& pr, const SeqTables& t, int64_t page
     return 1.0f;
 }
 
-template <class Kv>
+template <class KK, class VK>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(const float* q, int64_t q_row_stride, int64_t q_head_stride, SeqTables t, PagedRows kr,
                      PagedRows vr, AttentionShape shape, float* out) {
-  using E = typename Kv::Element;
   extern __shared__ float q_shared[];  // head_dim
   __shared__ float p_tile[kAttnThreads];
   const int64_t r = blockIdx.x;
@@ -92,16 +130,16 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int64_t j = j0 + threadIdx.x;
     float score = -INFINITY;
     if (j <= last) {
-      const E* key = kr.row<E>(t.pages, s.page_offset, j) + kv_offset;
+      const uint8_t* key_block = kr.page(t.pages, s.page_offset, j / kKvPageTokens);
       float dot = 0.0f;
-      for (int i = 0; i < d; ++i) dot += q_shared[i] * Kv::load(key[i]);
-      score = dot * row_scale<Kv>(kr, t, s.page_offset, j, kv_head) * shape.scale;
+      for (int i = 0; i < d; ++i) dot += q_shared[i] * load_value<KK>(kr, key_block, j % kKvPageTokens, kv_offset + i);
+      score = dot * row_scale<KK>(kr, t, s.page_offset, j, kv_head) * shape.scale;
     }
     const float new_max = fmaxf(running_max, block_reduce(score, MaxOp{}));
     const float correction = expf(running_max - new_max);  // 0 on the first tile
     const float p = j <= last ? expf(score - new_max) : 0.0f;
     running_sum = running_sum * correction + block_reduce(p, SumOp{});
-    p_tile[threadIdx.x] = j <= last ? p * row_scale<Kv>(vr, t, s.page_offset, j, kv_head) : 0.0f;
+    p_tile[threadIdx.x] = j <= last ? p * row_scale<VK>(vr, t, s.page_offset, j, kv_head) : 0.0f;
     __syncthreads();
     const int64_t tile = last - j0 + 1 < kAttnThreads ? last - j0 + 1 : kAttnThreads;
 #pragma unroll
@@ -109,8 +147,11 @@ __global__ void __launch_bounds__(kAttnThreads)
       const int i = threadIdx.x + c * kAttnThreads;
       if (i >= d) break;
       float a = acc[c] * correction;
-      for (int64_t jj = 0; jj < tile; ++jj)
-        a += p_tile[jj] * Kv::load(vr.row<E>(t.pages, s.page_offset, j0 + jj)[kv_offset + i]);
+      for (int64_t jj = 0; jj < tile; ++jj) {
+        const int64_t j = j0 + jj;
+        a += p_tile[jj] * load_value<VK>(vr, vr.page(t.pages, s.page_offset, j / kKvPageTokens), j % kKvPageTokens,
+                                         kv_offset + i);
+      }
       acc[c] = a;
     }
     running_max = new_max;
@@ -125,10 +166,12 @@ __global__ void __launch_bounds__(kAttnThreads)
 }
 
 PagedRows paged(const KvPool& pool, int32_t layer, bool values) {
-  const void* base = values ? pool.v_rows(0, layer) : pool.k_rows(0, layer);
-  const uint8_t* scales = reinterpret_cast<const uint8_t*>(values ? pool.v_scales(0, layer) : pool.k_scales(0, layer));
-  const int64_t scale_offset = scales ? scales - static_cast<const uint8_t*>(base) : 0;
-  return {static_cast<uint8_t*>(const_cast<void*>(base)), pool.page_bytes(), pool.row_elements(), scale_offset,
+  const auto* base = static_cast<const uint8_t*>(values ? pool.v_rows(0, layer) : pool.k_rows(0, layer));
+  const auto* scales = reinterpret_cast<const uint8_t*>(values ? pool.v_scales(0, layer) : pool.k_scales(0, layer));
+  const uint8_t* blocks = values ? pool.v_blocks(0, layer) : pool.k_blocks(0, layer);
+  const KvDtype side = values ? pool.value_dtype() : pool.key_dtype();
+  return {const_cast<uint8_t*>(base), pool.page_bytes(), pool.row_elements(),
+          kv_code_bytes(side, pool.row_elements()), scales ? scales - base : 0, blocks ? blocks - base : 0,
           pool.kv_heads()};
 }
 
@@ -171,8 +214,9 @@ void CudaBackend::kv_write(const float* k, const float* v, std::span<const Seque
   if (o.rows <= 0 || tables_only()) return;
   const SeqTables t{o.seqs, o.pages, o.row_seq};
   const int32_t head_dim = int32_t(pool.row_elements() / pool.kv_heads());
-  dispatch_kv_device(pool.dtype(), [&](auto kv) {
-    launch_chained(kv_write_kernel<decltype(kv)>, dim3(unsigned(o.rows)), dim3(kThreads), 0, stream_, k, v, t,
+  dispatch_kv_device(pool.dtype(), [&](auto key_codec, auto value_codec) {
+    launch_chained(kv_write_kernel<decltype(key_codec), decltype(value_codec)>, dim3(unsigned(o.rows)),
+                   dim3(kThreads), 0, stream_, k, v, t,
                    paged(pool, layer, false), paged(pool, layer, true), head_dim);
   });
 }
@@ -190,8 +234,10 @@ void CudaBackend::attention(const float* q, int64_t q_row_stride, int64_t q_head
   if (!flash_prefill_supports(pool.dtype(), shape.head_dim)) {
     if (tables_only()) return;
     const dim3 grid(unsigned(o.rows), unsigned(shape.num_heads));
-    dispatch_kv_device(pool.dtype(), [&](auto kv) {
-      attention_kernel<decltype(kv)><<<grid, kAttnThreads, shape.head_dim * sizeof(float), stream_>>>(
+    dispatch_kv_device(pool.dtype(), [&](auto key_codec, auto value_codec) {
+      using KK = decltype(key_codec);
+      using VK = decltype(value_codec);
+      attention_kernel<KK, VK><<<grid, kAttnThreads, shape.head_dim * sizeof(float), stream_>>>(
           q, q_row_stride, q_head_stride, t, paged(pool, layer, false), paged(pool, layer, true), shape, out);
     });
     NINFER_CUDA_CHECK_LAUNCH();

@@ -3,13 +3,15 @@
 // writes a partial (max, sum, unnormalised output) per query head; a second kernel combines the splits.
 // The split count is fixed by the row count (never by the context), so a captured decode graph replays at any
 // context length: a split past its row's last page writes (max -inf, sum 0) and exits, and the combine skips it.
-// Its limit is reading K/V: every K/V load is a vector load (8 elements: 16 bytes of bf16, 8 of fp8/int8).
+// Its limit is reading K/V: every K/V load is a vector load (8 values: 16 bytes of bf16, 8 of fp8/int8, 4 of
+// nvfp4 plus its block-scale byte). Keys and values may have different codecs (k8v4).
 //
 // Per page (64 keys) of a split: scores (two threads per key, f32 q in shared memory, f32 dot products of the
 // dequantized codes, times the key scale), an online-softmax update per query head (one warp per head), then
 // P V (each thread 8 output dims of a subset of the keys, one V vector load per key). Everything is f32: the
 // result differs from the CPU twin by summation order only.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -51,11 +53,10 @@ struct Partials {
 // At most 128 registers a thread, so that four blocks fit a multiprocessor (flash_decode_max_splits' target):
 // with every load of a page in flight at once the kernel would take up to 142 (three blocks); capped, ptxas
 // spills a few loop-invariant values (under 64 bytes a thread, in L1).
-template <class Kv, int D>
+template <class KK, class VK, int D>
 __global__ void __launch_bounds__(kThreadsPerBlock, 4)
     flash_decode_split_kernel(AttentionArgs a, const int32_t* rows, int32_t group, Partials partials) {
   chain_start();
-  using E = typename Kv::Element;
   constexpr int kChunks = D / 8;                              // 8-element vectors per row
   constexpr int kKeyGroups = kThreadsPerBlock / kChunks;      // P V: threads sharing one output chunk
   __shared__ __align__(16) float q_s[kMaxGroup][D];           // scale * log2(e) * q
@@ -92,7 +93,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 4)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = threadIdx.x % kChunks, key_group = threadIdx.x / kChunks;
-  const int64_t row_bytes = a.k.width * int64_t(sizeof(E));
   float acc[kMaxGroup][8];
 #pragma unroll
   for (int h = 0; h < kMaxGroup; ++h)
@@ -111,11 +111,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 4)
 #pragma unroll
       for (int h = 0; h < kMaxGroup; ++h) score[h] = 0.0f;
       if (key < valid) {
-        const E* k_row = reinterpret_cast<const E*>(k_block + key * row_bytes) + kv_head * D;
+        const RowBlockScales<KK, D> block_scales(a.k, k_block, key, int64_t(kv_head) * D);
 #pragma unroll
         for (int c = half; c < kChunks; c += 2) {
           float k8[8];
-          load8<Kv>(k_row + c * 8, k8);
+          load_values8<KK, D>(a.k, k_block, key, int64_t(kv_head) * D, c * 8, block_scales, k8);
 #pragma unroll
           for (int h = 0; h < kMaxGroup; ++h) {
             const float4 qa = *reinterpret_cast<const float4*>(&q_s[h][c * 8]);
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 4)
         }
       }
       float k_scale = 1.0f;
-      if constexpr (Kv::kScaled)
+      if constexpr (KK::kScaled)
         if (key < valid) k_scale = a.k.scales(const_cast<uint8_t*>(k_block))[key * a.k.kv_heads + kv_head];
 #pragma unroll
       for (int h = 0; h < kMaxGroup; ++h) {
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 4)
       const float new_max = fmaxf(old_max, warp_max(fmaxf(p0, p1)));  // finite: key 0 of a page is valid
       p0 = exp2f(p0 - new_max), p1 = exp2f(p1 - new_max);
       const float sum = warp_sum(p0 + p1);
-      if constexpr (Kv::kScaled) {
+      if constexpr (VK::kScaled) {
         const float* v_scales = a.v.scales(const_cast<uint8_t*>(v_block));
         p0 = lane < valid ? p0 * v_scales[lane * a.v.kv_heads + kv_head] : 0.0f;
         p1 = lane + 32 < valid ? p1 * v_scales[(lane + 32) * a.v.kv_heads + kv_head] : 0.0f;
@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 4)
     for (int j = 0; j < kKeys / kKeyGroups; ++j) {
       const int key = key_group + j * kKeyGroups, row = min(key, valid - 1);
       float v8[8];
-      load8<Kv>(reinterpret_cast<const E*>(v_block + row * row_bytes) + kv_head * D + chunk * 8, v8);
+      load_values8<VK>(a.v, v_block, row, int64_t(kv_head) * D + chunk * 8, v8);
       const float4 pa = *reinterpret_cast<const float4*>(&p_s[key][0]);
       const float4 pb = *reinterpret_cast<const float4*>(&p_s[key][4]);
       const float p[kMaxGroup] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
@@ -276,23 +276,23 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
-template <class Kv, int D>
+template <class KK, class VK, int D>
 void launch_split(const AttentionArgs& a, const int32_t* rows, int32_t row_count, const Partials& p,
                   cudaStream_t stream) {
   const dim3 grid(unsigned(p.splits), unsigned(a.shape.num_kv_heads), unsigned(row_count));
-  launch_chained(flash_decode_split_kernel<Kv, D>, grid, dim3(kThreadsPerBlock), 0, stream, a, rows,
+  launch_chained(flash_decode_split_kernel<KK, VK, D>, grid, dim3(kThreadsPerBlock), 0, stream, a, rows,
                  a.shape.num_heads / a.shape.num_kv_heads, p);
 }
 
-template <class Kv>
+template <class KK, class VK>
 void launch_for_head_dim(const AttentionArgs& a, const int32_t* rows, int32_t row_count, const Partials& p,
                          cudaStream_t stream) {
   switch (a.shape.head_dim) {
-    case 16: return launch_split<Kv, 16>(a, rows, row_count, p, stream);
-    case 32: return launch_split<Kv, 32>(a, rows, row_count, p, stream);
-    case 64: return launch_split<Kv, 64>(a, rows, row_count, p, stream);
-    case 128: return launch_split<Kv, 128>(a, rows, row_count, p, stream);
-    case 256: return launch_split<Kv, 256>(a, rows, row_count, p, stream);
+    case 16: return launch_split<KK, VK, 16>(a, rows, row_count, p, stream);
+    case 32: return launch_split<KK, VK, 32>(a, rows, row_count, p, stream);
+    case 64: return launch_split<KK, VK, 64>(a, rows, row_count, p, stream);
+    case 128: return launch_split<KK, VK, 128>(a, rows, row_count, p, stream);
+    case 256: return launch_split<KK, VK, 256>(a, rows, row_count, p, stream);
   }
 }
 
@@ -318,12 +318,12 @@ void flash_decode(const AttentionArgs& a, KvDtype dtype, const int32_t* rows, in
                   float* partial, cudaStream_t stream) {
   if (row_count <= 0) return;
   const Partials p{partial, a.shape.num_heads, splits, a.shape.head_dim, row_count};
-  switch (dtype) {
-    case KvDtype::BF16: launch_for_head_dim<KvDevice<KvDtype::BF16>>(a, rows, row_count, p, stream); break;
-    case KvDtype::FP8: launch_for_head_dim<KvDevice<KvDtype::FP8>>(a, rows, row_count, p, stream); break;
-    case KvDtype::INT8: launch_for_head_dim<KvDevice<KvDtype::INT8>>(a, rows, row_count, p, stream); break;
-    case KvDtype::F32: return;
-  }
+  if (dtype == KvDtype::F32) return;  // f32 KV attends with the slow twin (flash_decode_supports)
+  dispatch_kv_device(dtype, [&](auto key_codec, auto value_codec) {
+    using KK = decltype(key_codec);
+    if constexpr (!std::is_same_v<KK, KvDevice<KvDtype::F32>>)
+      launch_for_head_dim<KK, decltype(value_codec)>(a, rows, row_count, p, stream);
+  });
   NINFER_CUDA_CHECK_LAUNCH();
   const int32_t column_slices = std::max(1, a.shape.head_dim / kCombineColumns);
   launch_chained(flash_decode_combine_kernel,

@@ -4,8 +4,9 @@
 // (exp2 domain). Four warps, 16 rows each; causal masking only on the tiles that reach past the block's first row.
 //
 // Numerics (the standard flash ones): q * scale * log2(e) is rounded to bf16 (relative error <= 2^-8 per element);
-// K and V codes go to bf16 exactly (bf16 values, e4m3 and int8 codes are all bf16 numbers) and the 8-bit rows'
-// scales multiply S (keys) and P (values) in f32; P = exp2(S - max) (times the value scale) is rounded to bf16
+// K and V codes go to bf16 exactly (bf16 values, e4m3 and int8 codes, and e2m1 codes times their e4m3 block
+// scale -- at most 6 significant bits -- are all bf16 numbers) and the quantized rows' scales multiply S (keys)
+// and P (values) in f32; P = exp2(S - max) (times the value scale) is rounded to bf16
 // for the PV product; the softmax sum is taken over the f32 P. So a score is off by about 2^-8 * sum|q_i k_i|
 // and an output by about 2^-8 of the weighted mean of |v| beside the f32 reference.
 //
@@ -14,6 +15,8 @@
 // 8-bit tiles are converted to bf16 on the way (global -> registers -> shared), at the same points of the
 // schedule, so their fetch is not overlapped within the block (two blocks per SM overlap each other).
 // Next steps: 128-row tiles, TMA, wgmma.
+#include <type_traits>
+
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/flash_attention.h"
@@ -38,20 +41,19 @@ template <class Kv, int D>
 __device__ void fetch_tile(const PagedRows& pr, const uint8_t* block, int kv_head, int valid, uint16_t* dst,
                            float* scales) {
   using E = typename Kv::Element;
-  constexpr int kChunks = D / 8;  // 8 elements per chunk
-  const int64_t row_bytes = pr.width * int64_t(sizeof(E));
+  constexpr int kChunks = D / 8;  // 8 values per chunk
 #pragma unroll 4
   for (int c = threadIdx.x; c < kKeys * kChunks; c += kThreadsPerBlock) {
     const int row = c / kChunks, c8 = c % kChunks;
-    const E* src = reinterpret_cast<const E*>(block + min(row, valid - 1) * row_bytes) + kv_head * D + c8 * 8;
+    const int64_t col = int64_t(kv_head) * D + c8 * 8;
     uint16_t* to = dst + row * kStride<D> + c8 * 8;
     if constexpr (sizeof(E) == 2) {
-      cp_async16(to, src, row < valid);
+      cp_async16(to, reinterpret_cast<const E*>(block + min(row, valid - 1) * pr.row_bytes) + col, row < valid);
     } else {
       uint4 packed = {0, 0, 0, 0};
       if (row < valid) {
         float f[8];
-        load8<Kv>(src, f);
+        load_values8<Kv>(pr, block, row, col, f);
         packed = {pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7])};
       }
       *reinterpret_cast<uint4*>(to) = packed;
@@ -66,7 +68,7 @@ __device__ void fetch_tile(const PagedRows& pr, const uint8_t* block, int kv_hea
   cp_async_commit();
 }
 
-template <class Kv, int D>
+template <class KK, class VK, int D>
 __global__ void __launch_bounds__(kThreadsPerBlock, 2)
     flash_prefill_kernel(AttentionArgs a, const PrefillTile* tiles, int32_t group) {
   extern __shared__ uint4 shared_words[];
@@ -116,10 +118,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
   const int64_t key_tiles = last_pos / kKeys + 1;
   auto valid_keys = [&](int64_t kt) { return int(min(int64_t(kKeys), seq_len - kt * kKeys)); };
   auto fetch_keys = [&](int64_t kt) {
-    fetch_tile<Kv, D>(a.k, a.k.page(a.t.pages, s.page_offset, kt), kv_head, valid_keys(kt), ks, k_scale);
+    fetch_tile<KK, D>(a.k, a.k.page(a.t.pages, s.page_offset, kt), kv_head, valid_keys(kt), ks, k_scale);
   };
   auto fetch_values = [&](int64_t kt) {
-    fetch_tile<Kv, D>(a.v, a.v.page(a.t.pages, s.page_offset, kt), kv_head, valid_keys(kt), vs, v_scale);
+    fetch_tile<VK, D>(a.v, a.v.page(a.t.pages, s.page_offset, kt), kv_head, valid_keys(kt), vs, v_scale);
   };
   fetch_keys(0);
   fetch_values(0);
@@ -145,7 +147,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int key = nt * 8 + 2 * t + (c & 1);
-          if constexpr (Kv::kScaled) sc[nt][c] *= k_scale[key];
+          if constexpr (KK::kScaled) sc[nt][c] *= k_scale[key];
           if (diagonal && kt * kKeys + key > pos[c / 2]) sc[nt][c] = -INFINITY;
         }
       // Online softmax (finite maxima: key 0 of tile 0 is before every row).
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             p[half][c] = sc[2 * kk + half][c];
-            if constexpr (Kv::kScaled) p[half][c] *= v_scale[(2 * kk + half) * 8 + 2 * t + (c & 1)];
+            if constexpr (VK::kScaled) p[half][c] *= v_scale[(2 * kk + half) * 8 + 2 * t + (c & 1)];
           }
         const uint32_t pa[4] = {pack_bf16(p[0][0], p[0][1]), pack_bf16(p[0][2], p[0][3]), pack_bf16(p[1][0], p[1][1]),
                                 pack_bf16(p[1][2], p[1][3])};
@@ -191,29 +193,29 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
   }
 }
 
-template <class Kv, int D>
+template <class KK, class VK, int D>
 void launch(const AttentionArgs& a, const PrefillTile* tiles, int32_t tile_count, cudaStream_t stream) {
   constexpr size_t bytes = shared_bytes<D>();
   static const bool configured = [] {
-    NINFER_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<Kv, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    NINFER_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<KK, VK, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(bytes)));
     return true;
   }();
   (void)configured;
   const int32_t group = a.shape.num_heads / a.shape.num_kv_heads;
   const unsigned blocks = unsigned(tile_count) * unsigned(a.shape.num_kv_heads);
-  flash_prefill_kernel<Kv, D><<<blocks, kThreadsPerBlock, bytes, stream>>>(a, tiles, group);
+  flash_prefill_kernel<KK, VK, D><<<blocks, kThreadsPerBlock, bytes, stream>>>(a, tiles, group);
   NINFER_CUDA_CHECK_LAUNCH();
 }
 
-template <class Kv>
+template <class KK, class VK>
 void launch_for_head_dim(const AttentionArgs& a, const PrefillTile* tiles, int32_t tile_count, cudaStream_t stream) {
   switch (a.shape.head_dim) {
-    case 16: return launch<Kv, 16>(a, tiles, tile_count, stream);
-    case 32: return launch<Kv, 32>(a, tiles, tile_count, stream);
-    case 64: return launch<Kv, 64>(a, tiles, tile_count, stream);
-    case 128: return launch<Kv, 128>(a, tiles, tile_count, stream);
-    case 256: return launch<Kv, 256>(a, tiles, tile_count, stream);
+    case 16: return launch<KK, VK, 16>(a, tiles, tile_count, stream);
+    case 32: return launch<KK, VK, 32>(a, tiles, tile_count, stream);
+    case 64: return launch<KK, VK, 64>(a, tiles, tile_count, stream);
+    case 128: return launch<KK, VK, 128>(a, tiles, tile_count, stream);
+    case 256: return launch<KK, VK, 256>(a, tiles, tile_count, stream);
   }
 }
 
@@ -227,12 +229,12 @@ bool flash_prefill_supports(KvDtype dtype, int32_t head_dim) {
 void flash_prefill(const AttentionArgs& a, KvDtype dtype, const PrefillTile* tiles, int32_t tile_count,
                    cudaStream_t stream) {
   if (tile_count <= 0) return;
-  switch (dtype) {
-    case KvDtype::BF16: return launch_for_head_dim<KvDevice<KvDtype::BF16>>(a, tiles, tile_count, stream);
-    case KvDtype::FP8: return launch_for_head_dim<KvDevice<KvDtype::FP8>>(a, tiles, tile_count, stream);
-    case KvDtype::INT8: return launch_for_head_dim<KvDevice<KvDtype::INT8>>(a, tiles, tile_count, stream);
-    case KvDtype::F32: break;
-  }
+  if (dtype == KvDtype::F32) return;  // f32 KV attends with the slow twin (flash_prefill_supports)
+  dispatch_kv_device(dtype, [&](auto key_codec, auto value_codec) {
+    using KK = decltype(key_codec);
+    if constexpr (!std::is_same_v<KK, KvDevice<KvDtype::F32>>)
+      launch_for_head_dim<KK, decltype(value_codec)>(a, tiles, tile_count, stream);
+  });
 }
 
 }  // namespace ninfer::cuda

@@ -536,9 +536,9 @@ std::tuple<double, double> bench_attention(int32_t heads, int32_t kv_heads, int3
   const double micros = median_graph_micros(backend.stream(), iterations, [&] {
     for (int32_t c = 0; c < calls; ++c) attend();
   }) / calls;
-  const double scale_bytes = kv_dtype_is_quantized(dtype) ? sizeof(float) : 0.0;
-  const double kv_bytes = 2.0 * double(batch) * double(context) * kv_heads *
-                          (double(head_dim) * double(kv_element_bytes(dtype)) + scale_bytes);
+  // K and V of every (token, head): codes plus their row and block scales.
+  const double kv_bytes =
+      double(batch) * double(context) * kv_heads * double(kv_format_row_bytes(dtype, head_dim));
   return {micros, kv_bytes};
 }
 
