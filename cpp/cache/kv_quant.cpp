@@ -19,6 +19,11 @@ void require_quantized(KvDtype dtype) {
     throw EngineError(std::string("KV dtype ") + kv_dtype_name(dtype) + " is not an 8-bit row format");
 }
 
+void require_fp4_row(int64_t n) {
+  if (n % kKvFp4Block != 0)
+    throw EngineError("an nvfp4 KV row holds whole blocks of 16 values, not " + std::to_string(n));
+}
+
 }  // namespace
 
 bool kv_dtype_is_quantized(KvDtype dtype) { return dtype != KvDtype::F32 && dtype != KvDtype::BF16; }
@@ -49,11 +54,6 @@ void kv_dequantize_row(const uint8_t* q, float scale, int64_t n, KvDtype dtype, 
   } else {
     for (int64_t i = 0; i < n; ++i) out[i] = e4m3_to_f32(q[i]) * scale;
   }
-}
-
-static void require_fp4_row(int64_t n) {
-  if (n % kKvFp4Block != 0)
-    throw EngineError("an nvfp4 KV row holds whole blocks of 16 values, not " + std::to_string(n));
 }
 
 float kv_quantize_row_fp4(const float* x, int64_t n, uint8_t* codes, uint8_t* blocks) {
@@ -97,10 +97,6 @@ std::vector<float> kv_row_roundtrip(const std::vector<float>& row, KvDtype dtype
   kv_dequantize_row(q.data(), scale, n, dtype, out.data());
   return out;
 }
-
-}  // namespace ninfer
-
-namespace ninfer {
 
 int64_t kv_code_bytes(KvDtype d, int64_t values) {
   switch (d) {
