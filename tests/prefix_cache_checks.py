@@ -64,12 +64,12 @@ def assert_same(cached, uncached, *, near_ties: bool = False):
             assert [t for t, _ in mine] == [t for t, _ in ref]
             np.testing.assert_allclose([v for _, v in mine], [v for _, v in ref], atol=LOGPROB_ATOL)
             continue
-        _assert_same_within_ties(dict(mine), dict(ref))
+        assert_same_within_ties(dict(mine), dict(ref))
         if token != ref_token:  # a tie at the top (checked above): the answers go on from different tokens
             return
 
 
-def _assert_same_within_ties(mine: dict[int, float], ref: dict[int, float]) -> None:
+def assert_same_within_ties(mine: dict[int, float], ref: dict[int, float]) -> None:
     """Two top-k lists (id -> logprob) that differ at most by near-ties: a candidate in both has the same logprob
     within LOGPROB_ATOL; one in only one of them is within LOGPROB_ATOL of the other list's last (it fell off the cut
     by a tie); so the top candidate of either is within 2 x LOGPROB_ATOL of the other's."""

@@ -10,12 +10,13 @@ import asyncio
 
 import numpy as np
 import pytest
-from prefix_cache_checks import assert_same, collect_with_logprobs
+from prefix_cache_checks import assert_same, assert_same_within_ties, collect_with_logprobs
 
 from ninfer import errors
 from ninfer.engine import Engine, EngineOptions, Request, SamplingParams
 
 MODELS = ["tiny_qwen35_artifact", "tiny_qwen35_moe_artifact", "tiny_llama_artifact"]
+TOP_K = 8  # the seeded case's candidates; every request reports them all as its top logprobs
 
 
 def open_engine(path, **options) -> Engine:
@@ -24,7 +25,7 @@ def open_engine(path, **options) -> Engine:
 
 
 def request(prompt, sampling: SamplingParams, n_new: int = 5) -> Request:
-    return Request(list(prompt), sampling, max_new_tokens=n_new, stop_token_ids=(), top_logprobs=3)
+    return Request(list(prompt), sampling, max_new_tokens=n_new, stop_token_ids=(), top_logprobs=TOP_K)
 
 
 async def _drain(stream):
@@ -56,7 +57,23 @@ def sampling_of(kind: str, seed: int) -> SamplingParams:
     boundary that moved by that much."""
     if kind == "greedy":
         return SamplingParams(temperature=0, seed=seed)
-    return SamplingParams(temperature=0.8, top_k=8, seed=seed)
+    return SamplingParams(temperature=0.8, top_k=TOP_K, seed=seed)
+
+
+def diverges_at_a_moved_boundary(got, ref) -> bool:
+    """Two seeded runs of one request whose logits agree within rounding: the same tokens, or the same up to one draw
+    that landed on either side of a boundary rounding moved. There the two candidate lists (all TOP_K, most likely
+    first, the order the draw walks) agree within near-ties and the two tokens are neighbours in them or swapped
+    places by a tie; the rest continues from different tokens and is not compared. True where they diverged so."""
+    (tokens, top), (ref_tokens, ref_top) = got, ref
+    assert len(tokens) == len(ref_tokens) == len(top) == len(ref_top)
+    for token, ref_token, mine, theirs in zip(tokens, ref_tokens, top, ref_top, strict=True):
+        assert_same_within_ties(dict(mine), dict(theirs))
+        if token != ref_token:
+            order, ref_order = [t for t, _ in mine], [t for t, _ in theirs]
+            assert abs(order.index(token) - ref_order.index(ref_token)) <= 1, (token, ref_token, mine, theirs)
+            return True
+    return False
 
 
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
@@ -81,8 +98,13 @@ def test_each_choice_is_the_request_alone_with_its_seed(request_fixture_value, m
         alone = [asyncio.run(collect_with_logprobs(engine, request(prompt, sampling_of(kind, seed + i), n_new)))[0]
                  for i in range(n)]
         assert engine.stats().tokens_prefilled - before == (length - 1) + n * n_new + n * (length + n_new - 1)
-    for (got, _), ref in zip(choices, alone, strict=True):
-        assert_same(got, ref)
+    if kind == "greedy":
+        for (got, _), ref in zip(choices, alone, strict=True):
+            assert_same(got, ref)
+    else:  # one draw of the n x n_new may fall across a moved boundary (a CI run saw it); a
+        # choice drawing with another seed than seed + i diverges in nearly every choice at its first token
+        diverged = [diverges_at_a_moved_boundary(got, ref) for (got, _), ref in zip(choices, alone, strict=True)]
+        assert sum(diverged) <= 1, diverged
     if kind == "seeded":  # a seed each: the streams differ (all three alike: about 8^-10)
         assert len({tuple(tokens) for (tokens, _), _ in choices}) > 1
 
